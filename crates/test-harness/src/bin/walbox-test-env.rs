@@ -1,0 +1,129 @@
+//! `walbox-test-env`: the test environment from the command line.
+//!
+//! * `check`: checks what the test suite will use (WALBOX_TEST_PG_URL or the
+//!   local Postgres binaries, WALBOX_TEST_KAFKA) and prints one line; exits 1
+//!   with one line saying what to change when something is wrong. `scripts/test`
+//!   runs it before the suite so a broken environment fails fast.
+//! * `postgres`: starts a private Postgres, prints its connection string, and
+//!   holds it until SIGINT/SIGTERM or end of standard input.
+//! * `mock-kafka`: starts an rdkafka MockCluster, prints its bootstrap list,
+//!   and holds it likewise, so other processes can use it.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::pg::{self, PgServer};
+
+#[derive(Parser)]
+#[command(name = "walbox-test-env", about = "Provision and check walbox's test environment")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Check the Postgres and Kafka the tests will use; one line, exit 1 on a problem.
+    Check,
+    /// Start a private Postgres; print its connection string; hold until signalled.
+    Postgres {
+        /// Extra server settings, `name=value` (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        settings: Vec<String>,
+    },
+    /// Start an in-process Kafka MockCluster; print its bootstrap list; hold until signalled.
+    MockKafka {
+        /// Number of brokers.
+        #[arg(long, default_value_t = 3)]
+        brokers: i32,
+    },
+}
+
+async fn hold() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let stdin_closed = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    });
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = stdin_closed => {}
+    }
+}
+
+async fn check() -> Result<String, String> {
+    let shared = pg::try_shared()?;
+    let pg_desc = if shared.is_external() {
+        format!("WALBOX_TEST_PG_URL ({})", pg::describe(shared.admin_config()))
+    } else {
+        let server = shared.private_server().map(|s| s.bin_dir().display().to_string());
+        format!("private Postgres from {}", server.unwrap_or_else(|| "containers".into()))
+    };
+    let kafka_desc = match std::env::var("WALBOX_TEST_KAFKA").ok().filter(|b| !b.trim().is_empty()) {
+        None => "in-process MockCluster".to_owned(),
+        Some(bootstrap) => {
+            let kafka = TestKafka::External {
+                bootstrap: bootstrap.clone(),
+            };
+            let config = kafka.client_config();
+            tokio::task::spawn_blocking(move || {
+                let consumer: BaseConsumer = config.create().map_err(|e| format!("WALBOX_TEST_KAFKA={bootstrap}: {e}"))?;
+                consumer
+                    .fetch_metadata(None, Duration::from_secs(10))
+                    .map_err(|e| format!("WALBOX_TEST_KAFKA={bootstrap} did not answer within 10s: {e}"))?;
+                Ok::<_, String>(format!("WALBOX_TEST_KAFKA={bootstrap}"))
+            })
+            .await
+            .map_err(|e| e.to_string())??
+        }
+    };
+    Ok(format!("test environment ok: {pg_desc}; Kafka: {kafka_desc}"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match Cli::parse().command {
+        Cmd::Check => match check().await {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("walbox-test-env: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Postgres { settings } => {
+            let mut builder = PgServer::builder();
+            for s in &settings {
+                let Some((k, v)) = s.split_once('=') else {
+                    eprintln!("walbox-test-env: --set takes NAME=VALUE, got {s:?}");
+                    return ExitCode::from(2);
+                };
+                builder = builder.setting(k, v);
+            }
+            let server = match builder.start() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("walbox-test-env: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            println!("{}", pg::conninfo(&server.config("postgres")));
+            println!("pid={}", server.pid().unwrap_or(0));
+            hold().await;
+            drop(server);
+            ExitCode::SUCCESS
+        }
+        Cmd::MockKafka { brokers } => {
+            let kafka = TestKafka::mock(brokers);
+            println!("{}", kafka.bootstrap());
+            hold().await;
+            ExitCode::SUCCESS
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Kafka for tests: the broker named by `WALBOX_TEST_KAFKA`, or an in-process
+//! rdkafka `MockCluster`, a random topic per test, and consuming helpers.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// How long an external broker may take to answer before the test fails.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Kafka broker a test talks to.
+pub enum TestKafka {
+    /// A broker process named by `WALBOX_TEST_KAFKA` (in CI: Tansu).
+    External {
+        /// The bootstrap list.
+        bootstrap: String,
+    },
+    /// librdkafka's in-process mock cluster, with fault injection.
+    Mock(MockCluster<'static, DefaultProducerContext>),
+}
+
+impl std::fmt::Debug for TestKafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TestKafka::External { bootstrap } => write!(f, "TestKafka::External({bootstrap})"),
+            TestKafka::Mock(m) => write!(f, "TestKafka::Mock({})", m.bootstrap_servers()),
+        }
+    }
+}
+
+impl TestKafka {
+    /// `WALBOX_TEST_KAFKA` when set, else the Kafka container with
+    /// `WALBOX_TEST_DOCKER=1`, else a 3-broker [`TestKafka::mock`].
+    pub fn from_env() -> TestKafka {
+        if std::env::var("WALBOX_TEST_DOCKER").is_ok_and(|v| v == "1") {
+            if let Some(bootstrap) = crate::pg::shared().docker_kafka() {
+                return TestKafka::External {
+                    bootstrap: bootstrap.to_owned(),
+                };
+            }
+        }
+        match std::env::var("WALBOX_TEST_KAFKA").ok().filter(|b| !b.trim().is_empty()) {
+            Some(bootstrap) => TestKafka::External { bootstrap },
+            None => TestKafka::mock(3),
+        }
+    }
+
+    /// An in-process mock cluster of `brokers` brokers, whatever the environment
+    /// says: for tests that inject faults.
+    pub fn mock(brokers: i32) -> TestKafka {
+        TestKafka::Mock(MockCluster::new(brokers).expect("start an rdkafka MockCluster"))
+    }
+
+    /// The mock cluster, for fault injection; `None` for an external broker.
+    pub fn mock_cluster(&self) -> Option<&MockCluster<'static, DefaultProducerContext>> {
+        match self {
+            TestKafka::Mock(m) => Some(m),
+            TestKafka::External { .. } => None,
+        }
+    }
+
+    /// The bootstrap list to give clients.
+    pub fn bootstrap(&self) -> String {
+        match self {
+            TestKafka::External { bootstrap } => bootstrap.clone(),
+            TestKafka::Mock(m) => m.bootstrap_servers(),
+        }
+    }
+
+    /// A client configuration for this broker, with reconnect backoff lowered
+    /// so tests recover quickly from injected outages.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", self.bootstrap())
+            .set("reconnect.backoff.ms", "20")
+            .set("reconnect.backoff.max.ms", "500")
+            .set("socket.connection.setup.timeout.ms", "5000");
+        c
+    }
+
+    /// Creates a topic with a fresh name and `partitions` partitions and waits
+    /// until its metadata is visible; returns the name.
+    ///
+    /// # Panics
+    ///
+    /// With one line when an external broker does not answer within 10 s.
+    pub async fn create_topic(&self, partitions: i32) -> String {
+        let topic = crate::unique_name("walbox_test").replace('_', "-");
+        match self {
+            TestKafka::Mock(m) => m
+                .create_topic(&topic, partitions, 1)
+                .unwrap_or_else(|e| panic!("create mock topic {topic}: {e}")),
+            TestKafka::External { bootstrap } => {
+                let admin: AdminClient<DefaultClientContext> = self
+                    .client_config()
+                    .create()
+                    .unwrap_or_else(|e| panic!("create an admin client for {bootstrap}: {e}"));
+                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(1));
+                let opts = AdminOptions::new().operation_timeout(Some(BROKER_TIMEOUT));
+                let created = tokio::time::timeout(BROKER_TIMEOUT, admin.create_topics([&new], &opts)).await;
+                match created {
+                    Err(_) => panic!("WALBOX_TEST_KAFKA={bootstrap} did not answer within {BROKER_TIMEOUT:?}"),
+                    Ok(Err(e)) => panic!("WALBOX_TEST_KAFKA={bootstrap}: create topic {topic}: {e}"),
+                    Ok(Ok(results)) => {
+                        for r in results {
+                            if let Err((name, code)) = r {
+                                panic!("WALBOX_TEST_KAFKA={bootstrap}: create topic {name}: {code}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let config = self.client_config();
+        let name = topic.clone();
+        tokio::task::spawn_blocking(move || wait_for_partitions(&config, &name, partitions))
+            .await
+            .expect("metadata thread")
+            .unwrap_or_else(|e| panic!("{e}"));
+        topic
+    }
+}
+
+fn wait_for_partitions(config: &ClientConfig, topic: &str, partitions: i32) -> Result<(), String> {
+    let consumer: BaseConsumer = config.create().map_err(|e| format!("create a metadata client: {e}"))?;
+    crate::wait::wait_for_blocking(&format!("topic {topic} to have {partitions} partitions"), BROKER_TIMEOUT, || {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+            .map_err(|e| e.to_string())?;
+        let t = md.topics().iter().find(|t| t.name() == topic).ok_or("topic missing")?;
+        if t.error().is_none() && t.partitions().len() == partitions as usize {
+            Ok(())
+        } else {
+            Err(format!("{} partitions, error {:?}", t.partitions().len(), t.error()))
+        }
+    })
+    .map_err(|e| format!("broker at {:?}: {e}", config.get("bootstrap.servers").unwrap_or("?")))
+}
+
+/// Consumes from the start of every partition of `topic` until `n` messages
+/// have arrived, and returns them (partition by partition, each in offset
+/// order, as they arrived). Errors when `timeout` passes first, saying how
+/// many came.
+pub async fn consume_n(kafka: &TestKafka, topic: &str, n: usize, timeout: Duration) -> Result<Vec<OwnedMessage>, String> {
+    let config = kafka.client_config();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || consume_blocking(&config, &topic, Some(n), None, timeout))
+        .await
+        .map_err(|e| format!("consumer thread: {e}"))?
+}
+
+/// Consumes everything in `topic` until no message has arrived for `quiet`
+/// (bounded by `timeout`): for asserting that nothing beyond the expected
+/// messages was published.
+pub async fn consume_until_quiet(
+    kafka: &TestKafka,
+    topic: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
+    let config = kafka.client_config();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || consume_blocking(&config, &topic, None, Some(quiet), timeout))
+    .await
+    .map_err(|e| format!("consumer thread: {e}"))?
+}
+
+fn consume_blocking(
+    config: &ClientConfig,
+    topic: &str,
+    n: Option<usize>,
+    quiet: Option<Duration>,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
+    let consumer: BaseConsumer = config
+        .clone()
+        .set("group.id", crate::unique_name("walbox_test_group"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| format!("create a consumer: {e}"))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), BROKER_TIMEOUT)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let partitions = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("topic {topic} has no partitions"))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| format!("assign {topic}: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut last_arrival = Instant::now();
+    loop {
+        if n.is_some_and(|n| got.len() >= n) {
+            return Ok(got);
+        }
+        if quiet.is_some_and(|q| last_arrival.elapsed() >= q) {
+            return Ok(got);
+        }
+        if Instant::now() >= deadline {
+            return match n {
+                Some(n) => Err(format!(
+                    "timed out after {timeout:?}: {} of {n} messages arrived on {topic}",
+                    got.len()
+                )),
+                None => Ok(got),
+            };
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                got.push(m.detach());
+                last_arrival = Instant::now();
+            }
+            Some(Err(e)) => return Err(format!("consume {topic}: {e}")),
+            None => {}
+        }
+    }
+}
+
+/// A message's headers as a name → UTF-8 value map (lossy), for assertions.
+pub fn headers_of(m: &OwnedMessage) -> HashMap<String, String> {
+    m.headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,109 @@
+//! `walbox migrate`: the SQL in `migrations/`, embedded in the binary.
+
+use tokio_postgres::NoTls;
+
+/// The numbered migrations, in order: (version, file name, SQL).
+pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "0001_outbox_events.sql",
+        include_str!("../../../migrations/0001_outbox_events.sql"),
+    ),
+    (
+        2,
+        "0002_processed_events.sql",
+        include_str!("../../../migrations/0002_processed_events.sql"),
+    ),
+];
+
+/// Arguments of `walbox migrate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    /// Postgres connection string: a URL (`postgres://user@host:5432/db`) or
+    /// libpq keywords (`host=… dbname=…`).
+    #[arg(long, env = "WALBOX_PG_URL", hide_env_values = true)]
+    pg_url: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MigrateError {
+    #[error("invalid --pg-url")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("connect to Postgres")]
+    Connect(#[source] tokio_postgres::Error),
+    #[error("apply migration {name}")]
+    Apply {
+        name: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("record migrations")]
+    Bookkeeping(#[source] tokio_postgres::Error),
+}
+
+/// Key of the advisory lock that serializes concurrent `walbox migrate` runs.
+const LOCK_KEY: i64 = 0x7761_6c62_6f78; // "walbox"
+
+pub(crate) async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
+    let config: tokio_postgres::Config = args.pg_url.parse().map_err(MigrateError::Url)?;
+    let (mut client, connection) = config.connect(NoTls).await.map_err(MigrateError::Connect)?;
+    let conn = tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS public.walbox_migrations (
+                 version    integer     PRIMARY KEY,
+                 name       text        NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(MigrateError::Bookkeeping)?;
+    for (version, name, sql) in MIGRATIONS {
+        let tx = client.transaction().await.map_err(MigrateError::Bookkeeping)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+            .await
+            .map_err(MigrateError::Bookkeeping)?;
+        let done = tx
+            .query_opt("SELECT 1 FROM public.walbox_migrations WHERE version = $1", &[version])
+            .await
+            .map_err(MigrateError::Bookkeeping)?
+            .is_some();
+        if done {
+            println!("{name}: already applied");
+            continue;
+        }
+        tx.batch_execute(sql)
+            .await
+            .map_err(|source| MigrateError::Apply { name, source })?;
+        tx.execute(
+            "INSERT INTO public.walbox_migrations (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await
+        .map_err(MigrateError::Bookkeeping)?;
+        tx.commit().await.map_err(MigrateError::Bookkeeping)?;
+        println!("{name}: applied");
+    }
+    drop(client);
+    let _ = conn.await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_migrations_match_the_repository() {
+        let on_disk: Vec<String> = walbox_test_harness::migrations::migration_files()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        let embedded: Vec<String> = MIGRATIONS.iter().map(|(_, n, _)| (*n).to_owned()).collect();
+        assert_eq!(embedded, on_disk, "add new migrations/ files to MIGRATIONS");
+        for (i, (version, name, _)) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(*version as usize, i + 1);
+            assert!(name.starts_with(&format!("{version:04}_")));
+        }
+    }
+}
