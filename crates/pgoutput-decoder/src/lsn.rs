@@ -97,17 +97,39 @@ mod tests {
 
     #[test]
     fn parses_what_postgres_prints() {
-        assert_eq!("16/B374D848".parse::<Lsn>().unwrap(), Lsn::new(0x16_B374_D848));
+        assert_eq!(
+            "16/B374D848".parse::<Lsn>().unwrap(),
+            Lsn::new(0x16_B374_D848)
+        );
         assert_eq!("0/0".parse::<Lsn>().unwrap(), Lsn::ZERO);
         assert_eq!("a/1b".parse::<Lsn>().unwrap(), Lsn::new(0xA_0000_001B));
-        for v in [0, 1, 0xFFFF_FFFF, 0x1_0000_0000, u64::MAX, 0x0123_4567_89AB_CDEF] {
+        for v in [
+            0,
+            1,
+            0xFFFF_FFFF,
+            0x1_0000_0000,
+            u64::MAX,
+            0x0123_4567_89AB_CDEF,
+        ] {
             assert_eq!(Lsn::new(v).to_string().parse::<Lsn>().unwrap(), Lsn::new(v));
         }
     }
 
     #[test]
     fn rejects_malformed_text() {
-        for bad in ["", "/", "1/", "/1", "1/2/3", "123456789/0", "0/123456789", "g/0", "+1/0", " 1/0", "1"] {
+        for bad in [
+            "",
+            "/",
+            "1/",
+            "/1",
+            "1/2/3",
+            "123456789/0",
+            "0/123456789",
+            "g/0",
+            "+1/0",
+            " 1/0",
+            "1",
+        ] {
             let e = bad.parse::<Lsn>().unwrap_err();
             assert!(e.to_string().contains("invalid LSN"), "{bad}: {e}");
         }

@@ -34,7 +34,10 @@ mod tests {
         assert_eq!(get("enable.idempotence"), Some("true"));
         assert_eq!(get("message.timeout.ms"), Some("0"));
         for pinned in CONTRACT_PINNED {
-            assert!(get(pinned).is_some(), "{pinned} is pinned but has no default");
+            assert!(
+                get(pinned).is_some(),
+                "{pinned} is pinned but has no default"
+            );
         }
     }
 }

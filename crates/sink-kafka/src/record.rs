@@ -34,7 +34,12 @@ pub struct Record<T> {
 
 impl<T> Record<T> {
     /// A record with a topic, key, value and token, and no headers or timestamp.
-    pub fn new(topic: impl Into<String>, key: Option<Bytes>, value: Option<Bytes>, token: T) -> Self {
+    pub fn new(
+        topic: impl Into<String>,
+        key: Option<Bytes>,
+        value: Option<Bytes>,
+        token: T,
+    ) -> Self {
         Record {
             topic: topic.into(),
             key,
@@ -79,9 +84,14 @@ mod tests {
 
     #[test]
     fn size_counts_key_value_and_headers() {
-        let r = Record::new("t", Some(Bytes::from_static(b"key")), Some(Bytes::from_static(b"value")), 7u64)
-            .with_header("id", "0123")
-            .with_timestamp_ms(1);
+        let r = Record::new(
+            "t",
+            Some(Bytes::from_static(b"key")),
+            Some(Bytes::from_static(b"value")),
+            7u64,
+        )
+        .with_header("id", "0123")
+        .with_timestamp_ms(1);
         assert_eq!(r.size(), 3 + 5 + 2 + 4);
         assert_eq!(r.token, 7);
         assert_eq!(r.timestamp_ms, Some(1));

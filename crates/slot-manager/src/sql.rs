@@ -189,9 +189,14 @@ mod tests {
 
     #[test]
     fn rejects_bad_table_names() {
-        for bad in ["", ".", "a.", ".a", "a.b.c", "\"a", "\"\"", "a b", "\"a\"x", "a\"b"] {
+        for bad in [
+            "", ".", "a.", ".a", "a.b.c", "\"a", "\"\"", "a b", "\"a\"x", "a\"b",
+        ] {
             let e = TableName::parse(bad).unwrap_err();
-            assert!(e.to_string().starts_with("invalid table name"), "{bad}: {e}");
+            assert!(
+                e.to_string().starts_with("invalid table name"),
+                "{bad}: {e}"
+            );
         }
     }
 }

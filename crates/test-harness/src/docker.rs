@@ -24,7 +24,9 @@ fn free_port() -> Result<u16, String> {
 pub(crate) fn start() -> Result<(Containers, Config), String> {
     let postgres = GenericImage::new("postgres", "17")
         .with_exposed_port(5432.tcp())
-        .with_wait_for(WaitFor::message_on_stderr("database system is ready to accept connections"))
+        .with_wait_for(WaitFor::message_on_stderr(
+            "database system is ready to accept connections",
+        ))
         .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust")
         .with_cmd([
             "postgres",
@@ -51,9 +53,15 @@ pub(crate) fn start() -> Result<(Containers, Config), String> {
         .with_env_var("KAFKA_NODE_ID", "1")
         .with_env_var("KAFKA_PROCESS_ROLES", "broker,controller")
         .with_env_var("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093")
-        .with_env_var("KAFKA_ADVERTISED_LISTENERS", format!("PLAINTEXT://127.0.0.1:{kafka_port}"))
+        .with_env_var(
+            "KAFKA_ADVERTISED_LISTENERS",
+            format!("PLAINTEXT://127.0.0.1:{kafka_port}"),
+        )
         .with_env_var("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER")
-        .with_env_var("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT")
+        .with_env_var(
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        )
         .with_env_var("KAFKA_CONTROLLER_QUORUM_VOTERS", "1@localhost:9093")
         .with_env_var("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1")
         .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")

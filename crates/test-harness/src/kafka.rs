@@ -47,7 +47,10 @@ impl TestKafka {
                 };
             }
         }
-        match std::env::var("WALBOX_TEST_KAFKA").ok().filter(|b| !b.trim().is_empty()) {
+        match std::env::var("WALBOX_TEST_KAFKA")
+            .ok()
+            .filter(|b| !b.trim().is_empty())
+        {
             Some(bootstrap) => TestKafka::External { bootstrap },
             None => TestKafka::mock(3),
         }
@@ -105,14 +108,21 @@ impl TestKafka {
                     .unwrap_or_else(|e| panic!("create an admin client for {bootstrap}: {e}"));
                 let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(1));
                 let opts = AdminOptions::new().operation_timeout(Some(BROKER_TIMEOUT));
-                let created = tokio::time::timeout(BROKER_TIMEOUT, admin.create_topics([&new], &opts)).await;
+                let created =
+                    tokio::time::timeout(BROKER_TIMEOUT, admin.create_topics([&new], &opts)).await;
                 match created {
-                    Err(_) => panic!("WALBOX_TEST_KAFKA={bootstrap} did not answer within {BROKER_TIMEOUT:?}"),
-                    Ok(Err(e)) => panic!("WALBOX_TEST_KAFKA={bootstrap}: create topic {topic}: {e}"),
+                    Err(_) => panic!(
+                        "WALBOX_TEST_KAFKA={bootstrap} did not answer within {BROKER_TIMEOUT:?}"
+                    ),
+                    Ok(Err(e)) => {
+                        panic!("WALBOX_TEST_KAFKA={bootstrap}: create topic {topic}: {e}")
+                    }
                     Ok(Ok(results)) => {
                         for r in results {
                             if let Err((name, code)) = r {
-                                panic!("WALBOX_TEST_KAFKA={bootstrap}: create topic {name}: {code}");
+                                panic!(
+                                    "WALBOX_TEST_KAFKA={bootstrap}: create topic {name}: {code}"
+                                );
                             }
                         }
                     }
@@ -130,26 +140,50 @@ impl TestKafka {
 }
 
 fn wait_for_partitions(config: &ClientConfig, topic: &str, partitions: i32) -> Result<(), String> {
-    let consumer: BaseConsumer = config.create().map_err(|e| format!("create a metadata client: {e}"))?;
-    crate::wait::wait_for_blocking(&format!("topic {topic} to have {partitions} partitions"), BROKER_TIMEOUT, || {
-        let md = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(2))
-            .map_err(|e| e.to_string())?;
-        let t = md.topics().iter().find(|t| t.name() == topic).ok_or("topic missing")?;
-        if t.error().is_none() && t.partitions().len() == partitions as usize {
-            Ok(())
-        } else {
-            Err(format!("{} partitions, error {:?}", t.partitions().len(), t.error()))
-        }
+    let consumer: BaseConsumer = config
+        .create()
+        .map_err(|e| format!("create a metadata client: {e}"))?;
+    crate::wait::wait_for_blocking(
+        &format!("topic {topic} to have {partitions} partitions"),
+        BROKER_TIMEOUT,
+        || {
+            let md = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(2))
+                .map_err(|e| e.to_string())?;
+            let t = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .ok_or("topic missing")?;
+            if t.error().is_none() && t.partitions().len() == partitions as usize {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} partitions, error {:?}",
+                    t.partitions().len(),
+                    t.error()
+                ))
+            }
+        },
+    )
+    .map_err(|e| {
+        format!(
+            "broker at {:?}: {e}",
+            config.get("bootstrap.servers").unwrap_or("?")
+        )
     })
-    .map_err(|e| format!("broker at {:?}: {e}", config.get("bootstrap.servers").unwrap_or("?")))
 }
 
 /// Consumes from the start of every partition of `topic` until `n` messages
 /// have arrived, and returns them (partition by partition, each in offset
 /// order, as they arrived). Errors when `timeout` passes first, saying how
 /// many came.
-pub async fn consume_n(kafka: &TestKafka, topic: &str, n: usize, timeout: Duration) -> Result<Vec<OwnedMessage>, String> {
+pub async fn consume_n(
+    kafka: &TestKafka,
+    topic: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
     let config = kafka.client_config();
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || consume_blocking(&config, &topic, Some(n), None, timeout))
@@ -168,7 +202,9 @@ pub async fn consume_until_quiet(
 ) -> Result<Vec<OwnedMessage>, String> {
     let config = kafka.client_config();
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || consume_blocking(&config, &topic, None, Some(quiet), timeout))
+    tokio::task::spawn_blocking(move || {
+        consume_blocking(&config, &topic, None, Some(quiet), timeout)
+    })
     .await
     .map_err(|e| format!("consumer thread: {e}"))?
 }
@@ -202,7 +238,9 @@ fn consume_blocking(
         tpl.add_partition_offset(topic, p, Offset::Beginning)
             .map_err(|e| e.to_string())?;
     }
-    consumer.assign(&tpl).map_err(|e| format!("assign {topic}: {e}"))?;
+    consumer
+        .assign(&tpl)
+        .map_err(|e| format!("assign {topic}: {e}"))?;
     let deadline = Instant::now() + timeout;
     let mut got = Vec::new();
     let mut last_arrival = Instant::now();

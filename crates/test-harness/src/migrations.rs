@@ -21,9 +21,9 @@ pub fn migration_files() -> Vec<PathBuf> {
         .map(|e| e.expect("read_dir entry").path())
         .filter(|p| {
             p.extension().is_some_and(|e| e == "sql")
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.len() > 5 && n.as_bytes()[..4].iter().all(u8::is_ascii_digit))
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.len() > 5 && n.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+                })
         })
         .collect();
     files.sort();
@@ -39,7 +39,8 @@ pub async fn apply_migrations(client: &Client) {
 
 /// Applies one SQL file in a transaction.
 pub async fn apply_sql_file(client: &Client, file: &std::path::Path) {
-    let sql = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+    let sql =
+        std::fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
     client
         .batch_execute(&format!("BEGIN;\n{sql}\nCOMMIT;"))
         .await

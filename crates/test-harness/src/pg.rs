@@ -116,7 +116,8 @@ fn run_as() -> Result<Option<(u32, u32)>, String> {
 
 fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| format!("chown {}: {e}", path.display()))?;
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -127,7 +128,11 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
     Err(format!("{what} failed ({}): {last}", out.status))
 }
 
@@ -145,7 +150,12 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
     let version = postgres_version(bin_dir)?;
     // FNV-1a over the binaries' path and version: a stable, short directory name.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bin_dir.as_os_str().as_encoded_bytes().iter().chain(version.as_bytes()) {
+    for b in bin_dir
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .chain(version.as_bytes())
+    {
         hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
     // SAFETY: getuid has no preconditions.
@@ -156,7 +166,10 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
     }
     // Build beside it and rename into place, so concurrent test processes
     // never see a half-made template.
-    let staging = std::env::temp_dir().join(format!("walbox-pg-template-{uid}-{hash:016x}.{}", std::process::id()));
+    let staging = std::env::temp_dir().join(format!(
+        "walbox-pg-template-{uid}-{hash:016x}.{}",
+        std::process::id()
+    ));
     let _ = fs::remove_dir_all(&staging);
     fs::create_dir(&staging).map_err(|e| format!("create {}: {e}", staging.display()))?;
     chown(&staging, owner)?;
@@ -165,7 +178,16 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
     initdb
         .arg("-D")
         .arg(&data)
-        .args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+        .args([
+            "-U",
+            SUPERUSER,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ])
         .stdin(Stdio::null());
     if let Some((uid, gid)) = owner {
         initdb.uid(uid).gid(gid);
@@ -174,7 +196,8 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
-    fs::write(staging.join(".walbox-ready"), version.as_bytes()).map_err(|e| format!("write template marker: {e}"))?;
+    fs::write(staging.join(".walbox-ready"), version.as_bytes())
+        .map_err(|e| format!("write template marker: {e}"))?;
     match fs::rename(&staging, &dir) {
         Ok(()) => Ok(dir),
         // Another process finished first: use its template.
@@ -182,12 +205,17 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
             let _ = fs::remove_dir_all(&staging);
             Ok(dir)
         }
-        Err(e) => Err(format!("rename {} to {}: {e}", staging.display(), dir.display())),
+        Err(e) => Err(format!(
+            "rename {} to {}: {e}",
+            staging.display(),
+            dir.display()
+        )),
     }
 }
 
 fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }
 
@@ -242,7 +270,10 @@ impl PgServerBuilder {
         chown(root.path(), owner)?;
         let data = root.path().join("data");
         run(
-            Command::new("cp").arg("-a").arg(template.join("data")).arg(&data),
+            Command::new("cp")
+                .arg("-a")
+                .arg(template.join("data"))
+                .arg(&data),
             "copy the template data directory",
         )?;
         if let Some(hba) = &self.hba {
@@ -271,7 +302,10 @@ impl PgServerBuilder {
             server.port = free_port()?;
             match server.start() {
                 Ok(()) => return Ok(server),
-                Err(e) if e.contains("Address already in use") || e.contains("could not create any TCP/IP sockets") => {
+                Err(e)
+                    if e.contains("Address already in use")
+                        || e.contains("could not create any TCP/IP sockets") =>
+                {
                     last_err = e
                 }
                 Err(e) => return Err(e),
@@ -283,7 +317,8 @@ impl PgServerBuilder {
 
 fn write_owned(path: &Path, contents: &[u8], owner: Option<(u32, u32)>) -> Result<(), String> {
     fs::write(path, contents).map_err(|e| format!("write {}: {e}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     chown(path, owner)
 }
 
@@ -305,7 +340,10 @@ impl ExitSlot {
     }
 
     fn has_exited(&self) -> bool {
-        self.status.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 }
 
@@ -369,7 +407,10 @@ impl PgServer {
 
     /// The postmaster's process id, while it runs.
     pub fn pid(&self) -> Option<i32> {
-        self.running.as_ref().filter(|r| !r.exit.has_exited()).map(|r| r.pid)
+        self.running
+            .as_ref()
+            .filter(|r| !r.exit.has_exited())
+            .map(|r| r.pid)
     }
 
     /// Connection settings for `dbname` as the superuser, over TCP.
@@ -478,17 +519,27 @@ impl PgServer {
             Ok(true) => Ok(()),
             Ok(false) | Err(_) => {
                 self.stop_with(libc::SIGQUIT);
-                let new_log = self.log().get(log_offset as usize..).unwrap_or_default().to_owned();
+                let new_log = self
+                    .log()
+                    .get(log_offset as usize..)
+                    .unwrap_or_default()
+                    .to_owned();
                 let reason = new_log
                     .lines()
-                    .filter(|l| l.contains("FATAL") || l.contains("ERROR") || l.contains("LOG:  could not"))
+                    .filter(|l| {
+                        l.contains("FATAL") || l.contains("ERROR") || l.contains("LOG:  could not")
+                    })
                     .map(str::trim)
                     .collect::<Vec<_>>()
                     .join(" | ");
                 Err(format!(
                     "the test Postgres on port {} did not start: {}",
                     self.port,
-                    if reason.is_empty() { ready.err().unwrap_or_else(|| "it exited".into()) } else { reason }
+                    if reason.is_empty() {
+                        ready.err().unwrap_or_else(|| "it exited".into())
+                    } else {
+                        reason
+                    }
                 ))
             }
         }
@@ -599,10 +650,18 @@ pub async fn check_server(config: &Config, source: &str) -> Result<(), String> {
     let client = match tokio::time::timeout(CONNECT_TIMEOUT, connect(config)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
-            let cause = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
-            return Err(format!("{source} ({target}) did not accept a connection: {e}{cause}"));
+            let cause = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            return Err(format!(
+                "{source} ({target}) did not accept a connection: {e}{cause}"
+            ));
         }
-        Err(_) => return Err(format!("{source} ({target}) did not answer within {CONNECT_TIMEOUT:?}")),
+        Err(_) => {
+            return Err(format!(
+                "{source} ({target}) did not answer within {CONNECT_TIMEOUT:?}"
+            ))
+        }
     };
     let row = client
         .query_one(
@@ -710,11 +769,16 @@ fn init_shared() -> Result<SharedPg, String> {
     }
     #[cfg(not(feature = "docker"))]
     if std::env::var("WALBOX_TEST_DOCKER").is_ok_and(|v| v == "1") {
-        return Err("WALBOX_TEST_DOCKER=1 needs the harness built with its `docker` feature \
+        return Err(
+            "WALBOX_TEST_DOCKER=1 needs the harness built with its `docker` feature \
                     (cargo test --features walbox-test-harness/docker)"
-            .to_owned());
+                .to_owned(),
+        );
     }
-    let (admin, kind, source) = match std::env::var("WALBOX_TEST_PG_URL").ok().filter(|u| !u.is_empty()) {
+    let (admin, kind, source) = match std::env::var("WALBOX_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
         Some(url) => {
             let admin: Config = url
                 .parse()
@@ -725,7 +789,11 @@ fn init_shared() -> Result<SharedPg, String> {
             let server = PgServer::start_default()?;
             // SAFETY: registers a plain extern "C" fn with no captured state.
             unsafe { libc::atexit(stop_shared_at_exit) };
-            (server.config("postgres"), SharedKind::Private(server), "the private test Postgres")
+            (
+                server.config("postgres"),
+                SharedKind::Private(server),
+                "the private test Postgres",
+            )
         }
     };
     let check_config = admin.clone();
@@ -761,7 +829,10 @@ pub fn shared() -> &'static SharedPg {
 
 /// [`shared`], returning the one-line error instead of panicking.
 pub fn try_shared() -> Result<&'static SharedPg, String> {
-    SHARED.get_or_init(init_shared).as_ref().map_err(Clone::clone)
+    SHARED
+        .get_or_init(init_shared)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// A database made for one test. On a shared server
@@ -775,7 +846,9 @@ pub struct TestDb {
 
 impl std::fmt::Debug for TestDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestDb").field("target", &describe(&self.config)).finish()
+        f.debug_struct("TestDb")
+            .field("target", &describe(&self.config))
+            .finish()
     }
 }
 
@@ -830,23 +903,34 @@ pub async fn fresh_db_on(admin: &Config, drop_after: bool) -> TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let Some(admin) = self.cleanup.take() else { return };
+        let Some(admin) = self.cleanup.take() else {
+            return;
+        };
         let name = self.name.clone();
         // Drop may run inside a runtime: clean up from a thread with its own.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             rt.block_on(async move {
                 let client = connect(&admin).await.ok()?;
-                // Slots pin WAL on a shared server: drop the test's before its database.
-                let _ = client
-                    .batch_execute(&format!(
+                // Slots pin WAL on a shared server: drop the test's before its
+                // database. One statement per call: DROP DATABASE cannot run in
+                // the implicit transaction of a multi-statement query.
+                for sql in [
+                    format!(
                         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                           WHERE database = '{name}' AND active_pid IS NOT NULL;
-                         SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                           WHERE database = '{name}' AND NOT active;
-                         DROP DATABASE IF EXISTS {name} WITH (FORCE);"
-                    ))
-                    .await;
+                          WHERE database = '{name}' AND active_pid IS NOT NULL"
+                    ),
+                    format!(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                          WHERE database = '{name}'"
+                    ),
+                    format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                ] {
+                    let _ = client.batch_execute(&sql).await;
+                }
                 Some(())
             })
         })

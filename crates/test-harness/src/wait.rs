@@ -45,7 +45,9 @@ pub fn wait_for_blocking<T>(
         };
         let now = Instant::now();
         if now >= deadline {
-            return Err(format!("timed out after {timeout:?} waiting for {what}: {last}"));
+            return Err(format!(
+                "timed out after {timeout:?} waiting for {what}: {last}"
+            ));
         }
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(250));

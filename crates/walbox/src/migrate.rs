@@ -59,12 +59,18 @@ pub(crate) async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
         .await
         .map_err(MigrateError::Bookkeeping)?;
     for (version, name, sql) in MIGRATIONS {
-        let tx = client.transaction().await.map_err(MigrateError::Bookkeeping)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(MigrateError::Bookkeeping)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
             .await
             .map_err(MigrateError::Bookkeeping)?;
         let done = tx
-            .query_opt("SELECT 1 FROM public.walbox_migrations WHERE version = $1", &[version])
+            .query_opt(
+                "SELECT 1 FROM public.walbox_migrations WHERE version = $1",
+                &[version],
+            )
             .await
             .map_err(MigrateError::Bookkeeping)?
             .is_some();

@@ -18,7 +18,10 @@ use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::pg::{self, PgServer};
 
 #[derive(Parser)]
-#[command(name = "walbox-test-env", about = "Provision and check walbox's test environment")]
+#[command(
+    name = "walbox-test-env",
+    about = "Provision and check walbox's test environment"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -43,7 +46,8 @@ enum Cmd {
 }
 
 async fn hold() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     let stdin_closed = tokio::task::spawn_blocking(|| {
         let mut sink = Vec::new();
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
@@ -58,12 +62,23 @@ async fn hold() {
 async fn check() -> Result<String, String> {
     let shared = pg::try_shared()?;
     let pg_desc = if shared.is_external() {
-        format!("WALBOX_TEST_PG_URL ({})", pg::describe(shared.admin_config()))
+        format!(
+            "WALBOX_TEST_PG_URL ({})",
+            pg::describe(shared.admin_config())
+        )
     } else {
-        let server = shared.private_server().map(|s| s.bin_dir().display().to_string());
-        format!("private Postgres from {}", server.unwrap_or_else(|| "containers".into()))
+        let server = shared
+            .private_server()
+            .map(|s| s.bin_dir().display().to_string());
+        format!(
+            "private Postgres from {}",
+            server.unwrap_or_else(|| "containers".into())
+        )
     };
-    let kafka_desc = match std::env::var("WALBOX_TEST_KAFKA").ok().filter(|b| !b.trim().is_empty()) {
+    let kafka_desc = match std::env::var("WALBOX_TEST_KAFKA")
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+    {
         None => "in-process MockCluster".to_owned(),
         Some(bootstrap) => {
             let kafka = TestKafka::External {
@@ -71,17 +86,23 @@ async fn check() -> Result<String, String> {
             };
             let config = kafka.client_config();
             tokio::task::spawn_blocking(move || {
-                let consumer: BaseConsumer = config.create().map_err(|e| format!("WALBOX_TEST_KAFKA={bootstrap}: {e}"))?;
+                let consumer: BaseConsumer = config
+                    .create()
+                    .map_err(|e| format!("WALBOX_TEST_KAFKA={bootstrap}: {e}"))?;
                 consumer
                     .fetch_metadata(None, Duration::from_secs(10))
-                    .map_err(|e| format!("WALBOX_TEST_KAFKA={bootstrap} did not answer within 10s: {e}"))?;
+                    .map_err(|e| {
+                        format!("WALBOX_TEST_KAFKA={bootstrap} did not answer within 10s: {e}")
+                    })?;
                 Ok::<_, String>(format!("WALBOX_TEST_KAFKA={bootstrap}"))
             })
             .await
             .map_err(|e| e.to_string())??
         }
     };
-    Ok(format!("test environment ok: {pg_desc}; Kafka: {kafka_desc}"))
+    Ok(format!(
+        "test environment ok: {pg_desc}; Kafka: {kafka_desc}"
+    ))
 }
 
 #[tokio::main(flavor = "current_thread")]
