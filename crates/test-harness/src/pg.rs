@@ -213,6 +213,39 @@ fn template_dir(bin_dir: &Path, owner: Option<(u32, u32)>) -> Result<PathBuf, St
     }
 }
 
+const SERVER_DIR_PREFIX: &str = "walbox-pg-";
+/// Names the test process that owns a server directory.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Removes server directories left by test processes that were killed
+/// (`kill -9` runs no cleanup; the server itself died with its owner).
+fn sweep_abandoned_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_server_dir = entry.file_name().to_str().is_some_and(|n| {
+            n.starts_with(SERVER_DIR_PREFIX) && !n.starts_with("walbox-pg-template-")
+        });
+        if !is_server_dir {
+            continue;
+        }
+        let Some(owner) = fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        else {
+            continue; // being created right now, or not ours
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(owner, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+}
+
 fn free_port() -> Result<u16, String> {
     let listener =
         std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
@@ -263,10 +296,13 @@ impl PgServerBuilder {
         };
         let owner = run_as()?;
         let template = template_dir(&bin_dir, owner)?;
+        sweep_abandoned_dirs();
         let root = tempfile::Builder::new()
-            .prefix("walbox-pg-")
+            .prefix(SERVER_DIR_PREFIX)
             .tempdir()
             .map_err(|e| format!("create a temp dir: {e}"))?;
+        fs::write(root.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|e| format!("write {}: {e}", root.path().display()))?;
         chown(root.path(), owner)?;
         let data = root.path().join("data");
         run(

@@ -159,9 +159,24 @@ fn start_holder() -> (std::process::Child, i32) {
 async fn no_orphan_postgres_after_the_owning_process_is_killed() {
     let (mut child, pid) = start_holder();
     // kill -9: no destructor and no atexit hook runs; the parent-death signal must.
+    let holder_pid = child.id();
     child.kill().unwrap();
     child.wait().unwrap();
     wait_gone(pid, "postgres to die with its killed owner").await;
+
+    // Its directory is swept by the next server start.
+    let abandoned: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("owner.pid"))
+                .is_ok_and(|p| p.trim() == holder_pid.to_string())
+        })
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(abandoned.len(), 1, "the killed holder's directory");
+    let _next = PgServer::start_default().unwrap();
+    assert!(!abandoned[0].exists(), "swept: {}", abandoned[0].display());
 }
 
 #[tokio::test]
