@@ -1,0 +1,3 @@
+//! Integration tests of the `walbox` binary against a real Postgres.
+
+mod migrate;

@@ -1,0 +1,82 @@
+//! `walbox migrate` applies the outbox schema once, and says what it did.
+
+use std::process::{Command, Output};
+
+use walbox_test_harness::pg::fresh_db;
+
+fn walbox(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .args(args)
+        .env_remove("WALBOX_PG_URL")
+        .output()
+        .expect("run walbox")
+}
+
+#[tokio::test]
+async fn migrate_creates_the_outbox_schema_once() {
+    let db = fresh_db().await;
+    let url = db.conninfo();
+
+    let first = walbox(&["migrate", "--pg-url", &url]);
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(first.status.success(), "{stdout}{}", String::from_utf8_lossy(&first.stderr));
+    assert!(stdout.contains("0001_outbox_events.sql: applied"), "{stdout}");
+    assert!(stdout.contains("0002_processed_events.sql: applied"), "{stdout}");
+
+    let second = walbox(&["migrate", "--pg-url", &url]);
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert!(second.status.success());
+    assert!(stdout.contains("0001_outbox_events.sql: already applied"), "{stdout}");
+    assert!(stdout.contains("0002_processed_events.sql: already applied"), "{stdout}");
+
+    let client = db.connect().await;
+    let versions: Vec<i32> = client
+        .query("SELECT version FROM walbox_migrations ORDER BY version", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1, 2]);
+    // The defaults of the mapping table: id, headers and created_at fill themselves.
+    let row = client
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('order', 'o-1', 'OrderCreated', '{\"a\": 1}')
+               RETURNING id::text, headers::text, created_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0).len(), 36);
+    assert_eq!(row.get::<_, String>(1), "{}");
+    assert!(row.get::<_, bool>(2));
+    // Headers must be an object: each key becomes a Kafka header.
+    let err = client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
+                  VALUES ('order', 'o-1', 'OrderCreated', '{}', '[1]')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("outbox_events_headers_is_object") || format!("{err:?}").contains("outbox_events_headers_is_object"));
+}
+
+#[test]
+fn migrate_against_a_dead_server_fails_in_one_line_without_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("postgres://walbox:hunter2@127.0.0.1:{port}/app?connect_timeout=5");
+    let out = walbox(&["migrate", "--pg-url", &url]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("walbox: connect to Postgres: "), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+#[test]
+fn unknown_subcommands_are_usage_errors() {
+    let out = walbox(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+}
