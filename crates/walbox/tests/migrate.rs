@@ -19,19 +19,38 @@ async fn migrate_creates_the_outbox_schema_once() {
 
     let first = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&first.stdout);
-    assert!(first.status.success(), "{stdout}{}", String::from_utf8_lossy(&first.stderr));
-    assert!(stdout.contains("0001_outbox_events.sql: applied"), "{stdout}");
-    assert!(stdout.contains("0002_processed_events.sql: applied"), "{stdout}");
+    assert!(
+        first.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        stdout.contains("0001_outbox_events.sql: applied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0002_processed_events.sql: applied"),
+        "{stdout}"
+    );
 
     let second = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&second.stdout);
     assert!(second.status.success());
-    assert!(stdout.contains("0001_outbox_events.sql: already applied"), "{stdout}");
-    assert!(stdout.contains("0002_processed_events.sql: already applied"), "{stdout}");
+    assert!(
+        stdout.contains("0001_outbox_events.sql: already applied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0002_processed_events.sql: already applied"),
+        "{stdout}"
+    );
 
     let client = db.connect().await;
     let versions: Vec<i32> = client
-        .query("SELECT version FROM walbox_migrations ORDER BY version", &[])
+        .query(
+            "SELECT version FROM walbox_migrations ORDER BY version",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -60,18 +79,28 @@ async fn migrate_creates_the_outbox_schema_once() {
         )
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("outbox_events_headers_is_object") || format!("{err:?}").contains("outbox_events_headers_is_object"));
+    assert!(
+        err.to_string().contains("outbox_events_headers_is_object")
+            || format!("{err:?}").contains("outbox_events_headers_is_object")
+    );
 }
 
 #[test]
 fn migrate_against_a_dead_server_fails_in_one_line_without_the_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("postgres://walbox:hunter2@127.0.0.1:{port}/app?connect_timeout=5");
     let out = walbox(&["migrate", "--pg-url", &url]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.starts_with("walbox: connect to Postgres: "), "{stderr}");
+    assert!(
+        stderr.starts_with("walbox: connect to Postgres: "),
+        "{stderr}"
+    );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
