@@ -136,7 +136,7 @@ async fn a_private_server_stops_when_dropped_and_can_restart() {
 fn start_holder() -> (std::process::Child, i32) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_walbox-test-env"))
         .arg("postgres")
-        .stdin(Stdio::piped())
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -182,7 +182,12 @@ async fn no_orphan_postgres_after_the_owning_process_is_killed() {
 #[tokio::test]
 async fn no_orphan_postgres_after_the_owner_exits() {
     let (mut child, pid) = start_holder();
-    drop(child.stdin.take()); // end of input: the holder drops the server and exits
+    // SIGTERM: the holder drops the server and exits 0.
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
     assert!(child.wait().unwrap().success());
     wait_gone(pid, "postgres to stop with its owner").await;
 }

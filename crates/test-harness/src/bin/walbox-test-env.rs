@@ -5,9 +5,9 @@
 //!   with one line saying what to change when something is wrong. `scripts/test`
 //!   runs it before the suite so a broken environment fails fast.
 //! * `postgres`: starts a private Postgres, prints its connection string, and
-//!   holds it until SIGINT/SIGTERM or end of standard input.
+//!   holds it until SIGINT/SIGTERM.
 //! * `mock-kafka`: starts an rdkafka MockCluster, prints its bootstrap list,
-//!   and holds it likewise, so other processes can use it.
+//!   and holds it until SIGINT/SIGTERM, so other processes can use it.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -48,14 +48,9 @@ enum Cmd {
 async fn hold() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
-    let stdin_closed = tokio::task::spawn_blocking(|| {
-        let mut sink = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-    });
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        _ = stdin_closed => {}
     }
 }
 
