@@ -47,7 +47,8 @@ impl InsertBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
@@ -109,7 +110,8 @@ impl UpdateBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
@@ -152,7 +154,8 @@ impl DeleteBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
@@ -202,7 +205,8 @@ impl TruncateBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
@@ -244,7 +248,8 @@ impl MessageBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }

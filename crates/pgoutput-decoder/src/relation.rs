@@ -122,7 +122,8 @@ impl RelationBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
@@ -177,7 +178,8 @@ impl TypeBody {
         })
     }
 
-    /// The transaction id, inside a streamed transaction (v2+).
+    /// Inside a streamed block (v2+): the id of the (sub)transaction that
+    /// made the change, which a Stream Abort may name as its `subxid`.
     pub fn xid(&self) -> Option<u32> {
         self.xid
     }
