@@ -229,6 +229,9 @@ fn toast_fixture_marks_the_unchanged_toasted_column() {
     }
 }
 
+/// A Stream Abort's (xid, subxid, abort LSN).
+type StreamAbort = (u32, u32, Option<Lsn>);
+
 /// Walks a streamed capture the way a consumer of streamed transactions must:
 /// data messages inside a block carry the xid of the (sub)transaction that made
 /// the change; Stream Commit names the top-level xid; Stream Abort names the
