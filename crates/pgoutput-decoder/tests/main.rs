@@ -237,9 +237,7 @@ type StreamAbort = (u32, u32, Option<Lsn>);
 /// the change; Stream Commit names the top-level xid; Stream Abort names the
 /// top-level xid and the aborted subtransaction's. Returns inserts per
 /// aggregate id of committed transactions and the Stream Abort messages.
-fn walk_stream(
-    messages: &[LogicalMessage],
-) -> (HashMap<String, usize>, Vec<(u32, u32, Option<Lsn>)>) {
+fn walk_stream(messages: &[LogicalMessage]) -> (HashMap<String, usize>, Vec<StreamAbort>) {
     let mut cache = RelationCache::new();
     let mut block_xid = None;
     // change xid -> (top-level xid, aggregate ids inserted)
