@@ -1,5 +1,5 @@
-//! Decoding a realistic stream of outbox Inserts: XLogData frames of ~215
-//! bytes (7 text columns: uuid, aggregate type/id, event type, a JSON payload,
+//! Decoding a realistic stream of outbox Inserts: XLogData frames of ~230
+//! bytes (205-byte Inserts of 7 text columns: uuid, aggregate type/id, event type, a JSON payload,
 //! headers, timestamp), decoded and mapped the way the relay reads them.
 //!
 //! `cargo bench -p pgoutput-decoder` — reports Insert messages per second.
