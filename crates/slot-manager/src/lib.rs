@@ -13,9 +13,27 @@
 //!
 //! It depends on `pgoutput-decoder` for the bytes and knows nothing of Kafka.
 //!
-//! Today it provides the SQL building blocks those operations share:
-//! [`quote_ident`], [`quote_literal`] and [`TableName`].
+//! Errors say what to do about them: [`Error::is_transient`] separates what
+//! a run loop should retry (network, server restart, a slot busy elsewhere)
+//! from what must stop the process with its message (authentication, a
+//! missing slot or table, `wal_level` not logical).
 
+mod config;
+mod control;
+mod error;
+mod feedback;
+mod replication;
 mod sql;
+mod tls;
 
+pub use config::{PgConfig, SslMode};
+pub use control::{
+    check_slot_usable, connect_control, drop_slot, ensure_publication, ensure_slot, preflight,
+    slot_status, Dropped, Ensured, Preflight, SlotStatus,
+};
+pub use error::Error;
+pub use feedback::{Feedback, DEFAULT_STATUS_INTERVAL};
+pub use replication::{
+    IdentifySystem, LogicalReplicationStream, ReplicationClient, ReplicationOptions, Streaming,
+};
 pub use sql::{quote_ident, quote_literal, ParseTableNameError, TableName};

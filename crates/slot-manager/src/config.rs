@@ -1,0 +1,351 @@
+//! Connection settings: a libpq-style URL or keyword string, with the full
+//! set of `sslmode`s.
+//!
+//! Parsing is tokio-postgres' own, except for `sslmode` and `sslrootcert`:
+//! tokio-postgres knows only `disable`/`prefer`/`require` and no root
+//! certificate, so those two are taken out first and handled here.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use tokio_postgres::config::Host;
+
+use crate::error::Error;
+
+/// How TLS is negotiated and verified, as in libpq.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SslMode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the server offers it, without verification (libpq's default).
+    #[default]
+    Prefer,
+    /// TLS or fail; the certificate is not verified (unless `sslrootcert` is
+    /// set, which makes it `verify-ca`, as libpq does).
+    Require,
+    /// TLS; the certificate must chain to `sslrootcert`.
+    VerifyCa,
+    /// TLS; the certificate must chain to `sslrootcert` and name the host.
+    VerifyFull,
+}
+
+impl FromStr for SslMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" | "allow" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => return Err(Error::Config(format!(
+                "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+            ))),
+        })
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
+}
+
+/// Where and how to connect. `Debug` and [`PgConfig::describe`] never show the password.
+#[derive(Clone)]
+pub struct PgConfig {
+    inner: tokio_postgres::Config,
+    ssl_mode: SslMode,
+    ssl_root_cert: Option<PathBuf>,
+}
+
+impl PgConfig {
+    /// Parses `postgres://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`
+    /// or `host=… port=… user=… password=… dbname=… sslmode=…`.
+    pub fn parse(input: &str) -> Result<PgConfig, Error> {
+        let (rest, ssl_mode, ssl_root_cert) =
+            if input.starts_with("postgres://") || input.starts_with("postgresql://") {
+                take_url_ssl_params(input)?
+            } else {
+                take_keyword_ssl_params(input)?
+            };
+        // tokio-postgres' messages never include the password.
+        let mut inner: tokio_postgres::Config =
+            rest.parse().map_err(|e| Error::Config(format!("{e}")))?;
+        let mut ssl_mode = match ssl_mode {
+            Some(m) => m.parse()?,
+            None => SslMode::Prefer,
+        };
+        if ssl_mode == SslMode::Require && ssl_root_cert.is_some() {
+            ssl_mode = SslMode::VerifyCa;
+        }
+        if matches!(ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull) && ssl_root_cert.is_none() {
+            return Err(Error::Config(format!(
+                "sslmode={ssl_mode} needs sslrootcert=<file with the CA certificate(s) in PEM>"
+            )));
+        }
+        inner.ssl_mode(match ssl_mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        if inner.get_hosts().is_empty() {
+            inner.host("localhost");
+        }
+        if inner.get_user().is_none() {
+            return Err(Error::Config(
+                "no user given (user=… or postgres://user@host/db)".into(),
+            ));
+        }
+        if inner.get_application_name().is_none() {
+            inner.application_name("walbox");
+        }
+        Ok(PgConfig {
+            inner,
+            ssl_mode,
+            ssl_root_cert: ssl_root_cert.map(PathBuf::from),
+        })
+    }
+
+    /// The tokio-postgres settings (for ordinary SQL connections).
+    pub fn tokio_config(&self) -> &tokio_postgres::Config {
+        &self.inner
+    }
+
+    /// The TLS mode.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.ssl_mode
+    }
+
+    /// The CA certificate file, for `verify-ca` and `verify-full`.
+    pub fn ssl_root_cert(&self) -> Option<&Path> {
+        self.ssl_root_cert.as_deref()
+    }
+
+    /// The first host and port.
+    pub fn host_port(&self) -> (Host, u16) {
+        let host = self
+            .inner
+            .get_hosts()
+            .first()
+            .cloned()
+            .unwrap_or(Host::Tcp("localhost".into()));
+        let port = self.inner.get_ports().first().copied().unwrap_or(5432);
+        (host, port)
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        self.inner.get_user().unwrap_or_default()
+    }
+
+    /// The database name (defaults to the user name, as in libpq).
+    pub fn dbname(&self) -> &str {
+        self.inner.get_dbname().unwrap_or_else(|| self.user())
+    }
+
+    /// The password, if any.
+    pub fn password(&self) -> Option<&[u8]> {
+        self.inner.get_password()
+    }
+
+    /// Where this points, without the password: `host=… port=… user=… dbname=… sslmode=…`.
+    pub fn describe(&self) -> String {
+        let (host, port) = self.host_port();
+        let host = match host {
+            Host::Tcp(h) => h,
+            Host::Unix(p) => p.display().to_string(),
+        };
+        format!(
+            "host={host} port={port} user={} dbname={} sslmode={}",
+            self.user(),
+            self.dbname(),
+            self.ssl_mode
+        )
+    }
+}
+
+impl FromStr for PgConfig {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        PgConfig::parse(s)
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PgConfig({})", self.describe())
+    }
+}
+
+type SslParams = (String, Option<String>, Option<String>);
+
+fn percent_decode(s: &str) -> Result<String, Error> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or_else(|| Error::Config("bad percent-encoding in URL".into()))?;
+            out.push(
+                u8::from_str_radix(hex, 16)
+                    .map_err(|_| Error::Config("bad percent-encoding in URL".into()))?,
+            );
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::Config("URL parameter is not UTF-8".into()))
+}
+
+/// Takes `sslmode` and `sslrootcert` out of a URL's query string.
+fn take_url_ssl_params(url: &str) -> Result<SslParams, Error> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None, None));
+    };
+    let (mut mode, mut root) = (None, None);
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "sslmode" => mode = Some(percent_decode(v)?),
+            "sslrootcert" => root = Some(percent_decode(v)?),
+            _ => kept.push(pair),
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((rest, mode, root))
+}
+
+/// Takes `sslmode` and `sslrootcert` out of a `key=value …` string, keeping
+/// the rest byte for byte (quoting included).
+fn take_keyword_ssl_params(input: &str) -> Result<SslParams, Error> {
+    let (mut mode, mut root) = (None, None);
+    let mut rest = String::with_capacity(input.len());
+    let mut chars = input.char_indices().peekable();
+    loop {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = chars.peek() else {
+            break;
+        };
+        let mut key = String::new();
+        while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        if chars.next_if(|(_, c)| *c == '=').is_none() {
+            return Err(Error::Config(format!(
+                "expected `=` after {key:?} in the connection string"
+            )));
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if(|(_, c)| *c == '\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some((_, '\\')) => match chars.next() {
+                        Some((_, c)) => value.push(c),
+                        None => return Err(Error::Config("unterminated quoted value".into())),
+                    },
+                    Some((_, '\'')) => break,
+                    Some((_, c)) => value.push(c),
+                    None => return Err(Error::Config("unterminated quoted value".into())),
+                }
+            }
+        } else {
+            while let Some((_, c)) = chars.next_if(|(_, c)| !c.is_whitespace()) {
+                value.push(c);
+            }
+        }
+        let end = chars.peek().map_or(input.len(), |(i, _)| *i);
+        match key.as_str() {
+            "sslmode" => mode = Some(value),
+            "sslrootcert" => root = Some(value),
+            _ => {
+                rest.push_str(&input[start..end]);
+                rest.push(' ');
+            }
+        }
+    }
+    Ok((rest.trim_end().to_owned(), mode, root))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls_with_every_sslmode() {
+        let c = PgConfig::parse("postgres://walbox:s3cret@db.example:6543/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&connect_timeout=5").unwrap();
+        assert_eq!(c.ssl_mode(), SslMode::VerifyFull);
+        assert_eq!(c.ssl_root_cert(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(
+            c.tokio_config().get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(5))
+        );
+        assert_eq!(
+            (c.user(), c.dbname(), c.password()),
+            ("walbox", "app", Some(&b"s3cret"[..]))
+        );
+        assert_eq!(
+            c.describe(),
+            "host=db.example port=6543 user=walbox dbname=app sslmode=verify-full"
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn parses_keyword_strings_with_quoting() {
+        let c = PgConfig::parse(
+            r"host=127.0.0.1 port = 5433 user=walbox password='p a\'ss' dbname=app sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(c.ssl_mode(), SslMode::Require);
+        assert_eq!(c.password(), Some(&b"p a'ss"[..]));
+        assert_eq!(c.host_port().1, 5433);
+        let c =
+            PgConfig::parse("host=h user=u sslmode=require sslrootcert='/tmp/my ca.pem'").unwrap();
+        assert_eq!(
+            c.ssl_mode(),
+            SslMode::VerifyCa,
+            "require with a root certificate verifies it, as libpq does"
+        );
+        assert_eq!(c.ssl_root_cert(), Some(Path::new("/tmp/my ca.pem")));
+        assert_eq!(
+            PgConfig::parse("host=h user=u").unwrap().ssl_mode(),
+            SslMode::Prefer
+        );
+        assert_eq!(PgConfig::parse("host=h user=u").unwrap().dbname(), "u");
+    }
+
+    #[test]
+    fn rejects_bad_settings_without_leaking_the_password() {
+        let e = PgConfig::parse("host=h user=u password=hunter2 sslmode=maybe").unwrap_err();
+        assert!(e.to_string().contains("sslmode \"maybe\""), "{e}");
+        let e = PgConfig::parse("host=h user=u sslmode=verify-full").unwrap_err();
+        assert!(e.to_string().contains("needs sslrootcert"), "{e}");
+        let e = PgConfig::parse("host=h password=hunter2").unwrap_err();
+        assert!(e.to_string().contains("no user"), "{e}");
+        let e = PgConfig::parse("host=h user=u password=hunter2 bogus=1").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let e = PgConfig::parse("postgres://u:hunter2@h:notaport/db").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+}

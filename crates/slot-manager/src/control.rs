@@ -1,0 +1,397 @@
+//! Publication and slot lifecycle, over an ordinary SQL connection.
+//!
+//! Every check that fails says what to change in one line.
+
+use std::time::Duration;
+
+use pgoutput_decoder::Lsn;
+use tokio_postgres::Client;
+
+use crate::config::PgConfig;
+use crate::error::Error;
+use crate::sql::{quote_ident, TableName};
+use crate::tls;
+
+/// Opens an ordinary SQL connection with the same settings (TLS included) and
+/// spawns its connection task.
+pub async fn connect_control(config: &PgConfig) -> Result<Client, Error> {
+    let context = format!("connect to {}", config.describe());
+    let client = match tls::client_config(config)? {
+        Some(tls_config) => {
+            let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
+            let (client, connection) = config
+                .tokio_config()
+                .connect(connector)
+                .await
+                .map_err(Error::sql(context))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "control connection ended");
+                }
+            });
+            client
+        }
+        None => {
+            let (client, connection) = config
+                .tokio_config()
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(Error::sql(context))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "control connection ended");
+                }
+            });
+            client
+        }
+    };
+    Ok(client)
+}
+
+/// What `walbox init-slot` and `walbox run` check before touching anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preflight {
+    /// `server_version_num`, e.g. 150018.
+    pub server_version_num: i32,
+}
+
+/// Checks that the server and role can run walbox on `table`, and that the
+/// table has `required_columns`. Each failure is an [`Error::Precondition`]
+/// saying what to change.
+pub async fn preflight(
+    client: &Client,
+    table: &TableName,
+    required_columns: &[&str],
+) -> Result<Preflight, Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
+                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+                    current_setting('max_replication_slots')::int",
+            &[],
+        )
+        .await
+        .map_err(Error::sql("read server settings"))?;
+    let wal_level: String = row.get(0);
+    let server_version_num: i32 = row.get(1);
+    let user: String = row.get(2);
+    let may_replicate: bool = row.get(3);
+    let max_slots: i32 = row.get(4);
+    if wal_level != "logical" {
+        return Err(Error::Precondition(format!(
+            "wal_level is {wal_level}; walbox needs wal_level = logical \
+             (ALTER SYSTEM SET wal_level = logical; then restart Postgres)"
+        )));
+    }
+    if server_version_num < 130_000 {
+        return Err(Error::Precondition(format!(
+            "Postgres {} is too old; walbox needs 13 or later",
+            server_version_num / 10_000
+        )));
+    }
+    if !may_replicate {
+        return Err(Error::Precondition(format!(
+            "role {user} may not use replication; grant it with ALTER ROLE {} REPLICATION",
+            quote_ident(&user)
+        )));
+    }
+    if max_slots == 0 {
+        return Err(Error::Precondition(
+            "max_replication_slots is 0; set it to at least 1 and restart Postgres".into(),
+        ));
+    }
+    let columns: Option<Vec<String>> = client
+        .query_opt(
+            "SELECT array_agg(a.attname::text ORDER BY a.attnum)
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+              GROUP BY c.oid",
+            &[&table.schema(), &table.name()],
+        )
+        .await
+        .map_err(Error::sql("look up the outbox table"))?
+        .map(|r| r.get(0));
+    let Some(columns) = columns else {
+        return Err(Error::Precondition(format!(
+            "table {table} does not exist: create it (`walbox migrate` creates public.outbox_events) or point --table at your outbox"
+        )));
+    };
+    let missing: Vec<&str> = required_columns
+        .iter()
+        .copied()
+        .filter(|c| !columns.iter().any(|have| have == c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Precondition(format!(
+            "table {table} has no column {} (it has {}); map the outbox columns in the configuration",
+            missing.join(", "),
+            columns.join(", ")
+        )));
+    }
+    Ok(Preflight { server_version_num })
+}
+
+/// Whether an `ensure_*` call created the object or found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ensured {
+    /// Created now.
+    Created,
+    /// Already there, and fit for use.
+    AlreadyPresent,
+}
+
+/// Makes sure `publication` publishes inserts of `table`:
+/// `CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert', publish_via_partition_root = true)`.
+/// An existing publication that does not cover the table or does not publish
+/// inserts is an error, not silently reused.
+pub async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<Ensured, Error> {
+    let existing = client
+        .query_opt(
+            "SELECT p.pubinsert,
+                    EXISTS (SELECT 1 FROM pg_publication_tables t
+                             WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)
+               FROM pg_publication p WHERE p.pubname = $1",
+            &[&publication, &table.schema(), &table.name()],
+        )
+        .await
+        .map_err(Error::sql("look up the publication"))?;
+    if let Some(row) = existing {
+        let (inserts, covers): (bool, bool) = (row.get(0), row.get(1));
+        if !covers {
+            return Err(Error::Precondition(format!(
+                "publication {publication:?} exists but does not publish {table} \
+                 (ALTER PUBLICATION {} ADD TABLE {table}, or choose another --publication)",
+                quote_ident(publication)
+            )));
+        }
+        if !inserts {
+            return Err(Error::Precondition(format!(
+                "publication {publication:?} exists but does not publish inserts \
+                 (ALTER PUBLICATION {} SET (publish = 'insert'), or choose another --publication)",
+                quote_ident(publication)
+            )));
+        }
+        return Ok(Ensured::AlreadyPresent);
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            quote_ident(publication),
+            table.quoted()
+        ))
+        .await
+        .map_err(Error::sql(format!("create publication {publication:?}")))?;
+    Ok(Ensured::Created)
+}
+
+/// Makes sure the pgoutput slot `slot` exists in this database. `failover`
+/// (Postgres 17+) makes it a failover slot, synchronized to standbys.
+pub async fn ensure_slot(client: &Client, slot: &str, failover: bool) -> Result<Ensured, Error> {
+    let existing = client
+        .query_opt(
+            "SELECT plugin::text, database::text = current_database(), slot_type::text
+               FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(Error::sql("look up the replication slot"))?;
+    if let Some(row) = existing {
+        let (plugin, same_db, kind): (Option<String>, Option<bool>, String) =
+            (row.get(0), row.get(1), row.get(2));
+        if kind != "logical" || plugin.as_deref() != Some("pgoutput") {
+            return Err(Error::Precondition(format!(
+                "replication slot {slot:?} exists but is a {kind} slot with plugin {}; walbox needs a pgoutput logical slot \
+                 (drop it or choose another --slot)",
+                plugin.as_deref().unwrap_or("none")
+            )));
+        }
+        if same_db != Some(true) {
+            return Err(Error::Precondition(format!(
+                "replication slot {slot:?} exists but belongs to another database; choose another --slot"
+            )));
+        }
+        return Ok(Ensured::AlreadyPresent);
+    }
+    let sql = if failover {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    client
+        .query_one(sql, &[&slot])
+        .await
+        .map_err(Error::sql(format!("create replication slot {slot:?}")))?;
+    Ok(Ensured::Created)
+}
+
+/// What [`drop_slot`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// The slot existed and was dropped.
+    pub slot: bool,
+    /// The process holding the slot was terminated first (`force`).
+    pub terminated_pid: Option<i32>,
+    /// The publication existed and was dropped.
+    pub publication: bool,
+}
+
+/// Drops `slot`. While a process streams from it, refuses with
+/// [`Error::SlotActive`] unless `force`, which terminates that process first.
+/// With `publication`, drops that publication too.
+pub async fn drop_slot(
+    client: &Client,
+    slot: &str,
+    force: bool,
+    publication: Option<&str>,
+) -> Result<Dropped, Error> {
+    let mut dropped = Dropped {
+        slot: false,
+        terminated_pid: None,
+        publication: false,
+    };
+    let state = client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(Error::sql("look up the replication slot"))?;
+    if let Some(row) = state {
+        if let Some(pid) = row.get::<_, Option<i32>>(0) {
+            if !force {
+                return Err(Error::SlotActive {
+                    slot: slot.to_owned(),
+                    pid,
+                });
+            }
+            client
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .map_err(Error::sql("terminate the slot's process"))?;
+            dropped.terminated_pid = Some(pid);
+            // The slot is released when the walsender has exited.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let active: Option<bool> = client
+                    .query_opt(
+                        "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await
+                    .map_err(Error::sql("look up the replication slot"))?
+                    .map(|r| r.get(0));
+                if active != Some(true) {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Error::SlotActive {
+                        slot: slot.to_owned(),
+                        pid,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+            .map_err(|e| {
+                crate::replication::classify_slot_error(slot, server_error_of(e, "drop the slot"))
+            })?;
+        dropped.slot = true;
+    }
+    if let Some(publication) = publication {
+        let exists = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication WHERE pubname = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(Error::sql("look up the publication"))?
+            .is_some();
+        if exists {
+            client
+                .batch_execute(&format!("DROP PUBLICATION {}", quote_ident(publication)))
+                .await
+                .map_err(Error::sql(format!("drop publication {publication:?}")))?;
+            dropped.publication = true;
+        }
+    }
+    Ok(dropped)
+}
+
+fn server_error_of(e: tokio_postgres::Error, context: &str) -> Error {
+    match e.as_db_error() {
+        Some(db) => Error::Server {
+            code: db.code().code().to_owned(),
+            message: db.message().to_owned(),
+            detail: db.detail().map(str::to_owned),
+            hint: db.hint().map(str::to_owned),
+        },
+        None => Error::sql(context)(e),
+    }
+}
+
+/// A slot's state, for `walbox status` and the relay's checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// A process is streaming from it.
+    pub active: bool,
+    /// That process.
+    pub active_pid: Option<i32>,
+    /// Where streaming resumes; what walbox confirmed.
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// The oldest WAL the slot keeps.
+    pub restart_lsn: Option<Lsn>,
+    /// `pg_current_wal_lsn() - restart_lsn`: WAL kept on disk for this slot.
+    pub retained_wal_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (lost: unusable).
+    pub wal_status: Option<String>,
+    /// Bytes of WAL that can still be written before the slot is in danger
+    /// of losing WAL (`max_slot_wal_keep_size`); `None` when unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// The slot's state, or `None` when it does not exist.
+pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatus>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status::text, safe_wal_size::bigint
+               FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(Error::sql("read the replication slot"))?;
+    let lsn = |v: Option<String>| v.and_then(|s| s.parse().ok());
+    Ok(row.map(|r| SlotStatus {
+        active: r.get(0),
+        active_pid: r.get(1),
+        confirmed_flush_lsn: lsn(r.get(2)),
+        restart_lsn: lsn(r.get(3)),
+        retained_wal_bytes: r.get(4),
+        wal_status: r.get(5),
+        safe_wal_size: r.get(6),
+    }))
+}
+
+/// After `START_REPLICATION`: the slot must still exist and be usable. A
+/// missing slot is [`Error::SlotMissing`], a lost one [`Error::SlotInvalidated`].
+pub async fn check_slot_usable(client: &Client, slot: &str) -> Result<SlotStatus, Error> {
+    let status = slot_status(client, slot)
+        .await?
+        .ok_or_else(|| Error::SlotMissing {
+            slot: slot.to_owned(),
+        })?;
+    if status.wal_status.as_deref() == Some("lost") {
+        return Err(Error::SlotInvalidated {
+            slot: slot.to_owned(),
+        });
+    }
+    Ok(status)
+}

@@ -1,0 +1,159 @@
+//! Errors, split by what the caller should do about them.
+
+use std::io;
+
+use pgoutput_decoder::DecodeError;
+
+/// A failure of a Postgres operation.
+///
+/// [`Error::is_transient`] is the run loop's retry decision: transient
+/// failures (network, server restart or shutdown, too many connections, a
+/// slot held by another process) are worth retrying with backoff; the rest
+/// (authentication, a missing slot or table, bad configuration) will not go
+/// away by themselves and must stop the process with the message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The connection string or a setting is invalid.
+    #[error("invalid connection settings: {0}")]
+    Config(String),
+    /// TLS could not be set up or the handshake failed.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// Network I/O failed or the server closed the connection.
+    #[error("connection to {target} failed: {source}")]
+    Io {
+        /// `host:port` without credentials.
+        target: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The server answered with an error.
+    #[error("server error {code}: {message}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Server {
+        /// The SQLSTATE code, e.g. `28P01`.
+        code: String,
+        /// The primary message.
+        message: String,
+        /// Detail, when sent.
+        detail: Option<String>,
+        /// Hint, when sent.
+        hint: Option<String>,
+    },
+    /// The server broke the protocol (an unexpected message).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A replication message could not be decoded.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// An error from the control connection (tokio-postgres).
+    #[error("{context}: {source}")]
+    Sql {
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The server is not set up for walbox; the message says what to change.
+    #[error("{0}")]
+    Precondition(String),
+    /// The replication slot does not exist.
+    #[error("replication slot {slot:?} does not exist: create it with `walbox init-slot`")]
+    SlotMissing {
+        /// The slot's name.
+        slot: String,
+    },
+    /// The replication slot lost WAL it needed and can no longer stream.
+    #[error(
+        "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed. \
+         Events written meanwhile may be missing; drop it (`walbox drop-slot`), re-create it (`walbox init-slot`) \
+         and reconcile from the outbox table"
+    )]
+    SlotInvalidated {
+        /// The slot's name.
+        slot: String,
+    },
+    /// Another process is streaming from the slot.
+    #[error("replication slot {slot:?} is in use by process {pid}")]
+    SlotActive {
+        /// The slot's name.
+        slot: String,
+        /// The backend pid holding it.
+        pid: i32,
+    },
+}
+
+/// SQLSTATE classes and codes that clear up by themselves.
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || code.starts_with("57P") // admin/crash shutdown, cannot connect now
+        || code == "53300" // too many connections
+        || code == "55006" // object in use: the slot is held by another process
+        || code == "40001" // serialization failure
+        || code == "40P01" // deadlock
+}
+
+impl Error {
+    /// True when retrying later may succeed; see [`Error`].
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io { .. } | Error::SlotActive { .. } => true,
+            Error::Server { code, .. } => transient_sqlstate(code),
+            Error::Sql { source, .. } => match source.code() {
+                Some(state) => transient_sqlstate(state.code()),
+                // No SQLSTATE: the connection itself failed or closed.
+                None => {
+                    source.is_closed()
+                        || std::error::Error::source(source).is_some_and(|s| s.is::<io::Error>())
+                }
+            },
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE, when the server sent one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Server { code, .. } => Some(code),
+            Error::Sql { source, .. } => source.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn sql(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Sql { context, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str) -> Error {
+        Error::Server {
+            code: code.into(),
+            message: "m".into(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    #[test]
+    fn classifies_server_errors() {
+        for code in ["57P01", "57P03", "08006", "53300", "55006"] {
+            assert!(server(code).is_transient(), "{code}");
+        }
+        for code in ["28P01", "28000", "42704", "3D000", "42501", "55000"] {
+            assert!(!server(code).is_transient(), "{code}");
+        }
+        assert!(!Error::SlotMissing { slot: "s".into() }.is_transient());
+        assert!(Error::SlotActive {
+            slot: "s".into(),
+            pid: 1
+        }
+        .is_transient());
+    }
+}
