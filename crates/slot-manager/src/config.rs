@@ -40,9 +40,11 @@ impl FromStr for SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(Error::Config(format!(
+            other => {
+                return Err(Error::Config(format!(
                 "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            ))),
+            )))
+            }
         })
     }
 }

@@ -29,6 +29,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The server ended the replication stream (it is shutting down or the
+    /// walsender was terminated); reconnect and resume from the slot.
+    #[error("the server ended the replication stream")]
+    StreamEnded,
     /// The server answered with an error.
     #[error("server error {code}: {message}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Server {
@@ -99,7 +103,7 @@ impl Error {
     /// True when retrying later may succeed; see [`Error`].
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::SlotActive { .. } => true,
+            Error::Io { .. } | Error::SlotActive { .. } | Error::StreamEnded => true,
             Error::Server { code, .. } => transient_sqlstate(code),
             Error::Sql { source, .. } => match source.code() {
                 Some(state) => transient_sqlstate(state.code()),

@@ -614,15 +614,19 @@ pub struct LogicalReplicationStream {
 }
 
 impl LogicalReplicationStream {
-    /// The next frame from the server: XLogData or a keepalive. `Ok(None)`
-    /// when the server ended the stream (CopyDone). Cancel-safe.
-    pub async fn next_message(&mut self) -> Result<Option<ReplicationMessage>, Error> {
+    /// The next frame from the server: XLogData or a keepalive. When the
+    /// server ends the stream (a clean walsender shutdown sends CommandComplete,
+    /// a server-side CopyDone ends it too) this is [`Error::StreamEnded`],
+    /// which is transient: reconnect. Cancel-safe.
+    pub async fn next_message(&mut self) -> Result<ReplicationMessage, Error> {
         loop {
             match self.client.read().await? {
                 Incoming::Message(Message::CopyData(body)) => {
-                    return Ok(Some(ReplicationMessage::parse(body.into_bytes())?));
+                    return Ok(ReplicationMessage::parse(body.into_bytes())?);
                 }
-                Incoming::Message(Message::CopyDone) => return Ok(None),
+                Incoming::Message(Message::CopyDone | Message::CommandComplete(_)) => {
+                    return Err(Error::StreamEnded)
+                }
                 Incoming::Message(Message::ErrorResponse(body)) => return Err(server_error(&body)),
                 Incoming::Message(Message::NoticeResponse(_) | Message::ParameterStatus(_)) => {}
                 Incoming::Message(other) => {

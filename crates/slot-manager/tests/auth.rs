@@ -1,0 +1,116 @@
+//! Each authentication method the replication connection supports.
+
+use slot_manager::{Error, PgConfig, ReplicationClient};
+use walbox_test_harness::pg::{self, PgServer};
+
+const HBA: &str = "\
+local all all trust
+host all postgres 127.0.0.1/32 trust
+host all trusted 127.0.0.1/32 trust
+host all plain 127.0.0.1/32 password
+host all md5user 127.0.0.1/32 md5
+host all scramuser 127.0.0.1/32 scram-sha-256
+";
+
+async fn server() -> PgServer {
+    let server = PgServer::builder().hba(HBA).start().unwrap();
+    let client = pg::connect(&server.config("postgres")).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE ROLE trusted LOGIN REPLICATION;
+             CREATE ROLE plain LOGIN REPLICATION PASSWORD 'plain pass';
+             SET password_encryption = 'md5';
+             CREATE ROLE md5user LOGIN REPLICATION PASSWORD 'md5 p''ass';
+             SET password_encryption = 'scram-sha-256';
+             CREATE ROLE scramuser LOGIN REPLICATION PASSWORD 's3cret \\ pass';",
+        )
+        .await
+        .unwrap();
+    server
+}
+
+fn config(server: &PgServer, user: &str, password: Option<&str>) -> PgConfig {
+    let mut s = format!(
+        "host=127.0.0.1 port={} user={user} dbname=postgres sslmode=disable",
+        server.port()
+    );
+    if let Some(p) = password {
+        s.push_str(&format!(
+            " password='{}'",
+            p.replace('\\', "\\\\").replace('\'', "\\'")
+        ));
+    }
+    PgConfig::parse(&s).unwrap()
+}
+
+#[tokio::test]
+async fn trust_cleartext_md5_and_scram_authenticate() {
+    let server = server().await;
+    for (user, password) in [
+        ("trusted", None),
+        ("plain", Some("plain pass")),
+        ("md5user", Some("md5 p'ass")),
+        ("scramuser", Some("s3cret \\ pass")),
+    ] {
+        let mut client = ReplicationClient::connect(&config(&server, user, password))
+            .await
+            .unwrap_or_else(|e| panic!("{user}: {e}"));
+        let system = client.identify_system().await.unwrap();
+        assert_eq!(system.dbname.as_deref(), Some("postgres"), "{user}");
+        assert!(system.xlogpos > pgoutput_decoder::Lsn::ZERO);
+        assert!(client.backend_pid().is_some());
+    }
+    // pg_hba forces md5 and scram-sha-256 for these users, and their stored
+    // passwords are of that kind, so those exchanges are what succeeded.
+    let client = pg::connect(&server.config("postgres")).await.unwrap();
+    let methods: Vec<String> = client
+        .query(
+            "SELECT rolname || ':' || CASE WHEN rolpassword LIKE 'md5%' THEN 'md5' WHEN rolpassword LIKE 'SCRAM-SHA-256$%' THEN 'scram' END \
+               FROM pg_authid WHERE rolname IN ('md5user', 'scramuser') ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(methods, ["md5user:md5", "scramuser:scram"]);
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_definite_error_without_the_password() {
+    let server = server().await;
+    for user in ["plain", "md5user", "scramuser"] {
+        let e = ReplicationClient::connect(&config(&server, user, Some("wrong-secret")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.sqlstate(), Some("28P01"), "{user}: {e}");
+        assert!(!e.is_transient(), "{user}");
+        assert!(
+            e.to_string().contains("password authentication failed"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("wrong-secret"));
+    }
+    let e = ReplicationClient::connect(&config(&server, "scramuser", None))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
+    assert!(e.to_string().contains("asks for a password"), "{e}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_transient_error_within_the_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = PgConfig::parse(&format!(
+        "host=127.0.0.1 port={port} user=u sslmode=disable connect_timeout=2"
+    ))
+    .unwrap();
+    let e = ReplicationClient::connect(&config).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+}

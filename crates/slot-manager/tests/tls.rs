@@ -1,0 +1,143 @@
+//! TLS: require, verify-full with the right and a wrong CA.
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use slot_manager::{connect_control, Error, PgConfig, ReplicationClient};
+use walbox_test_harness::pg::PgServer;
+
+struct Pki {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+fn pki() -> Pki {
+    pki_for(&["localhost", "127.0.0.1"])
+}
+
+/// A CA and a server certificate for `names` signed by it.
+fn pki_for(names: &[&str]) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "walbox test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+/// A server that accepts only TLS connections.
+fn tls_server(pki: &Pki) -> PgServer {
+    PgServer::builder()
+        .file("server.crt", pki.cert_pem.as_bytes())
+        .file("server.key", pki.key_pem.as_bytes())
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.crt")
+        .setting("ssl_key_file", "server.key")
+        .hba("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n")
+        .start()
+        .unwrap()
+}
+
+fn config(server: &PgServer, host: &str, ssl: &str) -> PgConfig {
+    PgConfig::parse(&format!(
+        "host={host} port={} user=postgres dbname=postgres {ssl}",
+        server.port()
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn require_and_verify_full_connect_over_tls() {
+    let pki = pki();
+    let server = tls_server(&pki);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+
+    for ssl in [
+        "sslmode=require".to_owned(),
+        format!("sslmode=verify-ca sslrootcert={}", ca.display()),
+        format!("sslmode=verify-full sslrootcert={}", ca.display()),
+    ] {
+        for host in ["localhost", "127.0.0.1"] {
+            let config = config(&server, host, &ssl);
+            let mut client = ReplicationClient::connect(&config)
+                .await
+                .unwrap_or_else(|e| panic!("{ssl} {host}: {e}"));
+            client.identify_system().await.unwrap();
+            // The control connection uses the same TLS settings.
+            let control = connect_control(&config)
+                .await
+                .unwrap_or_else(|e| panic!("control {ssl}: {e}"));
+            let ssl_in_use: bool = control
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert!(ssl_in_use, "{ssl}");
+        }
+    }
+    // Without TLS the server's pg_hba rejects the connection.
+    let e = ReplicationClient::connect(&config(&server, "127.0.0.1", "sslmode=disable"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.sqlstate(), Some("28000"), "{e}");
+}
+
+#[tokio::test]
+async fn verify_full_refuses_a_certificate_from_another_ca() {
+    let pki = pki();
+    let server = tls_server(&pki);
+    let other = self::pki();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_ca = dir.path().join("wrong-ca.pem");
+    std::fs::write(&wrong_ca, &other.ca_pem).unwrap();
+    for mode in ["verify-full", "verify-ca"] {
+        let config = config(
+            &server,
+            "localhost",
+            &format!("sslmode={mode} sslrootcert={}", wrong_ca.display()),
+        );
+        let e = ReplicationClient::connect(&config).await.unwrap_err();
+        assert!(matches!(e, Error::Tls(_)), "{mode}: {e}");
+        assert!(!e.is_transient());
+        assert!(connect_control(&config).await.is_err(), "{mode}");
+    }
+}
+
+#[tokio::test]
+async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
+    // A certificate for another name, reached as 127.0.0.1.
+    let pki = pki_for(&["db.walbox.test"]);
+    let server = tls_server(&pki);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    let full = config(
+        &server,
+        "127.0.0.1",
+        &format!("sslmode=verify-full sslrootcert={}", ca.display()),
+    );
+    let e = ReplicationClient::connect(&full).await.unwrap_err();
+    assert!(matches!(e, Error::Tls(_)), "{e}");
+    let ca_only = config(
+        &server,
+        "127.0.0.1",
+        &format!("sslmode=verify-ca sslrootcert={}", ca.display()),
+    );
+    ReplicationClient::connect(&ca_only).await.unwrap();
+}
