@@ -55,13 +55,15 @@ pub struct Preflight {
     pub server_version_num: i32,
 }
 
-/// Checks that the server and role can run walbox on `table`, and that the
-/// table has `required_columns`. Each failure is an [`Error::Precondition`]
-/// saying what to change.
+/// Checks that the server and role can run walbox on `table`, that the table
+/// has `required_columns`, and, with `slot`, that no other process streams
+/// from that slot. Each failure says what to change: an
+/// [`Error::Precondition`], or [`Error::SlotActive`] for a busy slot.
 pub async fn preflight(
     client: &Client,
     table: &TableName,
     required_columns: &[&str],
+    slot: Option<&str>,
 ) -> Result<Preflight, Error> {
     let row = client
         .query_one(
@@ -128,6 +130,18 @@ pub async fn preflight(
             missing.join(", "),
             columns.join(", ")
         )));
+    }
+    if let Some(slot) = slot {
+        if let Some(SlotStatus {
+            active_pid: Some(pid),
+            ..
+        }) = slot_status(client, slot).await?
+        {
+            return Err(Error::SlotActive {
+                slot: slot.to_owned(),
+                pid,
+            });
+        }
     }
     Ok(Preflight { server_version_num })
 }
@@ -216,6 +230,19 @@ pub async fn ensure_slot(client: &Client, slot: &str, failover: bool) -> Result<
             )));
         }
         return Ok(Ensured::AlreadyPresent);
+    }
+    if failover {
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(Error::sql("read the server version"))?
+            .get(0);
+        if version < 170_000 {
+            return Err(Error::Precondition(format!(
+                "failover slots need Postgres 17 or later; this server is {}",
+                version / 10_000
+            )));
+        }
     }
     let sql = if failover {
         "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
@@ -378,6 +405,24 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
         wal_status: r.get(5),
         safe_wal_size: r.get(6),
     }))
+}
+
+/// Starts streaming `slot` and then re-reads the slot over `control`, as the
+/// run loop must: a slot dropped or invalidated meanwhile is a definite error
+/// ([`Error::SlotMissing`], [`Error::SlotInvalidated`]), not an endless retry.
+pub async fn start_streaming(
+    config: &PgConfig,
+    control: &Client,
+    slot: &str,
+    start: Lsn,
+    options: &crate::ReplicationOptions,
+) -> Result<(crate::LogicalReplicationStream, SlotStatus), Error> {
+    let stream = crate::ReplicationClient::connect(config)
+        .await?
+        .start_logical_replication(slot, start, options)
+        .await?;
+    let status = check_slot_usable(control, slot).await?;
+    Ok((stream, status))
 }
 
 /// After `START_REPLICATION`: the slot must still exist and be usable. A

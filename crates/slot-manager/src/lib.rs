@@ -29,7 +29,7 @@ mod tls;
 pub use config::{PgConfig, SslMode};
 pub use control::{
     check_slot_usable, connect_control, drop_slot, ensure_publication, ensure_slot, preflight,
-    slot_status, Dropped, Ensured, Preflight, SlotStatus,
+    slot_status, start_streaming, Dropped, Ensured, Preflight, SlotStatus,
 };
 pub use error::Error;
 pub use feedback::{Feedback, DEFAULT_STATUS_INTERVAL};

@@ -579,9 +579,17 @@ impl ReplicationClient {
 
 /// Turns the server's answers about a slot into the errors callers act on.
 pub(crate) fn classify_slot_error(slot: &str, e: Error) -> Error {
-    let Error::Server { code, message, .. } = &e else {
+    let Error::Server {
+        code,
+        message,
+        detail,
+        ..
+    } = &e
+    else {
         return e;
     };
+    let invalidated =
+        |text: &str| text.contains("invalidated") || text.contains("no longer get changes");
     match code.as_str() {
         "42704" => Error::SlotMissing {
             slot: slot.to_owned(),
@@ -598,7 +606,10 @@ pub(crate) fn classify_slot_error(slot: &str, e: Error) -> Error {
                 pid,
             }
         }
-        "55000" if message.contains("no longer get changes") || message.contains("invalidated") => {
+        // "can no longer get changes from replication slot" (PG 13/14), or
+        // "cannot read from logical replication slot" with an "invalidated"
+        // detail (PG 15+).
+        "55000" if invalidated(message) || detail.as_deref().is_some_and(invalidated) => {
             Error::SlotInvalidated {
                 slot: slot.to_owned(),
             }
@@ -727,6 +738,19 @@ mod tests {
                     "can no longer get changes from replication slot \"s\""
                 )
             ),
+            Error::SlotInvalidated { .. }
+        ));
+        let pg15 = Error::Server {
+            code: "55000".into(),
+            message: "cannot read from logical replication slot \"s\"".into(),
+            detail: Some(
+                "This slot has been invalidated because it exceeded the maximum reserved size."
+                    .into(),
+            ),
+            hint: None,
+        };
+        assert!(matches!(
+            classify_slot_error("s", pg15),
             Error::SlotInvalidated { .. }
         ));
     }

@@ -23,7 +23,9 @@ async fn preflight_names_what_to_change() {
     let client = connect_control(&pg_config(&db)).await.unwrap();
     let outbox = TableName::parse("public.outbox_events").unwrap();
 
-    let e = preflight(&client, &outbox, COLUMNS).await.unwrap_err();
+    let e = preflight(&client, &outbox, COLUMNS, None)
+        .await
+        .unwrap_err();
     assert!(
         e.to_string()
             .starts_with("table \"public\".\"outbox_events\" does not exist"),
@@ -32,8 +34,8 @@ async fn preflight_names_what_to_change() {
     assert!(e.to_string().contains("walbox migrate"), "{e}");
 
     apply_migrations(&db.connect().await).await;
-    preflight(&client, &outbox, COLUMNS).await.unwrap();
-    let e = preflight(&client, &outbox, &["id", "aggregateid", "type"])
+    preflight(&client, &outbox, COLUMNS, None).await.unwrap();
+    let e = preflight(&client, &outbox, &["id", "aggregateid", "type"], None)
         .await
         .unwrap_err();
     assert!(
@@ -48,7 +50,7 @@ async fn preflight_names_what_to_change() {
     let mut config = db.config().clone();
     config.user("app");
     let app = pg::connect(&config).await.unwrap();
-    let e = preflight(&app, &outbox, COLUMNS).await.unwrap_err();
+    let e = preflight(&app, &outbox, COLUMNS, None).await.unwrap_err();
     assert!(
         e.to_string().contains("role app may not use replication"),
         "{e}"
@@ -72,7 +74,9 @@ async fn preflight_refuses_wal_level_replica() {
         .unwrap();
     let client = pg::connect(&server.config("postgres")).await.unwrap();
     let outbox = TableName::parse("outbox_events").unwrap();
-    let e = preflight(&client, &outbox, COLUMNS).await.unwrap_err();
+    let e = preflight(&client, &outbox, COLUMNS, None)
+        .await
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         "wal_level is replica; walbox needs wal_level = logical (ALTER SYSTEM SET wal_level = logical; then restart Postgres)"
@@ -209,6 +213,14 @@ async fn dropping_an_active_slot_is_refused_unless_forced() {
     );
     assert!(e.is_transient());
 
+    let e = preflight(&client, &outbox, COLUMNS, Some("walbox"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::SlotActive { pid: p, .. } if p == pid),
+        "{e}"
+    );
+
     let e = drop_slot(&client, "walbox", false, None).await.unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -255,4 +267,56 @@ async fn a_missing_slot_says_to_run_init_slot() {
         "replication slot \"nope\" does not exist: create it with `walbox init-slot`"
     );
     assert!(!e.is_transient());
+}
+
+#[tokio::test]
+async fn an_invalidated_slot_is_a_definite_error() {
+    // A slot may keep at most 32 MB of WAL; then 80 MB are written and
+    // checkpointed, so the server invalidates it (wal_status = lost).
+    let server = PgServer::builder()
+        .setting("max_slot_wal_keep_size", "32MB")
+        .setting("max_wal_size", "64MB")
+        .setting("min_wal_size", "32MB")
+        .start()
+        .unwrap();
+    let admin = server.config("postgres");
+    let client = pg::connect(&admin).await.unwrap();
+    apply_migrations(&client).await;
+    let config =
+        slot_manager::PgConfig::parse(&format!("{} sslmode=disable", pg::conninfo(&admin)))
+            .unwrap();
+    let outbox = TableName::parse("outbox_events").unwrap();
+    ensure_publication(&client, "walbox_outbox", &outbox)
+        .await
+        .unwrap();
+    ensure_slot(&client, "walbox", false).await.unwrap();
+    client
+        .batch_execute("CREATE TABLE busy (v text)")
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        client
+            .batch_execute(
+                "INSERT INTO busy SELECT md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g;
+                 SELECT pg_switch_wal();",
+            )
+            .await
+            .unwrap();
+        client.batch_execute("CHECKPOINT").await.unwrap();
+    }
+    let status = slot_status(&client, "walbox").await.unwrap().unwrap();
+    assert_eq!(status.wal_status.as_deref(), Some("lost"), "{status:?}");
+
+    let e = slot_manager::start_streaming(
+        &config,
+        &client,
+        "walbox",
+        pgoutput_decoder::Lsn::ZERO,
+        &ReplicationOptions::new("walbox_outbox"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, Error::SlotInvalidated { .. }), "{e}");
+    assert!(!e.is_transient());
+    assert!(e.to_string().contains("walbox drop-slot"), "{e}");
 }
