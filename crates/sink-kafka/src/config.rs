@@ -1,4 +1,8 @@
-//! Producer settings that the delivery contract depends on.
+//! Producer settings: the ones the delivery contract depends on, and the
+//! operator's own, passed through to librdkafka.
+
+use std::collections::BTreeMap;
+use std::fmt;
 
 /// Settings walbox applies to every producer unless the operator overrides
 /// them, with the reason for each.
@@ -22,6 +26,136 @@ pub fn contract_defaults() -> Vec<(&'static str, &'static str)> {
 /// Settings an operator may not override, because the guarantees rely on them.
 pub const CONTRACT_PINNED: &[&str] = &["acks", "enable.idempotence"];
 
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// Configuration of a [`crate::Sink`].
+#[derive(Clone)]
+pub struct SinkConfig {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Any other librdkafka producer property (security: `security.protocol`,
+    /// `sasl.mechanism`, `sasl.username`, `sasl.password`, `ssl.ca.location`, …).
+    /// Applied over [`contract_defaults`]; [`CONTRACT_PINNED`] keys are refused.
+    pub properties: BTreeMap<String, String>,
+    /// Where records that fail permanently go, with the error in headers.
+    /// `None`: a permanent failure is reported and the caller halts.
+    pub dead_letter_topic: Option<String>,
+    /// Most records sent and not yet reported back to the caller.
+    pub max_in_flight: usize,
+    /// Most bytes (key, value, headers) in flight.
+    pub max_in_flight_bytes: usize,
+}
+
+impl SinkConfig {
+    /// Defaults for `bootstrap_servers`: 10,000 records / 64 MiB in flight, no DLQ.
+    pub fn new(bootstrap_servers: impl Into<String>) -> Self {
+        SinkConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            properties: BTreeMap::new(),
+            dead_letter_topic: None,
+            max_in_flight: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+        }
+    }
+
+    /// Sets a librdkafka property.
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
+    }
+
+    /// The producer's `message.max.bytes`.
+    pub fn message_max_bytes(&self) -> usize {
+        self.properties
+            .get("message.max.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+    }
+
+    /// The full librdkafka configuration: contract defaults, the operator's
+    /// properties, and queue limits sized so the in-flight bounds, not the
+    /// producer queue, are what fill up.
+    pub(crate) fn client_config(&self) -> Result<rdkafka::ClientConfig, crate::SinkError> {
+        if let Some(key) = CONTRACT_PINNED
+            .iter()
+            .find(|k| self.properties.contains_key(**k))
+        {
+            let value = &self.properties[*key];
+            let default = contract_defaults()
+                .into_iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v);
+            if Some(value.as_str()) != default {
+                return Err(crate::SinkError::Config(format!(
+                    "{key}={value} would break walbox's delivery guarantees; it is fixed at {}",
+                    default.unwrap_or("?")
+                )));
+            }
+        }
+        if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
+            return Err(crate::SinkError::Config(
+                "max in-flight records and bytes must be above 0".into(),
+            ));
+        }
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in contract_defaults() {
+            c.set(k, v);
+        }
+        // Room for everything the sink lets into flight, plus the dead-letter copies.
+        c.set(
+            "queue.buffering.max.messages",
+            (self.max_in_flight * 2 + 16).min(2_147_483_647).to_string(),
+        );
+        c.set(
+            "queue.buffering.max.kbytes",
+            ((self.max_in_flight_bytes * 2) / 1024 + 1024)
+                .min(2_147_483_647)
+                .to_string(),
+        );
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        Ok(c)
+    }
+}
+
+/// True for property names whose values are secrets.
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k.contains("sasl.oauthbearer.config")
+        || k.ends_with(".key.pem")
+}
+
+impl fmt::Debug for SinkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let props: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if is_secret(k) {
+                        "<redacted>"
+                    } else {
+                        v.as_str()
+                    },
+                )
+            })
+            .collect();
+        f.debug_struct("SinkConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("properties", &props)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +173,38 @@ mod tests {
                 "{pinned} is pinned but has no default"
             );
         }
+    }
+
+    #[test]
+    fn pinned_settings_cannot_be_weakened() {
+        let e = SinkConfig::new("b:9092")
+            .set("acks", "1")
+            .client_config()
+            .unwrap_err();
+        assert!(e.to_string().contains("acks=1 would break"), "{e}");
+        assert!(SinkConfig::new("b:9092")
+            .set("acks", "all")
+            .client_config()
+            .is_ok());
+        let c = SinkConfig::new("b:9092")
+            .set("linger.ms", "20")
+            .client_config()
+            .unwrap();
+        assert_eq!(c.get("linger.ms"), Some("20"));
+        assert_eq!(c.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn debug_redacts_secrets() {
+        let c = SinkConfig::new("b:9092")
+            .set("sasl.password", "hunter2")
+            .set("ssl.key.password", "hunter3")
+            .set("sasl.username", "walbox");
+        let text = format!("{c:?}");
+        assert!(
+            !text.contains("hunter2") && !text.contains("hunter3"),
+            "{text}"
+        );
+        assert!(text.contains("walbox"));
     }
 }

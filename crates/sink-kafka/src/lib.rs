@@ -6,11 +6,31 @@
 //! the caller decides what a token means (walbox uses it to find the
 //! transaction, and so the LSN, an event came from).
 //!
-//! Today it provides the record type ([`Record`]) and the producer settings the
-//! delivery contract rests on ([`contract_defaults`]).
+//! ```no_run
+//! # async fn example() -> Result<(), sink_kafka::SinkError> {
+//! use sink_kafka::{Record, Sink, SinkConfig};
+//! let (sink, mut reports) = Sink::<u64>::new(&SinkConfig::new("localhost:9092"))?;
+//! let record = Record::new("orders", Some("order-17".into()), Some("{}".into()), 1u64);
+//! let permit = sink.reserve(record.size()).await;
+//! sink.send(permit, record).await;
+//! let report = reports.next().await.expect("one report per record");
+//! assert_eq!(report.token, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! # Transactions (later)
+//!
+//! Exactly-once delivery will use a transactional producer
+//! (`transactional.id`): begin, send, commit together with the source
+//! position. The token-based reports and the in-flight permits do not change
+//! for that; a transactional sink adds `begin`/`commit` around `send`.
 
 mod config;
+mod error;
 mod record;
+mod sink;
 
-pub use config::{contract_defaults, CONTRACT_PINNED};
+pub use config::{contract_defaults, SinkConfig, CONTRACT_PINNED};
+pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use record::{Header, Record};
+pub use sink::{dlq_headers, shutdown, Delivered, Permit, Report, Reports, Sink};

@@ -1,0 +1,126 @@
+//! What can go wrong with a record or the producer.
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// How a delivery failed, which decides what the caller does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliveryErrorKind {
+    /// librdkafka gave up retrying (only with a finite `message.timeout.ms`;
+    /// walbox's default never gives up). Safe to resend after a restart.
+    RetriableExhausted,
+    /// The broker will never take this record as it is: authorization,
+    /// record too large, invalid or unknown topic. Dead-letter it or halt.
+    Permanent,
+    /// The producer is unusable (e.g. an idempotence sequence error): halt,
+    /// and start a new producer after a restart.
+    Fatal,
+    /// Purged at shutdown before a delivery report: not delivered, not failed.
+    Purged,
+}
+
+/// A record's failure: its kind, the librdkafka code, and a message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?} delivery failure: {message}")]
+pub struct DeliveryError {
+    /// What to do about it.
+    pub kind: DeliveryErrorKind,
+    /// The librdkafka error code, when there is one.
+    pub code: Option<RDKafkaErrorCode>,
+    /// What happened.
+    pub message: String,
+}
+
+/// Error codes that no retry will fix.
+const PERMANENT: &[RDKafkaErrorCode] = &[
+    RDKafkaErrorCode::MessageSizeTooLarge,
+    RDKafkaErrorCode::InvalidMessageSize,
+    RDKafkaErrorCode::MessageBatchTooLarge,
+    RDKafkaErrorCode::TopicAuthorizationFailed,
+    RDKafkaErrorCode::ClusterAuthorizationFailed,
+    RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+    RDKafkaErrorCode::InvalidTopic,
+    RDKafkaErrorCode::UnknownTopic,
+    RDKafkaErrorCode::UnknownTopicOrPartition,
+    RDKafkaErrorCode::UnknownPartition,
+    RDKafkaErrorCode::InvalidRecord,
+    RDKafkaErrorCode::PolicyViolation,
+    RDKafkaErrorCode::InvalidRequiredAcks,
+    RDKafkaErrorCode::InvalidMessage,
+    RDKafkaErrorCode::UnsupportedVersion,
+    RDKafkaErrorCode::UnsupportedForMessageFormat,
+];
+
+impl DeliveryError {
+    pub(crate) fn new(
+        kind: DeliveryErrorKind,
+        code: Option<RDKafkaErrorCode>,
+        message: impl Into<String>,
+    ) -> Self {
+        DeliveryError {
+            kind,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// Classifies a delivery report's error.
+    pub(crate) fn from_kafka(e: &KafkaError) -> DeliveryError {
+        let code = e.rdkafka_error_code();
+        let kind = match code {
+            Some(RDKafkaErrorCode::Fatal) => DeliveryErrorKind::Fatal,
+            Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight) => {
+                DeliveryErrorKind::Purged
+            }
+            Some(RDKafkaErrorCode::MessageTimedOut) => DeliveryErrorKind::RetriableExhausted,
+            Some(c) if PERMANENT.contains(&c) => DeliveryErrorKind::Permanent,
+            // Anything else after librdkafka's own retries: never skip it
+            // silently. Retriable codes reach here only when retries ran out.
+            Some(_) | None => DeliveryErrorKind::RetriableExhausted,
+        };
+        DeliveryError::new(kind, code, e.to_string())
+    }
+}
+
+/// The sink could not be created or used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// A bad setting.
+    #[error("invalid Kafka settings: {0}")]
+    Config(String),
+    /// librdkafka refused to create the producer.
+    #[error("create the Kafka producer: {0}")]
+    Create(#[source] KafkaError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_codes() {
+        let kind = |c| DeliveryError::from_kafka(&KafkaError::MessageProduction(c)).kind;
+        assert_eq!(
+            kind(RDKafkaErrorCode::MessageSizeTooLarge),
+            DeliveryErrorKind::Permanent
+        );
+        assert_eq!(
+            kind(RDKafkaErrorCode::TopicAuthorizationFailed),
+            DeliveryErrorKind::Permanent
+        );
+        assert_eq!(kind(RDKafkaErrorCode::Fatal), DeliveryErrorKind::Fatal);
+        assert_eq!(
+            kind(RDKafkaErrorCode::MessageTimedOut),
+            DeliveryErrorKind::RetriableExhausted
+        );
+        assert_eq!(
+            kind(RDKafkaErrorCode::PurgeInflight),
+            DeliveryErrorKind::Purged
+        );
+        assert_eq!(
+            kind(RDKafkaErrorCode::NotLeaderForPartition),
+            DeliveryErrorKind::RetriableExhausted
+        );
+    }
+}

@@ -1,0 +1,590 @@
+//! The producer and its delivery reports.
+//!
+//! ```text
+//! caller ── reserve(size) ──► Permit ── send(permit, record) ──► librdkafka queue ──► broker
+//!    ▲                                                                       │
+//!    └──── Reports::next() ◄── bounded channel ◄── delivery callback ◄───────┘
+//!              (permanent failure + DLQ: re-sent to the dead-letter topic,
+//!               reported only once that delivery succeeds)
+//! ```
+//!
+//! # Bounded memory, no deadlock
+//!
+//! librdkafka frees queue space only after a record's delivery callback has
+//! run, so that callback must never wait for the caller. The sink therefore
+//! bounds what is in flight itself: [`Sink::reserve`] takes a slot and the
+//! record's bytes from two semaphores, and they return only when the caller
+//! receives the record's report from [`Reports::next`]. The report channel
+//! holds as many reports as there are slots, so the callback always finds
+//! room, and the producer queue is sized above the same bounds.
+//!
+//! `reserve` is cancel-safe (use it in `select!` beside `Reports::next`,
+//! reports first); `send` is not, but only waits in the rare case the
+//! producer queue is full anyway, and then for deliveries, not on a timer.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer,
+};
+use rdkafka::ClientContext;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::config::SinkConfig;
+use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
+use crate::record::Record;
+
+/// Header names on dead-lettered records.
+pub mod dlq_headers {
+    /// The error that sent the record to the dead-letter topic.
+    pub const ERROR: &str = "walbox.error";
+    /// Its kind (`Permanent`).
+    pub const ERROR_KIND: &str = "walbox.error.kind";
+    /// The topic the record was meant for.
+    pub const ORIGINAL_TOPIC: &str = "walbox.original.topic";
+}
+
+/// Where a delivered record landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// True when the record failed permanently and this is its copy in the
+    /// dead-letter topic.
+    pub dead_lettered: bool,
+}
+
+/// A record's fate.
+#[derive(Debug)]
+pub struct Report<T> {
+    /// The record's token.
+    pub token: T,
+    /// Where it landed, or why it did not.
+    pub result: Result<Delivered, DeliveryError>,
+}
+
+/// A record as librdkafka returned it after a failure, kept to dead-letter it.
+struct Failed {
+    topic: String,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+/// What travels with a record through librdkafka.
+struct Pending<T> {
+    token: T,
+    permits: Permit,
+    /// Set on the dead-letter copy: the original failure.
+    dead_letter_of: Option<DeliveryError>,
+}
+
+/// A delivery callback's result, before the dead-letter policy is applied.
+enum Raw<T> {
+    Delivered(Pending<T>, i32, i64),
+    Failed(Pending<T>, DeliveryError, Option<Failed>),
+}
+
+struct SinkContext<T> {
+    tx: mpsc::Sender<Raw<T>>,
+    room: Arc<Notify>,
+    keep_failed: bool,
+}
+
+impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(%error, reason, "kafka client error");
+    }
+}
+
+impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
+    type DeliveryOpaque = Box<Pending<T>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending<T>>) {
+        let raw =
+            match result {
+                Ok(m) => Raw::Delivered(*pending, m.partition(), m.offset()),
+                Err((e, m)) => {
+                    let error = DeliveryError::from_kafka(e);
+                    let failed = (self.keep_failed && error.kind == DeliveryErrorKind::Permanent)
+                        .then(|| Failed {
+                            topic: m.topic().to_owned(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec),
+                            headers: m
+                                .headers()
+                                .map(|hs| {
+                                    hs.iter()
+                                        .map(|h| {
+                                            (h.key.to_owned(), h.value.unwrap_or_default().to_vec())
+                                        })
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        });
+                    Raw::Failed(*pending, error, failed)
+                }
+            };
+        // Never waits: the channel has a place for every record in flight.
+        if let Err(mpsc::error::TrySendError::Full(raw)) = self.tx.try_send(raw) {
+            let _ = self.tx.blocking_send(raw);
+        }
+        self.room.notify_waiters();
+    }
+}
+
+/// In-flight capacity taken by [`Sink::reserve`] for one record; returned
+/// when the record's report is received (or when dropped unused).
+#[derive(Debug)]
+pub struct Permit {
+    _slot: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+}
+
+struct Inner<T: Send + Sync + 'static> {
+    producer: ThreadedProducer<SinkContext<T>>,
+    /// For failures found before producing (size, unknown topic).
+    tx: mpsc::Sender<Raw<T>>,
+    slots: Arc<Semaphore>,
+    slots_total: usize,
+    kib: Arc<Semaphore>,
+    kib_total: u32,
+    room: Arc<Notify>,
+    known_topics: Mutex<HashSet<String>>,
+    dead_letter_topic: Option<String>,
+    message_max_bytes: usize,
+}
+
+/// The producing half: reserve capacity, send records. Cheap to clone.
+pub struct Sink<T: Send + Sync + 'static> {
+    inner: Arc<Inner<T>>,
+}
+
+impl<T: Send + Sync + 'static> Clone for Sink<T> {
+    fn clone(&self) -> Self {
+        Sink {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// The reporting half: each sent record's fate, once.
+pub struct Reports<T: Send + Sync + 'static> {
+    rx: mpsc::Receiver<Raw<T>>,
+    inner: Arc<Inner<T>>,
+}
+
+/// How long the first send to a topic may take to learn whether it exists.
+const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Per-record overhead librdkafka counts against `message.max.bytes`.
+const RECORD_OVERHEAD: usize = 128;
+
+impl<T: Send + Sync + 'static> Sink<T> {
+    /// Creates the producer. Nothing is sent to the broker until the first record.
+    pub fn new(config: &SinkConfig) -> Result<(Sink<T>, Reports<T>), SinkError> {
+        let client_config = config.client_config()?;
+        let (tx, rx) = mpsc::channel(config.max_in_flight);
+        let room = Arc::new(Notify::new());
+        let context = SinkContext {
+            tx: tx.clone(),
+            room: Arc::clone(&room),
+            keep_failed: config.dead_letter_topic.is_some(),
+        };
+        let producer: ThreadedProducer<SinkContext<T>> = client_config
+            .create_with_context(context)
+            .map_err(SinkError::Create)?;
+        let kib_total = u32::try_from(config.max_in_flight_bytes.div_ceil(1024))
+            .unwrap_or(Semaphore::MAX_PERMITS as u32)
+            .min(Semaphore::MAX_PERMITS as u32);
+        let inner = Arc::new(Inner {
+            producer,
+            tx,
+            slots: Arc::new(Semaphore::new(config.max_in_flight)),
+            slots_total: config.max_in_flight,
+            kib: Arc::new(Semaphore::new(kib_total as usize)),
+            kib_total,
+            room,
+            known_topics: Mutex::new(HashSet::new()),
+            dead_letter_topic: config.dead_letter_topic.clone(),
+            message_max_bytes: config.message_max_bytes(),
+        });
+        Ok((
+            Sink {
+                inner: Arc::clone(&inner),
+            },
+            Reports { rx, inner },
+        ))
+    }
+
+    /// Waits for room for one record of `size` bytes (see [`Record::size`]).
+    /// Cancel-safe.
+    pub async fn reserve(&self, size: usize) -> Permit {
+        let kib = u32::try_from(size.div_ceil(1024).max(1))
+            .unwrap_or(u32::MAX)
+            .min(self.inner.kib_total);
+        let slot = Arc::clone(&self.inner.slots)
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let bytes = Arc::clone(&self.inner.kib)
+            .acquire_many_owned(kib)
+            .await
+            .expect("semaphore never closed");
+        Permit {
+            _slot: slot,
+            _bytes: bytes,
+        }
+    }
+
+    /// Records in flight: sent, report not yet received by the caller.
+    pub fn in_flight(&self) -> usize {
+        self.inner.slots_in_use()
+    }
+
+    /// Enqueues `record`; its fate arrives on [`Reports`]. A record that cannot
+    /// be produced as it is (larger than `message.max.bytes`, a topic the
+    /// broker says does not exist) is reported as a permanent failure within
+    /// seconds, not left waiting.
+    pub async fn send(&self, permit: Permit, record: Record<T>) {
+        let inner = &self.inner;
+        let size = record.size() + record.headers.len() * 16 + RECORD_OVERHEAD;
+        if size > inner.message_max_bytes {
+            let error = DeliveryError::new(
+                DeliveryErrorKind::Permanent,
+                Some(RDKafkaErrorCode::MessageSizeTooLarge),
+                format!(
+                    "record of {size} bytes for topic {} exceeds message.max.bytes ({})",
+                    record.topic, inner.message_max_bytes
+                ),
+            );
+            tracing::error!(topic = %record.topic, size, "record too large for message.max.bytes");
+            inner.fail_before_producing(record, permit, error);
+            return;
+        }
+        if let Err(error) = self.check_topic(&record.topic).await {
+            tracing::error!(topic = %record.topic, %error, "cannot produce to topic");
+            inner.fail_before_producing(record, permit, error);
+            return;
+        }
+        let Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp_ms,
+            token,
+        } = record;
+        let mut owned_headers = OwnedHeaders::new_with_capacity(headers.len());
+        for h in &headers {
+            owned_headers = owned_headers.insert(Header {
+                key: &h.name,
+                value: Some(h.value.as_ref()),
+            });
+        }
+        let mut pending = Box::new(Pending {
+            token,
+            permits: permit,
+            dead_letter_of: None,
+        });
+        loop {
+            // Registered before the attempt, so a delivery that frees room
+            // between the attempt and the wait is not missed.
+            let room = inner.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
+                BaseRecord::with_opaque_to(&topic, pending).headers(owned_headers.clone());
+            if let Some(k) = key.as_deref() {
+                base = base.key(k);
+            }
+            if let Some(v) = value.as_deref() {
+                base = base.payload(v);
+            }
+            if let Some(ts) = timestamp_ms {
+                base = base.timestamp(ts);
+            }
+            match inner.producer.send(base) {
+                Ok(()) => return,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), base)) => {
+                    // Wait for a delivery to free queue space (no timer).
+                    pending = base.delivery_opaque;
+                    room.await;
+                }
+                Err((e, base)) => {
+                    let error = DeliveryError::from_kafka(&e);
+                    let failed = Record {
+                        topic: topic.clone(),
+                        key: key.clone(),
+                        value: value.clone(),
+                        headers: headers.clone(),
+                        timestamp_ms,
+                        token: base.delivery_opaque.token,
+                    };
+                    inner.fail_before_producing(failed, base.delivery_opaque.permits, error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Checks once per topic that the broker knows it.
+    async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
+        if self
+            .inner
+            .known_topics
+            .lock()
+            .expect("not poisoned")
+            .contains(topic)
+        {
+            return Ok(());
+        }
+        let inner = Arc::clone(&self.inner);
+        let name = topic.to_owned();
+        let verdict = tokio::task::spawn_blocking(move || {
+            match inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT) {
+                Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
+                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => Some(Ok(())),
+                    Some(t) => match t.error().map(RDKafkaErrorCode::from) {
+                        Some(
+                            code @ (RDKafkaErrorCode::UnknownTopicOrPartition
+                            | RDKafkaErrorCode::UnknownTopic
+                            | RDKafkaErrorCode::InvalidTopic
+                            | RDKafkaErrorCode::TopicAuthorizationFailed),
+                        ) => Some(Err(DeliveryError::new(
+                            DeliveryErrorKind::Permanent,
+                            Some(code),
+                            format!("topic {name} cannot be produced to: {code} (create it, or fix the topic template)"),
+                        ))),
+                        // Leader election and the like: produce and let librdkafka wait.
+                        _ => None,
+                    },
+                    None => None,
+                },
+                // The broker is unreachable: not the topic's fault; librdkafka waits.
+                Err(_) => None,
+            }
+        })
+        .await
+        .unwrap_or(None);
+        match verdict {
+            Some(Ok(())) => {
+                self.inner
+                    .known_topics
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(topic.to_owned());
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits up to `timeout` for everything in flight to be delivered
+    /// (blocking the calling thread is avoided). Returns true when nothing
+    /// is left in librdkafka's queues.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.producer.flush(timeout).is_ok())
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Gives up on what is still queued or in flight: each such record is
+    /// reported with [`DeliveryErrorKind::Purged`] (never silently dropped).
+    pub fn purge(&self) {
+        self.inner
+            .producer
+            .purge(PurgeConfig::default().queue().inflight());
+    }
+}
+
+impl<T: Send + Sync + 'static> Inner<T> {
+    fn slots_in_use(&self) -> usize {
+        self.slots_total - self.slots.available_permits()
+    }
+
+    /// Reports a failure found before the record reached librdkafka.
+    fn fail_before_producing(&self, record: Record<T>, permits: Permit, error: DeliveryError) {
+        let failed = self.dead_letter_topic.is_some().then(|| Failed {
+            topic: record.topic.clone(),
+            key: record.key.as_ref().map(|k| k.to_vec()),
+            value: record.value.as_ref().map(|v| v.to_vec()),
+            headers: record
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), h.value.to_vec()))
+                .collect(),
+        });
+        let pending = Pending {
+            token: record.token,
+            permits,
+            dead_letter_of: None,
+        };
+        // The permit guarantees a place in the channel.
+        let _ = self.tx.try_send(Raw::Failed(pending, error, failed));
+    }
+}
+
+impl<T: Send + Sync + 'static> Reports<T> {
+    /// The next record's fate. With a dead-letter topic, a permanent failure
+    /// is first re-sent there and reported (as delivered, `dead_lettered`)
+    /// only when that copy is acknowledged; if the copy fails too, the
+    /// original error is reported. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Report<T>> {
+        loop {
+            let raw = self.rx.recv().await?;
+            match raw {
+                Raw::Delivered(pending, partition, offset) => {
+                    let dead_lettered = pending.dead_letter_of.is_some();
+                    return Some(Report {
+                        token: pending.token,
+                        result: Ok(Delivered {
+                            partition,
+                            offset,
+                            dead_lettered,
+                        }),
+                    });
+                }
+                Raw::Failed(pending, error, failed) => {
+                    if let Some(original) = pending.dead_letter_of {
+                        tracing::error!(%error, "the dead-letter copy failed too");
+                        return Some(Report {
+                            token: pending.token,
+                            result: Err(original),
+                        });
+                    }
+                    match (&self.inner.dead_letter_topic, failed) {
+                        (Some(dlq), Some(failed)) if error.kind == DeliveryErrorKind::Permanent => {
+                            tracing::warn!(topic = %failed.topic, %error, dead_letter_topic = %dlq, "dead-lettering a record");
+                            self.dead_letter(dlq.clone(), pending, error, failed);
+                        }
+                        _ => {
+                            return Some(Report {
+                                token: pending.token,
+                                result: Err(error),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends the failed record to the dead-letter topic, reusing its permit.
+    fn dead_letter(
+        &self,
+        dlq: String,
+        mut pending: Pending<T>,
+        error: DeliveryError,
+        failed: Failed,
+    ) {
+        let mut headers = OwnedHeaders::new_with_capacity(failed.headers.len() + 3);
+        for (k, v) in &failed.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_slice()),
+            });
+        }
+        let kind = format!("{:?}", error.kind);
+        headers = headers
+            .insert(Header {
+                key: dlq_headers::ERROR,
+                value: Some(error.message.as_bytes()),
+            })
+            .insert(Header {
+                key: dlq_headers::ERROR_KIND,
+                value: Some(kind.as_bytes()),
+            })
+            .insert(Header {
+                key: dlq_headers::ORIGINAL_TOPIC,
+                value: Some(failed.topic.as_bytes()),
+            });
+        pending.dead_letter_of = Some(error);
+        let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
+            BaseRecord::with_opaque_to(&dlq, Box::new(pending)).headers(headers);
+        if let Some(k) = failed.key.as_deref() {
+            base = base.key(k);
+        }
+        if let Some(v) = failed.value.as_deref() {
+            base = base.payload(v);
+        }
+        // The producer queue is sized for twice the in-flight bound, so the
+        // copy finds room; if it does not, report the original failure.
+        if let Err((e, base)) = self.inner.producer.send(base) {
+            let pending = *base.delivery_opaque;
+            tracing::error!(error = %e, "could not enqueue the dead-letter copy");
+            let original = pending.dead_letter_of.clone().expect("set above");
+            let _ = self.inner.tx.try_send(Raw::Failed(
+                Pending {
+                    dead_letter_of: None,
+                    ..pending
+                },
+                original,
+                None,
+            ));
+        }
+    }
+
+    /// Collects every remaining report after `sink` was flushed (or purged):
+    /// returns once nothing is in flight, or after `timeout`.
+    pub async fn drain(&mut self, sink: &Sink<T>, timeout: Duration) -> Vec<Report<T>> {
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while sink.in_flight() > out.len() {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+/// Shuts down: flushes for up to `timeout`, then purges what is left so that
+/// every record in flight is accounted for in the returned reports (purged
+/// ones with [`DeliveryErrorKind::Purged`]). Nothing is dropped silently.
+pub async fn shutdown<T: Send + Sync + 'static>(
+    sink: Sink<T>,
+    mut reports: Reports<T>,
+    timeout: Duration,
+) -> Vec<Report<T>> {
+    let mut out = Vec::new();
+    // Reports must be drained while flushing: their permits are what the
+    // in-flight count measures.
+    let flushed = {
+        let flush = sink.flush(timeout);
+        tokio::pin!(flush);
+        loop {
+            tokio::select! {
+                biased;
+                Some(r) = reports.next() => out.push(r),
+                ok = &mut flush => break ok,
+            }
+        }
+    };
+    if !flushed {
+        tracing::warn!(
+            in_flight = sink.in_flight(),
+            "flush timed out; purging what is left"
+        );
+        sink.purge();
+        let inner = Arc::clone(&sink.inner);
+        // Purged records get their delivery callbacks on the next poll.
+        let _ =
+            tokio::task::spawn_blocking(move || inner.producer.flush(Duration::from_secs(1))).await;
+    }
+    while sink.in_flight() > 0 {
+        match tokio::time::timeout(Duration::from_secs(5), reports.next()).await {
+            Ok(Some(r)) => out.push(r),
+            _ => break,
+        }
+    }
+    out
+}
