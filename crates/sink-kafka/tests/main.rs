@@ -1,1 +1,375 @@
-//! tests
+//! sink-kafka against librdkafka's MockCluster (fault injection) and the
+//! environment's broker (Tansu in `scripts/test`'s second pass).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkafka::message::Message;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sink_kafka::{
+    dlq_headers, shutdown, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig,
+};
+use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
+
+/// Sends every record, collecting reports as they come (reports first, as a
+/// relay must), then waits for the rest. Returns the reports.
+async fn pump(
+    sink: &Sink<u64>,
+    reports: &mut Reports<u64>,
+    records: Vec<Record<u64>>,
+    timeout: Duration,
+) -> Vec<Report<u64>> {
+    let total = records.len();
+    let mut out = Vec::with_capacity(total);
+    let mut records = records.into_iter().peekable();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while out.len() < total {
+        tokio::select! {
+            biased;
+            r = reports.next() => out.push(r.expect("reports open")),
+            permit = sink.reserve(records.peek().map_or(0, Record::size)), if records.peek().is_some() => {
+                sink.send(permit, records.next().unwrap()).await;
+            }
+            _ = tokio::time::sleep_until(deadline) => panic!("timed out: {} of {total} reports", out.len()),
+        }
+    }
+    out
+}
+
+fn record(topic: &str, i: u64, keys: u64) -> Record<u64> {
+    Record::new(
+        topic,
+        Some(Bytes::from(format!("agg-{}", i % keys))),
+        Some(Bytes::from(format!(
+            "{{\"n\": {i}, \"pad\": \"{}\"}}",
+            "x".repeat(150)
+        ))),
+        i,
+    )
+    .with_header("id", format!("event-{i}"))
+}
+
+fn config(kafka: &TestKafka) -> SinkConfig {
+    let mut c = SinkConfig::new(kafka.bootstrap());
+    for (k, v) in [
+        ("reconnect.backoff.ms", "20"),
+        ("reconnect.backoff.max.ms", "500"),
+        ("retry.backoff.ms", "20"),
+    ] {
+        c = c.set(k, v);
+    }
+    c
+}
+
+/// Every token reported exactly once and delivered; per key, offsets strictly
+/// increase in send order on one partition.
+fn assert_once_in_key_order(reports: &[Report<u64>], n: u64, keys: u64) {
+    let mut seen = HashSet::new();
+    let mut by_key: BTreeMap<u64, Vec<(u64, i32, i64)>> = BTreeMap::new();
+    for r in reports {
+        assert!(seen.insert(r.token), "token {} reported twice", r.token);
+        let d = r
+            .result
+            .as_ref()
+            .unwrap_or_else(|e| panic!("token {}: {e}", r.token));
+        assert!(!d.dead_lettered);
+        by_key
+            .entry(r.token % keys)
+            .or_default()
+            .push((r.token, d.partition, d.offset));
+    }
+    assert_eq!(seen.len() as u64, n);
+    for (key, mut deliveries) in by_key {
+        deliveries.sort();
+        for w in deliveries.windows(2) {
+            assert_eq!(w[0].1, w[1].1, "key {key} stays on one partition");
+            assert!(
+                w[0].2 < w[1].2,
+                "key {key}: offsets follow send order: {w:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_records_with_retriable_errors_are_acked_once_in_key_order() {
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(6).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let retriable = [
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+    ];
+    mock.request_errors(RDKafkaApiKey::Produce, &retriable.repeat(10));
+
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    let n = 100_000;
+    let records = (0..n).map(|i| record(&topic, i, 100)).collect();
+    let got = pump(&sink, &mut reports, records, Duration::from_secs(120)).await;
+    assert_once_in_key_order(&got, n, 100);
+    assert_eq!(sink.in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_brokers_down_for_ten_seconds_then_everything_arrives_once() {
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(3).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+
+    // Warm up (metadata, producer id), then take every broker down.
+    let first = pump(
+        &sink,
+        &mut reports,
+        (0..100).map(|i| record(&topic, i, 10)).collect(),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(first.len(), 100);
+    for id in 1..=3 {
+        mock.broker_down(id).unwrap();
+    }
+    let n = 5_000;
+    let records: Vec<Record<u64>> = (100..n).map(|i| record(&topic, i, 10)).collect();
+    let outage = async {
+        tokio::time::sleep(Duration::from_secs(10)).await; // the injected outage itself
+        for id in 1..=3 {
+            mock.broker_up(id).unwrap();
+        }
+    };
+    let (rest, ()) = tokio::join!(
+        pump(&sink, &mut reports, records, Duration::from_secs(90)),
+        outage
+    );
+    let mut all = first;
+    all.extend(rest);
+    assert_once_in_key_order(&all, n, 10);
+
+    // The broker holds each record once: the idempotent producer's retries did not duplicate.
+    let messages = consume_until_quiet(
+        &kafka,
+        &topic,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let ids: HashSet<String> = messages
+        .iter()
+        .map(|m| headers_of(m)["id"].clone())
+        .collect();
+    assert_eq!((messages.len(), ids.len()), (n as usize, n as usize));
+}
+
+#[tokio::test]
+async fn a_permanent_error_is_reported_as_such() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let (sink, mut reports) = Sink::new(&config(&kafka).set("message.max.bytes", "10000")).unwrap();
+
+    // Caught before sending: larger than message.max.bytes.
+    let big = Record::new(&topic, None, Some(Bytes::from(vec![b'x'; 20_000])), 1u64);
+    // Refused by the broker.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    let refused = record(&topic, 2, 1);
+    let got = pump(
+        &sink,
+        &mut reports,
+        vec![big, refused],
+        Duration::from_secs(30),
+    )
+    .await;
+    let by_token: HashMap<u64, &Report<u64>> = got.iter().map(|r| (r.token, r)).collect();
+    let e = by_token[&1].result.as_ref().unwrap_err();
+    assert_eq!(e.kind, DeliveryErrorKind::Permanent);
+    assert!(
+        e.message.contains("exceeds message.max.bytes (10000)"),
+        "{e}"
+    );
+    let e = by_token[&2].result.as_ref().unwrap_err();
+    assert_eq!(e.kind, DeliveryErrorKind::Permanent, "{e}");
+    assert!(e.message.to_lowercase().contains("authoriz"), "{e}");
+}
+
+#[tokio::test]
+async fn with_a_dead_letter_topic_a_permanent_failure_lands_there_with_the_error() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let dlq = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let mut c = config(&kafka).set("message.max.bytes", "10000");
+    c.dead_letter_topic = Some(dlq.clone());
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+
+    let warm = pump(
+        &sink,
+        &mut reports,
+        vec![record(&topic, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(warm[0].result.is_ok());
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    let refused = record(&topic, 1, 1).with_header("event_type", "OrderCreated");
+    let big = Record::new(
+        &topic,
+        Some(Bytes::from_static(b"k")),
+        Some(Bytes::from(vec![b'x'; 20_000])),
+        2u64,
+    );
+    let got = pump(&sink, &mut reports, vec![refused], Duration::from_secs(30)).await;
+    let d = got[0].result.as_ref().unwrap();
+    assert!(d.dead_lettered, "{got:?}");
+    // Too large for the topic is too large for the dead-letter topic too: the original error is reported.
+    let got = pump(&sink, &mut reports, vec![big], Duration::from_secs(30)).await;
+    assert_eq!(
+        got[0].result.as_ref().unwrap_err().kind,
+        DeliveryErrorKind::Permanent
+    );
+
+    let messages = consume_n(&kafka, &dlq, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let m = &messages[0];
+    let h = headers_of(m);
+    assert_eq!(h[dlq_headers::ORIGINAL_TOPIC], topic);
+    assert_eq!(h[dlq_headers::ERROR_KIND], "Permanent");
+    assert!(
+        h[dlq_headers::ERROR].to_lowercase().contains("authoriz"),
+        "{h:?}"
+    );
+    assert_eq!(h["id"], "event-1");
+    assert_eq!(h["event_type"], "OrderCreated");
+    assert_eq!(m.key(), Some(b"agg-0".as_slice()));
+    // Nothing else reached the dead-letter topic.
+    let all = consume_until_quiet(
+        &kafka,
+        &dlq,
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    assert_eq!(all.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_producer_queue_blocks_and_resumes_without_loss() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(2).await;
+    let c = config(&kafka)
+        .set("queue.buffering.max.messages", "5")
+        .set("linger.ms", "0");
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+    let n = 5_000;
+    let got = pump(
+        &sink,
+        &mut reports,
+        (0..n).map(|i| record(&topic, i, 7)).collect(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_once_in_key_order(&got, n, 7);
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_a_permanent_error_within_seconds() {
+    let kafka = TestKafka::mock(1);
+    let mock = kafka.mock_cluster().unwrap();
+    let topic = "walbox-no-such-topic";
+    mock.topic_error(
+        topic,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+    )
+    .unwrap();
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    let started = std::time::Instant::now();
+    let got = pump(
+        &sink,
+        &mut reports,
+        vec![record(topic, 1, 1)],
+        Duration::from_secs(15),
+    )
+    .await;
+    let e = got[0].result.as_ref().unwrap_err();
+    assert_eq!(e.kind, DeliveryErrorKind::Permanent);
+    assert!(
+        e.message
+            .contains("walbox-no-such-topic cannot be produced to"),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn shutdown_accounts_for_every_record_in_flight() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    let warm = pump(
+        &sink,
+        &mut reports,
+        vec![record(&topic, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(warm[0].result.is_ok());
+    mock.broker_down(1).unwrap();
+    for i in 1..=50 {
+        let r = record(&topic, i, 1);
+        let permit = sink.reserve(r.size()).await;
+        sink.send(permit, r).await;
+    }
+    assert_eq!(sink.in_flight(), 50);
+    let last = shutdown(sink, reports, Duration::from_secs(1)).await;
+    let tokens: HashSet<u64> = last.iter().map(|r| r.token).collect();
+    assert_eq!(tokens, (1..=50).collect(), "every record reported");
+    for r in &last {
+        assert_eq!(
+            r.result.as_ref().unwrap_err().kind,
+            DeliveryErrorKind::Purged,
+            "token {}",
+            r.token
+        );
+    }
+}
+
+/// Against the environment's broker: Tansu in `scripts/test`'s second pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_records_with_headers_and_timestamps_round_trip_through_the_broker() {
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    let n = 2_000;
+    let records = (0..n)
+        .map(|i| record(&topic, i, 20).with_timestamp_ms(1_700_000_000_000 + i as i64))
+        .collect();
+    let got = pump(&sink, &mut reports, records, Duration::from_secs(60)).await;
+    assert_once_in_key_order(&got, n, 20);
+    let messages = consume_n(&kafka, &topic, n as usize, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for m in &messages {
+        let id = headers_of(m)["id"].clone();
+        let i: u64 = id.strip_prefix("event-").unwrap().parse().unwrap();
+        assert_eq!(m.key(), Some(format!("agg-{}", i % 20).as_bytes()));
+        assert_eq!(
+            m.timestamp().to_millis(),
+            Some(1_700_000_000_000 + i as i64)
+        );
+        assert!(std::str::from_utf8(m.payload().unwrap())
+            .unwrap()
+            .starts_with(&format!("{{\"n\": {i},")));
+    }
+}
