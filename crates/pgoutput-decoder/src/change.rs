@@ -181,19 +181,8 @@ pub struct TruncateBody {
 
 impl TruncateBody {
     pub(crate) fn decode(r: &mut Reader, xid: Option<u32>) -> Result<Self, DecodeError> {
-        let at = r.position();
-        let count = r.i32("relation count")?;
-        if count < 0 {
-            return Err(r.error_at(
-                at,
-                DecodeErrorKind::NegativeLength {
-                    length: count,
-                    field: "relation count",
-                },
-            ));
-        }
+        let count = r.count(true, "relation count")?;
         let options = r.u8("options")?;
-        let count = count as usize;
         let mut relation_oids = Vec::with_capacity(count.min(r.remaining() / 4));
         for _ in 0..count {
             relation_oids.push(r.u32("relation OID")?);

@@ -86,6 +86,23 @@ impl Reader {
         Ok(Lsn::new(u64::from_be_bytes(self.take(expected)?)))
     }
 
+    /// A count of following items (`Int16` or `Int32` on the wire, by
+    /// `wide`). A negative count is an error; the count is not checked
+    /// against the remaining bytes here, so callers must not allocate by it
+    /// unbounded.
+    pub(crate) fn count(&mut self, wide: bool, field: &'static str) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let n = if wide {
+            self.i32(field)?
+        } else {
+            i32::from(self.i16(field)?)
+        };
+        if n < 0 {
+            return Err(self.error_at(at, DecodeErrorKind::NegativeLength { length: n, field }));
+        }
+        Ok(n as usize)
+    }
+
     /// `n` bytes, as a slice of the message.
     pub(crate) fn bytes(&mut self, n: usize, expected: &'static str) -> Result<Bytes, DecodeError> {
         if n > self.remaining() {

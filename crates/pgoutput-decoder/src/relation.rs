@@ -91,18 +91,7 @@ impl RelationBody {
                 ))
             }
         };
-        let at = r.position();
-        let count = r.i16("column count")?;
-        if count < 0 {
-            return Err(r.error_at(
-                at,
-                DecodeErrorKind::NegativeLength {
-                    length: count.into(),
-                    field: "column count",
-                },
-            ));
-        }
-        let count = count as usize;
+        let count = r.count(false, "column count")?;
         let mut columns = Vec::with_capacity(count.min(r.remaining() / MIN_COLUMN_BYTES));
         for _ in 0..count {
             columns.push(RelationColumn {

@@ -51,17 +51,7 @@ pub struct TupleData {
 
 impl TupleData {
     pub(crate) fn decode(r: &mut Reader) -> Result<TupleData, DecodeError> {
-        let at = r.position();
-        let count = r.i16("tuple column count")?;
-        if count < 0 {
-            return Err(r.error_at(
-                at,
-                DecodeErrorKind::NegativeLength {
-                    length: count.into(),
-                    field: "tuple column count",
-                },
-            ));
-        }
+        let count = r.count(false, "tuple column count")?;
         let start = r.position();
         for _ in 0..count {
             let kind_at = r.position();

@@ -15,36 +15,30 @@ use crate::tls;
 /// Opens an ordinary SQL connection with the same settings (TLS included) and
 /// spawns its connection task.
 pub async fn connect_control(config: &PgConfig) -> Result<Client, Error> {
-    let context = format!("connect to {}", config.describe());
-    let client = match tls::client_config(config)? {
+    match tls::client_config(config)? {
         Some(tls_config) => {
             let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
-            let (client, connection) = config
-                .tokio_config()
-                .connect(connector)
-                .await
-                .map_err(Error::sql(context))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "control connection ended");
-                }
-            });
-            client
+            connect_with(config, connector).await
         }
-        None => {
-            let (client, connection) = config
-                .tokio_config()
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(Error::sql(context))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "control connection ended");
-                }
-            });
-            client
+        None => connect_with(config, tokio_postgres::NoTls).await,
+    }
+}
+
+async fn connect_with<T>(config: &PgConfig, tls: T) -> Result<Client, Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = config
+        .tokio_config()
+        .connect(tls)
+        .await
+        .map_err(Error::sql(format!("connect to {}", config.describe())))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "control connection ended");
         }
-    };
+    });
     Ok(client)
 }
 
