@@ -5,3 +5,4 @@
 //! logic it runs, so it can be tested without processes.
 
 pub mod acks;
+pub mod mapping;

@@ -1,3 +1,4 @@
 //! Integration tests of the `walbox` binary against a real Postgres.
 
+mod mapping;
 mod migrate;

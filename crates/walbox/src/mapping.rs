@@ -1,0 +1,477 @@
+//! The outbox mapping: one inserted outbox row → one Kafka record.
+//!
+//! | column (default name) | becomes |
+//! |---|---|
+//! | `id` | header `id`, the consumers' dedup key |
+//! | `aggregate_type` | the topic, via the template `outbox.event.{aggregate_type}` |
+//! | `aggregate_id` | the message key |
+//! | `event_type` | header `event_type` |
+//! | `payload` | the message value: the JSON text as stored, not copied |
+//! | `headers` (jsonb object) | one header per key: strings as is, other values as JSON text |
+//! | `created_at` | the message timestamp |
+//!
+//! Every name is configurable, so a Debezium EventRouter table
+//! (`id, aggregatetype, aggregateid, type, payload`) works by configuration
+//! alone ([`OutboxMapping::debezium`]). Extra columns can become headers.
+//!
+//! Column positions are resolved once per Relation message
+//! ([`OutboxMapping::resolve`]); mapping a row is then one pass over its tuple.
+
+use bytes::Bytes;
+use pgoutput_decoder::{Column, RelationBody, TupleData};
+use sink_kafka::Header;
+
+/// Type OIDs the payload column may have.
+const JSON: u32 = 114;
+const JSONB: u32 = 3802;
+const TEXT: u32 = 25;
+const VARCHAR: u32 = 1043;
+
+/// Which columns hold what, and how topics are named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxMapping {
+    /// Event id column (`id`).
+    pub id: String,
+    /// Aggregate type column (`aggregate_type`).
+    pub aggregate_type: String,
+    /// Aggregate id column (`aggregate_id`): the message key.
+    pub aggregate_id: String,
+    /// Event type column (`event_type`); `None` to send no `event_type` header.
+    pub event_type: Option<String>,
+    /// Payload column (`payload`): json, jsonb, text or varchar.
+    pub payload: String,
+    /// A jsonb object column expanded into headers (`headers`); `None` for none.
+    pub headers: Option<String>,
+    /// Timestamp column (`created_at`); `None` to let the producer stamp the send time.
+    pub timestamp: Option<String>,
+    /// Topic template; `{aggregate_type}` is replaced by the row's value.
+    pub topic_template: String,
+    /// Extra `(column, header name)` pairs copied into headers.
+    pub header_columns: Vec<(String, String)>,
+}
+
+impl Default for OutboxMapping {
+    fn default() -> Self {
+        OutboxMapping {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: Some("event_type".into()),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            timestamp: Some("created_at".into()),
+            topic_template: "outbox.event.{aggregate_type}".into(),
+            header_columns: Vec::new(),
+        }
+    }
+}
+
+/// Why a row (or a table) cannot be mapped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MapError {
+    /// The table lacks a mapped column.
+    #[error("table {table} has no column {column:?} (mapped as the {role})")]
+    MissingColumn {
+        /// `schema.table`.
+        table: String,
+        /// The configured column name.
+        column: String,
+        /// What it was mapped as.
+        role: &'static str,
+    },
+    /// The payload column has a type walbox cannot publish as JSON.
+    #[error("payload column {column:?} of {table} has type OID {type_oid}; use json, jsonb, text or varchar")]
+    PayloadType {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+        /// Its type OID.
+        type_oid: u32,
+    },
+    /// A required column is NULL (or not sent) in this row.
+    #[error("event {event_id}: column {column:?} (the {role}) is NULL")]
+    NullColumn {
+        /// The event id, or `<unknown>` when the id itself is missing.
+        event_id: String,
+        /// The column.
+        column: String,
+        /// What it was mapped as.
+        role: &'static str,
+    },
+    /// A text payload that is not JSON.
+    #[error("event {event_id}: payload is not valid JSON: {reason}")]
+    PayloadNotJson {
+        /// The event id.
+        event_id: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// The headers column is not a JSON object.
+    #[error("event {event_id}: headers column is not a JSON object")]
+    HeadersNotObject {
+        /// The event id.
+        event_id: String,
+    },
+    /// The timestamp column could not be read.
+    #[error("event {event_id}: timestamp {value:?} is not a Postgres timestamp")]
+    BadTimestamp {
+        /// The event id.
+        event_id: String,
+        /// The text.
+        value: String,
+    },
+    /// The template produced a name Kafka does not accept.
+    #[error("event {event_id}: topic {topic:?} is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)")]
+    InvalidTopic {
+        /// The event id.
+        event_id: String,
+        /// The topic name.
+        topic: String,
+    },
+}
+
+/// Column positions of one relation, resolved from its Relation message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnIndexes {
+    id: usize,
+    aggregate_type: usize,
+    aggregate_id: usize,
+    event_type: Option<usize>,
+    payload: usize,
+    payload_is_text: bool,
+    headers: Option<usize>,
+    timestamp: Option<usize>,
+    header_columns: Vec<(usize, String)>,
+}
+
+/// A mapped row, ready to become a [`sink_kafka::Record`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedEvent {
+    /// Destination topic.
+    pub topic: String,
+    /// Message key: the aggregate id.
+    pub key: Bytes,
+    /// Message value: the payload, `None` when NULL.
+    pub value: Option<Bytes>,
+    /// Headers, `id` first.
+    pub headers: Vec<Header>,
+    /// Message timestamp (ms since the Unix epoch).
+    pub timestamp_ms: Option<i64>,
+    /// The event id (for logs and errors).
+    pub event_id: String,
+    /// The aggregate id (for logs).
+    pub aggregate_id: String,
+}
+
+fn is_valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl OutboxMapping {
+    /// The column names of a Debezium EventRouter outbox:
+    /// `id, aggregatetype, aggregateid, type, payload`, topic `outbox.event.{aggregate_type}`.
+    pub fn debezium() -> Self {
+        OutboxMapping {
+            id: "id".into(),
+            aggregate_type: "aggregatetype".into(),
+            aggregate_id: "aggregateid".into(),
+            event_type: Some("type".into()),
+            payload: "payload".into(),
+            headers: None,
+            timestamp: None,
+            topic_template: "outbox.event.{aggregate_type}".into(),
+            header_columns: Vec::new(),
+        }
+    }
+
+    /// Every column the mapping reads (for preflight checks).
+    pub fn required_columns(&self) -> Vec<&str> {
+        let mut cols = vec![
+            self.id.as_str(),
+            self.aggregate_type.as_str(),
+            self.aggregate_id.as_str(),
+            self.payload.as_str(),
+        ];
+        cols.extend(self.event_type.as_deref());
+        cols.extend(self.headers.as_deref());
+        cols.extend(self.timestamp.as_deref());
+        cols.extend(self.header_columns.iter().map(|(c, _)| c.as_str()));
+        cols
+    }
+
+    /// Finds the mapped columns in a relation.
+    pub fn resolve(&self, relation: &RelationBody) -> Result<ColumnIndexes, MapError> {
+        let table = format!("{}.{}", relation.namespace(), relation.name());
+        let find = |column: &str, role: &'static str| {
+            relation
+                .column_index(column)
+                .ok_or_else(|| MapError::MissingColumn {
+                    table: table.clone(),
+                    column: column.to_owned(),
+                    role,
+                })
+        };
+        let find_opt =
+            |column: &Option<String>, role| column.as_deref().map(|c| find(c, role)).transpose();
+        let payload = find(&self.payload, "payload")?;
+        let type_oid = relation.columns()[payload].type_oid();
+        if ![JSON, JSONB, TEXT, VARCHAR].contains(&type_oid) {
+            return Err(MapError::PayloadType {
+                table,
+                column: self.payload.clone(),
+                type_oid,
+            });
+        }
+        Ok(ColumnIndexes {
+            id: find(&self.id, "event id")?,
+            aggregate_type: find(&self.aggregate_type, "aggregate type")?,
+            aggregate_id: find(&self.aggregate_id, "aggregate id")?,
+            event_type: find_opt(&self.event_type, "event type")?,
+            payload,
+            payload_is_text: matches!(type_oid, TEXT | VARCHAR),
+            headers: find_opt(&self.headers, "headers")?,
+            timestamp: find_opt(&self.timestamp, "timestamp")?,
+            header_columns: self
+                .header_columns
+                .iter()
+                .map(|(c, h)| Ok((find(c, "extra header")?, h.clone())))
+                .collect::<Result<_, MapError>>()?,
+        })
+    }
+
+    /// Maps one inserted row. The payload is a slice of the replication frame.
+    pub fn map(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Result<MappedEvent, MapError> {
+        // One pass over the tuple; columns are small and few.
+        let values: Vec<Column<'_>> = tuple.iter().collect();
+        let text = |i: usize| values.get(i).and_then(Column::as_str);
+        let event_id = text(columns.id).map(str::to_owned);
+        let required = |i: usize, column: &str, role: &'static str| {
+            text(i).ok_or_else(|| MapError::NullColumn {
+                event_id: event_id.clone().unwrap_or_else(|| "<unknown>".into()),
+                column: column.to_owned(),
+                role,
+            })
+        };
+        let id = required(columns.id, &self.id, "event id")?.to_owned();
+        let aggregate_type = required(
+            columns.aggregate_type,
+            &self.aggregate_type,
+            "aggregate type",
+        )?;
+        let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
+
+        let topic = self
+            .topic_template
+            .replace("{aggregate_type}", aggregate_type);
+        if !is_valid_topic(&topic) {
+            return Err(MapError::InvalidTopic {
+                event_id: id,
+                topic,
+            });
+        }
+        let value = tuple.value_bytes(columns.payload);
+        if let (Some(v), true) = (&value, columns.payload_is_text) {
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(v) {
+                return Err(MapError::PayloadNotJson {
+                    event_id: id,
+                    reason: e.to_string(),
+                });
+            }
+        }
+
+        let mut headers = vec![Header {
+            name: "id".into(),
+            value: Bytes::copy_from_slice(id.as_bytes()),
+        }];
+        if let Some(t) = columns.event_type.and_then(text) {
+            headers.push(Header {
+                name: "event_type".into(),
+                value: Bytes::copy_from_slice(t.as_bytes()),
+            });
+        }
+        for (i, name) in &columns.header_columns {
+            if let Some(v) = text(*i) {
+                headers.push(Header {
+                    name: name.clone(),
+                    value: Bytes::copy_from_slice(v.as_bytes()),
+                });
+            }
+        }
+        if let Some(json) = columns.headers.and_then(text) {
+            match serde_json::from_str::<serde_json::Value>(json) {
+                Ok(serde_json::Value::Object(map)) => {
+                    for (name, v) in map {
+                        let value = match v {
+                            serde_json::Value::String(s) => Bytes::from(s),
+                            other => Bytes::from(other.to_string()),
+                        };
+                        headers.push(Header { name, value });
+                    }
+                }
+                _ => return Err(MapError::HeadersNotObject { event_id: id }),
+            }
+        }
+        let timestamp_ms = match columns.timestamp.and_then(text) {
+            None => None,
+            Some(t) => Some(parse_timestamp_ms(t).ok_or_else(|| MapError::BadTimestamp {
+                event_id: id.clone(),
+                value: t.to_owned(),
+            })?),
+        };
+        Ok(MappedEvent {
+            topic,
+            key: Bytes::copy_from_slice(aggregate_id.as_bytes()),
+            value,
+            headers,
+            timestamp_ms,
+            aggregate_id: aggregate_id.to_owned(),
+            event_id: id,
+        })
+    }
+}
+
+/// Days from 1970-01-01 to a civil date (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses Postgres' text output of `timestamptz` (`2026-11-21 17:00:00.123456+00`,
+/// `…+05:30`, `…-03`) or `timestamp` (no offset: UTC) into Unix milliseconds.
+/// `infinity` and BC dates are not representable: `None`.
+pub fn parse_timestamp_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || (b[10] != b' ' && b[10] != b'T')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut i = 19;
+    let mut micros = 0i64;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        let mut end = start;
+        while end < b.len() && b[end].is_ascii_digit() {
+            end += 1;
+        }
+        let digits = s.get(start..end)?;
+        if digits.is_empty() || digits.len() > 6 {
+            return None;
+        }
+        micros = digits.parse::<i64>().ok()? * 10i64.pow(6 - digits.len() as u32);
+        i = end;
+    }
+    let mut offset_secs = 0i64;
+    if let Some(&sign) = b.get(i) {
+        let sign = match sign {
+            b'+' => 1,
+            b'-' => -1,
+            _ => return None,
+        };
+        let rest = s.get(i + 1..)?;
+        let mut parts = rest.split(':');
+        let h: i64 = parts
+            .next()
+            .filter(|p| p.len() == 2)
+            .and_then(|p| p.parse().ok())?;
+        let m: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+        let sec: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+        if parts.next().is_some() {
+            return None;
+        }
+        offset_secs = sign * (h * 3600 + m * 60 + sec);
+    }
+    let secs = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
+        - offset_secs;
+    Some(secs * 1000 + micros / 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_postgres_timestamps() {
+        assert_eq!(parse_timestamp_ms("1970-01-01 00:00:00+00"), Some(0));
+        assert_eq!(
+            parse_timestamp_ms("2026-11-21 17:00:00.123456+00"),
+            Some(1_795_280_400_123)
+        );
+        assert_eq!(
+            parse_timestamp_ms("2026-11-21 22:30:00.1+05:30"),
+            Some(1_795_280_400_100)
+        );
+        assert_eq!(
+            parse_timestamp_ms("2026-11-21 14:00:00-03"),
+            Some(1_795_280_400_000)
+        );
+        assert_eq!(
+            parse_timestamp_ms("2026-11-21 17:00:00"),
+            Some(1_795_280_400_000),
+            "timestamp without zone: UTC"
+        );
+        assert_eq!(
+            parse_timestamp_ms("2000-02-29 00:00:00+00"),
+            Some(951_782_400_000)
+        );
+        for bad in [
+            "infinity",
+            "",
+            "2026-13-01 00:00:00+00",
+            "2026-11-21",
+            "2026-11-21 17:00:00 BC",
+            "2026-11-21 17:00:00.1234567+00",
+        ] {
+            assert_eq!(parse_timestamp_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn validates_topic_names() {
+        assert!(is_valid_topic("outbox.event.order"));
+        assert!(is_valid_topic("a_b-C.9"));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "outbox.event.my order",
+            "outbox/evil",
+            &"x".repeat(250),
+        ] {
+            assert!(!is_valid_topic(bad), "{bad}");
+        }
+    }
+}
