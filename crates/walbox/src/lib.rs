@@ -5,4 +5,5 @@
 //! logic it runs, so it can be tested without processes.
 
 pub mod acks;
+pub mod config;
 pub mod mapping;
