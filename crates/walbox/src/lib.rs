@@ -7,3 +7,4 @@
 pub mod acks;
 pub mod config;
 pub mod mapping;
+pub mod relay;

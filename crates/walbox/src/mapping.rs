@@ -146,6 +146,13 @@ pub struct ColumnIndexes {
     header_columns: Vec<(usize, String)>,
 }
 
+impl ColumnIndexes {
+    /// The payload column's position.
+    pub fn payload_index(&self) -> usize {
+        self.payload
+    }
+}
+
 /// A mapped row, ready to become a [`sink_kafka::Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappedEvent {

@@ -2,3 +2,4 @@
 
 mod mapping;
 mod migrate;
+mod run;
