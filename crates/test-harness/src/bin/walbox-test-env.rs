@@ -6,6 +6,7 @@
 //!   runs it before the suite so a broken environment fails fast.
 //! * `postgres`: starts a private Postgres, prints its connection string, and
 //!   holds it until SIGINT/SIGTERM.
+//! * `consume`: prints the first N messages of a topic.
 //! * `mock-kafka`: starts an rdkafka MockCluster, prints its bootstrap list,
 //!   and holds it until SIGINT/SIGTERM, so other processes can use it.
 
@@ -42,6 +43,21 @@ enum Cmd {
         /// Number of brokers.
         #[arg(long, default_value_t = 3)]
         brokers: i32,
+    },
+    /// Print the first COUNT messages of a topic (partition, offset, key, headers, value).
+    Consume {
+        /// Bootstrap list.
+        #[arg(long)]
+        bootstrap: String,
+        /// Topic.
+        #[arg(long)]
+        topic: String,
+        /// How many messages to wait for.
+        #[arg(long)]
+        count: usize,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
     },
 }
 
@@ -134,6 +150,48 @@ async fn main() -> ExitCode {
             hold().await;
             drop(server);
             ExitCode::SUCCESS
+        }
+        Cmd::Consume {
+            bootstrap,
+            topic,
+            count,
+            timeout_secs,
+        } => {
+            use rdkafka::message::Message;
+            let kafka = TestKafka::External { bootstrap };
+            match walbox_test_harness::kafka::consume_n(
+                &kafka,
+                &topic,
+                count,
+                Duration::from_secs(timeout_secs),
+            )
+            .await
+            {
+                Ok(mut messages) => {
+                    messages.sort_by_key(|m| (m.partition(), m.offset()));
+                    for m in &messages {
+                        let mut headers: Vec<_> = walbox_test_harness::kafka::headers_of(m)
+                            .into_iter()
+                            .collect();
+                        headers.sort();
+                        let headers: Vec<String> =
+                            headers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        println!(
+                            "{topic} [{}@{}] key={} {} value={}",
+                            m.partition(),
+                            m.offset(),
+                            String::from_utf8_lossy(m.key().unwrap_or_default()),
+                            headers.join(" "),
+                            String::from_utf8_lossy(m.payload().unwrap_or_default())
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("walbox-test-env: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Cmd::MockKafka { brokers } => {
             let kafka = TestKafka::mock(brokers);
