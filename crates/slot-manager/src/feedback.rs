@@ -25,6 +25,7 @@ pub struct Feedback {
     received: Lsn,
     confirmed: Lsn,
     interval: Duration,
+    eager_gap: Duration,
     last_sent: Option<Instant>,
     last_sent_flush: Lsn,
 }
@@ -36,9 +37,18 @@ impl Feedback {
             received: confirmed,
             confirmed,
             interval,
+            eager_gap: Duration::ZERO,
             last_sent: None,
             last_sent_flush: confirmed,
         }
+    }
+
+    /// Spaces eager updates (see [`Feedback::poll_update`]) at least `gap`
+    /// apart, so a stream of acknowledgements does not become a stream of
+    /// status updates.
+    pub fn with_eager_gap(mut self, gap: Duration) -> Feedback {
+        self.eager_gap = gap;
+        self
     }
 
     /// Records WAL received up to `lsn` (an XLogData's or keepalive's `wal_end`).
@@ -69,9 +79,9 @@ impl Feedback {
             .map_or_else(Instant::now, |t| t + self.interval)
     }
 
-    /// The update to send now, if one is due at `now` (or `reply_requested`
-    /// by a keepalive, or the confirmed position moved and `eager` is set).
-    /// Marks it as sent.
+    /// The update to send now, if one is due at `now`: periodically, when a
+    /// keepalive requested a reply, or, with `eager`, when the confirmed
+    /// position moved (at most once per eager gap). Marks it as sent.
     pub fn poll_update(
         &mut self,
         now: Instant,
@@ -79,7 +89,9 @@ impl Feedback {
         eager: bool,
     ) -> Option<StandbyStatusUpdate> {
         let periodic = self.last_sent.is_none_or(|t| now >= t + self.interval);
-        let moved = eager && self.confirmed > self.last_sent_flush;
+        let moved = eager
+            && self.confirmed > self.last_sent_flush
+            && self.last_sent.is_none_or(|t| now >= t + self.eager_gap);
         if !(periodic || reply_requested || moved) {
             return None;
         }
@@ -161,5 +173,25 @@ mod tests {
         assert!(f
             .poll_update(t1 + Duration::from_secs(2), false, false)
             .is_some());
+    }
+
+    #[test]
+    fn eager_updates_respect_the_gap() {
+        let t0 = Instant::now();
+        let mut f = Feedback::new(Lsn::new(1), Duration::from_secs(1))
+            .with_eager_gap(Duration::from_millis(100));
+        assert!(f.poll_update(t0, false, false).is_some());
+        f.confirm(Lsn::new(2));
+        assert!(
+            f.poll_update(t0 + Duration::from_millis(50), false, true)
+                .is_none(),
+            "too soon"
+        );
+        assert_eq!(
+            f.poll_update(t0 + Duration::from_millis(100), false, true)
+                .unwrap()
+                .flush,
+            Lsn::new(2)
+        );
     }
 }

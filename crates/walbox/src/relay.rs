@@ -63,6 +63,10 @@ impl RunError {
     }
 }
 
+/// The least time between two status updates sent because the confirmed
+/// position moved.
+const EAGER_STATUS_GAP: Duration = Duration::from_millis(100);
+
 /// How a streaming session ended without error.
 enum SessionEnd {
     Shutdown,
@@ -120,7 +124,7 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
             Ok(SessionEnd::Shutdown) => break Ok(()),
             Err(e) if e.is_transient() => {
                 let delay = backoff.delay();
-                tracing::warn!(error = %e, retry_in = ?delay, "Postgres unavailable; retrying");
+                tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.changed() => break Ok(()),
@@ -185,8 +189,10 @@ impl<'a> Session<'a> {
         backoff.reset();
         let start = status.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
         self.tracker = AckTracker::new(start);
-        self.feedback = Feedback::new(start, s.status_interval);
-        tracing::info!(slot = %s.slot, lsn = %start, "streaming");
+        // Confirm acknowledged work promptly (at most every 100 ms), so a
+        // crash re-sends little beyond what was in flight.
+        self.feedback = Feedback::new(start, s.status_interval).with_eager_gap(EAGER_STATUS_GAP);
+        tracing::info!(slot = %s.slot, lsn = %start, "streaming from the slot");
 
         let result = self.stream(&mut stream, shutdown).await;
         match &result {
@@ -228,6 +234,9 @@ impl<'a> Session<'a> {
                 biased;
                 report = self.reports.next() => {
                     self.on_report(report.expect("the sink outlives the session"))?;
+                    if let Some(update) = self.feedback.poll_update(Instant::now(), false, true) {
+                        stream.send_standby_status_update(update).await?;
+                    }
                 }
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
                 _ = tokio::time::sleep_until(self.feedback.next_due().into()) => {
@@ -237,7 +246,7 @@ impl<'a> Session<'a> {
                 }
                 message = stream.next_message(), if can_read => {
                     let reply = self.on_message(&mut decoder, message?).await?;
-                    if let Some(update) = self.feedback.poll_update(Instant::now(), reply, false) {
+                    if let Some(update) = self.feedback.poll_update(Instant::now(), reply, true) {
                         stream.send_standby_status_update(update).await?;
                     }
                 }

@@ -3,9 +3,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
+
 use std::time::Duration;
 
 use rdkafka::message::Message;
+use tokio_postgres::Client;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, TestDb};
@@ -23,35 +25,79 @@ fn walbox(db: &TestDb, args: &[&str]) -> Command {
     c
 }
 
-fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Child {
-    let mut args = vec!["run", "--kafka-brokers"];
-    let bootstrap = kafka.bootstrap();
-    args.push(&bootstrap);
-    args.extend_from_slice(extra);
-    walbox(db, &args)
+/// A running `walbox run`, logging to a file that can be read while it runs.
+struct Relay {
+    child: Child,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Relay {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Relay {
+    spawn_run_with(walbox(db, &[]), kafka, extra)
+}
+
+fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&str]) -> Relay {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("walbox.log");
+    let child = command
+        .args(["run", "--kafka-brokers", &kafka.bootstrap()])
+        .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
-        .expect("start walbox run")
+        .expect("start walbox run");
+    Relay {
+        child,
+        log,
+        _dir: dir,
+    }
 }
 
-fn sigterm(child: &Child) {
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+fn signal(relay: &Relay, signal: &str) {
+    let sent = Command::new("kill")
+        .args([signal, &relay.child.id().to_string()])
         .status()
-        .unwrap()
-        .success());
+        .unwrap();
+    assert!(sent.success());
 }
 
-async fn wait_exit(child: &mut Child) -> (std::process::ExitStatus, String) {
+fn sigterm(relay: &Relay) {
+    signal(relay, "-TERM");
+}
+
+async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, String) {
+    let child = &mut relay.child;
     let status = wait_for("walbox to exit", Duration::from_secs(40), || {
         let s = child.try_wait().unwrap();
         async move { s.ok_or_else(|| "running".to_owned()) }
     })
     .await;
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    (status, stderr)
+    (status, relay.log())
+}
+
+/// Waits until the relay's log contains `needle`.
+async fn wait_log(relay: &Relay, needle: &str) {
+    wait_for(
+        &format!("walbox to log {needle:?}"),
+        Duration::from_secs(30),
+        || {
+            let log = relay.log();
+            async move {
+                if log.contains(needle) {
+                    Ok(())
+                } else {
+                    Err(log.lines().last().unwrap_or_default().to_owned())
+                }
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,4 +294,195 @@ fn bad_configuration_is_a_usage_error_naming_the_key() {
         stderr.contains("line 2") && stderr.contains("unknown field `slto`"),
         "{stderr}"
     );
+}
+
+async fn init(db: &TestDb) -> Client {
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let out = walbox(db, &["init-slot"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    client
+}
+
+/// Inserts events `from..to` (payload `n`, key `agg-{n % aggregates}`) in
+/// transactions of `per_tx`.
+async fn insert_events(client: &Client, from: usize, to: usize, per_tx: usize, aggregates: usize) {
+    let mut n = from;
+    while n < to {
+        let end = (n + per_tx).min(to);
+        let values: Vec<String> = (n..end)
+            .map(|i| format!("('order', 'agg-{}', 'E', '{{\"n\": {i}}}')", i % aggregates))
+            .collect();
+        client
+            .batch_execute(&format!(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+                values.join(",")
+            ))
+            .await
+            .unwrap();
+        n = end;
+    }
+}
+
+/// Reads the topic until every `n` in `0..total` arrived (duplicates allowed);
+/// returns how many duplicates there were. Checks that, per key, first
+/// arrivals follow commit order.
+async fn expect_all(kafka: &TestKafka, topic: &str, total: usize) -> usize {
+    let messages = wait_for("every event to arrive", Duration::from_secs(90), || async {
+        let messages = consume_until_quiet(
+            kafka,
+            topic,
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let distinct: HashSet<i64> = messages.iter().map(n_of).collect();
+        if distinct.len() == total {
+            Ok(messages)
+        } else {
+            Err(format!("{} of {total} distinct events", distinct.len()))
+        }
+    })
+    .await;
+    let mut sorted = messages.clone();
+    sorted.sort_by_key(|m| (m.partition(), m.offset()));
+    let mut seen = HashSet::new();
+    let mut last_first_arrival: HashMap<Vec<u8>, i64> = HashMap::new();
+    for m in &sorted {
+        let n = n_of(m);
+        if seen.insert(n) {
+            let prev = last_first_arrival.insert(m.key().unwrap().to_vec(), n);
+            assert!(
+                prev.is_none_or(|p| p < n),
+                "per-key order of first arrivals"
+            );
+        }
+    }
+    assert!((0..total as i64).all(|n| seen.contains(&n)));
+    messages.len() - total
+}
+
+fn n_of(m: &rdkafka::message::OwnedMessage) -> i64 {
+    let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+    v["n"].as_i64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_waits_for_the_slot_and_takes_over() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let mut first = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    wait_log(&first, "streaming from the slot").await;
+    let mut second = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    wait_log(&second, "is in use by process").await;
+    assert!(
+        second.child.try_wait().unwrap().is_none(),
+        "the second instance keeps waiting"
+    );
+
+    insert_events(&client, 0, 10, 5, 3).await;
+    assert_eq!(expect_all(&kafka, &topic, 10).await, 0);
+
+    sigterm(&first);
+    assert!(wait_exit(&mut first).await.0.success());
+    wait_log(&second, "streaming from the slot").await;
+    insert_events(&client, 10, 20, 5, 3).await;
+    assert_eq!(
+        expect_all(&kafka, &topic, 20).await,
+        0,
+        "the standby took over without duplicates"
+    );
+    sigterm(&second);
+    let (status, log) = wait_exit(&mut second).await;
+    assert!(status.success(), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let total = 3_000;
+    let writer_client = db.connect().await;
+    let writer = tokio::spawn(async move {
+        for chunk in 0..30 {
+            insert_events(
+                &writer_client,
+                chunk * 100,
+                (chunk + 1) * 100,
+                1 + chunk % 20,
+                30,
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // spread the writes over the kills
+        }
+    });
+    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..5 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(200 + seed % 600)).await; // a random moment
+        signal(&relay, "-KILL");
+        relay.child.wait().unwrap();
+        relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    }
+    writer.await.unwrap();
+    let duplicates = expect_all(&kafka, &topic, total).await;
+    eprintln!("{total} events survived 5 kill -9s; {duplicates} duplicates (bounded by what was in flight)");
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
+    let mut server = walbox_test_harness::pg::PgServer::start_default().unwrap();
+    let admin = server.config("postgres");
+    let url = format!(
+        "{} sslmode=disable",
+        walbox_test_harness::pg::conninfo(&admin)
+    );
+    let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
+    apply_migrations(&client).await;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_walbox"));
+    cmd.args(["init-slot", "--pg-url", &url]);
+    assert!(cmd.status().unwrap().success());
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_walbox"));
+    command.env("WALBOX_PG_URL", &url);
+    let mut relay = spawn_run_with(command, &kafka, &["--topic-template", &topic]);
+    insert_events(&client, 0, 50, 10, 5).await;
+    assert_eq!(expect_all(&kafka, &topic, 50).await, 0);
+    drop(client);
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    insert_events(&client, 50, 100, 10, 5).await;
+    expect_all(&kafka, &topic, 100).await;
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "walbox kept running"
+    );
+    assert!(relay.log().contains("will retry"), "{}", relay.log());
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
 }
