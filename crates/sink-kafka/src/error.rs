@@ -89,6 +89,9 @@ pub enum SinkError {
     /// A bad setting.
     #[error("invalid Kafka settings: {0}")]
     Config(String),
+    /// The brokers did not answer.
+    #[error("metadata request failed: {0}")]
+    Unreachable(#[source] KafkaError),
     /// librdkafka refused to create the producer.
     #[error("create the Kafka producer: {0}")]
     Create(#[source] KafkaError),

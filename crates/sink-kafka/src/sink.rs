@@ -222,6 +222,23 @@ impl<T: Send + Sync + 'static> Sink<T> {
         ))
     }
 
+    /// Checks that the brokers answer a metadata request within `timeout`;
+    /// the error says which brokers and why. Use it at startup: later, an
+    /// unreachable broker only stalls deliveries until it is back.
+    pub async fn check_brokers(&self, timeout: Duration) -> Result<(), SinkError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            inner
+                .producer
+                .client()
+                .fetch_metadata(None, timeout)
+                .map(|_| ())
+        })
+        .await
+        .map_err(|e| SinkError::Config(e.to_string()))?
+        .map_err(SinkError::Unreachable)
+    }
+
     /// Waits for room for one record of `size` bytes (see [`Record::size`]).
     /// Cancel-safe.
     pub async fn reserve(&self, size: usize) -> Permit {

@@ -46,6 +46,15 @@ pub enum RunError {
     /// The producer could not be created.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The brokers did not answer at startup.
+    #[error("Kafka brokers {brokers} did not answer within 10 s")]
+    Broker {
+        /// The bootstrap list.
+        brokers: String,
+        /// Why.
+        #[source]
+        source: SinkError,
+    },
     /// The stream broke the transaction rules.
     #[error(transparent)]
     Protocol(#[from] AckError),
@@ -66,6 +75,9 @@ impl RunError {
 /// The least time between two status updates sent because the confirmed
 /// position moved.
 const EAGER_STATUS_GAP: Duration = Duration::from_millis(100);
+
+/// How long the brokers may take to answer at startup.
+const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a streaming session ended without error.
 enum SessionEnd {
@@ -117,6 +129,14 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
         .expect("`walbox run` settings carry the Kafka configuration");
     let max_in_flight = sink_config.max_in_flight;
     let (sink, mut reports) = Sink::<EventToken>::new(&sink_config)?;
+    // Fail fast on a broker that is not there at all; once running, an
+    // outage only stalls deliveries (the outbox in Postgres is the buffer).
+    if let Err(e) = sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
+        return Err(RunError::Broker {
+            brokers: sink_config.bootstrap_servers.clone(),
+            source: e,
+        });
+    }
     let mut backoff = Backoff::new();
     let result = loop {
         let mut session = Session::new(settings, &sink, &mut reports, max_in_flight);

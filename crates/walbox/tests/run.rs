@@ -128,14 +128,18 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
 
     // All events to one test topic: the template has no placeholder.
     let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
-    let (txs, per_tx, aggregates) = (20, 10, 7);
-    for t in 0..txs {
-        let values: Vec<String> = (0..per_tx)
+    // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
+    let aggregates = 100;
+    let mut n = 0usize;
+    let mut tx = 0usize;
+    while n < 10_000 {
+        let size = 1 + (tx * 37) % 50;
+        let end = (n + size).min(10_000);
+        let values: Vec<String> = (n..end)
             .map(|i| {
-                let n = t * per_tx + i;
                 format!(
-                    "('order', 'agg-{}', 'E{n}', '{{\"n\": {n}}}')",
-                    n % aggregates
+                    "('order', 'agg-{}', 'E{i}', '{{\"n\": {i}}}')",
+                    i % aggregates
                 )
             })
             .collect();
@@ -146,10 +150,11 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
             ))
             .await
             .unwrap();
+        n = end;
+        tx += 1;
     }
     let after_last_commit = current_wal_lsn(&client).await;
-    let n = (txs * per_tx) as usize;
-    let messages = consume_n(&kafka, &topic, n, Duration::from_secs(60))
+    let messages = consume_n(&kafka, &topic, n, Duration::from_secs(120))
         .await
         .unwrap();
 
