@@ -129,30 +129,8 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     // All events to one test topic: the template has no placeholder.
     let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
     // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
-    let aggregates = 100;
-    let mut n = 0usize;
-    let mut tx = 0usize;
-    while n < 10_000 {
-        let size = 1 + (tx * 37) % 50;
-        let end = (n + size).min(10_000);
-        let values: Vec<String> = (n..end)
-            .map(|i| {
-                format!(
-                    "('order', 'agg-{}', 'E{i}', '{{\"n\": {i}}}')",
-                    i % aggregates
-                )
-            })
-            .collect();
-        client
-            .batch_execute(&format!(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
-                values.join(",")
-            ))
-            .await
-            .unwrap();
-        n = end;
-        tx += 1;
-    }
+    let (n, aggregates) = (10_000, 100);
+    insert_events(&client, 0, n, |k| 1 + (k * 37) % 50, aggregates).await;
     let after_last_commit = current_wal_lsn(&client).await;
     let messages = consume_n(&kafka, &topic, n, Duration::from_secs(120))
         .await
@@ -313,14 +291,25 @@ async fn init(db: &TestDb) -> Client {
     client
 }
 
-/// Inserts events `from..to` (payload `n`, key `agg-{n % aggregates}`) in
-/// transactions of `per_tx`.
-async fn insert_events(client: &Client, from: usize, to: usize, per_tx: usize, aggregates: usize) {
-    let mut n = from;
+/// Inserts events `from..to` (payload `n`, key `agg-{n % aggregates}`,
+/// event type `E{n}`) in transactions; `tx_size(k)` sizes the k-th one.
+async fn insert_events(
+    client: &Client,
+    from: usize,
+    to: usize,
+    tx_size: impl Fn(usize) -> usize,
+    aggregates: usize,
+) {
+    let (mut n, mut k) = (from, 0);
     while n < to {
-        let end = (n + per_tx).min(to);
+        let end = (n + tx_size(k).max(1)).min(to);
         let values: Vec<String> = (n..end)
-            .map(|i| format!("('order', 'agg-{}', 'E', '{{\"n\": {i}}}')", i % aggregates))
+            .map(|i| {
+                format!(
+                    "('order', 'agg-{}', 'E{i}', '{{\"n\": {i}}}')",
+                    i % aggregates
+                )
+            })
             .collect();
         client
             .batch_execute(&format!(
@@ -330,6 +319,7 @@ async fn insert_events(client: &Client, from: usize, to: usize, per_tx: usize, a
             .await
             .unwrap();
         n = end;
+        k += 1;
     }
 }
 
@@ -392,13 +382,13 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
         "the second instance keeps waiting"
     );
 
-    insert_events(&client, 0, 10, 5, 3).await;
+    insert_events(&client, 0, 10, |_| 5, 3).await;
     assert_eq!(expect_all(&kafka, &topic, 10).await, 0);
 
     sigterm(&first);
     assert!(wait_exit(&mut first).await.0.success());
     wait_log(&second, "streaming from the slot").await;
-    insert_events(&client, 10, 20, 5, 3).await;
+    insert_events(&client, 10, 20, |_| 5, 3).await;
     assert_eq!(
         expect_all(&kafka, &topic, 20).await,
         0,
@@ -423,7 +413,7 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
                 &writer_client,
                 chunk * 100,
                 (chunk + 1) * 100,
-                1 + chunk % 20,
+                move |_| 1 + chunk % 20,
                 30,
             )
             .await;
@@ -467,7 +457,7 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_walbox"));
     command.env("WALBOX_PG_URL", &url);
     let mut relay = spawn_run_with(command, &kafka, &["--topic-template", &topic]);
-    insert_events(&client, 0, 50, 10, 5).await;
+    insert_events(&client, 0, 50, |_| 10, 5).await;
     assert_eq!(expect_all(&kafka, &topic, 50).await, 0);
     drop(client);
 
@@ -481,7 +471,7 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     let client = walbox_test_harness::pg::connect(&server.config("postgres"))
         .await
         .unwrap();
-    insert_events(&client, 50, 100, 10, 5).await;
+    insert_events(&client, 50, 100, |_| 10, 5).await;
     expect_all(&kafka, &topic, 100).await;
     assert!(
         relay.child.try_wait().unwrap().is_none(),
