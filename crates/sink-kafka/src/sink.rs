@@ -259,6 +259,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
     }
 
+    /// Bytes in flight (counted in KiB, as reserved).
+    pub fn in_flight_bytes(&self) -> usize {
+        (self.inner.kib_total as usize - self.inner.kib.available_permits()) * 1024
+    }
+
     /// Records in flight: sent, report not yet received by the caller.
     pub fn in_flight(&self) -> usize {
         self.inner.slots_in_use()

@@ -57,6 +57,8 @@ pub struct FileConfig {
     pub status_interval_ms: Option<u64>,
     /// How long SIGINT/SIGTERM waits for in-flight deliveries, seconds.
     pub shutdown_timeout_secs: Option<u64>,
+    /// HTTP address for /metrics, /healthz and /readyz.
+    pub metrics_addr: Option<String>,
     /// `[kafka]`.
     pub kafka: Option<KafkaFile>,
     /// `[mapping]`.
@@ -185,6 +187,9 @@ pub struct KafkaArgs {
     /// Seconds SIGINT/SIGTERM waits for in-flight deliveries [default: 30].
     #[arg(long, env = "WALBOX_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Serve Prometheus /metrics, /healthz and /readyz on this address, e.g. 0.0.0.0:9187 [default: off].
+    #[arg(long, env = "WALBOX_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Everything resolved and validated.
@@ -208,6 +213,8 @@ pub struct Settings {
     pub kafka: Option<SinkConfig>,
     /// Shutdown drain bound.
     pub shutdown_timeout: Duration,
+    /// Where to serve metrics and health endpoints.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -346,6 +353,17 @@ impl Settings {
         let shutdown_timeout_secs = kafka
             .and_then(|k| k.shutdown_timeout_secs)
             .or(file.shutdown_timeout_secs);
+        let metrics_addr = match kafka
+            .and_then(|k| k.metrics_addr.clone())
+            .or(file.metrics_addr)
+        {
+            None => None,
+            Some(a) => Some(a.parse().map_err(|_| {
+                ConfigError(format!(
+                    "metrics_addr {a:?}: expected HOST:PORT with an IP address, e.g. 0.0.0.0:9187"
+                ))
+            })?),
+        };
         let kafka = match kafka {
             None => None,
             Some(k) => {
@@ -393,6 +411,7 @@ impl Settings {
             status_interval,
             kafka,
             shutdown_timeout,
+            metrics_addr,
         })
     }
 }

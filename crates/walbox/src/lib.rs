@@ -7,4 +7,5 @@
 pub mod acks;
 pub mod config;
 pub mod mapping;
+pub mod metrics;
 pub mod relay;

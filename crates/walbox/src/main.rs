@@ -85,6 +85,8 @@ enum CliError {
     Run(#[from] walbox::relay::RunError),
     #[error("replication slot {0:?} does not exist; create it with `walbox init-slot`")]
     NoSlot(String),
+    #[error("cannot serve metrics on {0}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
 }
 
 impl CliError {
@@ -215,7 +217,20 @@ async fn try_main(cli: Cli) -> Result<(), CliError> {
                 tracing::info!("shutting down: draining in-flight deliveries");
                 let _ = tx.send(true);
             });
-            walbox::relay::run(&s, rx).await?;
+            let metrics = walbox::metrics::Metrics::new();
+            if let Some(addr) = s.metrics_addr {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| CliError::Metrics(addr, e))?;
+                tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+                let m = std::sync::Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    if let Err(e) = walbox::metrics::serve(listener, m).await {
+                        tracing::error!(error = %e, "metrics endpoint stopped");
+                    }
+                });
+            }
+            walbox::relay::run(&s, rx, metrics).await?;
             tracing::info!("stopped");
         }
     }

@@ -14,19 +14,35 @@
 //! deliveries within a bound and sends a final status update.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgoutput_decoder::{DecodeError, Decoder, LogicalMessage, Lsn, ReplicationMessage};
+use pgoutput_decoder::{
+    DecodeError, Decoder, LogicalMessage, Lsn, PgTimestamp, ReplicationMessage,
+};
 use sink_kafka::{DeliveryError, Record, Report, Reports, Sink, SinkError};
 use slot_manager::{
     connect_control, preflight, start_streaming, Feedback, LogicalReplicationStream,
     ReplicationOptions,
 };
 use tokio::sync::watch;
+use tokio_postgres::Client;
 
 use crate::acks::{AckError, AckTracker, EventToken};
 use crate::config::Settings;
 use crate::mapping::{ColumnIndexes, MapError};
+use crate::metrics::{FailureLabels, Metrics, TopicLabel};
+
+/// What travels with an event to the broker and back.
+#[derive(Debug)]
+pub struct Token {
+    event: EventToken,
+    commit_time: PgTimestamp,
+    topic: Arc<str>,
+}
+
+/// How often the slot's retained WAL is sampled for the metrics.
+const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why the relay stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -122,13 +138,17 @@ impl Backoff {
 }
 
 /// Runs until `shutdown` turns true (then returns `Ok`) or a definite error.
-pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Result<(), RunError> {
+pub async fn run(
+    settings: &Settings,
+    mut shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> Result<(), RunError> {
     let sink_config = settings
         .kafka
         .clone()
         .expect("`walbox run` settings carry the Kafka configuration");
     let max_in_flight = sink_config.max_in_flight;
-    let (sink, mut reports) = Sink::<EventToken>::new(&sink_config)?;
+    let (sink, mut reports) = Sink::<Token>::new(&sink_config)?;
     // Fail fast on a broker that is not there at all; once running, an
     // outage only stalls deliveries (the outbox in Postgres is the buffer).
     if let Err(e) = sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
@@ -139,8 +159,16 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
     }
     let mut backoff = Backoff::new();
     let result = loop {
-        let mut session = Session::new(settings, &sink, &mut reports, max_in_flight);
-        match session.run(&mut shutdown, &mut backoff).await {
+        let mut session = Session::new(
+            settings,
+            &sink,
+            &mut reports,
+            max_in_flight,
+            Arc::clone(&metrics),
+        );
+        let result = session.run(&mut shutdown, &mut backoff).await;
+        metrics.set_streaming(false);
+        match result {
             Ok(SessionEnd::Shutdown) => break Ok(()),
             Err(e) if e.is_transient() => {
                 let delay = backoff.delay();
@@ -167,21 +195,27 @@ pub async fn run(settings: &Settings, mut shutdown: watch::Receiver<bool>) -> Re
 /// One replication connection's worth of state.
 struct Session<'a> {
     settings: &'a Settings,
-    sink: &'a Sink<EventToken>,
-    reports: &'a mut Reports<EventToken>,
+    sink: &'a Sink<Token>,
+    reports: &'a mut Reports<Token>,
     max_in_flight: usize,
     tracker: AckTracker,
     feedback: Feedback,
     /// Outbox relations by OID (the root table; partitions publish as the root).
     outbox: HashMap<u32, Result<ColumnIndexes, MapError>>,
+    /// The open transaction's commit time (from Begin).
+    commit_time: PgTimestamp,
+    /// Topic names shared by the tokens of their events.
+    topics: HashMap<String, Arc<str>>,
+    metrics: Arc<Metrics>,
 }
 
 impl<'a> Session<'a> {
     fn new(
         settings: &'a Settings,
-        sink: &'a Sink<EventToken>,
-        reports: &'a mut Reports<EventToken>,
+        sink: &'a Sink<Token>,
+        reports: &'a mut Reports<Token>,
         max_in_flight: usize,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Session {
             settings,
@@ -191,6 +225,9 @@ impl<'a> Session<'a> {
             tracker: AckTracker::new(Lsn::ZERO),
             feedback: Feedback::new(Lsn::ZERO, settings.status_interval),
             outbox: HashMap::new(),
+            commit_time: PgTimestamp::default(),
+            topics: HashMap::new(),
+            metrics,
         }
     }
 
@@ -205,8 +242,8 @@ impl<'a> Session<'a> {
         let options = ReplicationOptions::new(s.publication.clone());
         let (mut stream, status) =
             start_streaming(&s.pg, &control, &s.slot, Lsn::ZERO, &options).await?;
-        drop(control);
         backoff.reset();
+        self.metrics.set_streaming(true);
         let start = status.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
         self.tracker = AckTracker::new(start);
         // Confirm acknowledged work promptly (at most every 100 ms), so a
@@ -214,7 +251,7 @@ impl<'a> Session<'a> {
         self.feedback = Feedback::new(start, s.status_interval).with_eager_gap(EAGER_STATUS_GAP);
         tracing::info!(slot = %s.slot, lsn = %start, "streaming from the slot");
 
-        let result = self.stream(&mut stream, shutdown).await;
+        let result = self.stream(&mut stream, &control, shutdown).await;
         match &result {
             Ok(SessionEnd::Shutdown) => {
                 self.drain(Some(s.shutdown_timeout)).await?;
@@ -245,10 +282,13 @@ impl<'a> Session<'a> {
     async fn stream(
         &mut self,
         stream: &mut LogicalReplicationStream,
+        control: &Client,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<SessionEnd, RunError> {
         let mut decoder = Decoder::new(1).expect("version 1 is supported");
+        let mut next_sample = tokio::time::Instant::now();
         loop {
+            self.update_gauges();
             let can_read = self.sink.in_flight() < self.max_in_flight;
             tokio::select! {
                 biased;
@@ -259,6 +299,13 @@ impl<'a> Session<'a> {
                     }
                 }
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
+                _ = tokio::time::sleep_until(next_sample) => {
+                    next_sample += SLOT_SAMPLE_INTERVAL;
+                    // Metrics only: a failed sample is not worth stopping for.
+                    if let Ok(Some(status)) = slot_manager::slot_status(control, &self.settings.slot).await {
+                        self.metrics.retained_wal_bytes.set(status.retained_wal_bytes.unwrap_or(0));
+                    }
+                }
                 _ = tokio::time::sleep_until(self.feedback.next_due().into()) => {
                     if let Some(update) = self.feedback.poll_update(Instant::now(), false, false) {
                         stream.send_standby_status_update(update).await?;
@@ -274,15 +321,66 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn on_report(&mut self, report: Report<EventToken>) -> Result<(), RunError> {
+    fn on_report(&mut self, report: Report<Token>) -> Result<(), RunError> {
+        let Token {
+            event,
+            commit_time,
+            topic,
+        } = report.token;
         match report.result {
             Ok(_) => {
-                let confirmable = self.tracker.ack(report.token)?;
+                let confirmable = self.tracker.ack(event)?;
                 self.feedback.confirm(confirmable);
+                self.metrics
+                    .published
+                    .get_or_create(&TopicLabel {
+                        topic: topic.to_string(),
+                    })
+                    .inc();
+                let micros = PgTimestamp::now().as_unix_micros() - commit_time.as_unix_micros();
+                self.metrics
+                    .commit_to_ack
+                    .observe(micros.max(0) as f64 / 1e6);
                 Ok(())
             }
-            Err(e) => Err(RunError::Delivery(e)),
+            Err(e) => {
+                self.metrics
+                    .failed
+                    .get_or_create(&FailureLabels {
+                        topic: topic.to_string(),
+                        kind: format!("{:?}", e.kind),
+                    })
+                    .inc();
+                Err(RunError::Delivery(e))
+            }
         }
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.in_flight_events.set(self.sink.in_flight() as i64);
+        m.in_flight_bytes.set(self.sink.in_flight_bytes() as i64);
+        m.received_lsn
+            .set(self.feedback.last_received().as_u64() as i64);
+        m.confirmed_lsn
+            .set(self.feedback.confirmed().as_u64() as i64);
+    }
+
+    /// The token for an event of the open transaction bound for `topic`.
+    fn token(&mut self, topic: &str) -> Result<Token, RunError> {
+        let topic = match self.topics.get(topic) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let t: Arc<str> = Arc::from(topic);
+                self.topics.insert(topic.to_owned(), Arc::clone(&t));
+                t
+            }
+        };
+        Ok(Token {
+            event: self.tracker.event()?,
+            commit_time: self.commit_time,
+            topic,
+        })
     }
 
     /// Handles one frame; returns whether the server asked for a reply.
@@ -304,7 +402,10 @@ impl<'a> Session<'a> {
         self.feedback.received(xlog.wal_end());
         let lsn = xlog.wal_start();
         match decoder.decode(xlog.into_data())? {
-            LogicalMessage::Begin(b) => self.tracker.begin(b.final_lsn())?,
+            LogicalMessage::Begin(b) => {
+                self.tracker.begin(b.final_lsn())?;
+                self.commit_time = b.commit_time();
+            }
             LogicalMessage::Commit(c) => {
                 let confirmable = self.tracker.commit(c.commit_lsn(), c.end_lsn())?;
                 self.feedback.confirm(confirmable);
@@ -324,7 +425,7 @@ impl<'a> Session<'a> {
                 match self.settings.mapping.map(&columns, insert.tuple()) {
                     Ok(event) => {
                         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
-                        let token = self.tracker.event()?;
+                        let token = self.token(&event.topic)?;
                         let record = Record {
                             topic: event.topic,
                             key: Some(event.key),
@@ -343,7 +444,7 @@ impl<'a> Session<'a> {
                     {
                         Some(dlq) => {
                             tracing::warn!(error = %e, %lsn, dead_letter_topic = %dlq, "unmappable row sent to the dead-letter topic");
-                            let token = self.tracker.event()?;
+                            let token = self.token(dlq)?;
                             let value = insert.tuple().value_bytes(columns.payload_index());
                             let record = Record::new(dlq.clone(), None, value, token)
                                 .with_header(sink_kafka::dlq_headers::ERROR, e.to_string())
@@ -370,7 +471,7 @@ impl<'a> Session<'a> {
     }
 
     /// Waits for room (handling reports meanwhile), then enqueues.
-    async fn send(&mut self, record: Record<EventToken>) -> Result<(), RunError> {
+    async fn send(&mut self, record: Record<Token>) -> Result<(), RunError> {
         let size = record.size();
         let permit = loop {
             tokio::select! {

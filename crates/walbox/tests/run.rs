@@ -81,6 +81,49 @@ async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, String) {
     (status, relay.log())
 }
 
+/// A free local address for the metrics endpoint.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// `GET path` over HTTP/1.1; returns (status, body), or `None` when nothing listens yet.
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((
+        status,
+        out.split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_owned()),
+    ))
+}
+
+/// Waits until `GET path` answers `status`.
+async fn wait_http(addr: &str, path: &str, status: u16) -> String {
+    wait_for(
+        &format!("GET {path} to answer {status}"),
+        Duration::from_secs(30),
+        || {
+            let got = http_get(addr, path);
+            async move {
+                match got {
+                    Some((s, body)) if s == status => Ok(body),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+}
+
 /// Waits until the relay's log contains `needle`.
 async fn wait_log(relay: &Relay, needle: &str) {
     wait_for(
@@ -127,7 +170,12 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     );
 
     // All events to one test topic: the template has no placeholder.
-    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let metrics_addr = free_addr();
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &["--topic-template", &topic, "--metrics-addr", &metrics_addr],
+    );
     // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
     let (n, aggregates) = (10_000, 100);
     insert_events(&client, 0, n, |k| 1 + (k * 37) % 50, aggregates).await;
@@ -188,6 +236,32 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
         },
     )
     .await;
+
+    // The metrics saw the same.
+    wait_http(&metrics_addr, "/healthz", 200).await;
+    wait_http(&metrics_addr, "/readyz", 200).await;
+    let want = format!("walbox_events_published_total{{topic=\"{topic}\"}} {n}");
+    let body = wait_for(
+        "the metrics to count every event",
+        Duration::from_secs(10),
+        || {
+            let got = http_get(&metrics_addr, "/metrics");
+            let want = want.clone();
+            async move {
+                match got {
+                    Some((200, body)) if body.contains(&want) => Ok(body),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(body.contains("walbox_events_in_flight 0"), "{body}");
+    assert!(
+        body.contains(&format!("walbox_commit_to_ack_seconds_count {n}")),
+        "{body}"
+    );
+    assert!(!body.contains("walbox_confirmed_lsn 0\n"), "{body}");
 
     // SIGTERM: exit 0; a restart sends nothing again.
     sigterm(&relay);
@@ -375,8 +449,22 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let topic = kafka.create_topic(3).await;
     let mut first = spawn_run(&db, &kafka, &["--topic-template", &topic]);
     wait_log(&first, "streaming from the slot").await;
-    let mut second = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let second_metrics = free_addr();
+    let mut second = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--topic-template",
+            &topic,
+            "--metrics-addr",
+            &second_metrics,
+        ],
+    );
     wait_log(&second, "is in use by process").await;
+    assert_eq!(
+        wait_http(&second_metrics, "/readyz", 503).await,
+        "not streaming\n"
+    );
     assert!(
         second.child.try_wait().unwrap().is_none(),
         "the second instance keeps waiting"
@@ -388,6 +476,7 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     sigterm(&first);
     assert!(wait_exit(&mut first).await.0.success());
     wait_log(&second, "streaming from the slot").await;
+    wait_http(&second_metrics, "/readyz", 200).await;
     insert_events(&client, 10, 20, |_| 5, 3).await;
     assert_eq!(
         expect_all(&kafka, &topic, 20).await,

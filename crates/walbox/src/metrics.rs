@@ -1,0 +1,197 @@
+//! Prometheus metrics and health endpoints.
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged |
+//! | `walbox_events_failed_total{topic,kind}` | counter | events that failed (`Permanent`, `Fatal`, …) |
+//! | `walbox_events_in_flight` | gauge | events sent, not yet acknowledged |
+//! | `walbox_bytes_in_flight` | gauge | their bytes (KiB granularity) |
+//! | `walbox_received_lsn` | gauge | last WAL position received from the slot |
+//! | `walbox_confirmed_lsn` | gauge | last position confirmed to Postgres |
+//! | `walbox_slot_retained_wal_bytes` | gauge | WAL the slot keeps (`pg_current_wal_lsn() - restart_lsn`), every 10 s |
+//! | `walbox_commit_to_ack_seconds` | histogram | from the transaction's commit to the broker's acknowledgement |
+//!
+//! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
+//! streams from the slot, 503 otherwise (connecting, retrying, waiting for a
+//! busy slot).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `topic` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabel {
+    /// Topic.
+    pub topic: String,
+}
+
+/// The labels of a failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// Topic.
+    pub topic: String,
+    /// `Permanent`, `Fatal`, `RetriableExhausted`, `Purged`.
+    pub kind: String,
+}
+
+/// Every metric walbox exports.
+pub struct Metrics {
+    /// Events acknowledged, by topic.
+    pub published: Family<TopicLabel, Counter>,
+    /// Events failed, by topic and kind.
+    pub failed: Family<FailureLabels, Counter>,
+    /// Events in flight.
+    pub in_flight_events: Gauge,
+    /// Bytes in flight.
+    pub in_flight_bytes: Gauge,
+    /// Last received LSN.
+    pub received_lsn: Gauge,
+    /// Last confirmed LSN.
+    pub confirmed_lsn: Gauge,
+    /// WAL retained by the slot.
+    pub retained_wal_bytes: Gauge,
+    /// Commit-to-ack latency.
+    pub commit_to_ack: Histogram,
+    streaming: AtomicBool,
+    registry: Registry,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let published = Family::<TopicLabel, Counter>::default();
+        let failed = Family::<FailureLabels, Counter>::default();
+        let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
+        let (received_lsn, confirmed_lsn, retained_wal_bytes) =
+            (Gauge::default(), Gauge::default(), Gauge::default());
+        // 0.5 ms to ~16 s.
+        let commit_to_ack = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 16),
+        );
+        registry.register(
+            "walbox_events_published",
+            "Events the broker acknowledged",
+            published.clone(),
+        );
+        registry.register(
+            "walbox_events_failed",
+            "Events that failed to publish",
+            failed.clone(),
+        );
+        registry.register(
+            "walbox_events_in_flight",
+            "Events sent, not yet acknowledged",
+            in_flight_events.clone(),
+        );
+        registry.register(
+            "walbox_bytes_in_flight",
+            "Bytes of events in flight",
+            in_flight_bytes.clone(),
+        );
+        registry.register(
+            "walbox_received_lsn",
+            "Last WAL position received from the slot",
+            received_lsn.clone(),
+        );
+        registry.register(
+            "walbox_confirmed_lsn",
+            "Last WAL position confirmed to Postgres",
+            confirmed_lsn.clone(),
+        );
+        registry.register(
+            "walbox_slot_retained_wal_bytes",
+            "WAL kept by the slot (pg_current_wal_lsn() - restart_lsn)",
+            retained_wal_bytes.clone(),
+        );
+        registry.register(
+            "walbox_commit_to_ack_seconds",
+            "Time from an event's transaction commit to the broker's acknowledgement",
+            commit_to_ack.clone(),
+        );
+        Arc::new(Metrics {
+            published,
+            failed,
+            in_flight_events,
+            in_flight_bytes,
+            received_lsn,
+            confirmed_lsn,
+            retained_wal_bytes,
+            commit_to_ack,
+            streaming: AtomicBool::new(false),
+            registry,
+        })
+    }
+
+    /// Marks whether the relay is streaming (readiness).
+    pub fn set_streaming(&self, streaming: bool) {
+        self.streaming.store(streaming, Ordering::Relaxed);
+    }
+
+    /// True while streaming.
+    pub fn is_streaming(&self) -> bool {
+        self.streaming.load(Ordering::Relaxed)
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
+    let for_metrics = Arc::clone(&metrics);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = Arc::clone(&for_metrics);
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let m = Arc::clone(&metrics);
+                async move {
+                    if m.is_streaming() {
+                        (StatusCode::OK, "streaming\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")
+                    }
+                }
+            }),
+        );
+    axum::serve(listener, app).await
+}
