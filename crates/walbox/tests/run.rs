@@ -570,3 +570,50 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
+    const MB: i64 = 1024 * 1024;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    wait_log(&relay, "streaming from the slot").await;
+
+    client
+        .batch_execute("CREATE TABLE busy (id bigint, filler text)")
+        .await
+        .unwrap();
+    let start = current_wal_lsn(&client).await;
+    while current_wal_lsn(&client).await.bytes_since(start) < 100 * MB as u64 {
+        client
+            .batch_execute("INSERT INTO busy SELECT g, md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g")
+            .await
+            .unwrap();
+    }
+    let written = current_wal_lsn(&client).await.bytes_since(start);
+    let started = std::time::Instant::now();
+    let retained = wait_for(
+        "the slot's retained WAL to drop under 32 MB",
+        Duration::from_secs(30),
+        || {
+            let client = &client;
+            async move {
+                match walbox_test_harness::slot::retained_wal_bytes(client, "walbox").await {
+                    Some(b) if b < 32 * MB => Ok(b),
+                    other => Err(format!("{} MB", other.unwrap_or(-1) / MB)),
+                }
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "wrote {} MB to another table; the slot retains {} MB {:?} later",
+        written / MB as u64,
+        retained / MB,
+        started.elapsed()
+    );
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
