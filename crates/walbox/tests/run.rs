@@ -617,3 +617,152 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
+
+/// A Tansu broker on SQLite storage, which survives `kill -9`.
+struct Tansu {
+    bin: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Tansu {
+    fn start(bin: &str) -> Tansu {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut t = Tansu {
+            bin: bin.to_owned(),
+            dir: tempfile::tempdir().unwrap(),
+            port,
+            child: None,
+        };
+        t.up();
+        t
+    }
+
+    fn up(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("tansu.log"))
+            .unwrap();
+        self.child = Some(
+            Command::new(&self.bin)
+                .args([
+                    "broker",
+                    "--listener-url",
+                    &url,
+                    "--advertised-listener-url",
+                    &url,
+                ])
+                .args(["--storage-engine", "sqlite://tansu.db"])
+                .current_dir(self.dir.path())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("start tansu"),
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
+    let Ok(bin) = std::env::var("WALBOX_TANSU_BIN") else {
+        eprintln!(
+            "WALBOX_TANSU_BIN is not set (scripts/test sets it): nothing to kill, test not run"
+        );
+        return;
+    };
+    let mut tansu = Tansu::start(&bin);
+    let kafka = TestKafka::External {
+        bootstrap: tansu.bootstrap(),
+    };
+    let config = kafka.client_config();
+    wait_for("tansu to answer", Duration::from_secs(30), || {
+        let config = config.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                use rdkafka::consumer::{BaseConsumer, Consumer};
+                let c: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+                c.fetch_metadata(None, Duration::from_secs(2))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap()
+        }
+    })
+    .await;
+    let topic = kafka.create_topic(3).await;
+
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    insert_events(&client, 0, 200, |k| 1 + k % 20, 10).await;
+    expect_all(&kafka, &topic, 200).await;
+
+    // Broker gone; the application keeps writing.
+    tansu.kill9();
+    insert_events(&client, 200, 250, |_| 50, 10).await;
+    let after_first_unacked_commit = current_wal_lsn(&client).await;
+    insert_events(&client, 250, 500, |k| 1 + k % 20, 10).await;
+
+    // For 20 s the slot must not pass an event the broker has not acknowledged.
+    let outage_end = std::time::Instant::now() + Duration::from_secs(20);
+    let mut checks = 0;
+    while std::time::Instant::now() < outage_end {
+        let confirmed = confirmed_flush_lsn(&client, "walbox").await.unwrap();
+        assert!(
+            confirmed < after_first_unacked_commit,
+            "confirmed {confirmed} past an unacknowledged commit ({after_first_unacked_commit})"
+        );
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await; // sampling the outage window
+    }
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "walbox waits out the outage: {}",
+        relay.log()
+    );
+
+    tansu.up();
+    let duplicates = expect_all(&kafka, &topic, 500).await;
+    eprintln!("{checks} checks during a 20 s broker outage; after restart all 500 events present, {duplicates} duplicates");
+    wait_for(
+        "the slot to pass the outage's commits",
+        Duration::from_secs(30),
+        || {
+            let client = &client;
+            async move {
+                match confirmed_flush_lsn(client, "walbox").await {
+                    Some(l) if l >= after_first_unacked_commit => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
