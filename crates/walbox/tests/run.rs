@@ -494,10 +494,10 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let total = 3_000;
+    let total = 50_000;
     let writer_client = db.connect().await;
     let writer = tokio::spawn(async move {
-        for chunk in 0..30 {
+        for chunk in 0..500 {
             insert_events(
                 &writer_client,
                 chunk * 100,
@@ -506,7 +506,7 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
                 30,
             )
             .await;
-            tokio::time::sleep(Duration::from_millis(50)).await; // spread the writes over the kills
+            tokio::time::sleep(Duration::from_millis(5)).await; // spread the writes over the kills
         }
     });
     let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
@@ -763,6 +763,85 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
         },
     )
     .await;
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmappable_row_goes_to_the_dead_letter_topic_when_configured() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE loose (id uuid DEFAULT gen_random_uuid(), aggregate_type text, aggregate_id text,
+                                 event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let dlq = kafka.create_topic(1).await;
+    assert!(walbox(&db, &["init-slot", "--table", "loose"])
+        .status()
+        .unwrap()
+        .success());
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--table",
+            "loose",
+            "--topic-template",
+            &topic,
+            "--dead-letter-topic",
+            &dlq,
+        ],
+    );
+    client
+        .batch_execute(
+            "INSERT INTO loose (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'ok-1', 'E', '{}');
+             INSERT INTO loose (id, aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('6d1f1c9e-0000-4000-8000-0000000000cc', 'order', NULL, 'E', '{\"lost\": false}');
+             INSERT INTO loose (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'ok-2', 'E', '{}');",
+        )
+        .await
+        .unwrap();
+    let after = current_wal_lsn(&client).await;
+    let good = consume_n(&kafka, &topic, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let keys: Vec<&[u8]> = good.iter().map(|m| m.key().unwrap()).collect();
+    assert_eq!(
+        keys,
+        [b"ok-1".as_slice(), b"ok-2".as_slice()],
+        "walbox went on after the bad row"
+    );
+    let dead = consume_n(&kafka, &dlq, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let h = headers_of(&dead[0]);
+    assert_eq!(
+        h["walbox.error"],
+        "event 6d1f1c9e-0000-4000-8000-0000000000cc: column \"aggregate_id\" (the aggregate id) is NULL"
+    );
+    assert_eq!(h["walbox.error.kind"], "Unmappable");
+    assert_eq!(dead[0].payload(), Some(b"{\"lost\": false}".as_slice()));
+    // Dead-lettered counts as delivered: the slot moves past it.
+    wait_for(
+        "the slot to pass the dead-lettered row",
+        Duration::from_secs(15),
+        || {
+            let client = &client;
+            async move {
+                match confirmed_flush_lsn(client, "walbox").await {
+                    Some(l) if l >= after => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(relay.child.try_wait().unwrap().is_none());
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
