@@ -10,7 +10,9 @@ use slot_manager::{
 use tokio_postgres::Client;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, fresh_db, PgServer};
-use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, retained_wal_bytes};
+use walbox_test_harness::slot::{
+    confirmed_flush_lsn, retained_wal_bytes, wait_retained_below, write_wal_elsewhere,
+};
 use walbox_test_harness::wait::wait_for;
 
 use crate::pg_config;
@@ -317,10 +319,6 @@ async fn an_idle_outbox_slot_releases_wal_when_keepalives_are_confirmed() {
     let config = pg_config(&db);
     init(&client, &config, "advancing").await;
     ensure_slot(&client, "holding", false).await.unwrap();
-    client
-        .batch_execute("CREATE TABLE busy (id bigint, filler text)")
-        .await
-        .unwrap();
 
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let advancing = tokio::spawn(idle_consumer(
@@ -332,30 +330,11 @@ async fn an_idle_outbox_slot_releases_wal_when_keepalives_are_confirmed() {
     let holding = tokio::spawn(idle_consumer(config.clone(), "holding", false, stop));
 
     // 100 MB of WAL on a table outside the publication.
-    let start = current_wal_lsn(&client).await;
-    while current_wal_lsn(&client).await.bytes_since(start) < 100 * MB as u64 {
-        client
-            .batch_execute("INSERT INTO busy SELECT g, md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g")
-            .await
-            .unwrap();
-    }
-    let written = current_wal_lsn(&client).await.bytes_since(start);
+    let written = write_wal_elsewhere(&client, "busy", 100 * MB as u64).await;
 
     let started = Instant::now();
-    let retained = wait_for(
-        "the advancing slot's retained WAL to drop under 32 MB",
-        Duration::from_secs(30),
-        || {
-            let client = &client;
-            async move {
-                match retained_wal_bytes(client, "advancing").await {
-                    Some(b) if b < 32 * MB => Ok(b),
-                    other => Err(format!("{} MB", other.unwrap_or(-1) / MB)),
-                }
-            }
-        },
-    )
-    .await;
+    let retained =
+        wait_retained_below(&client, "advancing", 32 * MB, Duration::from_secs(30)).await;
     let holding_retained = retained_wal_bytes(&client, "holding").await.unwrap();
     eprintln!(
         "wrote {} MB; advancing slot retains {} MB after {:?}; holding slot retains {} MB",

@@ -38,3 +38,72 @@ pub async fn current_wal_lsn(client: &Client) -> Lsn {
         .expect("query pg_current_wal_lsn");
     row.get::<_, String>(0).parse().expect("valid LSN")
 }
+
+/// Waits until the slot's `confirmed_flush_lsn` is at least `lsn`.
+///
+/// # Panics
+///
+/// After `timeout`, with the last position seen.
+pub async fn wait_confirmed_at_least(
+    client: &Client,
+    slot: &str,
+    lsn: Lsn,
+    timeout: std::time::Duration,
+) {
+    crate::wait::wait_for(
+        &format!("slot {slot} to confirm {lsn}"),
+        timeout,
+        || async move {
+            match confirmed_flush_lsn(client, slot).await {
+                Some(l) if l >= lsn => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// Writes at least `bytes` of WAL to `table` (created here: `id bigint,
+/// filler text`), which should be outside any publication. Returns the WAL
+/// bytes written.
+pub async fn write_wal_elsewhere(client: &Client, table: &str, bytes: u64) -> u64 {
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (id bigint, filler text)"))
+        .await
+        .expect("create the table to write to");
+    let start = current_wal_lsn(client).await;
+    while current_wal_lsn(client).await.bytes_since(start) < bytes {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO {table} SELECT g, md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g"
+            ))
+            .await
+            .expect("write WAL");
+    }
+    current_wal_lsn(client).await.bytes_since(start)
+}
+
+/// Waits until the slot retains less than `bytes` of WAL and returns what it
+/// retains then.
+///
+/// # Panics
+///
+/// After `timeout`, with the last amount seen.
+pub async fn wait_retained_below(
+    client: &Client,
+    slot: &str,
+    bytes: i64,
+    timeout: std::time::Duration,
+) -> i64 {
+    crate::wait::wait_for(
+        &format!("slot {slot} to retain under {} MB", bytes >> 20),
+        timeout,
+        || async move {
+            match retained_wal_bytes(client, slot).await {
+                Some(b) if b < bytes => Ok(b),
+                other => Err(format!("{} MB", other.unwrap_or(-1) >> 20)),
+            }
+        },
+    )
+    .await
+}

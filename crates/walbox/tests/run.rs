@@ -11,7 +11,10 @@ use tokio_postgres::Client;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, TestDb};
-use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn};
+use walbox_test_harness::slot::{
+    confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, wait_retained_below,
+    write_wal_elsewhere,
+};
 use walbox_test_harness::wait::wait_for;
 
 fn walbox(db: &TestDb, args: &[&str]) -> Command {
@@ -222,18 +225,11 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     assert_eq!(seen, ids.iter().cloned().collect::<HashSet<_>>());
 
     // The slot is confirmed through the last commit.
-    wait_for(
-        "confirmed_flush_lsn to pass the last commit",
+    wait_confirmed_at_least(
+        &client,
+        "walbox",
+        after_last_commit,
         Duration::from_secs(15),
-        || {
-            let client = &client;
-            async move {
-                match confirmed_flush_lsn(client, "walbox").await {
-                    Some(l) if l >= after_last_commit => Ok(()),
-                    other => Err(format!("{other:?} < {after_last_commit}")),
-                }
-            }
-        },
     )
     .await;
 
@@ -581,33 +577,9 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
     let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
     wait_log(&relay, "streaming from the slot").await;
 
-    client
-        .batch_execute("CREATE TABLE busy (id bigint, filler text)")
-        .await
-        .unwrap();
-    let start = current_wal_lsn(&client).await;
-    while current_wal_lsn(&client).await.bytes_since(start) < 100 * MB as u64 {
-        client
-            .batch_execute("INSERT INTO busy SELECT g, md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g")
-            .await
-            .unwrap();
-    }
-    let written = current_wal_lsn(&client).await.bytes_since(start);
+    let written = write_wal_elsewhere(&client, "busy", 100 * MB as u64).await;
     let started = std::time::Instant::now();
-    let retained = wait_for(
-        "the slot's retained WAL to drop under 32 MB",
-        Duration::from_secs(30),
-        || {
-            let client = &client;
-            async move {
-                match walbox_test_harness::slot::retained_wal_bytes(client, "walbox").await {
-                    Some(b) if b < 32 * MB => Ok(b),
-                    other => Err(format!("{} MB", other.unwrap_or(-1) / MB)),
-                }
-            }
-        },
-    )
-    .await;
+    let retained = wait_retained_below(&client, "walbox", 32 * MB, Duration::from_secs(30)).await;
     eprintln!(
         "wrote {} MB to another table; the slot retains {} MB {:?} later",
         written / MB as u64,
@@ -749,18 +721,11 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
     tansu.up();
     let duplicates = expect_all(&kafka, &topic, 500).await;
     eprintln!("{checks} checks during a 20 s broker outage; after restart all 500 events present, {duplicates} duplicates");
-    wait_for(
-        "the slot to pass the outage's commits",
+    wait_confirmed_at_least(
+        &client,
+        "walbox",
+        after_first_unacked_commit,
         Duration::from_secs(30),
-        || {
-            let client = &client;
-            async move {
-                match confirmed_flush_lsn(client, "walbox").await {
-                    Some(l) if l >= after_first_unacked_commit => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
     )
     .await;
     sigterm(&relay);
@@ -827,20 +792,7 @@ async fn an_unmappable_row_goes_to_the_dead_letter_topic_when_configured() {
     assert_eq!(h["walbox.error.kind"], "Unmappable");
     assert_eq!(dead[0].payload(), Some(b"{\"lost\": false}".as_slice()));
     // Dead-lettered counts as delivered: the slot moves past it.
-    wait_for(
-        "the slot to pass the dead-lettered row",
-        Duration::from_secs(15),
-        || {
-            let client = &client;
-            async move {
-                match confirmed_flush_lsn(client, "walbox").await {
-                    Some(l) if l >= after => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await;
+    wait_confirmed_at_least(&client, "walbox", after, Duration::from_secs(15)).await;
     assert!(relay.child.try_wait().unwrap().is_none());
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
