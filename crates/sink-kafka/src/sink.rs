@@ -553,20 +553,6 @@ impl<T: Send + Sync + 'static> Reports<T> {
             ));
         }
     }
-
-    /// Collects every remaining report after `sink` was flushed (or purged):
-    /// returns once nothing is in flight, or after `timeout`.
-    pub async fn drain(&mut self, sink: &Sink<T>, timeout: Duration) -> Vec<Report<T>> {
-        let mut out = Vec::new();
-        let deadline = tokio::time::Instant::now() + timeout;
-        while sink.in_flight() > out.len() {
-            match tokio::time::timeout_at(deadline, self.next()).await {
-                Ok(Some(r)) => out.push(r),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        out
-    }
 }
 
 /// Shuts down: flushes for up to `timeout`, then purges what is left so that
