@@ -1,6 +1,6 @@
 //! `walbox migrate`: the SQL in `migrations/`, embedded in the binary.
 
-use tokio_postgres::NoTls;
+use slot_manager::{connect_control, PgConfig};
 
 /// The numbered migrations, in order: (version, file name, SQL).
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -28,9 +28,10 @@ pub(crate) struct MigrateArgs {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MigrateError {
     #[error("invalid --pg-url")]
-    Url(#[source] tokio_postgres::Error),
-    #[error("connect to Postgres")]
-    Connect(#[source] tokio_postgres::Error),
+    Url(#[source] slot_manager::Error),
+    /// Connecting, with the same TLS and authentication as every other command.
+    #[error(transparent)]
+    Connect(slot_manager::Error),
     #[error("apply migration {name}")]
     Apply {
         name: &'static str,
@@ -45,9 +46,10 @@ pub(crate) enum MigrateError {
 const LOCK_KEY: i64 = 0x7761_6c62_6f78; // "walbox"
 
 pub(crate) async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
-    let config: tokio_postgres::Config = args.pg_url.parse().map_err(MigrateError::Url)?;
-    let (mut client, connection) = config.connect(NoTls).await.map_err(MigrateError::Connect)?;
-    let conn = tokio::spawn(connection);
+    let config = PgConfig::parse(&args.pg_url).map_err(MigrateError::Url)?;
+    let mut client = connect_control(&config)
+        .await
+        .map_err(MigrateError::Connect)?;
     client
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS public.walbox_migrations (
@@ -90,8 +92,6 @@ pub(crate) async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
         tx.commit().await.map_err(MigrateError::Bookkeeping)?;
         println!("{name}: applied");
     }
-    drop(client);
-    let _ = conn.await;
     Ok(())
 }
 
