@@ -73,10 +73,20 @@ impl Feedback {
         self.received
     }
 
-    /// When the next periodic update is due.
+    /// When the next update is due: the periodic one or, with an eager gap
+    /// set, sooner if a confirmation is being held back by the gap (at the
+    /// gap's end), so that the last acknowledgement of a burst is reported
+    /// within the gap, not a whole interval later. Call
+    /// `poll_update(now, false, true)` when it is reached.
     pub fn next_due(&self) -> Instant {
-        self.last_sent
-            .map_or_else(Instant::now, |t| t + self.interval)
+        let Some(last) = self.last_sent else {
+            return Instant::now();
+        };
+        if !self.eager_gap.is_zero() && self.confirmed > self.last_sent_flush {
+            last + self.eager_gap.min(self.interval)
+        } else {
+            last + self.interval
+        }
     }
 
     /// The update to send now, if one is due at `now`: periodically, when a
@@ -188,10 +198,20 @@ mod tests {
             "too soon"
         );
         assert_eq!(
+            f.next_due(),
+            t0 + Duration::from_millis(100),
+            "the held-back confirmation is due at the gap's end, not the interval's"
+        );
+        assert_eq!(
             f.poll_update(t0 + Duration::from_millis(100), false, true)
                 .unwrap()
                 .flush,
             Lsn::new(2)
+        );
+        assert_eq!(
+            f.next_due(),
+            t0 + Duration::from_millis(1100),
+            "nothing held back: the periodic update is next"
         );
     }
 }

@@ -307,7 +307,7 @@ impl<'a> Session<'a> {
                     }
                 }
                 _ = tokio::time::sleep_until(self.feedback.next_due().into()) => {
-                    if let Some(update) = self.feedback.poll_update(Instant::now(), false, false) {
+                    if let Some(update) = self.feedback.poll_update(Instant::now(), false, true) {
                         stream.send_standby_status_update(update).await?;
                     }
                 }
