@@ -27,6 +27,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+/// Bucket bounds of `walbox_commit_to_ack_seconds`: fine around the tens of
+/// milliseconds a healthy relay shows (with bounds at 10 and 20 ms to read a
+/// latency objective off directly), coarse out to the minutes of a broker
+/// outage.
+pub const COMMIT_TO_ACK_BUCKETS: [f64; 19] = [
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
 /// The `topic` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabel {
@@ -80,10 +89,7 @@ impl Metrics {
         let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
         let (received_lsn, confirmed_lsn, retained_wal_bytes) =
             (Gauge::default(), Gauge::default(), Gauge::default());
-        // 0.5 ms to ~16 s.
-        let commit_to_ack = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 16),
-        );
+        let commit_to_ack = Histogram::new(COMMIT_TO_ACK_BUCKETS.iter().copied());
         registry.register(
             "walbox_events_published",
             "Events the broker acknowledged",
