@@ -38,9 +38,6 @@ pub struct SinkConfig {
     /// `sasl.mechanism`, `sasl.username`, `sasl.password`, `ssl.ca.location`, …).
     /// Applied over [`contract_defaults`]; [`CONTRACT_PINNED`] keys are refused.
     pub properties: BTreeMap<String, String>,
-    /// Where records that fail permanently go, with the error in headers.
-    /// `None`: a permanent failure is reported and the caller halts.
-    pub dead_letter_topic: Option<String>,
     /// Most records sent and not yet reported back to the caller.
     pub max_in_flight: usize,
     /// Most bytes (key, value, headers) in flight.
@@ -48,12 +45,11 @@ pub struct SinkConfig {
 }
 
 impl SinkConfig {
-    /// Defaults for `bootstrap_servers`: 10,000 records / 64 MiB in flight, no DLQ.
+    /// Defaults for `bootstrap_servers`: 10,000 records / 64 MiB in flight.
     pub fn new(bootstrap_servers: impl Into<String>) -> Self {
         SinkConfig {
             bootstrap_servers: bootstrap_servers.into(),
             properties: BTreeMap::new(),
-            dead_letter_topic: None,
             max_in_flight: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
         }
@@ -103,7 +99,7 @@ impl SinkConfig {
         for (k, v) in contract_defaults() {
             c.set(k, v);
         }
-        // Room for everything the sink lets into flight, plus the dead-letter copies.
+        // Room for everything the sink lets into flight, twice over.
         c.set(
             "queue.buffering.max.messages",
             (self.max_in_flight * 2 + 16).min(2_147_483_647).to_string(),
@@ -121,8 +117,9 @@ impl SinkConfig {
     }
 }
 
-/// True for property names whose values are secrets.
-fn is_secret(key: &str) -> bool {
+/// True for librdkafka property names whose values are secrets (passwords,
+/// client secrets, key material, SASL/OAUTHBEARER configuration): never shown.
+pub fn is_secret_property(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     k.contains("password")
         || k.contains("secret")
@@ -138,7 +135,7 @@ impl fmt::Debug for SinkConfig {
             .map(|(k, v)| {
                 (
                     k.as_str(),
-                    if is_secret(k) {
+                    if is_secret_property(k) {
                         "<redacted>"
                     } else {
                         v.as_str()
@@ -149,7 +146,6 @@ impl fmt::Debug for SinkConfig {
         f.debug_struct("SinkConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("properties", &props)
-            .field("dead_letter_topic", &self.dead_letter_topic)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .finish()

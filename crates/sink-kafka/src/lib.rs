@@ -30,7 +30,7 @@ mod error;
 mod record;
 mod sink;
 
-pub use config::{contract_defaults, SinkConfig, CONTRACT_PINNED};
+pub use config::{contract_defaults, is_secret_property, SinkConfig, CONTRACT_PINNED};
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use record::{Header, Record};
-pub use sink::{dlq_headers, shutdown, Delivered, Permit, Report, Reports, Sink};
+pub use sink::{shutdown, Delivered, Permit, Report, Reports, Sink};

@@ -65,6 +65,29 @@ impl<T> Record<T> {
         self
     }
 
+    /// The record without its token, and the token.
+    pub fn split_token(self) -> (Record<()>, T) {
+        let Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp_ms,
+            token,
+        } = self;
+        (
+            Record {
+                topic,
+                key,
+                value,
+                headers,
+                timestamp_ms,
+                token: (),
+            },
+            token,
+        )
+    }
+
     /// Bytes this record holds (key, value and headers): what in-flight byte
     /// limits count.
     pub fn size(&self) -> usize {

@@ -4,9 +4,11 @@
 //! caller ── reserve(size) ──► Permit ── send(permit, record) ──► librdkafka queue ──► broker
 //!    ▲                                                                       │
 //!    └──── Reports::next() ◄── bounded channel ◄── delivery callback ◄───────┘
-//!              (permanent failure + DLQ: re-sent to the dead-letter topic,
-//!               reported only once that delivery succeeds)
 //! ```
+//!
+//! Reports only report: a record the broker refused for good
+//! ([`DeliveryErrorKind::Permanent`]) comes back in [`Report::returned`], and
+//! what to do with it (halt, or a dead-letter topic) is the caller's policy.
 //!
 //! # Bounded memory, no deadlock
 //!
@@ -26,6 +28,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
@@ -38,16 +41,6 @@ use crate::config::SinkConfig;
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
 use crate::record::Record;
 
-/// Header names on dead-lettered records.
-pub mod dlq_headers {
-    /// The error that sent the record to the dead-letter topic.
-    pub const ERROR: &str = "walbox.error";
-    /// Its kind (`Permanent`).
-    pub const ERROR_KIND: &str = "walbox.error.kind";
-    /// The topic the record was meant for.
-    pub const ORIGINAL_TOPIC: &str = "walbox.original.topic";
-}
-
 /// Where a delivered record landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivered {
@@ -55,9 +48,6 @@ pub struct Delivered {
     pub partition: i32,
     /// Offset.
     pub offset: i64,
-    /// True when the record failed permanently and this is its copy in the
-    /// dead-letter topic.
-    pub dead_lettered: bool,
 }
 
 /// A record's fate.
@@ -67,34 +57,27 @@ pub struct Report<T> {
     pub token: T,
     /// Where it landed, or why it did not.
     pub result: Result<Delivered, DeliveryError>,
-}
-
-/// A record as librdkafka returned it after a failure, kept to dead-letter it.
-struct Failed {
-    topic: String,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Vec<u8>)>,
+    /// The record itself when the broker refused it for good
+    /// ([`DeliveryErrorKind::Permanent`]), so the caller can dead-letter it.
+    pub returned: Option<Record<()>>,
 }
 
 /// What travels with a record through librdkafka.
 struct Pending<T> {
     token: T,
     permits: Permit,
-    /// Set on the dead-letter copy: the original failure.
-    dead_letter_of: Option<DeliveryError>,
 }
 
-/// A delivery callback's result, before the dead-letter policy is applied.
-enum Raw<T> {
-    Delivered(Pending<T>, i32, i64),
-    Failed(Pending<T>, DeliveryError, Option<Failed>),
+/// A delivery callback's result, sent to [`Reports`] with the permits.
+struct Raw<T> {
+    pending: Pending<T>,
+    report: Result<Delivered, DeliveryError>,
+    returned: Option<Record<()>>,
 }
 
 struct SinkContext<T> {
     tx: mpsc::Sender<Raw<T>>,
     room: Arc<Notify>,
-    keep_failed: bool,
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
@@ -107,30 +90,43 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
     type DeliveryOpaque = Box<Pending<T>>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending<T>>) {
-        let raw =
-            match result {
-                Ok(m) => Raw::Delivered(*pending, m.partition(), m.offset()),
-                Err((e, m)) => {
-                    let error = DeliveryError::from_kafka(e);
-                    let failed = (self.keep_failed && error.kind == DeliveryErrorKind::Permanent)
-                        .then(|| Failed {
-                            topic: m.topic().to_owned(),
-                            key: m.key().map(<[u8]>::to_vec),
-                            value: m.payload().map(<[u8]>::to_vec),
-                            headers: m
-                                .headers()
-                                .map(|hs| {
-                                    hs.iter()
-                                        .map(|h| {
-                                            (h.key.to_owned(), h.value.unwrap_or_default().to_vec())
-                                        })
-                                        .collect()
+        let raw = match result {
+            Ok(m) => Raw {
+                pending: *pending,
+                report: Ok(Delivered {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                }),
+                returned: None,
+            },
+            Err((e, m)) => {
+                let error = DeliveryError::from_kafka(e);
+                // Copied only for the rare permanent refusal.
+                let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
+                    topic: m.topic().to_owned(),
+                    key: m.key().map(Bytes::copy_from_slice),
+                    value: m.payload().map(Bytes::copy_from_slice),
+                    headers: m
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| crate::Header {
+                                    name: h.key.to_owned(),
+                                    value: Bytes::copy_from_slice(h.value.unwrap_or_default()),
                                 })
-                                .unwrap_or_default(),
-                        });
-                    Raw::Failed(*pending, error, failed)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    token: (),
+                });
+                Raw {
+                    pending: *pending,
+                    report: Err(error),
+                    returned,
                 }
-            };
+            }
+        };
         // Never waits: the channel has a place for every record in flight.
         if let Err(mpsc::error::TrySendError::Full(raw)) = self.tx.try_send(raw) {
             let _ = self.tx.blocking_send(raw);
@@ -157,7 +153,6 @@ struct Inner<T: Send + Sync + 'static> {
     kib_total: u32,
     room: Arc<Notify>,
     known_topics: Mutex<HashSet<String>>,
-    dead_letter_topic: Option<String>,
     message_max_bytes: usize,
 }
 
@@ -177,7 +172,9 @@ impl<T: Send + Sync + 'static> Clone for Sink<T> {
 /// The reporting half: each sent record's fate, once.
 pub struct Reports<T: Send + Sync + 'static> {
     rx: mpsc::Receiver<Raw<T>>,
-    inner: Arc<Inner<T>>,
+    /// Keeps the producer, and so its delivery callbacks, alive while
+    /// reports are awaited.
+    _producer: Arc<Inner<T>>,
 }
 
 /// How long the first send to a topic may take to learn whether it exists.
@@ -194,7 +191,6 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let context = SinkContext {
             tx: tx.clone(),
             room: Arc::clone(&room),
-            keep_failed: config.dead_letter_topic.is_some(),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
@@ -211,14 +207,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
             kib_total,
             room,
             known_topics: Mutex::new(HashSet::new()),
-            dead_letter_topic: config.dead_letter_topic.clone(),
             message_max_bytes: config.message_max_bytes(),
         });
         Ok((
             Sink {
                 inner: Arc::clone(&inner),
             },
-            Reports { rx, inner },
+            Reports {
+                rx,
+                _producer: inner,
+            },
         ))
     }
 
@@ -312,7 +310,6 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let mut pending = Box::new(Pending {
             token,
             permits: permit,
-            dead_letter_of: None,
         });
         loop {
             // Registered before the attempt, so a delivery that frees room
@@ -434,124 +431,32 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// Reports a failure found before the record reached librdkafka.
     fn fail_before_producing(&self, record: Record<T>, permits: Permit, error: DeliveryError) {
-        let failed = self.dead_letter_topic.is_some().then(|| Failed {
-            topic: record.topic.clone(),
-            key: record.key.as_ref().map(|k| k.to_vec()),
-            value: record.value.as_ref().map(|v| v.to_vec()),
-            headers: record
-                .headers
-                .iter()
-                .map(|h| (h.name.clone(), h.value.to_vec()))
-                .collect(),
-        });
-        let pending = Pending {
-            token: record.token,
-            permits,
-            dead_letter_of: None,
+        let (returned, token) = record.split_token();
+        let raw = Raw {
+            pending: Pending { token, permits },
+            returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),
+            report: Err(error),
         };
         // The permit guarantees a place in the channel.
-        let _ = self.tx.try_send(Raw::Failed(pending, error, failed));
+        let _ = self.tx.try_send(raw);
     }
 }
 
 impl<T: Send + Sync + 'static> Reports<T> {
-    /// The next record's fate. With a dead-letter topic, a permanent failure
-    /// is first re-sent there and reported (as delivered, `dead_lettered`)
-    /// only when that copy is acknowledged; if the copy fails too, the
-    /// original error is reported. Cancel-safe.
+    /// The next record's fate, once per record sent. Receiving it returns the
+    /// record's in-flight capacity. Cancel-safe.
     pub async fn next(&mut self) -> Option<Report<T>> {
-        loop {
-            let raw = self.rx.recv().await?;
-            match raw {
-                Raw::Delivered(pending, partition, offset) => {
-                    let dead_lettered = pending.dead_letter_of.is_some();
-                    return Some(Report {
-                        token: pending.token,
-                        result: Ok(Delivered {
-                            partition,
-                            offset,
-                            dead_lettered,
-                        }),
-                    });
-                }
-                Raw::Failed(pending, error, failed) => {
-                    if let Some(original) = pending.dead_letter_of {
-                        tracing::error!(%error, "the dead-letter copy failed too");
-                        return Some(Report {
-                            token: pending.token,
-                            result: Err(original),
-                        });
-                    }
-                    match (&self.inner.dead_letter_topic, failed) {
-                        (Some(dlq), Some(failed)) if error.kind == DeliveryErrorKind::Permanent => {
-                            tracing::warn!(topic = %failed.topic, %error, dead_letter_topic = %dlq, "dead-lettering a record");
-                            self.dead_letter(dlq.clone(), pending, error, failed);
-                        }
-                        _ => {
-                            return Some(Report {
-                                token: pending.token,
-                                result: Err(error),
-                            })
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Sends the failed record to the dead-letter topic, reusing its permit.
-    fn dead_letter(
-        &self,
-        dlq: String,
-        mut pending: Pending<T>,
-        error: DeliveryError,
-        failed: Failed,
-    ) {
-        let mut headers = OwnedHeaders::new_with_capacity(failed.headers.len() + 3);
-        for (k, v) in &failed.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_slice()),
-            });
-        }
-        let kind = format!("{:?}", error.kind);
-        headers = headers
-            .insert(Header {
-                key: dlq_headers::ERROR,
-                value: Some(error.message.as_bytes()),
-            })
-            .insert(Header {
-                key: dlq_headers::ERROR_KIND,
-                value: Some(kind.as_bytes()),
-            })
-            .insert(Header {
-                key: dlq_headers::ORIGINAL_TOPIC,
-                value: Some(failed.topic.as_bytes()),
-            });
-        pending.dead_letter_of = Some(error);
-        let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
-            BaseRecord::with_opaque_to(&dlq, Box::new(pending)).headers(headers);
-        if let Some(k) = failed.key.as_deref() {
-            base = base.key(k);
-        }
-        if let Some(v) = failed.value.as_deref() {
-            base = base.payload(v);
-        }
-        // The producer queue is sized for twice the in-flight bound, so the
-        // copy finds room; if it does not, report the original failure.
-        if let Err((e, base)) = self.inner.producer.send(base) {
-            let pending = *base.delivery_opaque;
-            tracing::error!(error = %e, "could not enqueue the dead-letter copy");
-            let original = pending.dead_letter_of.clone().expect("set above");
-            let _ = self.inner.tx.try_send(Raw::Failed(
-                Pending {
-                    dead_letter_of: None,
-                    ..pending
-                },
-                original,
-                None,
-            ));
-        }
+        let Raw {
+            pending,
+            report,
+            returned,
+        } = self.rx.recv().await?;
+        drop(pending.permits);
+        Some(Report {
+            token: pending.token,
+            result: report,
+            returned,
+        })
     }
 }
 

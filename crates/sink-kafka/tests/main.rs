@@ -7,9 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkafka::message::Message;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sink_kafka::{
-    dlq_headers, shutdown, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig,
-};
+use sink_kafka::{shutdown, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig};
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 
 /// Sends every record, collecting reports as they come (reports first, as a
@@ -73,7 +71,7 @@ fn assert_once_in_key_order(reports: &[Report<u64>], n: u64, keys: u64) {
             .result
             .as_ref()
             .unwrap_or_else(|e| panic!("token {}: {e}", r.token));
-        assert!(!d.dead_lettered);
+        assert!(r.returned.is_none());
         by_key
             .entry(r.token % keys)
             .or_default()
@@ -199,13 +197,11 @@ async fn a_permanent_error_is_reported_as_such() {
 }
 
 #[tokio::test]
-async fn with_a_dead_letter_topic_a_permanent_failure_lands_there_with_the_error() {
+async fn a_permanently_refused_record_comes_back_whole_and_nothing_else_is_produced() {
     let kafka = TestKafka::mock(1);
     let topic = kafka.create_topic(1).await;
-    let dlq = kafka.create_topic(1).await;
     let mock = kafka.mock_cluster().unwrap();
-    let mut c = config(&kafka).set("message.max.bytes", "10000");
-    c.dead_letter_topic = Some(dlq.clone());
+    let c = config(&kafka).set("message.max.bytes", "10000");
     let (sink, mut reports) = Sink::new(&c).unwrap();
 
     let warm = pump(
@@ -215,7 +211,7 @@ async fn with_a_dead_letter_topic_a_permanent_failure_lands_there_with_the_error
         Duration::from_secs(30),
     )
     .await;
-    assert!(warm[0].result.is_ok());
+    assert!(warm[0].result.is_ok() && warm[0].returned.is_none());
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
@@ -227,34 +223,45 @@ async fn with_a_dead_letter_topic_a_permanent_failure_lands_there_with_the_error
         Some(Bytes::from(vec![b'x'; 20_000])),
         2u64,
     );
-    let got = pump(&sink, &mut reports, vec![refused], Duration::from_secs(30)).await;
-    let d = got[0].result.as_ref().unwrap();
-    assert!(d.dead_lettered, "{got:?}");
-    // Too large for the topic is too large for the dead-letter topic too: the original error is reported.
+    // Refused by the broker: the report carries the record as it was sent.
+    let got = pump(
+        &sink,
+        &mut reports,
+        vec![refused.clone()],
+        Duration::from_secs(30),
+    )
+    .await;
+    let e = got[0].result.as_ref().unwrap_err();
+    assert_eq!(e.kind, DeliveryErrorKind::Permanent);
+    assert!(e.message.to_lowercase().contains("authoriz"), "{e}");
+    let back = got[0].returned.as_ref().expect("the refused record");
+    let (sent, _) = refused.split_token();
+    assert_eq!(
+        (&back.topic, &back.key, &back.value),
+        (&sent.topic, &sent.key, &sent.value)
+    );
+    assert_eq!(back.headers, sent.headers);
+    // Refused before producing (too large): the same.
     let got = pump(&sink, &mut reports, vec![big], Duration::from_secs(30)).await;
     assert_eq!(
         got[0].result.as_ref().unwrap_err().kind,
         DeliveryErrorKind::Permanent
     );
-
-    let messages = consume_n(&kafka, &dlq, 1, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let m = &messages[0];
-    let h = headers_of(m);
-    assert_eq!(h[dlq_headers::ORIGINAL_TOPIC], topic);
-    assert_eq!(h[dlq_headers::ERROR_KIND], "Permanent");
-    assert!(
-        h[dlq_headers::ERROR].to_lowercase().contains("authoriz"),
-        "{h:?}"
+    assert_eq!(
+        got[0]
+            .returned
+            .as_ref()
+            .unwrap()
+            .value
+            .as_ref()
+            .unwrap()
+            .len(),
+        20_000
     );
-    assert_eq!(h["id"], "event-1");
-    assert_eq!(h["event_type"], "OrderCreated");
-    assert_eq!(m.key(), Some(b"agg-0".as_slice()));
-    // Nothing else reached the dead-letter topic.
+    // Reports only report: the topic holds the warm-up record alone.
     let all = consume_until_quiet(
         &kafka,
-        &dlq,
+        &topic,
         Duration::from_secs(1),
         Duration::from_secs(20),
     )

@@ -42,23 +42,14 @@ where
     Ok(client)
 }
 
-/// What `walbox init-slot` and `walbox run` check before touching anything.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Preflight {
-    /// `server_version_num`, e.g. 150018.
-    pub server_version_num: i32,
-}
-
-/// Checks that the server and role can run walbox on `table`, that the table
-/// has `required_columns`, and, with `slot`, that no other process streams
-/// from that slot. Each failure says what to change: an
-/// [`Error::Precondition`], or [`Error::SlotActive`] for a busy slot.
+/// Checks that the server and role can run walbox on `table` and that the
+/// table has `required_columns`. Each failure is an [`Error::Precondition`]
+/// that says what to change.
 pub async fn preflight(
     client: &Client,
     table: &TableName,
     required_columns: &[&str],
-    slot: Option<&str>,
-) -> Result<Preflight, Error> {
+) -> Result<(), Error> {
     let row = client
         .query_one(
             "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
@@ -125,19 +116,7 @@ pub async fn preflight(
             columns.join(", ")
         )));
     }
-    if let Some(slot) = slot {
-        if let Some(SlotStatus {
-            active_pid: Some(pid),
-            ..
-        }) = slot_status(client, slot).await?
-        {
-            return Err(Error::SlotActive {
-                slot: slot.to_owned(),
-                pid,
-            });
-        }
-    }
-    Ok(Preflight { server_version_num })
+    Ok(())
 }
 
 /// Whether an `ensure_*` call created the object or found it.

@@ -7,9 +7,8 @@
 //! * the replication-mode connection (`replication=database`) that streams the
 //!   slot, built on `postgres-protocol` and tokio because upstream
 //!   tokio-postgres has no replication mode;
-//! * LSN feedback: the standby status updates that move the slot's
-//!   `confirmed_flush_lsn` forward, never backward and never past what the
-//!   caller confirmed.
+//! * the standby status update on the wire (its content, what may be
+//!   confirmed and when, is the caller's: walbox's `progress` module).
 //!
 //! It depends on `pgoutput-decoder` for the bytes and knows nothing of Kafka.
 //!
@@ -21,7 +20,6 @@
 mod config;
 mod control;
 mod error;
-mod feedback;
 mod replication;
 mod sql;
 mod tls;
@@ -29,10 +27,9 @@ mod tls;
 pub use config::{PgConfig, SslMode};
 pub use control::{
     check_slot_usable, connect_control, drop_slot, ensure_publication, ensure_slot, preflight,
-    slot_status, start_streaming, Dropped, Ensured, Preflight, SlotStatus,
+    slot_status, start_streaming, Dropped, Ensured, SlotStatus,
 };
 pub use error::Error;
-pub use feedback::{Feedback, DEFAULT_STATUS_INTERVAL};
 pub use replication::{
     IdentifySystem, LogicalReplicationStream, ReplicationClient, ReplicationOptions, Streaming,
 };

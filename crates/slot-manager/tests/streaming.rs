@@ -2,9 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use pgoutput_decoder::{Decoder, LogicalMessage, Lsn, RelationCache, ReplicationMessage};
+use pgoutput_decoder::{
+    Decoder, LogicalMessage, Lsn, PgTimestamp, RelationCache, ReplicationMessage,
+    StandbyStatusUpdate,
+};
 use slot_manager::{
-    connect_control, ensure_publication, ensure_slot, Feedback, LogicalReplicationStream, PgConfig,
+    connect_control, ensure_publication, ensure_slot, LogicalReplicationStream, PgConfig,
     ReplicationClient, ReplicationOptions, TableName,
 };
 use tokio_postgres::Client;
@@ -16,6 +19,63 @@ use walbox_test_harness::slot::{
 use walbox_test_harness::wait::wait_for;
 
 use crate::pg_config;
+
+/// What these tests confirm, reported by hand: deciding what may be
+/// confirmed is the caller's job (walbox's `progress` module); slot-manager
+/// only carries the status update.
+struct Positions {
+    received: Lsn,
+    confirmed: Lsn,
+    last_sent: Option<(Instant, Lsn)>,
+}
+
+impl Positions {
+    const INTERVAL: Duration = Duration::from_secs(1);
+
+    fn new(confirmed: Lsn) -> Self {
+        Positions {
+            received: confirmed,
+            confirmed,
+            last_sent: None,
+        }
+    }
+
+    fn received(&mut self, lsn: Lsn) {
+        self.received = self.received.max(lsn);
+    }
+
+    fn confirm(&mut self, lsn: Lsn) {
+        self.confirmed = self.confirmed.max(lsn);
+    }
+
+    fn update(&self) -> StandbyStatusUpdate {
+        StandbyStatusUpdate {
+            write: self.received.max(self.confirmed),
+            flush: self.confirmed,
+            apply: self.confirmed,
+            client_time: PgTimestamp::now(),
+            reply_requested: false,
+        }
+    }
+
+    fn next_due(&self) -> Instant {
+        self.last_sent
+            .map_or_else(Instant::now, |(t, _)| t + Self::INTERVAL)
+    }
+
+    /// An update if one is due: asked for, periodic, or the position moved.
+    fn poll(&mut self, reply: bool) -> Option<StandbyStatusUpdate> {
+        let now = Instant::now();
+        let due = reply
+            || self
+                .last_sent
+                .is_none_or(|(t, flush)| now >= t + Self::INTERVAL || self.confirmed > flush);
+        due.then(|| {
+            self.last_sent = Some((now, self.confirmed));
+            self.update()
+        })
+    }
+}
 
 async fn init(client: &Client, config: &PgConfig, slot: &str) {
     let outbox = TableName::parse("outbox_events").unwrap();
@@ -49,7 +109,7 @@ struct Tx {
 /// `feedback` (which the caller controls) along the way.
 async fn read_transactions(
     stream: &mut LogicalReplicationStream,
-    feedback: &mut Feedback,
+    feedback: &mut Positions,
     n: usize,
 ) -> Vec<Tx> {
     let mut decoder = Decoder::new(1).unwrap();
@@ -92,9 +152,7 @@ async fn read_transactions(
             }
             ReplicationMessage::PrimaryKeepalive(k) => {
                 feedback.received(k.wal_end());
-                if let Some(update) =
-                    feedback.poll_update(Instant::now(), k.reply_requested(), false)
-                {
+                if let Some(update) = feedback.poll(k.reply_requested()) {
                     stream.send_standby_status_update(update).await.unwrap();
                 }
             }
@@ -125,7 +183,7 @@ async fn streams_committed_inserts_and_confirms_exactly_what_the_caller_confirms
     let start_lsn = confirmed_flush_lsn(&client, "walbox").await.unwrap();
 
     let mut stream = start(&config, "walbox").await;
-    let mut feedback = Feedback::new(start_lsn, Duration::from_millis(200));
+    let mut feedback = Positions::new(start_lsn);
     insert(&client, &["order-1", "order-2"]).await;
     client
         .batch_execute("BEGIN; INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'rolled-back', 'E', '{}'); ROLLBACK;")
@@ -138,7 +196,7 @@ async fn streams_committed_inserts_and_confirms_exactly_what_the_caller_confirms
     assert_eq!(txs[1].aggregate_ids, ["order-3"]);
 
     // Status updates went out (keepalive replies), but nothing was confirmed.
-    let update = feedback.update(false);
+    let update = feedback.update();
     stream.send_standby_status_update(update).await.unwrap();
     assert_eq!(
         confirmed_flush_lsn(&client, "walbox").await,
@@ -148,7 +206,7 @@ async fn streams_committed_inserts_and_confirms_exactly_what_the_caller_confirms
     // Confirm the first transaction: the slot moves to exactly its end.
     feedback.confirm(txs[0].end_lsn);
     stream
-        .send_standby_status_update(feedback.update(false))
+        .send_standby_status_update(feedback.update())
         .await
         .unwrap();
     let want = txs[0].end_lsn;
@@ -169,7 +227,7 @@ async fn streams_committed_inserts_and_confirms_exactly_what_the_caller_confirms
     // More updates without a new confirmation leave it there.
     for _ in 0..3 {
         stream
-            .send_standby_status_update(feedback.update(false))
+            .send_standby_status_update(feedback.update())
             .await
             .unwrap();
     }
@@ -198,7 +256,7 @@ async fn streams_committed_inserts_and_confirms_exactly_what_the_caller_confirms
     })
     .await;
     let mut stream = start(&config, "walbox").await;
-    let mut feedback = Feedback::new(want, Duration::from_millis(200));
+    let mut feedback = Positions::new(want);
     let again = read_transactions(&mut stream, &mut feedback, 1).await;
     assert_eq!(
         again[0].aggregate_ids,
@@ -217,7 +275,7 @@ async fn a_server_restart_mid_stream_is_a_transient_error() {
     init(&client, &config, "walbox").await;
     let mut stream = start(&config, "walbox").await;
     insert(&client, &["before"]).await;
-    let mut feedback = Feedback::new(Lsn::ZERO, Duration::from_secs(1));
+    let mut feedback = Positions::new(Lsn::ZERO);
     read_transactions(&mut stream, &mut feedback, 1).await;
     drop(client);
 
@@ -234,7 +292,7 @@ async fn a_server_restart_mid_stream_is_a_transient_error() {
         {
             Ok(ReplicationMessage::PrimaryKeepalive(k)) if k.reply_requested() => {
                 stream
-                    .send_standby_status_update(feedback.update(false))
+                    .send_standby_status_update(feedback.update())
                     .await
                     .unwrap();
             }
@@ -266,7 +324,7 @@ async fn idle_consumer(
 ) {
     let mut stream = start(&config, slot).await;
     let mut decoder = Decoder::new(1).unwrap();
-    let mut feedback = Feedback::new(Lsn::ZERO, Duration::from_secs(1));
+    let mut feedback = Positions::new(Lsn::ZERO);
     let mut in_transaction = false;
     loop {
         if *stop.borrow() {
@@ -275,7 +333,7 @@ async fn idle_consumer(
         let msg = tokio::select! {
             m = stream.next_message() => m.unwrap(),
             _ = tokio::time::sleep_until(feedback.next_due().into()) => {
-                if let Some(u) = feedback.poll_update(Instant::now(), false, false) {
+                if let Some(u) = feedback.poll(false) {
                     stream.send_standby_status_update(u).await.unwrap();
                 }
                 continue;
@@ -303,7 +361,7 @@ async fn idle_consumer(
             }
             _ => {}
         }
-        if let Some(u) = feedback.poll_update(Instant::now(), reply, true) {
+        if let Some(u) = feedback.poll(reply) {
             stream.send_standby_status_update(u).await.unwrap();
         }
     }

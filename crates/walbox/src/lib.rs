@@ -1,11 +1,14 @@
-//! The walbox connector: the outbox mapping, the ack tracker that decides
-//! which WAL position may be confirmed, and (with the binary) the CLI.
+//! The walbox connector: configuration, the outbox mapping, the progress
+//! that decides which WAL position may be confirmed, the dead-letter policy,
+//! the relay loop, metrics, and the subcommands the binary dispatches to.
 //!
-//! The binary (`src/main.rs`) is the operator surface; this library holds the
-//! logic it runs, so it can be tested without processes.
+//! The binary (`src/main.rs`) only parses the command line and dispatches;
+//! everything it runs is here, so it can be tested without processes.
 
-pub mod acks;
+pub mod commands;
 pub mod config;
+pub mod dead_letter;
 pub mod mapping;
 pub mod metrics;
+pub mod progress;
 pub mod relay;

@@ -253,6 +253,24 @@ impl OutboxMapping {
         })
     }
 
+    /// The topic a row is meant for, if its aggregate type is set (for
+    /// labelling a row that cannot be mapped; the name may be invalid).
+    pub fn topic_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
+        let aggregate_type = tuple.iter().nth(columns.aggregate_type)?;
+        Some(
+            self.topic_template
+                .replace("{aggregate_type}", aggregate_type.as_str()?),
+        )
+    }
+
+    /// A row's event id, if set.
+    pub fn event_id_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
+        tuple
+            .iter()
+            .nth(columns.id)
+            .and_then(|c| c.as_str().map(str::to_owned))
+    }
+
     /// Maps one inserted row. The payload is a slice of the replication frame.
     pub fn map(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Result<MappedEvent, MapError> {
         // One pass over the tuple; columns are small and few.

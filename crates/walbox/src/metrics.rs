@@ -2,8 +2,9 @@
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
-//! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged |
-//! | `walbox_events_failed_total{topic,kind}` | counter | events that failed (`Permanent`, `Fatal`, …) |
+//! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged (dead-lettered ones not included) |
+//! | `walbox_events_dead_lettered_total{topic,kind}` | counter | events published to the dead-letter topic instead; `topic` is the one they were meant for (empty when the row named none), `kind` `unmappable` or `refused` |
+//! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged` |
 //! | `walbox_events_in_flight` | gauge | events sent, not yet acknowledged |
 //! | `walbox_bytes_in_flight` | gauge | their bytes (KiB granularity) |
 //! | `walbox_received_lsn` | gauge | last WAL position received from the slot |
@@ -43,21 +44,23 @@ pub struct TopicLabel {
     pub topic: String,
 }
 
-/// The labels of a failure.
+/// The labels of a failed or dead-lettered event.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    /// Topic.
+pub struct KindLabels {
+    /// Topic the event was meant for.
     pub topic: String,
-    /// `Permanent`, `Fatal`, `RetriableExhausted`, `Purged`.
-    pub kind: String,
+    /// A stable snake_case word: `permanent`, `fatal`, `unmappable`, `refused`, …
+    pub kind: &'static str,
 }
 
 /// Every metric walbox exports.
 pub struct Metrics {
     /// Events acknowledged, by topic.
     pub published: Family<TopicLabel, Counter>,
+    /// Events dead-lettered, by original topic and kind.
+    pub dead_lettered: Family<KindLabels, Counter>,
     /// Events failed, by topic and kind.
-    pub failed: Family<FailureLabels, Counter>,
+    pub failed: Family<KindLabels, Counter>,
     /// Events in flight.
     pub in_flight_events: Gauge,
     /// Bytes in flight.
@@ -85,7 +88,8 @@ impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let mut registry = Registry::default();
         let published = Family::<TopicLabel, Counter>::default();
-        let failed = Family::<FailureLabels, Counter>::default();
+        let dead_lettered = Family::<KindLabels, Counter>::default();
+        let failed = Family::<KindLabels, Counter>::default();
         let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
         let (received_lsn, confirmed_lsn, retained_wal_bytes) =
             (Gauge::default(), Gauge::default(), Gauge::default());
@@ -94,6 +98,11 @@ impl Metrics {
             "walbox_events_published",
             "Events the broker acknowledged",
             published.clone(),
+        );
+        registry.register(
+            "walbox_events_dead_lettered",
+            "Events published to the dead-letter topic instead of their own",
+            dead_lettered.clone(),
         );
         registry.register(
             "walbox_events_failed",
@@ -132,6 +141,7 @@ impl Metrics {
         );
         Arc::new(Metrics {
             published,
+            dead_lettered,
             failed,
             in_flight_events,
             in_flight_bytes,

@@ -122,7 +122,11 @@ fn migrate_takes_the_same_tls_settings_as_the_other_commands() {
         "postgres://walbox:hunter2@127.0.0.1:1/app?sslmode=verify-full",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a configuration error: {stderr}"
+    );
     assert!(
         stderr.contains("sslmode=verify-full needs sslrootcert"),
         "{stderr}"

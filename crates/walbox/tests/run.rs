@@ -177,7 +177,12 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     let mut relay = spawn_run(
         &db,
         &kafka,
-        &["--topic-template", &topic, "--metrics-addr", &metrics_addr],
+        &[
+            "--mapping-topic-template",
+            &topic,
+            "--metrics-addr",
+            &metrics_addr,
+        ],
     );
     // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
     let (n, aggregates) = (10_000, 100);
@@ -264,7 +269,7 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     let (status, stderr) = wait_exit(&mut relay).await;
     assert!(status.success(), "{status}: {stderr}");
     assert!(stderr.contains("confirmed on shutdown"), "{stderr}");
-    let mut again = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut again = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     let all = consume_until_quiet(
         &kafka,
         &topic,
@@ -308,7 +313,7 @@ async fn an_unmappable_row_stops_walbox_with_the_event_id_and_holds_the_slot() {
     let mut relay = spawn_run(
         &db,
         &kafka,
-        &["--table", "loose", "--topic-template", &topic],
+        &["--table", "loose", "--mapping-topic-template", &topic],
     );
     let (status, stderr) = wait_exit(&mut relay).await;
     assert_eq!(status.code(), Some(1), "{stderr}");
@@ -443,14 +448,14 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let mut first = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut first = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     wait_log(&first, "streaming from the slot").await;
     let second_metrics = free_addr();
     let mut second = spawn_run(
         &db,
         &kafka,
         &[
-            "--topic-template",
+            "--mapping-topic-template",
             &topic,
             "--metrics-addr",
             &second_metrics,
@@ -505,7 +510,7 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
             tokio::time::sleep(Duration::from_millis(5)).await; // spread the writes over the kills
         }
     });
-    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for _ in 0..5 {
         seed ^= seed << 13;
@@ -514,7 +519,7 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
         tokio::time::sleep(Duration::from_millis(200 + seed % 600)).await; // a random moment
         signal(&relay, "-KILL");
         relay.child.wait().unwrap();
-        relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+        relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     }
     writer.await.unwrap();
     let duplicates = expect_all(&kafka, &topic, total).await;
@@ -541,7 +546,7 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     let topic = kafka.create_topic(3).await;
     let mut command = Command::new(env!("CARGO_BIN_EXE_walbox"));
     command.env("WALBOX_PG_URL", &url);
-    let mut relay = spawn_run_with(command, &kafka, &["--topic-template", &topic]);
+    let mut relay = spawn_run_with(command, &kafka, &["--mapping-topic-template", &topic]);
     insert_events(&client, 0, 50, |_| 10, 5).await;
     assert_eq!(expect_all(&kafka, &topic, 50).await, 0);
     drop(client);
@@ -574,7 +579,7 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(1).await;
-    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     wait_log(&relay, "streaming from the slot").await;
 
     let written = write_wal_elsewhere(&client, "busy", 100 * MB as u64).await;
@@ -690,7 +695,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
 
     let db = fresh_db().await;
     let client = init(&db).await;
-    let mut relay = spawn_run(&db, &kafka, &["--topic-template", &topic]);
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     insert_events(&client, 0, 200, |k| 1 + k % 20, 10).await;
     expect_all(&kafka, &topic, 200).await;
 
@@ -756,7 +761,7 @@ async fn an_unmappable_row_goes_to_the_dead_letter_topic_when_configured() {
         &[
             "--table",
             "loose",
-            "--topic-template",
+            "--mapping-topic-template",
             &topic,
             "--dead-letter-topic",
             &dlq,
@@ -789,7 +794,7 @@ async fn an_unmappable_row_goes_to_the_dead_letter_topic_when_configured() {
         h["walbox.error"],
         "event 6d1f1c9e-0000-4000-8000-0000000000cc: column \"aggregate_id\" (the aggregate id) is NULL"
     );
-    assert_eq!(h["walbox.error.kind"], "Unmappable");
+    assert_eq!(h["walbox.error.kind"], "unmappable");
     assert_eq!(dead[0].payload(), Some(b"{\"lost\": false}".as_slice()));
     // Dead-lettered counts as delivered: the slot moves past it.
     wait_confirmed_at_least(&client, "walbox", after, Duration::from_secs(15)).await;

@@ -1,43 +1,47 @@
 //! `walbox migrate`: the SQL in `migrations/`, embedded in the binary.
 
-use slot_manager::{connect_control, PgConfig};
+use slot_manager::connect_control;
+
+use super::{loaded, CliError};
+use crate::config::ConnectionFlags;
 
 /// The numbered migrations, in order: (version, file name, SQL).
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (
         1,
         "0001_outbox_events.sql",
-        include_str!("../../../migrations/0001_outbox_events.sql"),
+        include_str!("../../../../migrations/0001_outbox_events.sql"),
     ),
     (
         2,
         "0002_processed_events.sql",
-        include_str!("../../../migrations/0002_processed_events.sql"),
+        include_str!("../../../../migrations/0002_processed_events.sql"),
     ),
 ];
 
 /// Arguments of `walbox migrate`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct MigrateArgs {
-    /// Postgres connection string: a URL (`postgres://user@host:5432/db`) or
-    /// libpq keywords (`host=… dbname=…`).
-    #[arg(long, env = "WALBOX_PG_URL", hide_env_values = true)]
-    pg_url: String,
+pub struct MigrateArgs {
+    #[command(flatten)]
+    settings: ConnectionFlags,
 }
 
+/// Why a migration failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum MigrateError {
-    #[error("invalid --pg-url")]
-    Url(#[source] slot_manager::Error),
+pub enum MigrateError {
     /// Connecting, with the same TLS and authentication as every other command.
     #[error(transparent)]
     Connect(slot_manager::Error),
+    /// A migration's SQL failed.
     #[error("apply migration {name}")]
     Apply {
+        /// The migration's file name.
         name: &'static str,
+        /// Why.
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The bookkeeping table could not be read or written.
     #[error("record migrations")]
     Bookkeeping(#[source] tokio_postgres::Error),
 }
@@ -45,11 +49,15 @@ pub(crate) enum MigrateError {
 /// Key of the advisory lock that serializes concurrent `walbox migrate` runs.
 const LOCK_KEY: i64 = 0x7761_6c62_6f78; // "walbox"
 
-pub(crate) async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
-    let config = PgConfig::parse(&args.pg_url).map_err(MigrateError::Url)?;
-    let mut client = connect_control(&config)
-        .await
-        .map_err(MigrateError::Connect)?;
+/// Applies what is not applied yet, each migration in its own transaction.
+pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
+    let config = loaded(args.settings.load())?;
+    let pg = config.connection()?.pg;
+    Ok(apply(&pg).await?)
+}
+
+async fn apply(pg: &slot_manager::PgConfig) -> Result<(), MigrateError> {
+    let mut client = connect_control(pg).await.map_err(MigrateError::Connect)?;
     client
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS public.walbox_migrations (

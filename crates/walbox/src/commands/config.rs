@@ -1,0 +1,26 @@
+//! `walbox config`: checks the configuration as `walbox run` would and prints
+//! the effective settings, secrets redacted, with where each came from.
+
+use super::CliError;
+use crate::config::RunFlags;
+
+/// Arguments of `walbox config`.
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    settings: RunFlags,
+}
+
+/// Validates everything `run` needs; prints `key = value  (source)` lines.
+pub fn run(args: ConfigArgs) -> Result<(), CliError> {
+    let config = args.settings.load()?;
+    config.connection()?;
+    config.mapping()?;
+    config.run()?;
+    let rows = config.effective();
+    let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
+    for (key, value, source) in rows {
+        println!("{key:width$} = {value}  ({source})");
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! One module per subcommand. Each loads the configuration (which also sets
+//! up logging) and does its one job; a failure is a [`CliError`], which
+//! `main` prints as one line and turns into the exit code.
+
+pub mod config;
+pub mod drop_slot;
+pub mod init_slot;
+pub mod migrate;
+pub mod run;
+pub mod status;
+
+use std::process::ExitCode;
+use std::sync::Once;
+
+use crate::config::{Config, ConfigError, LogFormat};
+
+/// A failure reported to the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// `walbox migrate`.
+    #[error(transparent)]
+    Migrate(#[from] migrate::MigrateError),
+    /// A configuration error: exit status 2.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Postgres.
+    #[error(transparent)]
+    Postgres(#[from] slot_manager::Error),
+    /// The relay.
+    #[error(transparent)]
+    Run(#[from] crate::relay::RunError),
+    /// No such slot.
+    #[error("replication slot {0:?} does not exist; create it with `walbox init-slot`")]
+    NoSlot(String),
+    /// The metrics address cannot be bound.
+    #[error("cannot serve metrics on {0}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
+}
+
+impl CliError {
+    /// 2 for configuration errors, 1 for the rest.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Config(_) => ExitCode::from(2),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// Sets up logging to stderr (`WALBOX_LOG` filters, default `info`), once.
+pub fn init_logging(format: LogFormat) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("WALBOX_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        match format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+    });
+}
+
+/// The configuration, with logging set up as it says.
+pub(crate) fn loaded(config: Result<Config, ConfigError>) -> Result<Config, CliError> {
+    let config = config?;
+    init_logging(config.log_format());
+    Ok(config)
+}

@@ -1,0 +1,101 @@
+//! `walbox run`: the relay from the slot to Kafka until SIGINT/SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sink_kafka::Sink;
+use tokio::sync::watch;
+
+use super::{loaded, CliError};
+use crate::config::RunFlags;
+use crate::metrics::Metrics;
+use crate::relay::{PostgresSource, RelayConfig, RunError, Token};
+
+/// Arguments of `walbox run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    settings: RunFlags,
+}
+
+/// How long the brokers may take to answer at startup.
+const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the producer may take to flush after the relay stopped.
+const SINK_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Streams until a signal (exit 0) or a definite error.
+pub async fn run(args: RunArgs) -> Result<(), CliError> {
+    let config = loaded(args.settings.load())?;
+    let c = config.connection()?;
+    let mapping = config.mapping()?;
+    let settings = config.run()?;
+
+    let (stop, shutdown) = watch::channel(false);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install a SIGTERM handler");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down: draining in-flight deliveries");
+        let _ = stop.send(true);
+    });
+
+    let metrics = Metrics::new();
+    if let Some(addr) = settings.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::Metrics(addr, e))?;
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        let m = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(listener, m).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
+            }
+        });
+    }
+
+    let (sink, mut reports) = Sink::<Token>::new(&settings.sink).map_err(RunError::from)?;
+    // Fail fast on a broker that is not there at all; once running, an
+    // outage only stalls deliveries (the outbox in Postgres is the buffer).
+    if let Err(e) = sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
+        return Err(RunError::Broker {
+            brokers: settings.sink.bootstrap_servers.clone(),
+            source: e,
+        }
+        .into());
+    }
+    let required_columns = mapping
+        .required_columns()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mut source = PostgresSource::new(
+        c.pg,
+        c.slot,
+        c.publication,
+        c.table.clone(),
+        required_columns,
+    );
+    let relay = RelayConfig {
+        table: c.table,
+        mapping,
+        dead_letters: settings.dead_letters,
+        status_interval: settings.status_interval,
+        shutdown_timeout: settings.shutdown_timeout,
+    };
+    let result =
+        crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
+    // Flush what is left; anything unacked was never confirmed.
+    let leftover = sink_kafka::shutdown(sink, reports, SINK_SHUTDOWN_TIMEOUT).await;
+    if !leftover.is_empty() {
+        tracing::info!(
+            count = leftover.len(),
+            "deliveries finished during shutdown (not confirmed; resent after restart)"
+        );
+    }
+    result?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! The environment and the command line as configuration layers.
+//!
+//! Both are turned into nested figment dictionaries keyed like the file, by
+//! the one table of settings, so a value has the same name and type from
+//! every source. A value that does not fit its setting is refused here, with
+//! the variable or flag named (never the value: it may be a secret).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use figment::value::{Dict, Map, Value};
+use figment::{Metadata, Profile, Provider};
+
+use super::table::{setting, Kind, Setting, SETTINGS};
+use super::ConfigError;
+
+/// Per-property variables: `WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` → `sasl.password`.
+const KAFKA_PROPERTY_PREFIX: &str = "WALBOX_KAFKA_PROPERTY_";
+/// Any variable `X_FILE` gives setting `X` the content of that file.
+const FILE_SUFFIX: &str = "_FILE";
+
+/// One layer of settings, named for errors and `walbox config`.
+#[derive(Clone, Debug)]
+pub(crate) struct Layer {
+    name: &'static str,
+    pub(crate) dict: Dict,
+}
+
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.name)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.dict.clone()))
+    }
+}
+
+/// Puts `value` at `key` (`section.key`) in `dict`.
+fn insert(dict: &mut Dict, key: &str, value: Value) {
+    match key.split_once('.') {
+        None => {
+            dict.insert(key.to_owned(), value);
+        }
+        Some((section, rest)) => {
+            let entry = dict
+                .entry(section.to_owned())
+                .or_insert_with(|| Value::from(Dict::new()));
+            if let Value::Dict(_, inner) = entry {
+                insert(inner, rest, value);
+            }
+        }
+    }
+}
+
+/// A `KEY=VALUE` pair.
+fn pair(text: &str, what: &str) -> Result<(String, String), ConfigError> {
+    text.split_once('=')
+        .filter(|(k, _)| !k.trim().is_empty())
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .ok_or_else(|| ConfigError(format!("{what}: expected KEY=VALUE")))
+}
+
+/// The value of `setting` from text, or an error naming `what`.
+fn typed(setting: &Setting, text: &str, what: &str) -> Result<Value, ConfigError> {
+    match setting.kind {
+        Kind::Text => Ok(Value::from(text.to_owned())),
+        Kind::Number => text
+            .trim()
+            .parse::<u64>()
+            .map(Value::from)
+            .map_err(|_| ConfigError(format!("{what}: expected a whole number, got {text:?}"))),
+        Kind::Choice(words) => {
+            if words.contains(&text) {
+                Ok(Value::from(text.to_owned()))
+            } else {
+                Err(ConfigError(format!(
+                    "{what}: expected one of {}, got {text:?}",
+                    words.join(", ")
+                )))
+            }
+        }
+        Kind::Map => {
+            let mut map = Dict::new();
+            for item in text.split(',').filter(|i| !i.trim().is_empty()) {
+                let (k, v) = pair(item, what)?;
+                map.insert(k, Value::from(v));
+            }
+            Ok(Value::from(map))
+        }
+    }
+}
+
+/// The environment layer from `vars` (normally `std::env::vars()`): each
+/// setting's `WALBOX_*` variable, `WALBOX_KAFKA_PROPERTY_*` variables, and
+/// `…_FILE` variables naming a file that holds the value (for secrets).
+/// Other `WALBOX_*` variables (`WALBOX_LOG`, `WALBOX_CONFIG`) are not settings.
+pub(crate) fn environment(
+    vars: impl IntoIterator<Item = (String, String)>,
+) -> Result<Layer, ConfigError> {
+    let vars: BTreeMap<String, String> = vars
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("WALBOX_"))
+        .collect();
+    let mut dict = Dict::new();
+    let mut properties = Dict::new();
+    for (name, raw) in &vars {
+        let (stem, value) = match name.strip_suffix(FILE_SUFFIX) {
+            Some(stem) if is_setting_variable(stem) => {
+                if vars.contains_key(stem) {
+                    return Err(ConfigError(format!(
+                        "both {stem} and {name} are set; keep one"
+                    )));
+                }
+                let text = std::fs::read_to_string(raw).map_err(|e| {
+                    ConfigError(format!(
+                        "{name}: cannot read {}: {e}",
+                        PathBuf::from(raw).display()
+                    ))
+                })?;
+                (stem, text.trim_end_matches(['\n', '\r']).to_owned())
+            }
+            _ => (name.as_str(), raw.clone()),
+        };
+        if let Some(property) = stem.strip_prefix(KAFKA_PROPERTY_PREFIX) {
+            let key = property.to_ascii_lowercase().replace('_', ".");
+            if key.is_empty() {
+                return Err(ConfigError(format!("{name}: names no property")));
+            }
+            properties.insert(key, Value::from(value));
+        } else if let Some(s) = SETTINGS.iter().find(|s| s.env() == stem) {
+            insert(&mut dict, s.key, typed(s, &value, name)?);
+        }
+    }
+    if !properties.is_empty() {
+        // Per-property variables win over the list variable.
+        let mut merged = match dict
+            .get("kafka")
+            .and_then(|k| k.as_dict())
+            .and_then(|k| k.get("properties"))
+        {
+            Some(Value::Dict(_, d)) => d.clone(),
+            _ => Dict::new(),
+        };
+        merged.extend(properties);
+        insert(&mut dict, "kafka.properties", Value::from(merged));
+    }
+    Ok(Layer {
+        name: "environment",
+        dict,
+    })
+}
+
+fn is_setting_variable(name: &str) -> bool {
+    name.starts_with(KAFKA_PROPERTY_PREFIX) || SETTINGS.iter().any(|s| s.env() == name)
+}
+
+/// The command-line layer: `(key, values)` for each flag given.
+pub(crate) fn flags<'a>(
+    given: impl IntoIterator<Item = (&'static str, Vec<&'a str>)>,
+) -> Result<Layer, ConfigError> {
+    let mut dict = Dict::new();
+    for (key, values) in given {
+        let s = setting(key).expect("flags come from the table");
+        let what = format!("--{}", s.flag());
+        let value = match s.kind {
+            Kind::Map => {
+                let mut map = Dict::new();
+                for v in values {
+                    let (k, v) = pair(v, &what)?;
+                    map.insert(k, Value::from(v));
+                }
+                Value::from(map)
+            }
+            _ => typed(s, values.last().copied().unwrap_or_default(), &what)?,
+        };
+        insert(&mut dict, key, value);
+    }
+    Ok(Layer {
+        name: "command line",
+        dict,
+    })
+}

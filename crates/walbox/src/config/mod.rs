@@ -1,0 +1,437 @@
+//! Configuration: defaults < TOML file < `WALBOX_*` environment < flags.
+//!
+//! Every setting has one name ([`table::SETTINGS`]): the file key
+//! `kafka.brokers` (`[kafka] brokers = …`) is the variable
+//! `WALBOX_KAFKA_BROKERS` and the flag `--kafka-brokers`. Any setting can
+//! come from a file named by `…_FILE` (`WALBOX_PG_URL_FILE`,
+//! `WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE`), so a secret never has to be on
+//! the command line. The layers are merged by figment, which keeps where each
+//! value came from for errors and `walbox config`.
+//!
+//! The merged settings are checked and split by who needs them:
+//! [`Connection`] (every command), [`OutboxMapping`] (the commands that read
+//! the outbox's columns) and [`RunSettings`] (`walbox run`). Unknown keys and
+//! bad values are errors that name the key and its source.
+
+mod args;
+mod layers;
+pub mod table;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::Format;
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use sink_kafka::{is_secret_property, SinkConfig};
+use slot_manager::{PgConfig, TableName};
+
+use crate::dead_letter::DeadLetters;
+use crate::mapping::OutboxMapping;
+
+pub use args::{ConnectionFlags, MappingFlags, RunFlags};
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Column-name presets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MappingPreset {
+    /// walbox's `outbox_events`.
+    #[default]
+    Walbox,
+    /// Debezium's EventRouter.
+    Debezium,
+}
+
+/// The merged settings, as the file spells them (see [`table::SETTINGS`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct Raw {
+    pg_url: Option<String>,
+    slot: String,
+    publication: String,
+    table: String,
+    log_format: LogFormat,
+    mapping: RawMapping,
+    kafka: RawKafka,
+    dead_letter_topic: Option<String>,
+    max_in_flight_events: u64,
+    max_in_flight_bytes: u64,
+    status_interval_ms: u64,
+    shutdown_timeout_secs: u64,
+    metrics_addr: Option<String>,
+}
+
+impl Default for Raw {
+    fn default() -> Self {
+        Raw {
+            pg_url: None,
+            slot: "walbox".into(),
+            publication: "walbox_outbox".into(),
+            table: "public.outbox_events".into(),
+            log_format: LogFormat::Text,
+            mapping: RawMapping::default(),
+            kafka: RawKafka::default(),
+            dead_letter_topic: None,
+            max_in_flight_events: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            status_interval_ms: 1000,
+            shutdown_timeout_secs: 30,
+            metrics_addr: None,
+        }
+    }
+}
+
+/// `[mapping]`: `None` takes the preset's column.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawMapping {
+    preset: MappingPreset,
+    topic_template: Option<String>,
+    id: Option<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    payload: Option<String>,
+    headers: Option<String>,
+    timestamp: Option<String>,
+    header_columns: BTreeMap<String, String>,
+}
+
+/// `[kafka]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawKafka {
+    brokers: Option<String>,
+    properties: BTreeMap<String, String>,
+}
+
+/// Where Postgres is and what to stream: every command's settings.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// Postgres.
+    pub pg: PgConfig,
+    /// Slot.
+    pub slot: String,
+    /// Publication.
+    pub publication: String,
+    /// Outbox table.
+    pub table: TableName,
+}
+
+/// What `walbox run` needs beyond the connection and mapping.
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    /// The producer.
+    pub sink: SinkConfig,
+    /// What happens to undeliverable events.
+    pub dead_letters: DeadLetters,
+    /// Status update interval.
+    pub status_interval: Duration,
+    /// Shutdown drain bound.
+    pub shutdown_timeout: Duration,
+    /// Where to serve metrics and health endpoints.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// The loaded configuration.
+#[derive(Debug)]
+pub struct Config {
+    raw: Raw,
+    figment: Figment,
+}
+
+/// Where a configuration comes from.
+#[derive(Debug, Default)]
+pub struct Sources<'a> {
+    /// The TOML file, if any.
+    pub file: Option<&'a Path>,
+    /// Environment variables (normally `std::env::vars()`).
+    pub env: Vec<(String, String)>,
+    /// Flags: `(key, values)` for each one given.
+    pub flags: Vec<(&'static str, Vec<&'a str>)>,
+}
+
+/// Reads and checks the TOML file first, for errors with its line numbers.
+fn check_file(path: &Path) -> Result<(), ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("read {}: {e}", path.display())))?;
+    toml::from_str::<Raw>(&text).map(|_| ()).map_err(|e| {
+        let msg = e.message().to_owned();
+        let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+        ConfigError(match line {
+            Some(l) => format!("{}: line {l}: {msg}", path.display()),
+            None => format!("{}: {msg}", path.display()),
+        })
+    })
+}
+
+/// Empty means "none" for optional columns.
+fn optional(v: String) -> Option<String> {
+    (!v.is_empty()).then_some(v)
+}
+
+impl Config {
+    /// Merges the layers: defaults < file < environment < flags.
+    pub fn load(sources: Sources<'_>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = sources.file {
+            check_file(path)?;
+            figment = figment.merge(figment::providers::Toml::file(path));
+        }
+        figment = figment
+            .merge(layers::environment(sources.env)?)
+            .merge(layers::flags(sources.flags)?);
+        let raw: Raw = figment.extract().map_err(|e| {
+            let source = e
+                .metadata
+                .as_ref()
+                .map(|m| format!(" (from {})", m.name))
+                .unwrap_or_default();
+            let key = if e.path.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", e.path.join("."))
+            };
+            ConfigError(format!("{key}{}{source}", e.kind))
+        })?;
+        Ok(Config { raw, figment })
+    }
+
+    /// The log format.
+    pub fn log_format(&self) -> LogFormat {
+        self.raw.log_format
+    }
+
+    /// Postgres, slot, publication and table, checked.
+    pub fn connection(&self) -> Result<Connection, ConfigError> {
+        let r = &self.raw;
+        let pg_url = r.pg_url.as_deref().ok_or_else(|| {
+            ConfigError(
+                "pg_url is required (--pg-url, WALBOX_PG_URL, WALBOX_PG_URL_FILE or pg_url in the file)"
+                    .into(),
+            )
+        })?;
+        let pg = PgConfig::parse(pg_url).map_err(|e| ConfigError(format!("pg_url: {e}")))?;
+        let slot_ok = !r.slot.is_empty()
+            && r.slot.len() <= 63
+            && r.slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !slot_ok {
+            return Err(ConfigError(format!(
+                "slot {:?}: slot names are 1-63 lower-case letters, digits and underscores",
+                r.slot
+            )));
+        }
+        if r.publication.is_empty() {
+            return Err(ConfigError("publication: must not be empty".into()));
+        }
+        let table = TableName::parse(&r.table).map_err(|e| ConfigError(format!("table: {e}")))?;
+        Ok(Connection {
+            pg,
+            slot: r.slot.clone(),
+            publication: r.publication.clone(),
+            table,
+        })
+    }
+
+    /// The outbox mapping: the preset's columns, overridden one by one.
+    pub fn mapping(&self) -> Result<OutboxMapping, ConfigError> {
+        let m = &self.raw.mapping;
+        let mut mapping = match m.preset {
+            MappingPreset::Walbox => OutboxMapping::default(),
+            MappingPreset::Debezium => OutboxMapping::debezium(),
+        };
+        if let Some(v) = &m.topic_template {
+            if !v.contains("{aggregate_type}") && v.contains('{') {
+                return Err(ConfigError(format!(
+                    "mapping.topic_template {v:?}: the only placeholder is {{aggregate_type}}"
+                )));
+            }
+            mapping.topic_template = v.clone();
+        }
+        let required = [
+            (&mut mapping.id, &m.id, "id"),
+            (
+                &mut mapping.aggregate_type,
+                &m.aggregate_type,
+                "aggregate_type",
+            ),
+            (&mut mapping.aggregate_id, &m.aggregate_id, "aggregate_id"),
+            (&mut mapping.payload, &m.payload, "payload"),
+        ];
+        for (column, value, key) in required {
+            if let Some(v) = value {
+                if v.is_empty() {
+                    return Err(ConfigError(format!("mapping.{key}: must not be empty")));
+                }
+                *column = v.clone();
+            }
+        }
+        for (column, value) in [
+            (&mut mapping.event_type, &m.event_type),
+            (&mut mapping.headers, &m.headers),
+            (&mut mapping.timestamp, &m.timestamp),
+        ] {
+            if let Some(v) = value {
+                *column = optional(v.clone());
+            }
+        }
+        mapping.header_columns = m
+            .header_columns
+            .iter()
+            .map(|(c, h)| (c.clone(), h.clone()))
+            .collect();
+        Ok(mapping)
+    }
+
+    /// What `walbox run` needs, checked.
+    pub fn run(&self) -> Result<RunSettings, ConfigError> {
+        let r = &self.raw;
+        let brokers = r.kafka.brokers.clone().ok_or_else(|| {
+            ConfigError(
+                "kafka.brokers is required (--kafka-brokers, WALBOX_KAFKA_BROKERS or [kafka] brokers in the file)"
+                    .into(),
+            )
+        })?;
+        let mut sink = SinkConfig::new(brokers);
+        sink.properties = r.kafka.properties.clone();
+        if r.max_in_flight_events == 0 {
+            return Err(ConfigError(
+                "max_in_flight_events: must be at least 1".into(),
+            ));
+        }
+        if r.max_in_flight_bytes < 1024 {
+            return Err(ConfigError(
+                "max_in_flight_bytes: must be at least 1024".into(),
+            ));
+        }
+        sink.max_in_flight = usize::try_from(r.max_in_flight_events)
+            .map_err(|_| ConfigError("max_in_flight_events: too large".into()))?;
+        sink.max_in_flight_bytes = usize::try_from(r.max_in_flight_bytes)
+            .map_err(|_| ConfigError("max_in_flight_bytes: too large".into()))?;
+        if r.status_interval_ms == 0 {
+            return Err(ConfigError("status_interval_ms: must be above 0".into()));
+        }
+        let metrics_addr = match &r.metrics_addr {
+            None => None,
+            Some(a) => Some(a.parse().map_err(|_| {
+                ConfigError(format!(
+                    "metrics_addr {a:?}: expected HOST:PORT with an IP address, e.g. 0.0.0.0:9187"
+                ))
+            })?),
+        };
+        let dead_letters = match &r.dead_letter_topic {
+            Some(t) if t.is_empty() => {
+                return Err(ConfigError("dead_letter_topic: must not be empty".into()))
+            }
+            Some(t) => DeadLetters::to_topic(t.clone()),
+            None => DeadLetters::halt(),
+        };
+        Ok(RunSettings {
+            sink,
+            dead_letters,
+            status_interval: Duration::from_millis(r.status_interval_ms),
+            shutdown_timeout: Duration::from_secs(r.shutdown_timeout_secs),
+            metrics_addr,
+        })
+    }
+
+    /// Every setting's effective value, secrets redacted, with its source
+    /// (`default`, the file's path, `environment`, `command line`):
+    /// `(key, value, source)` in the table's order; a map has a line per entry.
+    pub fn effective(&self) -> Vec<(String, String, String)> {
+        use figment::value::Value;
+        // The mapping as it applies: the preset's columns where none was set.
+        let mut resolved = self.raw.clone();
+        if let Ok(m) = self.mapping() {
+            let rm = &mut resolved.mapping;
+            rm.topic_template = Some(m.topic_template);
+            rm.id = Some(m.id);
+            rm.aggregate_type = Some(m.aggregate_type);
+            rm.aggregate_id = Some(m.aggregate_id);
+            rm.payload = Some(m.payload);
+            rm.event_type = Some(m.event_type.unwrap_or_default());
+            rm.headers = Some(m.headers.unwrap_or_default());
+            rm.timestamp = Some(m.timestamp.unwrap_or_default());
+        }
+        let values = Value::serialize(&resolved)
+            .ok()
+            .and_then(Value::into_dict)
+            .unwrap_or_default();
+        let lookup = |key: &str| -> Option<Value> {
+            let mut parts = key.split('.');
+            let first = values.get(parts.next()?)?.clone();
+            parts.try_fold(first, |v, p| v.into_dict()?.get(p).cloned())
+        };
+        let source_of = |v: &Value| {
+            self.figment
+                .get_metadata(v.tag())
+                .map_or_else(|| "default".to_owned(), |m| m.name.to_string())
+        };
+        let text = |v: &Value| match v {
+            Value::String(_, s) => s.clone(),
+            Value::Num(_, n) => n.to_u128().map_or_else(String::new, |n| n.to_string()),
+            Value::Bool(_, b) => b.to_string(),
+            _ => "(none)".to_owned(),
+        };
+        let mut out = Vec::new();
+        for s in table::SETTINGS {
+            let given = self.figment.find_value(s.key).ok();
+            if s.kind == table::Kind::Map {
+                if let Some(Value::Dict(_, entries)) = lookup(s.key) {
+                    for (k, v) in entries {
+                        let source = given
+                            .as_ref()
+                            .and_then(|g| g.as_dict()?.get(&k).map(source_of))
+                            .unwrap_or_else(|| "default".into());
+                        let shown = if is_secret_property(&k) {
+                            "<redacted>".to_owned()
+                        } else {
+                            text(&v)
+                        };
+                        out.push((format!("{}.{k}", s.key), shown, source));
+                    }
+                }
+                continue;
+            }
+            let shown = if s.key == "pg_url" {
+                // Where it points, never the password.
+                self.raw.pg_url.as_deref().map_or_else(
+                    || "(none)".into(),
+                    |url| {
+                        PgConfig::parse(url).map_or_else(|_| "<invalid>".into(), |c| c.describe())
+                    },
+                )
+            } else if s.secret {
+                "<redacted>".into()
+            } else {
+                lookup(s.key).map_or_else(|| "(none)".into(), |v| text(&v))
+            };
+            let source = given.as_ref().map_or_else(|| "default".into(), source_of);
+            out.push((s.key.to_owned(), shown, source));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+//! Every setting, once: its name, its kind, which commands read it, its
+//! default and its meaning. The file key, the `WALBOX_*` variable and the
+//! flag all derive from the name, `--help` and `walbox config` are built from
+//! this table, and a test checks `docs/configuration.md` against it.
+
+/// What a setting's value is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Text.
+    Text,
+    /// A whole number.
+    Number,
+    /// One of a few words.
+    Choice(&'static [&'static str]),
+    /// `KEY=VALUE` pairs: a table in the file, repeatable flag, `K=V,K=V` in
+    /// the environment.
+    Map,
+}
+
+/// Which commands read a setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every command: where Postgres is, which slot, publication and table.
+    Connection,
+    /// Commands that check or map the outbox's columns.
+    Mapping,
+    /// `walbox run`.
+    Run,
+}
+
+/// One setting.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    /// The file key (`section.key` for nested ones).
+    pub key: &'static str,
+    /// Its kind.
+    pub kind: Kind,
+    /// Who reads it.
+    pub scope: Scope,
+    /// The default, as documented (`—` for none).
+    pub default: &'static str,
+    /// A secret: never printed.
+    pub secret: bool,
+    /// For `--help` and the docs.
+    pub doc: &'static str,
+    /// For a map, the flag's singular name (`--kafka-property`).
+    pub flag_name: Option<&'static str>,
+}
+
+impl Setting {
+    /// `WALBOX_` and the key, upper case, dots and dashes as underscores.
+    pub fn env(&self) -> String {
+        format!(
+            "WALBOX_{}",
+            self.key.replace(['.', '-'], "_").to_uppercase()
+        )
+    }
+
+    /// The long flag without dashes: the key with dots and underscores as
+    /// dashes (a map's is singular).
+    pub fn flag(&self) -> String {
+        self.flag_name
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.key.replace(['.', '_'], "-"))
+    }
+}
+
+const fn s(
+    key: &'static str,
+    kind: Kind,
+    scope: Scope,
+    default: &'static str,
+    doc: &'static str,
+) -> Setting {
+    Setting {
+        key,
+        kind,
+        scope,
+        default,
+        secret: false,
+        doc,
+        flag_name: None,
+    }
+}
+
+use Kind::*;
+use Scope::*;
+
+/// Every setting.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        secret: true,
+        ..s("pg_url", Text, Connection, "—",
+            "Postgres connection: a URL (postgres://user:pass@host:5432/db?sslmode=verify-full&sslrootcert=ca.pem) or libpq keywords (host=… user=… dbname=…). Required.")
+    },
+    s("slot", Text, Connection, "walbox",
+      "Logical replication slot: 1-63 lower-case letters, digits and underscores."),
+    s("publication", Text, Connection, "walbox_outbox", "Publication on the outbox table."),
+    s("table", Text, Connection, "public.outbox_events",
+      "The outbox table, schema.table; parts may be \"quoted\"."),
+    s("log_format", Choice(&["text", "json"]), Connection, "text",
+      "Log lines as text or JSON; verbosity from WALBOX_LOG (e.g. info, walbox=debug)."),
+    s("mapping.preset", Choice(&["walbox", "debezium"]), Mapping, "walbox",
+      "Column-name preset: walbox's outbox_events, or Debezium's EventRouter (id, aggregatetype, aggregateid, type, payload)."),
+    s("mapping.topic_template", Text, Mapping, "outbox.event.{aggregate_type}",
+      "Topic of each event; {aggregate_type} is replaced by the row's aggregate type."),
+    s("mapping.id", Text, Mapping, "id", "Event id column: header `id`, the consumers' dedup key."),
+    s("mapping.aggregate_type", Text, Mapping, "aggregate_type", "Aggregate type column: chooses the topic."),
+    s("mapping.aggregate_id", Text, Mapping, "aggregate_id", "Aggregate id column: the message key."),
+    s("mapping.event_type", Text, Mapping, "event_type",
+      "Event type column: header `event_type`; empty for none."),
+    s("mapping.payload", Text, Mapping, "payload",
+      "Payload column (json, jsonb, text or varchar): the message value."),
+    s("mapping.headers", Text, Mapping, "headers",
+      "jsonb object column expanded into one header per key; empty for none."),
+    s("mapping.timestamp", Text, Mapping, "created_at",
+      "Timestamp column: the message timestamp; empty for none."),
+    Setting {
+        flag_name: Some("mapping-header-column"),
+        ..s("mapping.header_columns", Map, Mapping, "—",
+            "Extra columns copied into headers: COLUMN=HEADER.")
+    },
+    s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
+    Setting {
+        flag_name: Some("kafka-property"),
+        ..s("kafka.properties", Map, Run, "—",
+            "librdkafka producer properties, KEY=VALUE: security.protocol, sasl.*, ssl.*, linger.ms, … Secret values are never printed; in the environment also one variable each, WALBOX_KAFKA_PROPERTY_SASL_PASSWORD for sasl.password.")
+    },
+    s("dead_letter_topic", Text, Run, "—",
+      "Topic for events that cannot be mapped or that the broker refuses for good; without it such an event stops walbox."),
+    s("max_in_flight_events", Number, Run, "10000",
+      "Most events sent and not yet acknowledged; when reached, walbox stops reading the slot."),
+    s("max_in_flight_bytes", Number, Run, "67108864", "The same bound in bytes (at least 1024)."),
+    s("status_interval_ms", Number, Run, "1000",
+      "How often the slot position is reported; keep it below wal_sender_timeout / 2."),
+    s("shutdown_timeout_secs", Number, Run, "30",
+      "How long SIGINT/SIGTERM waits for in-flight deliveries."),
+    s("metrics_addr", Text, Run, "—",
+      "Serve Prometheus /metrics, /healthz and /readyz on IP:PORT (e.g. 0.0.0.0:9187)."),
+];
+
+/// The setting named `key`.
+pub fn setting(key: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.key == key)
+}

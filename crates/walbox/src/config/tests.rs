@@ -1,0 +1,339 @@
+use std::path::PathBuf;
+
+use super::table::{Kind, SETTINGS};
+use super::*;
+
+fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("walbox.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn load(
+    file: Option<&Path>,
+    vars: &[(&str, &str)],
+    flags: &[(&'static str, &[&str])],
+) -> Result<Config, ConfigError> {
+    Config::load(Sources {
+        file,
+        env: env(vars),
+        flags: flags.iter().map(|(k, v)| (*k, v.to_vec())).collect(),
+    })
+}
+
+const PG: (&str, &str) = ("WALBOX_PG_URL", "host=h user=u");
+
+#[test]
+fn defaults() {
+    let c = load(None, &[PG], &[]).unwrap();
+    let conn = c.connection().unwrap();
+    assert_eq!(
+        (conn.slot.as_str(), conn.publication.as_str()),
+        ("walbox", "walbox_outbox")
+    );
+    assert_eq!(conn.table.quoted(), "\"public\".\"outbox_events\"");
+    assert_eq!(c.mapping().unwrap(), OutboxMapping::default());
+    assert_eq!(c.log_format(), LogFormat::Text);
+    let e = c.run().unwrap_err().to_string();
+    assert!(e.contains("kafka.brokers is required"), "{e}");
+}
+
+#[test]
+fn flags_win_over_the_environment_which_wins_over_the_file() {
+    let (_d, path) = file(
+        "slot = \"from_file\"\npublication = \"file_pub\"\ntable = \"file.t\"\n[kafka]\nbrokers = \"file:9092\"\n[kafka.properties]\n\"linger.ms\" = \"50\"\n\"client.id\" = \"file\"\n[mapping]\npreset = \"debezium\"\nheader_columns = { tenant = \"x-tenant\" }\n",
+    );
+    let c = load(
+        Some(&path),
+        &[
+            PG,
+            ("WALBOX_SLOT", "from_env"),
+            ("WALBOX_PUBLICATION", "env_pub"),
+            ("WALBOX_KAFKA_PROPERTY_CLIENT_ID", "env"),
+            ("WALBOX_MAPPING_HEADER_COLUMNS", "region=x-region"),
+        ],
+        &[
+            ("slot", &["from_flag"]),
+            ("kafka.properties", &["acks=all"]),
+        ],
+    )
+    .unwrap();
+    let conn = c.connection().unwrap();
+    assert_eq!(conn.slot, "from_flag");
+    assert_eq!(conn.publication, "env_pub");
+    assert_eq!(conn.table.to_string(), "\"file\".\"t\"");
+    let m = c.mapping().unwrap();
+    assert_eq!(m.aggregate_type, "aggregatetype");
+    assert_eq!(
+        m.header_columns,
+        [
+            ("region".to_owned(), "x-region".to_owned()),
+            ("tenant".to_owned(), "x-tenant".to_owned())
+        ],
+        "maps merge entry by entry"
+    );
+    let run = c.run().unwrap();
+    assert_eq!(run.sink.bootstrap_servers, "file:9092");
+    let p = &run.sink.properties;
+    assert_eq!(p.get("linger.ms").map(String::as_str), Some("50"));
+    assert_eq!(p.get("client.id").map(String::as_str), Some("env"));
+    assert_eq!(p.get("acks").map(String::as_str), Some("all"));
+}
+
+#[test]
+fn every_setting_can_come_from_the_environment() {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for s in SETTINGS {
+        let value = match (s.key, s.kind) {
+            ("pg_url", _) => "host=h user=u".to_owned(),
+            ("slot", _) => "s_env".to_owned(),
+            ("table", _) => "app.events".to_owned(),
+            ("metrics_addr", _) => "127.0.0.1:9187".to_owned(),
+            ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
+            (_, Kind::Number) => "4096".to_owned(),
+            (_, Kind::Choice(words)) => words[1].to_owned(),
+            (_, Kind::Map) => "k=v".to_owned(),
+            (key, Kind::Text) => format!("{}_env", key.replace('.', "_")),
+        };
+        vars.push((s.env(), value));
+    }
+    let c = Config::load(Sources {
+        file: None,
+        env: vars,
+        flags: Vec::new(),
+    })
+    .unwrap();
+    let sources: Vec<_> = c.effective();
+    for s in SETTINGS {
+        let row = sources
+            .iter()
+            .find(|(k, _, _)| k == s.key || k.starts_with(&format!("{}.", s.key)))
+            .unwrap_or_else(|| panic!("{} missing from `walbox config`", s.key));
+        assert_eq!(row.2, "environment", "{}: {row:?}", s.key);
+    }
+    let run = c.run().unwrap();
+    assert_eq!(run.sink.max_in_flight, 4096);
+    assert_eq!(run.status_interval, Duration::from_millis(4096));
+    assert_eq!(c.log_format(), LogFormat::Json);
+    assert_eq!(c.mapping().unwrap().id, "mapping_id_env");
+}
+
+#[test]
+fn a_secret_can_come_from_a_file_and_is_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("pg_url");
+    std::fs::write(&url, "postgres://walbox:hunter2@db:5432/app\n").unwrap();
+    let pw = dir.path().join("sasl");
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    let c = load(
+        None,
+        &[
+            ("WALBOX_PG_URL_FILE", url.to_str().unwrap()),
+            (
+                "WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE",
+                pw.to_str().unwrap(),
+            ),
+            ("WALBOX_KAFKA_BROKERS", "k:9092"),
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.connection().unwrap().pg.password(),
+        Some(b"hunter2".as_slice())
+    );
+    let run = c.run().unwrap();
+    assert_eq!(run.sink.properties["sasl.password"], "s3cret");
+    let shown = format!("{:?}", c.effective());
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("s3cret"),
+        "{shown}"
+    );
+    assert!(shown.contains("<redacted>"), "{shown}");
+    assert!(!format!("{run:?}").contains("s3cret"));
+
+    let e = load(
+        None,
+        &[PG, ("WALBOX_PG_URL_FILE", url.to_str().unwrap())],
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("both WALBOX_PG_URL and WALBOX_PG_URL_FILE"),
+        "{e}"
+    );
+    let e = load(None, &[("WALBOX_PG_URL_FILE", "/nonexistent/x")], &[]).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("configuration: WALBOX_PG_URL_FILE: cannot read /nonexistent/x"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_input_names_the_key_and_its_source() {
+    let (_d, path) = file("slot = \"s\"\nslto = \"typo\"\n");
+    let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("line 2") && e.contains("unknown field `slto`"),
+        "{e}"
+    );
+
+    let (_d, path) = file("status_interval_ms = \"soon\"\n");
+    let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
+    assert!(e.contains("line 1") && e.contains("expected u64"), "{e}");
+
+    let e = load(None, &[PG, ("WALBOX_STATUS_INTERVAL_MS", "soon")], &[]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "configuration: WALBOX_STATUS_INTERVAL_MS: expected a whole number, got \"soon\""
+    );
+    let e = load(None, &[PG], &[("log_format", &["xml"])]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--log-format: expected one of text, json"),
+        "{e}"
+    );
+    let e = load(None, &[PG], &[("kafka.properties", &["novalue"])]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--kafka-property: expected KEY=VALUE"),
+        "{e}"
+    );
+
+    let c = load(None, &[PG, ("WALBOX_SLOT", "My Slot")], &[]).unwrap();
+    assert!(c
+        .connection()
+        .unwrap_err()
+        .to_string()
+        .contains("slot \"My Slot\""));
+    let c = load(None, &[], &[]).unwrap();
+    assert!(c
+        .connection()
+        .unwrap_err()
+        .to_string()
+        .contains("pg_url is required"));
+    let c = load(
+        None,
+        &[(
+            "WALBOX_PG_URL",
+            "host=h user=u password=hunter2 sslmode=nope",
+        )],
+        &[],
+    )
+    .unwrap();
+    let e = c.connection().unwrap_err().to_string();
+    assert!(
+        e.starts_with("configuration: pg_url:") && !e.contains("hunter2"),
+        "{e}"
+    );
+    for (key, value, want) in [
+        (
+            "WALBOX_MAX_IN_FLIGHT_EVENTS",
+            "0",
+            "max_in_flight_events: must be at least 1",
+        ),
+        (
+            "WALBOX_MAX_IN_FLIGHT_BYTES",
+            "10",
+            "max_in_flight_bytes: must be at least 1024",
+        ),
+        (
+            "WALBOX_METRICS_ADDR",
+            "localhost",
+            "metrics_addr \"localhost\"",
+        ),
+        (
+            "WALBOX_MAPPING_TOPIC_TEMPLATE",
+            "t.{type}",
+            "the only placeholder",
+        ),
+        ("WALBOX_MAPPING_ID", "", "mapping.id: must not be empty"),
+    ] {
+        let c = load(
+            None,
+            &[PG, ("WALBOX_KAFKA_BROKERS", "k:1"), (key, value)],
+            &[],
+        )
+        .unwrap();
+        let e = c
+            .mapping()
+            .err()
+            .or_else(|| c.run().err())
+            .unwrap()
+            .to_string();
+        assert!(e.contains(want), "{key}: {e}");
+    }
+}
+
+#[test]
+fn names_follow_one_rule() {
+    for s in SETTINGS {
+        let env = s.env();
+        assert!(
+            env.starts_with("WALBOX_") && env == env.to_uppercase(),
+            "{env}"
+        );
+        match s.kind {
+            Kind::Map => assert!(s.flag_name.is_some(), "{}: a map's flag is singular", s.key),
+            _ => assert_eq!(s.flag(), s.key.replace(['.', '_'], "-")),
+        }
+    }
+}
+
+/// The settings table of docs/configuration.md, from [`SETTINGS`].
+fn settings_markdown() -> String {
+    let mut out = String::from(
+        "| file key | environment | flag | default | meaning |\n|---|---|---|---|---|\n",
+    );
+    for s in SETTINGS {
+        let default = if s.default == "—" {
+            "—".to_owned()
+        } else {
+            format!("`{}`", s.default)
+        };
+        let flag = match s.kind {
+            Kind::Map => format!("`--{} K=V` (repeat)", s.flag()),
+            _ => format!("`--{}`", s.flag()),
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | {flag} | {default} | {} |\n",
+            s.key,
+            s.env(),
+            s.doc.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+/// docs/configuration.md lists every setting with its file key, variable and
+/// flag, exactly as the table says: it cannot drift from the code. Run with
+/// `WALBOX_WRITE_DOCS=1` to rewrite it.
+#[test]
+fn the_configuration_doc_lists_every_setting() {
+    const BEGIN: &str = "<!-- settings: generated from crates/walbox/src/config/table.rs -->\n";
+    const END: &str = "<!-- settings: end -->";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let start = doc.find(BEGIN).expect("the begin marker") + BEGIN.len();
+    let end = doc.find(END).expect("the end marker");
+    let want = settings_markdown();
+    if doc[start..end] != want {
+        if std::env::var_os("WALBOX_WRITE_DOCS").is_some() {
+            std::fs::write(path, format!("{}{want}{}", &doc[..start], &doc[end..])).unwrap();
+        } else {
+            panic!(
+                "docs/configuration.md's settings table differs from the code; \
+                 rerun with WALBOX_WRITE_DOCS=1 to rewrite it.\nwant:\n{want}"
+            );
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! What may be confirmed to Postgres, and when to say so: the one owner of
+//! the slot position.
+//!
+//! # When the slot may advance
+//!
+//! A transaction spans Begin(`final_lsn`) … Commit(`commit_lsn`, `end_lsn`);
+//! Commit's `commit_lsn` must equal Begin's `final_lsn`, and a Begin inside an
+//! open transaction is a protocol error. Each event the transaction produced
+//! gets an [`EventToken`]; the broker's acknowledgement of the event is
+//! [`Progress::ack`]. A transaction is *complete* when it has committed and
+//! each of its events has been acked (a transaction without events is complete
+//! at its Commit).
+//!
+//! The confirmable position is the `end_lsn` of the newest transaction such
+//! that it and every earlier one are complete. With nothing pending and no
+//! transaction open, a keepalive's `wal_end` is confirmable too, which keeps
+//! an idle or filtered slot from holding WAL while other tables change. The
+//! position never moves backward.
+//!
+//! ```text
+//! commit order:  T1 (end 0/100) ── T2 (end 0/200) ── T3 (end 0/300)
+//! events acked:  2/2               1/2               0/0 (no events)
+//! confirmable:   0/100  ← T2 waits for its last ack; T3 waits for T2
+//! ```
+//!
+//! # Sessions
+//!
+//! Each replication connection is a *session*; [`Progress::start_session`]
+//! begins one at the slot's confirmed position and forgets every transaction
+//! of the previous one (the server re-sends whatever was not confirmed).
+//! Tokens carry their session's number, so a delivery report that arrives
+//! after a reconnect is recognised as [`Ack::Stale`] and can never complete a
+//! transaction of the new session.
+//!
+//! # Status updates
+//!
+//! A standby status update reports `write` = the last WAL received and
+//! `flush` = `apply` = the confirmable position. One is due at least every
+//! status interval (keep it below `wal_sender_timeout / 2`), at once when a
+//! keepalive asks for a reply, and soon after the confirmable position moves
+//! (at most once per eager gap, so a stream of acks is not a stream of
+//! updates). The methods that can make one due return it; the caller sends it.
+//!
+//! Memory is one small entry per transaction not yet confirmable; the relay
+//! bounds how many events (and so transactions with events) are in flight.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
+
+/// The default status interval.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The least time between two updates sent because the confirmable position
+/// moved: a crash then re-sends little beyond what was in flight.
+pub const EAGER_GAP: Duration = Duration::from_millis(100);
+
+/// Identifies one event until the broker acknowledged it. Cheap to copy; it is
+/// the ack token the Kafka sink carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventToken {
+    session: u64,
+    tx: u64,
+}
+
+/// The stream broke the transaction rules, or a token was acked twice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProgressError {
+    /// Begin while a transaction was open.
+    #[error(
+        "Begin (final LSN {new}) inside the open transaction ending at {open}: protocol error"
+    )]
+    NestedBegin {
+        /// The open transaction's final LSN.
+        open: Lsn,
+        /// The new Begin's final LSN.
+        new: Lsn,
+    },
+    /// Commit with no open transaction.
+    #[error("Commit (commit LSN {0}) without a Begin: protocol error")]
+    CommitWithoutBegin(Lsn),
+    /// Commit's commit LSN is not the Begin's final LSN.
+    #[error(
+        "Commit LSN {commit_lsn} does not match Begin's final LSN {final_lsn}: protocol error"
+    )]
+    CommitMismatch {
+        /// From Begin.
+        final_lsn: Lsn,
+        /// From Commit.
+        commit_lsn: Lsn,
+    },
+    /// An event outside Begin … Commit.
+    #[error("an event arrived outside a transaction: protocol error")]
+    EventOutsideTransaction,
+    /// An ack for a token of this session that is not outstanding.
+    #[error("ack for an event that is not in flight (acked twice?)")]
+    UnknownToken,
+}
+
+/// What an ack did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// The event belongs to this session and is acked; maybe an update is due.
+    Current(Option<StandbyStatusUpdate>),
+    /// The event belongs to an earlier session: ignored (the server re-sends
+    /// its transaction, which is tracked anew).
+    Stale,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Tx {
+    /// Set at Commit.
+    end_lsn: Option<Lsn>,
+    /// Events issued and not yet acked.
+    unacked: u32,
+}
+
+/// When status updates are due.
+#[derive(Clone, Copy, Debug)]
+struct Schedule {
+    interval: Duration,
+    eager_gap: Duration,
+    last_sent: Option<Instant>,
+    last_sent_flush: Lsn,
+}
+
+/// The transaction prefix and the status-update schedule; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    session: u64,
+    /// Transactions not yet confirmable, oldest first; the front has
+    /// sequence number `front_seq`.
+    txs: VecDeque<Tx>,
+    front_seq: u64,
+    /// The open transaction's final LSN (it is the back of `txs`).
+    open: Option<Lsn>,
+    confirmable: Lsn,
+    received: Lsn,
+    unacked_events: u64,
+    schedule: Schedule,
+}
+
+impl Progress {
+    /// Tracks nothing yet; call [`Progress::start_session`] once streaming.
+    pub fn new(interval: Duration, eager_gap: Duration) -> Self {
+        Progress {
+            session: 0,
+            txs: VecDeque::new(),
+            front_seq: 0,
+            open: None,
+            confirmable: Lsn::ZERO,
+            received: Lsn::ZERO,
+            unacked_events: 0,
+            schedule: Schedule {
+                interval,
+                eager_gap: eager_gap.min(interval),
+                last_sent: None,
+                last_sent_flush: Lsn::ZERO,
+            },
+        }
+    }
+
+    /// A new replication session streaming from the slot's confirmed
+    /// position `confirmed`: earlier sessions' transactions are forgotten and
+    /// their tokens become stale. The first status update is due at once.
+    pub fn start_session(&mut self, confirmed: Lsn) {
+        self.session += 1;
+        self.txs.clear();
+        self.front_seq = 0;
+        self.open = None;
+        self.unacked_events = 0;
+        // The slot may have been moved by someone else; it is the truth now.
+        self.confirmable = confirmed;
+        self.received = confirmed;
+        self.schedule.last_sent = None;
+        self.schedule.last_sent_flush = confirmed;
+    }
+
+    /// WAL received up to `wal_end` (any XLogData).
+    pub fn received(&mut self, wal_end: Lsn) {
+        self.received = self.received.max(wal_end);
+    }
+
+    /// A Begin message.
+    pub fn begin(&mut self, final_lsn: Lsn) -> Result<(), ProgressError> {
+        if let Some(open) = self.open {
+            return Err(ProgressError::NestedBegin {
+                open,
+                new: final_lsn,
+            });
+        }
+        self.txs.push_back(Tx {
+            end_lsn: None,
+            unacked: 0,
+        });
+        self.open = Some(final_lsn);
+        Ok(())
+    }
+
+    /// An event of the open transaction, about to be sent; ack its token when
+    /// the broker acknowledged it.
+    pub fn event(&mut self) -> Result<EventToken, ProgressError> {
+        if self.open.is_none() {
+            return Err(ProgressError::EventOutsideTransaction);
+        }
+        let seq = self.front_seq + self.txs.len() as u64 - 1;
+        let tx = self
+            .txs
+            .back_mut()
+            .expect("an open transaction is in the queue");
+        tx.unacked += 1;
+        self.unacked_events += 1;
+        Ok(EventToken {
+            session: self.session,
+            tx: seq,
+        })
+    }
+
+    /// A Commit message.
+    pub fn commit(
+        &mut self,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        now: Instant,
+    ) -> Result<Option<StandbyStatusUpdate>, ProgressError> {
+        let final_lsn = self
+            .open
+            .ok_or(ProgressError::CommitWithoutBegin(commit_lsn))?;
+        if final_lsn != commit_lsn {
+            return Err(ProgressError::CommitMismatch {
+                final_lsn,
+                commit_lsn,
+            });
+        }
+        self.open = None;
+        self.txs
+            .back_mut()
+            .expect("an open transaction is in the queue")
+            .end_lsn = Some(end_lsn);
+        self.advance();
+        Ok(self.poll(now, false))
+    }
+
+    /// The broker acknowledged the event (or its dead-letter copy).
+    pub fn ack(&mut self, token: EventToken, now: Instant) -> Result<Ack, ProgressError> {
+        if token.session != self.session {
+            return Ok(Ack::Stale);
+        }
+        let tx = token
+            .tx
+            .checked_sub(self.front_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.txs.get_mut(i))
+            .ok_or(ProgressError::UnknownToken)?;
+        if tx.unacked == 0 {
+            return Err(ProgressError::UnknownToken);
+        }
+        tx.unacked -= 1;
+        self.unacked_events -= 1;
+        self.advance();
+        Ok(Ack::Current(self.poll(now, false)))
+    }
+
+    /// True when `token` belongs to the current session.
+    pub fn is_current(&self, token: EventToken) -> bool {
+        token.session == self.session
+    }
+
+    /// A keepalive: its `wal_end` is confirmable when nothing is pending and
+    /// no transaction is open; an update is due at once if it asks for one.
+    pub fn keepalive(
+        &mut self,
+        wal_end: Lsn,
+        reply_requested: bool,
+        now: Instant,
+    ) -> Option<StandbyStatusUpdate> {
+        self.received(wal_end);
+        if self.open.is_none() && self.txs.is_empty() {
+            self.confirmable = self.confirmable.max(wal_end);
+        }
+        self.poll(now, reply_requested)
+    }
+
+    /// The update due at `now`, if any (call it when [`Progress::next_due`]
+    /// is reached).
+    pub fn tick(&mut self, now: Instant) -> Option<StandbyStatusUpdate> {
+        self.poll(now, false)
+    }
+
+    /// When the next update is due: the periodic one or, if a confirmation
+    /// is held back by the eager gap, the gap's end (so the last ack of a
+    /// burst is reported within the gap, not a whole interval later).
+    pub fn next_due(&self) -> Instant {
+        let s = &self.schedule;
+        let Some(last) = s.last_sent else {
+            return Instant::now();
+        };
+        if self.confirmable > s.last_sent_flush {
+            last + s.eager_gap
+        } else {
+            last + s.interval
+        }
+    }
+
+    /// The update reporting the current positions, marked as sent (the last
+    /// one of a session, at shutdown).
+    pub fn final_update(&mut self, now: Instant) -> StandbyStatusUpdate {
+        self.mark_sent(now)
+    }
+
+    /// The newest position that may be confirmed to Postgres.
+    pub fn confirmable(&self) -> Lsn {
+        self.confirmable
+    }
+
+    /// The newest position received.
+    pub fn received_lsn(&self) -> Lsn {
+        self.received
+    }
+
+    /// Events of this session sent and not yet acked.
+    pub fn unacked_events(&self) -> u64 {
+        self.unacked_events
+    }
+
+    /// Transactions not yet confirmable (open, committed with unacked events,
+    /// or waiting for an earlier one).
+    pub fn pending_transactions(&self) -> usize {
+        self.txs.len()
+    }
+
+    /// True while a transaction is between Begin and Commit.
+    pub fn in_transaction(&self) -> bool {
+        self.open.is_some()
+    }
+
+    fn poll(&mut self, now: Instant, reply_requested: bool) -> Option<StandbyStatusUpdate> {
+        let s = &self.schedule;
+        let periodic = s.last_sent.is_none_or(|t| now >= t + s.interval);
+        let moved = self.confirmable > s.last_sent_flush
+            && s.last_sent.is_none_or(|t| now >= t + s.eager_gap);
+        (periodic || reply_requested || moved).then(|| self.mark_sent(now))
+    }
+
+    fn mark_sent(&mut self, now: Instant) -> StandbyStatusUpdate {
+        self.schedule.last_sent = Some(now);
+        self.schedule.last_sent_flush = self.confirmable;
+        StandbyStatusUpdate {
+            write: self.received.max(self.confirmable),
+            flush: self.confirmable,
+            apply: self.confirmable,
+            client_time: PgTimestamp::now(),
+            reply_requested: false,
+        }
+    }
+
+    fn advance(&mut self) {
+        while let Some(Tx {
+            end_lsn: Some(end),
+            unacked: 0,
+        }) = self.txs.front().copied()
+        {
+            debug_assert!(end >= self.confirmable, "commit order is LSN order");
+            self.confirmable = self.confirmable.max(end);
+            self.txs.pop_front();
+            self.front_seq += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,411 @@
+//! In-memory ends for the relay's unit tests: a scripted replication source
+//! and a broker the test acknowledges by hand.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use bytes::{BufMut, BytesMut};
+use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
+use sink_kafka::{Delivered, DeliveryError, Record, Report};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Token};
+
+// ---- frames ---------------------------------------------------------------
+
+/// Type OIDs used by the fake outbox table.
+const UUID: u32 = 2950;
+const TEXT: u32 = 25;
+const JSONB: u32 = 3802;
+
+/// The fake outbox table's OID.
+pub(super) const OUTBOX: u32 = 16_384;
+
+fn xlog(lsn: u64, data: BytesMut) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'w');
+    b.put_u64(lsn);
+    b.put_u64(lsn);
+    b.put_i64(0);
+    b.put_slice(&data);
+    ReplicationMessage::parse(b.freeze()).expect("a valid XLogData")
+}
+
+fn cstr(b: &mut BytesMut, s: &str) {
+    b.put_slice(s.as_bytes());
+    b.put_u8(0);
+}
+
+/// `Begin` of the transaction committing at `final_lsn`.
+pub(super) fn begin(final_lsn: u64) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'B');
+    b.put_u64(final_lsn);
+    b.put_i64(0);
+    b.put_u32(1000);
+    xlog(final_lsn.saturating_sub(50), b)
+}
+
+/// `Commit` of that transaction, ending at `end_lsn`.
+pub(super) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'C');
+    b.put_u8(0);
+    b.put_u64(final_lsn);
+    b.put_u64(end_lsn);
+    b.put_i64(0);
+    xlog(final_lsn, b)
+}
+
+/// `Relation` for `public.outbox_events` with walbox's default columns.
+pub(super) fn relation() -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'R');
+    b.put_u32(OUTBOX);
+    cstr(&mut b, "public");
+    cstr(&mut b, "outbox_events");
+    b.put_u8(b'd');
+    let columns = [
+        ("id", UUID),
+        ("aggregate_type", TEXT),
+        ("aggregate_id", TEXT),
+        ("event_type", TEXT),
+        ("payload", JSONB),
+    ];
+    b.put_u16(columns.len() as u16);
+    for (name, oid) in columns {
+        b.put_u8(0);
+        cstr(&mut b, name);
+        b.put_u32(oid);
+        b.put_i32(-1);
+    }
+    xlog(0, b)
+}
+
+/// `Insert` of an outbox row at `lsn`; `None` columns are NULL.
+pub(super) fn insert(
+    lsn: u64,
+    id: &str,
+    aggregate_id: Option<&str>,
+    payload: &str,
+) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'I');
+    b.put_u32(OUTBOX);
+    b.put_u8(b'N');
+    let values = [
+        Some(id),
+        Some("order"),
+        aggregate_id,
+        Some("Created"),
+        Some(payload),
+    ];
+    b.put_u16(values.len() as u16);
+    for v in values {
+        match v {
+            None => b.put_u8(b'n'),
+            Some(v) => {
+                b.put_u8(b't');
+                b.put_u32(v.len() as u32);
+                b.put_slice(v.as_bytes());
+            }
+        }
+    }
+    xlog(lsn, b)
+}
+
+/// A primary keepalive.
+pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'k');
+    b.put_u64(wal_end);
+    b.put_i64(0);
+    b.put_u8(u8::from(reply));
+    ReplicationMessage::parse(b.freeze()).expect("a valid keepalive")
+}
+
+// ---- source ---------------------------------------------------------------
+
+type Item = Result<ReplicationMessage, RunError>;
+
+/// Sessions the relay will open, in order; with none left, `start` waits.
+#[derive(Default)]
+pub(super) struct FakeSource {
+    sessions: VecDeque<(FakeStream, Lsn)>,
+}
+
+/// The test's end of one session.
+pub(super) struct Server {
+    tx: Option<mpsc::UnboundedSender<Item>>,
+    status: Arc<Mutex<Vec<StandbyStatusUpdate>>>,
+    closed: Arc<Mutex<bool>>,
+}
+
+pub(super) struct FakeStream {
+    rx: mpsc::UnboundedReceiver<Item>,
+    status: Arc<Mutex<Vec<StandbyStatusUpdate>>>,
+    closed: Arc<Mutex<bool>>,
+}
+
+impl FakeSource {
+    /// Adds a session that starts at the slot position `start`.
+    pub(super) fn session(&mut self, start: u64) -> Server {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let status = Arc::new(Mutex::new(Vec::new()));
+        let closed = Arc::new(Mutex::new(false));
+        self.sessions.push_back((
+            FakeStream {
+                rx,
+                status: Arc::clone(&status),
+                closed: Arc::clone(&closed),
+            },
+            Lsn::new(start),
+        ));
+        Server {
+            tx: Some(tx),
+            status,
+            closed,
+        }
+    }
+}
+
+impl Server {
+    /// The server sends `message`.
+    pub(super) fn send(&self, message: ReplicationMessage) {
+        let _ = self.tx.as_ref().expect("connected").send(Ok(message));
+    }
+
+    /// The connection breaks (a transient error) after what was sent.
+    pub(super) fn disconnect(&mut self) {
+        self.tx.take();
+    }
+
+    /// The status updates received so far.
+    pub(super) fn updates(&self) -> Vec<StandbyStatusUpdate> {
+        self.status.lock().unwrap().clone()
+    }
+
+    /// The highest position confirmed so far (0 if none).
+    pub(super) fn confirmed(&self) -> u64 {
+        self.updates()
+            .iter()
+            .map(|u| u.flush.as_u64())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The status updates, readable after the server handle moved.
+    pub(super) fn status_handle(&self) -> Arc<Mutex<Vec<StandbyStatusUpdate>>> {
+        Arc::clone(&self.status)
+    }
+
+    /// True once the relay closed the session cleanly.
+    pub(super) fn closed(&self) -> bool {
+        *self.closed.lock().unwrap()
+    }
+}
+
+impl Source for FakeSource {
+    type Stream = FakeStream;
+
+    async fn start(&mut self) -> Result<(FakeStream, Lsn), RunError> {
+        match self.sessions.pop_front() {
+            Some(session) => Ok(session),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl ReplicationStream for FakeStream {
+    async fn next(&mut self) -> Result<ReplicationMessage, RunError> {
+        match self.rx.recv().await {
+            Some(item) => item,
+            None => Err(RunError::Postgres(slot_manager::Error::StreamEnded)),
+        }
+    }
+
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+        self.status.lock().unwrap().push(update);
+        Ok(())
+    }
+
+    async fn retained_wal_bytes(&mut self) -> Option<i64> {
+        Some(0)
+    }
+
+    async fn close(self) {
+        *self.closed.lock().unwrap() = true;
+    }
+}
+
+// ---- destination ----------------------------------------------------------
+
+/// A record the fake broker holds until the test decides its fate.
+struct InFlight {
+    record: Record<Token>,
+    permits: InFlightPermits,
+}
+
+struct BrokerState {
+    in_flight: VecDeque<InFlight>,
+    /// Every record acknowledged, in order.
+    delivered: Vec<Record<()>>,
+}
+
+/// The fake broker: bounded like the sink (events and KiB), reports by hand.
+#[derive(Clone)]
+pub(super) struct Broker {
+    state: Arc<Mutex<BrokerState>>,
+    slots: Arc<Semaphore>,
+    slots_total: usize,
+    kib: Arc<Semaphore>,
+    kib_total: usize,
+    reports: mpsc::UnboundedSender<(Report<Token>, InFlightPermits)>,
+}
+
+type InFlightPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+/// The relay's report stream from the fake broker.
+pub(super) struct FakeReports {
+    rx: mpsc::UnboundedReceiver<(Report<Token>, InFlightPermits)>,
+}
+
+impl Broker {
+    /// A broker taking at most `events` records and `kib` KiB in flight.
+    pub(super) fn new(events: usize, kib: usize) -> (Broker, FakeReports) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            Broker {
+                state: Arc::new(Mutex::new(BrokerState {
+                    in_flight: VecDeque::new(),
+                    delivered: Vec::new(),
+                })),
+                slots: Arc::new(Semaphore::new(events)),
+                slots_total: events,
+                kib: Arc::new(Semaphore::new(kib)),
+                kib_total: kib,
+                reports: tx,
+            },
+            FakeReports { rx },
+        )
+    }
+
+    /// Records sent and not yet reported.
+    pub(super) fn pending(&self) -> usize {
+        self.state.lock().unwrap().in_flight.len()
+    }
+
+    /// The keys of the records sent and not yet reported, oldest first.
+    pub(super) fn pending_keys(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state.in_flight.iter().map(|f| key_of(&f.record)).collect()
+    }
+
+    /// Acknowledges the oldest pending record; false if there is none.
+    pub(super) fn ack_oldest(&self) -> bool {
+        self.ack_where(|_| true)
+    }
+
+    /// Acknowledges the oldest pending record with `key`.
+    pub(super) fn ack_key(&self, key: &str) -> bool {
+        self.ack_where(|r| key_of(r) == key)
+    }
+
+    /// Acknowledges everything pending.
+    pub(super) fn ack_all(&self) {
+        while self.ack_oldest() {}
+    }
+
+    fn ack_where(&self, pick: impl Fn(&Record<Token>) -> bool) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let Some(i) = state.in_flight.iter().position(|f| pick(&f.record)) else {
+            return false;
+        };
+        let InFlight { record, permits } = state.in_flight.remove(i).expect("found");
+        let (copy, token) = record.split_token();
+        state.delivered.push(copy);
+        let report = Report {
+            token,
+            result: Ok(Delivered {
+                partition: 0,
+                offset: state.delivered.len() as i64 - 1,
+            }),
+            returned: None,
+        };
+        let _ = self.reports.send((report, permits));
+        true
+    }
+
+    /// Refuses the oldest pending record with `error`, returning it whole.
+    pub(super) fn refuse_oldest(&self, error: DeliveryError) {
+        let mut state = self.state.lock().unwrap();
+        let InFlight { record, permits } = state.in_flight.pop_front().expect("a pending record");
+        let (returned, token) = record.split_token();
+        let report = Report {
+            token,
+            result: Err(error),
+            returned: Some(returned),
+        };
+        let _ = self.reports.send((report, permits));
+    }
+
+    /// Every record acknowledged so far.
+    pub(super) fn delivered(&self) -> Vec<Record<()>> {
+        self.state.lock().unwrap().delivered.clone()
+    }
+}
+
+/// A record's key as text (`""` for none).
+pub(super) fn key_of<T>(r: &Record<T>) -> String {
+    r.key
+        .as_ref()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .unwrap_or_default()
+}
+
+/// A record's header as text.
+pub(super) fn header<'a, T>(r: &'a Record<T>, name: &str) -> Option<&'a str> {
+    r.headers
+        .iter()
+        .find(|h| h.name == name)
+        .map(|h| std::str::from_utf8(&h.value).expect("text header"))
+}
+
+impl Destination for Broker {
+    type Permit = InFlightPermits;
+
+    async fn reserve(&self, size: usize) -> InFlightPermits {
+        let kib = size.div_ceil(1024).clamp(1, self.kib_total) as u32;
+        let slot = Arc::clone(&self.slots).acquire_owned().await.unwrap();
+        let bytes = Arc::clone(&self.kib).acquire_many_owned(kib).await.unwrap();
+        (slot, bytes)
+    }
+
+    async fn send(&self, permits: InFlightPermits, record: Record<Token>) {
+        self.state
+            .lock()
+            .unwrap()
+            .in_flight
+            .push_back(InFlight { record, permits });
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots_total - self.slots.available_permits()
+    }
+
+    fn in_flight_bytes(&self) -> usize {
+        (self.kib_total - self.kib.available_permits()) * 1024
+    }
+}
+
+impl Deliveries for FakeReports {
+    async fn next(&mut self) -> Option<Report<Token>> {
+        // The permits return when the relay receives the report, as in the sink.
+        self.rx.recv().await.map(|(report, _permits)| report)
+    }
+}
+
+/// A payload of about `n` bytes.
+pub(super) fn payload(n: usize) -> String {
+    format!("{{\"pad\": \"{}\"}}", "x".repeat(n.saturating_sub(12)))
+}

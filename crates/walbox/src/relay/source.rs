@@ -1,0 +1,120 @@
+//! Where events come from: replication sessions on a slot.
+
+use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
+use slot_manager::{
+    connect_control, preflight, start_streaming, LogicalReplicationStream, PgConfig,
+    ReplicationOptions, TableName,
+};
+use tokio_postgres::Client;
+
+use super::RunError;
+
+/// Opens replication sessions. The relay runs on one task, so these futures
+/// need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Source {
+    /// One session's stream.
+    type Stream: ReplicationStream;
+
+    /// Checks the server, starts streaming from the slot's confirmed
+    /// position, and returns the stream and that position.
+    async fn start(&mut self) -> Result<(Self::Stream, Lsn), RunError>;
+}
+
+/// One replication session.
+#[allow(async_fn_in_trait)]
+pub trait ReplicationStream {
+    /// The next XLogData or keepalive. Cancel-safe.
+    async fn next(&mut self) -> Result<ReplicationMessage, RunError>;
+
+    /// Sends a standby status update (moves the slot's confirmed position).
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError>;
+
+    /// The WAL the slot retains, for the metrics; `None` if unknown.
+    async fn retained_wal_bytes(&mut self) -> Option<i64>;
+
+    /// Ends the session cleanly.
+    async fn close(self);
+}
+
+/// The production source: a Postgres slot through slot-manager.
+#[derive(Debug)]
+pub struct PostgresSource {
+    pg: PgConfig,
+    slot: String,
+    table: TableName,
+    required_columns: Vec<String>,
+    options: ReplicationOptions,
+}
+
+impl PostgresSource {
+    /// Streams `slot` through `publication`; every session first checks that
+    /// `table` has `required_columns`.
+    pub fn new(
+        pg: PgConfig,
+        slot: String,
+        publication: String,
+        table: TableName,
+        required_columns: Vec<String>,
+    ) -> Self {
+        PostgresSource {
+            pg,
+            slot,
+            table,
+            required_columns,
+            options: ReplicationOptions::new(publication),
+        }
+    }
+}
+
+/// A session on Postgres: the replication stream, and a control connection
+/// to sample the slot.
+#[derive(Debug)]
+pub struct PostgresStream {
+    stream: LogicalReplicationStream,
+    control: Client,
+    slot: String,
+}
+
+impl Source for PostgresSource {
+    type Stream = PostgresStream;
+
+    async fn start(&mut self) -> Result<(PostgresStream, Lsn), RunError> {
+        let control = connect_control(&self.pg).await?;
+        let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
+        preflight(&control, &self.table, &columns).await?;
+        let (stream, status) =
+            start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
+        let start = status.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
+        Ok((
+            PostgresStream {
+                stream,
+                control,
+                slot: self.slot.clone(),
+            },
+            start,
+        ))
+    }
+}
+
+impl ReplicationStream for PostgresStream {
+    async fn next(&mut self) -> Result<ReplicationMessage, RunError> {
+        Ok(self.stream.next_message().await?)
+    }
+
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+        Ok(self.stream.send_standby_status_update(update).await?)
+    }
+
+    async fn retained_wal_bytes(&mut self) -> Option<i64> {
+        // Metrics only: a failed sample is not worth stopping for.
+        match slot_manager::slot_status(&self.control, &self.slot).await {
+            Ok(Some(status)) => status.retained_wal_bytes,
+            _ => None,
+        }
+    }
+
+    async fn close(self) {
+        self.stream.close().await;
+    }
+}
