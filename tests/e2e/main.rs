@@ -1,1 +1,7 @@
-//! placeholder
+//! End-to-end tests of the `walbox` binary as operators run it: real
+//! Postgres, a Kafka broker (the MockCluster, or Tansu in `scripts/test`'s
+//! second pass), signals, kill -9, restarts.
+
+mod bad_inputs;
+mod migrate;
+mod run;

@@ -301,7 +301,7 @@ pub async fn drop_slot(
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
             .await
             .map_err(|e| {
-                crate::replication::classify_slot_error(slot, server_error_of(e, "drop the slot"))
+                crate::stream::classify_slot_error(slot, Error::from_db(e, "drop the slot"))
             })?;
         dropped.slot = true;
     }
@@ -323,18 +323,6 @@ pub async fn drop_slot(
         }
     }
     Ok(dropped)
-}
-
-fn server_error_of(e: tokio_postgres::Error, context: &str) -> Error {
-    match e.as_db_error() {
-        Some(db) => Error::Server {
-            code: db.code().code().to_owned(),
-            message: db.message().to_owned(),
-            detail: db.detail().map(str::to_owned),
-            hint: db.hint().map(str::to_owned),
-        },
-        None => Error::sql(context)(e),
-    }
 }
 
 /// A slot's state, for `walbox status` and the relay's checks.
@@ -378,38 +366,4 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
         wal_status: r.get(5),
         safe_wal_size: r.get(6),
     }))
-}
-
-/// Starts streaming `slot` and then re-reads the slot over `control`, as the
-/// run loop must: a slot dropped or invalidated meanwhile is a definite error
-/// ([`Error::SlotMissing`], [`Error::SlotInvalidated`]), not an endless retry.
-pub async fn start_streaming(
-    config: &PgConfig,
-    control: &Client,
-    slot: &str,
-    start: Lsn,
-    options: &crate::ReplicationOptions,
-) -> Result<(crate::LogicalReplicationStream, SlotStatus), Error> {
-    let stream = crate::ReplicationClient::connect(config)
-        .await?
-        .start_logical_replication(slot, start, options)
-        .await?;
-    let status = check_slot_usable(control, slot).await?;
-    Ok((stream, status))
-}
-
-/// After `START_REPLICATION`: the slot must still exist and be usable. A
-/// missing slot is [`Error::SlotMissing`], a lost one [`Error::SlotInvalidated`].
-pub async fn check_slot_usable(client: &Client, slot: &str) -> Result<SlotStatus, Error> {
-    let status = slot_status(client, slot)
-        .await?
-        .ok_or_else(|| Error::SlotMissing {
-            slot: slot.to_owned(),
-        })?;
-    if status.wal_status.as_deref() == Some("lost") {
-        return Err(Error::SlotInvalidated {
-            slot: slot.to_owned(),
-        });
-    }
-    Ok(status)
 }

@@ -2,7 +2,9 @@
 
 use std::io;
 
+use fallible_iterator::FallibleIterator;
 use pgoutput_decoder::DecodeError;
+use postgres_protocol::message::backend::ErrorResponseBody;
 
 /// A failure of a Postgres operation.
 ///
@@ -89,6 +91,26 @@ pub enum Error {
     },
 }
 
+/// The fields of a server error, from either connection.
+#[derive(Default)]
+struct ServerError {
+    code: String,
+    message: String,
+    detail: Option<String>,
+    hint: Option<String>,
+}
+
+impl From<ServerError> for Error {
+    fn from(s: ServerError) -> Error {
+        Error::Server {
+            code: s.code,
+            message: s.message,
+            detail: s.detail,
+            hint: s.hint,
+        }
+    }
+}
+
 /// SQLSTATE classes and codes that clear up by themselves.
 fn transient_sqlstate(code: &str) -> bool {
     code.starts_with("08") // connection exception
@@ -123,6 +145,38 @@ impl Error {
             Error::Server { code, .. } => Some(code),
             Error::Sql { source, .. } => source.code().map(|c| c.code()),
             _ => None,
+        }
+    }
+
+    /// The server's ErrorResponse on the replication connection.
+    pub(crate) fn from_response(body: &ErrorResponseBody) -> Error {
+        let mut server = ServerError::default();
+        let mut fields = body.fields();
+        while let Ok(Some(field)) = fields.next() {
+            let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+            match field.type_() {
+                b'C' => server.code = value,
+                b'M' => server.message = value,
+                b'D' => server.detail = Some(value),
+                b'H' => server.hint = Some(value),
+                _ => {}
+            }
+        }
+        server.into()
+    }
+
+    /// A control-connection error: the server's error when it sent one (so
+    /// both connections report it alike), else `context` and the cause.
+    pub(crate) fn from_db(e: tokio_postgres::Error, context: &str) -> Error {
+        match e.as_db_error() {
+            Some(db) => ServerError {
+                code: db.code().code().to_owned(),
+                message: db.message().to_owned(),
+                detail: db.detail().map(str::to_owned),
+                hint: db.hint().map(str::to_owned),
+            }
+            .into(),
+            None => Error::sql(context)(e),
         }
     }
 

@@ -12,25 +12,40 @@
 //!
 //! It depends on `pgoutput-decoder` for the bytes and knows nothing of Kafka.
 //!
+//! | module | concern |
+//! |---|---|
+//! | `config` | the connection string, TLS settings, never the password in output |
+//! | `tls` | rustls with libpq's `sslmode` semantics, for both connections |
+//! | `wire` | framing on one socket: whole messages (cancel-safe, bounded), simple queries |
+//! | `startup` | socket, TLS negotiation, startup and authentication |
+//! | `client` | a replication-mode connection and its commands |
+//! | `stream` | `START_REPLICATION`, the CopyBoth stream, [`start_streaming`] |
+//! | `control` | preflight, publication and slot lifecycle, slot status over SQL |
+//! | `error` | one error type; server errors from either connection built in one place |
+//!
 //! Errors say what to do about them: [`Error::is_transient`] separates what
 //! a run loop should retry (network, server restart, a slot busy elsewhere)
 //! from what must stop the process with its message (authentication, a
 //! missing slot or table, `wal_level` not logical).
 
+mod client;
 mod config;
 mod control;
 mod error;
-mod replication;
 mod sql;
+mod startup;
+mod stream;
 mod tls;
+mod wire;
 
+pub use client::{IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode};
 pub use control::{
-    check_slot_usable, connect_control, drop_slot, ensure_publication, ensure_slot, preflight,
-    slot_status, start_streaming, Dropped, Ensured, SlotStatus,
+    connect_control, drop_slot, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
+    Ensured, SlotStatus,
 };
 pub use error::Error;
-pub use replication::{
-    IdentifySystem, LogicalReplicationStream, ReplicationClient, ReplicationOptions, Streaming,
-};
 pub use sql::{quote_ident, quote_literal, ParseTableNameError, TableName};
+pub use stream::{
+    check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Streaming,
+};

@@ -1,6 +1,5 @@
-//! Integration tests of the `walbox` binary against a real Postgres.
+//! Integration tests of the walbox library against a real Postgres. The
+//! process-level tests of the `walbox` binary are the workspace's top-level
+//! `tests/` crate (`walbox-e2e`).
 
-mod bad_inputs;
 mod mapping;
-mod migrate;
-mod run;

@@ -9,7 +9,7 @@ use walbox_test_harness::pg::{self, fresh_db, PgServer};
 
 /// Runs walbox with `url` and returns (exit code, last stderr line).
 fn walbox(url: &str, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+    let out = Command::new(walbox_e2e::walbox_bin())
         .args(args)
         .env("WALBOX_PG_URL", url)
         .output()

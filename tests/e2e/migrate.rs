@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use walbox_test_harness::pg::fresh_db;
 
 fn walbox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_walbox"))
+    Command::new(walbox_e2e::walbox_bin())
         .args(args)
         .env_remove("WALBOX_PG_URL")
         .output()

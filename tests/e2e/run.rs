@@ -18,7 +18,7 @@ use walbox_test_harness::slot::{
 use walbox_test_harness::wait::wait_for;
 
 fn walbox(db: &TestDb, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_walbox"));
+    let mut c = Command::new(walbox_e2e::walbox_bin());
     c.args(args)
         .env(
             "WALBOX_PG_URL",
@@ -340,7 +340,7 @@ fn bad_configuration_is_a_usage_error_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("walbox.toml");
     std::fs::write(&file, "pg_url = \"host=h user=u\"\nslto = \"x\"\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+    let out = Command::new(walbox_e2e::walbox_bin())
         .args(["status", "--config", file.to_str().unwrap()])
         .env_remove("WALBOX_PG_URL")
         .output()
@@ -539,12 +539,12 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     );
     let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
     apply_migrations(&client).await;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_walbox"));
+    let mut cmd = Command::new(walbox_e2e::walbox_bin());
     cmd.args(["init-slot", "--pg-url", &url]);
     assert!(cmd.status().unwrap().success());
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_walbox"));
+    let mut command = Command::new(walbox_e2e::walbox_bin());
     command.env("WALBOX_PG_URL", &url);
     let mut relay = spawn_run_with(command, &kafka, &["--mapping-topic-template", &topic]);
     insert_events(&client, 0, 50, |_| 10, 5).await;

@@ -1,0 +1,225 @@
+//! Opening a replication connection: the socket (TCP or Unix), TLS
+//! negotiation per `sslmode`, the startup message with
+//! `replication=database`, and authentication (trust, cleartext, md5,
+//! SCRAM-SHA-256), until the walsender is ready for commands.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_postgres::config::Host;
+
+use crate::client::ReplicationClient;
+use crate::config::{PgConfig, SslMode};
+use crate::error::Error;
+use crate::tls;
+use crate::wire::{message_name, unexpected, Incoming, Io, Wire};
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ReplicationClient {
+    /// Connects, negotiates TLS per `sslmode`, authenticates, and waits until
+    /// the walsender is ready for commands. Bounded by `connect_timeout`
+    /// (default 30 s).
+    pub async fn connect(config: &PgConfig) -> Result<ReplicationClient, Error> {
+        let (host, port) = config.host_port();
+        let target = match &host {
+            Host::Tcp(h) => format!("{h}:{port}"),
+            Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+        };
+        let timeout = config
+            .tokio_config()
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        match tokio::time::timeout(
+            timeout,
+            Self::connect_inner(config, host, port, target.clone()),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(Error::Io {
+                target,
+                source: io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {timeout:?}"),
+                ),
+            }),
+        }
+    }
+
+    async fn connect_inner(
+        config: &PgConfig,
+        host: Host,
+        port: u16,
+        target: String,
+    ) -> Result<Self, Error> {
+        let io_err = |target: &str| {
+            let target = target.to_owned();
+            move |source| Error::Io { target, source }
+        };
+        let io: Box<dyn Io> = match &host {
+            Host::Unix(dir) => Box::new(
+                UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
+                    .await
+                    .map_err(io_err(&target))?,
+            ),
+            Host::Tcp(h) => {
+                let mut tcp = TcpStream::connect((h.as_str(), port))
+                    .await
+                    .map_err(io_err(&target))?;
+                tcp.set_nodelay(true).map_err(io_err(&target))?;
+                match tls::client_config(config)? {
+                    None => Box::new(tcp),
+                    Some(tls_config) => {
+                        let mut request = BytesMut::new();
+                        frontend::ssl_request(&mut request);
+                        tcp.write_all(&request).await.map_err(io_err(&target))?;
+                        match tcp.read_u8().await.map_err(io_err(&target))? {
+                            b'S' => {
+                                let name = tls::server_name(h)?;
+                                let stream = tokio_rustls::TlsConnector::from(tls_config)
+                                    .connect(name, tcp)
+                                    .await
+                                    .map_err(|e| {
+                                        Error::Tls(format!("handshake with {target}: {e}"))
+                                    })?;
+                                Box::new(stream)
+                            }
+                            b'N' if config.ssl_mode() == SslMode::Prefer => Box::new(tcp),
+                            b'N' => {
+                                return Err(Error::Tls(format!(
+                                    "{target} does not accept TLS connections, but sslmode={}",
+                                    config.ssl_mode()
+                                )))
+                            }
+                            other => {
+                                return Err(Error::Protocol(format!(
+                                    "unexpected answer {:?} to the SSL request",
+                                    other as char
+                                )))
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let mut client = ReplicationClient {
+            wire: Wire::new(io, target),
+            backend_pid: None,
+            server_version: None,
+        };
+        client.startup(config).await?;
+        Ok(client)
+    }
+
+    async fn startup(&mut self, config: &PgConfig) -> Result<(), Error> {
+        let application_name = config
+            .tokio_config()
+            .get_application_name()
+            .unwrap_or("walbox");
+        let params = [
+            ("user", config.user()),
+            ("database", config.dbname()),
+            ("replication", "database"),
+            ("application_name", application_name),
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(params.iter().copied(), &mut self.wire.write_buf)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        self.wire.flush().await?;
+
+        let password = || {
+            config.password().ok_or_else(|| {
+                Error::Config("the server asks for a password, and none was given".into())
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match self.wire.read().await? {
+                Incoming::Message(Message::AuthenticationOk) => break,
+                Incoming::Message(Message::AuthenticationCleartextPassword) => {
+                    frontend::password_message(password()?, &mut self.wire.write_buf)
+                        .map_err(|e| Error::Protocol(e.to_string()))?;
+                    self.wire.flush().await?;
+                }
+                Incoming::Message(Message::AuthenticationMd5Password(body)) => {
+                    let hash = md5_hash(config.user().as_bytes(), password()?, body.salt());
+                    frontend::password_message(hash.as_bytes(), &mut self.wire.write_buf)
+                        .map_err(|e| Error::Protocol(e.to_string()))?;
+                    self.wire.flush().await?;
+                }
+                Incoming::Message(Message::AuthenticationSasl(body)) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut has_scram = false;
+                    while let Some(m) = mechanisms.next().map_err(|e| Error::Protocol(e.to_string()))? {
+                        has_scram |= m == SCRAM_SHA_256;
+                    }
+                    if !has_scram {
+                        return Err(Error::Config("the server offers no SASL mechanism walbox supports (SCRAM-SHA-256)".into()));
+                    }
+                    // Channel binding is not used ('n'): correct with and without TLS.
+                    let s = ScramSha256::new(password()?, ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut self.wire.write_buf)
+                        .map_err(|e| Error::Protocol(e.to_string()))?;
+                    scram = Some(s);
+                    self.wire.flush().await?;
+                }
+                Incoming::Message(Message::AuthenticationSaslContinue(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| unexpected("SASL continue", "authentication"))?;
+                    s.update(body.data()).map_err(|e| Error::Protocol(format!("SCRAM: {e}")))?;
+                    frontend::sasl_response(s.message(), &mut self.wire.write_buf).map_err(|e| Error::Protocol(e.to_string()))?;
+                    self.wire.flush().await?;
+                }
+                Incoming::Message(Message::AuthenticationSaslFinal(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| unexpected("SASL final", "authentication"))?;
+                    s.finish(body.data())
+                        .map_err(|e| Error::Protocol(format!("SCRAM: the server's proof is invalid: {e}")))?;
+                }
+                Incoming::Message(Message::ErrorResponse(body)) => return Err(Error::from_response(&body)),
+                Incoming::Message(Message::NoticeResponse(_)) => {}
+                Incoming::Message(
+                    Message::AuthenticationKerberosV5
+                    | Message::AuthenticationScmCredential
+                    | Message::AuthenticationGss
+                    | Message::AuthenticationSspi,
+                ) => {
+                    return Err(Error::Config(
+                        "the server asks for Kerberos/GSS/SSPI authentication; walbox supports trust, password, md5 and scram-sha-256".into(),
+                    ))
+                }
+                Incoming::Message(other) => return Err(unexpected(message_name(&other), "authentication")),
+                Incoming::CopyBoth => return Err(unexpected("CopyBothResponse", "authentication")),
+            }
+        }
+        loop {
+            match self.wire.read().await? {
+                Incoming::Message(Message::ReadyForQuery(_)) => return Ok(()),
+                Incoming::Message(Message::BackendKeyData(body)) => {
+                    self.backend_pid = Some(body.process_id())
+                }
+                Incoming::Message(Message::ParameterStatus(body)) => {
+                    if body.name().ok() == Some("server_version") {
+                        self.server_version = body.value().ok().map(str::to_owned);
+                    }
+                }
+                Incoming::Message(Message::NoticeResponse(_)) => {}
+                Incoming::Message(Message::ErrorResponse(body)) => {
+                    return Err(Error::from_response(&body))
+                }
+                Incoming::Message(other) => {
+                    return Err(unexpected(message_name(&other), "startup"))
+                }
+                Incoming::CopyBoth => return Err(unexpected("CopyBothResponse", "startup")),
+            }
+        }
+    }
+}
