@@ -2,6 +2,7 @@
 //! and a broker the test acknowledges by hand.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, BytesMut};
@@ -139,12 +140,15 @@ pub(super) struct Server {
     tx: Option<mpsc::UnboundedSender<Item>>,
     status: Arc<Mutex<Vec<StandbyStatusUpdate>>>,
     closed: Arc<Mutex<bool>>,
+    /// Messages sent by the server and not yet read by the relay.
+    unread: Arc<AtomicUsize>,
 }
 
 pub(super) struct FakeStream {
     rx: mpsc::UnboundedReceiver<Item>,
     status: Arc<Mutex<Vec<StandbyStatusUpdate>>>,
     closed: Arc<Mutex<bool>>,
+    unread: Arc<AtomicUsize>,
 }
 
 impl FakeSource {
@@ -153,11 +157,13 @@ impl FakeSource {
         let (tx, rx) = mpsc::unbounded_channel();
         let status = Arc::new(Mutex::new(Vec::new()));
         let closed = Arc::new(Mutex::new(false));
+        let unread = Arc::new(AtomicUsize::new(0));
         self.sessions.push_back((
             FakeStream {
                 rx,
                 status: Arc::clone(&status),
                 closed: Arc::clone(&closed),
+                unread: Arc::clone(&unread),
             },
             Lsn::new(start),
         ));
@@ -165,6 +171,7 @@ impl FakeSource {
             tx: Some(tx),
             status,
             closed,
+            unread,
         }
     }
 }
@@ -172,7 +179,13 @@ impl FakeSource {
 impl Server {
     /// The server sends `message`.
     pub(super) fn send(&self, message: ReplicationMessage) {
+        self.unread.fetch_add(1, Ordering::SeqCst);
         let _ = self.tx.as_ref().expect("connected").send(Ok(message));
+    }
+
+    /// Messages the relay has not read yet (still in the socket, as it were).
+    pub(super) fn unread(&self) -> usize {
+        self.unread.load(Ordering::SeqCst)
     }
 
     /// The connection breaks (a transient error) after what was sent.
@@ -219,7 +232,10 @@ impl Source for FakeSource {
 impl ReplicationStream for FakeStream {
     async fn next(&mut self) -> Result<ReplicationMessage, RunError> {
         match self.rx.recv().await {
-            Some(item) => item,
+            Some(item) => {
+                self.unread.fetch_sub(1, Ordering::SeqCst);
+                item
+            }
             None => Err(RunError::Postgres(slot_manager::Error::StreamEnded)),
         }
     }

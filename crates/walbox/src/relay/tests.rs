@@ -46,6 +46,21 @@ where
     F: FnOnce(watch::Sender<bool>) -> Fut,
     Fut: Future<Output = ()>,
 {
+    // Time is paused, so a relay that spins without yielding would hang the
+    // test instead of failing it: a real-time watchdog ends the process.
+    let (_alive, watched) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            watched.recv_timeout(Duration::from_secs(30))
+        {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "the relay spun for 30 s without yielding (a busy loop)"
+            );
+            std::process::exit(101);
+        }
+    });
     let (stop, stopped) = watch::channel(false);
     let relay = run(config, source, broker, reports, stopped, metrics);
     tokio::pin!(relay);
@@ -268,6 +283,11 @@ async fn backpressure_by_count_stops_reading_but_keepalives_are_answered() {
             server.send(commit(390, 400));
             idle(3500).await;
             assert_eq!(b.pending(), 3, "the bound holds");
+            assert_eq!(
+                server.unread(),
+                5,
+                "reading stopped behind the one record waiting for room (Begin and f0 read)"
+            );
             let periodic = server.updates().len();
             assert!(
                 periodic >= before + 4,
@@ -436,7 +456,8 @@ async fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot(
             server.send(begin(290));
             server.send(insert(210, "bad", None, "{}"));
             server.send(commit(290, 300));
-            std::future::pending::<()>().await;
+            idle(60_000).await;
+            panic!("the relay should have stopped");
         },
     )
     .await;
@@ -554,7 +575,8 @@ async fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() 
             server.send(commit(190, 200));
             until("1 in flight", || b.pending() == 1).await;
             b.refuse_oldest(refusal());
-            std::future::pending::<()>().await;
+            idle(60_000).await;
+            panic!("the relay should have stopped");
         },
     )
     .await;
