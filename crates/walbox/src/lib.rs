@@ -12,3 +12,4 @@ pub mod mapping;
 pub mod metrics;
 pub mod progress;
 pub mod relay;
+pub mod timestamp;
