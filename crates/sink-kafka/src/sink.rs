@@ -284,24 +284,19 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 ),
             );
             tracing::error!(topic = %record.topic, size, "record too large for message.max.bytes");
-            inner.fail_before_producing(record, permit, error);
+            let (record, token) = record.split_token();
+            inner.fail_before_producing(record, token, permit, error);
             return;
         }
         if let Err(error) = self.check_topic(&record.topic).await {
             tracing::error!(topic = %record.topic, %error, "cannot produce to topic");
-            inner.fail_before_producing(record, permit, error);
+            let (record, token) = record.split_token();
+            inner.fail_before_producing(record, token, permit, error);
             return;
         }
-        let Record {
-            topic,
-            key,
-            value,
-            headers,
-            timestamp_ms,
-            token,
-        } = record;
-        let mut owned_headers = OwnedHeaders::new_with_capacity(headers.len());
-        for h in &headers {
+        let (record, token) = record.split_token();
+        let mut owned_headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for h in &record.headers {
             owned_headers = owned_headers.insert(Header {
                 key: &h.name,
                 value: Some(h.value.as_ref()),
@@ -318,14 +313,14 @@ impl<T: Send + Sync + 'static> Sink<T> {
             tokio::pin!(room);
             room.as_mut().enable();
             let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
-                BaseRecord::with_opaque_to(&topic, pending).headers(owned_headers.clone());
-            if let Some(k) = key.as_deref() {
+                BaseRecord::with_opaque_to(&record.topic, pending).headers(owned_headers.clone());
+            if let Some(k) = record.key.as_deref() {
                 base = base.key(k);
             }
-            if let Some(v) = value.as_deref() {
+            if let Some(v) = record.value.as_deref() {
                 base = base.payload(v);
             }
-            if let Some(ts) = timestamp_ms {
+            if let Some(ts) = record.timestamp_ms {
                 base = base.timestamp(ts);
             }
             match inner.producer.send(base) {
@@ -337,15 +332,8 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 }
                 Err((e, base)) => {
                     let error = DeliveryError::from_kafka(&e);
-                    let failed = Record {
-                        topic: topic.clone(),
-                        key: key.clone(),
-                        value: value.clone(),
-                        headers: headers.clone(),
-                        timestamp_ms,
-                        token: base.delivery_opaque.token,
-                    };
-                    inner.fail_before_producing(failed, base.delivery_opaque.permits, error);
+                    let Pending { token, permits } = *base.delivery_opaque;
+                    inner.fail_before_producing(record, token, permits, error);
                     return;
                 }
             }
@@ -430,8 +418,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// Reports a failure found before the record reached librdkafka.
-    fn fail_before_producing(&self, record: Record<T>, permits: Permit, error: DeliveryError) {
-        let (returned, token) = record.split_token();
+    fn fail_before_producing(
+        &self,
+        returned: Record<()>,
+        token: T,
+        permits: Permit,
+        error: DeliveryError,
+    ) {
         let raw = Raw {
             pending: Pending { token, permits },
             returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),

@@ -183,6 +183,16 @@ impl Server {
         let _ = self.tx.as_ref().expect("connected").send(Ok(message));
     }
 
+    /// A whole transaction committing at `final_lsn` (ending 10 later) with
+    /// one event per `(id, aggregate id)`, at `final_lsn - 80`, `- 70`, …
+    pub(super) fn transaction(&self, final_lsn: u64, events: &[(&str, Option<&str>)]) {
+        self.send(begin(final_lsn));
+        for (i, (id, key)) in events.iter().enumerate() {
+            self.send(insert(final_lsn - 80 + 10 * i as u64, id, *key, "{}"));
+        }
+        self.send(commit(final_lsn, final_lsn + 10));
+    }
+
     /// Messages the relay has not read yet (still in the socket, as it were).
     pub(super) fn unread(&self) -> usize {
         self.unread.load(Ordering::SeqCst)

@@ -32,45 +32,68 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
     }
 }
 
-/// Runs the relay beside `script`, which gets the shutdown switch; returns
-/// the relay's result once both ended.
-async fn relay_with<F, Fut>(
-    config: &RelayConfig,
-    source: &mut FakeSource,
-    broker: &Broker,
-    reports: &mut fakes::FakeReports,
+/// A relay's world: its configuration, a scripted source, a fake broker
+/// bounded to `events` and `kib` in flight, and its metrics.
+struct Fixture {
+    config: RelayConfig,
+    source: FakeSource,
+    broker: Broker,
+    reports: fakes::FakeReports,
     metrics: Arc<Metrics>,
-    script: F,
-) -> Result<(), RunError>
-where
-    F: FnOnce(watch::Sender<bool>) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    // Time is paused, so a relay that spins without yielding would hang the
-    // test instead of failing it: a real-time watchdog ends the process.
-    let (_alive, watched) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-            watched.recv_timeout(Duration::from_secs(30))
-        {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "the relay spun for 30 s without yielding (a busy loop)"
-            );
-            std::process::exit(101);
+}
+
+impl Fixture {
+    fn new(dead_letters: DeadLetters, events: usize, kib: usize) -> Fixture {
+        let (broker, reports) = Broker::new(events, kib);
+        Fixture {
+            config: config(dead_letters),
+            source: FakeSource::default(),
+            broker,
+            reports,
+            metrics: Metrics::new(),
         }
-    });
-    let (stop, stopped) = watch::channel(false);
-    let relay = run(config, source, broker, reports, stopped, metrics);
-    tokio::pin!(relay);
-    let script = script(stop);
-    tokio::pin!(script);
-    let mut script_done = false;
-    loop {
-        tokio::select! {
-            result = &mut relay => return result,
-            () = &mut script, if !script_done => script_done = true,
+    }
+
+    /// Runs the relay beside `script`, which gets the shutdown switch;
+    /// returns the relay's result once it ended.
+    async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
+    where
+        F: FnOnce(watch::Sender<bool>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        // Time is paused, so a relay that spins without yielding would hang the
+        // test instead of failing it: a real-time watchdog ends the process.
+        let (_alive, watched) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                watched.recv_timeout(Duration::from_secs(30))
+            {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "the relay spun for 30 s without yielding (a busy loop)"
+                );
+                std::process::exit(101);
+            }
+        });
+        let (stop, stopped) = watch::channel(false);
+        let relay = run(
+            &self.config,
+            &mut self.source,
+            &self.broker,
+            &mut self.reports,
+            stopped,
+            Arc::clone(&self.metrics),
+        );
+        tokio::pin!(relay);
+        let script = script(stop);
+        tokio::pin!(script);
+        let mut script_done = false;
+        loop {
+            tokio::select! {
+                result = &mut relay => return result,
+                () = &mut script, if !script_done => script_done = true,
+            }
         }
     }
 }
@@ -101,19 +124,11 @@ fn refusal() -> DeliveryError {
 
 #[tokio::test(start_paused = true)]
 async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let metrics = Metrics::new();
-    let b = broker.clone();
-    let result = relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        metrics.clone(),
-        |stop| async move {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
             server.send(relation());
             for (t, keys) in [(0u64, ["a", "b"]), (1, ["a", "c"])] {
                 let base = 100 * (t + 1);
@@ -134,65 +149,51 @@ async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
             until("the slot at the last commit", || server.confirmed() == 300).await;
             stop.send(true).unwrap();
             until("a clean close", || server.closed()).await;
-        },
-    )
-    .await;
+        })
+        .await;
     result.unwrap();
-    let ids: Vec<_> = broker
+    let ids: Vec<_> = fx
+        .broker
         .delivered()
         .iter()
         .map(|r| header(r, "id").unwrap().to_owned())
         .collect();
     assert_eq!(ids, ["e00", "e01", "e10", "e11"]);
-    assert!(metrics
+    assert!(fx
+        .metrics
         .encode()
         .contains("walbox_events_published_total{topic=\"events\"} 4"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_session() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let mut first = source.session(10);
-    let second = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let b = broker.clone();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            first.send(relation());
-            first.send(begin(190));
-            first.send(insert(110, "e1", Some("a"), "{}"));
-            first.send(insert(120, "e2", Some("b"), "{}"));
-            first.send(commit(190, 200));
-            until("2 in flight", || b.pending() == 2).await;
-            first.disconnect();
-            // The new session: the server re-sends the unconfirmed transaction.
-            idle(2000).await;
-            second.send(relation());
-            second.send(begin(190));
-            second.send(insert(110, "e1", Some("a"), "{}"));
-            second.send(insert(120, "e2", Some("b"), "{}"));
-            second.send(commit(190, 200));
-            until("4 in flight", || b.pending() == 4).await;
-            // The first session's deliveries succeed late: nothing moves.
-            assert!(b.ack_oldest() && b.ack_oldest());
-            idle(1500).await;
-            assert_eq!(second.confirmed(), 10, "stale acks confirmed nothing");
-            b.ack_all();
-            until("confirmed", || second.confirmed() == 200).await;
-            assert_eq!(first.confirmed(), 10);
-            stop.send(true).unwrap();
-        },
-    )
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let mut first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    fx.run(|stop| async move {
+        first.send(relation());
+        first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+        until("2 in flight", || b.pending() == 2).await;
+        first.disconnect();
+        // The new session: the server re-sends the unconfirmed transaction.
+        idle(2000).await;
+        second.send(relation());
+        second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+        until("4 in flight", || b.pending() == 4).await;
+        // The first session's deliveries succeed late: nothing moves.
+        assert!(b.ack_oldest() && b.ack_oldest());
+        idle(1500).await;
+        assert_eq!(second.confirmed(), 10, "stale acks confirmed nothing");
+        b.ack_all();
+        until("confirmed", || second.confirmed() == 200).await;
+        assert_eq!(first.confirmed(), 10);
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
     assert_eq!(
-        broker.delivered().len(),
+        fx.broker.delivered().len(),
         4,
         "duplicates only of what was in flight"
     );
@@ -200,187 +201,146 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
 
 #[tokio::test(start_paused = true)]
 async fn a_stale_report_after_reconnect_is_ignored() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let mut first = source.session(10);
-    let second = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let b = broker.clone();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            first.send(relation());
-            first.send(begin(190));
-            first.send(insert(110, "old", Some("old"), "{}"));
-            until("1 in flight", || b.pending() == 1).await;
-            first.disconnect();
-            idle(2000).await;
-            // In the new session, the same transaction has two events.
-            second.send(relation());
-            second.send(begin(190));
-            second.send(insert(110, "e1", Some("a"), "{}"));
-            second.send(insert(120, "e2", Some("b"), "{}"));
-            second.send(commit(190, 200));
-            until("3 in flight", || b.pending() == 3).await;
-            assert!(b.ack_key("old"), "the old session's report arrives now");
-            assert!(b.ack_key("a"));
-            idle(1500).await;
-            assert_eq!(
-                second.confirmed(),
-                10,
-                "e2 is unacked: the stale report must not count for it"
-            );
-            assert!(b.ack_key("b"));
-            until("confirmed", || second.confirmed() == 200).await;
-            stop.send(true).unwrap();
-        },
-    )
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let mut first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    fx.run(|stop| async move {
+        first.send(relation());
+        first.send(begin(190));
+        first.send(insert(110, "old", Some("old"), "{}"));
+        until("1 in flight", || b.pending() == 1).await;
+        first.disconnect();
+        idle(2000).await;
+        // In the new session, the same transaction has two events.
+        second.send(relation());
+        second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+        until("3 in flight", || b.pending() == 3).await;
+        assert!(b.ack_key("old"), "the old session's report arrives now");
+        assert!(b.ack_key("a"));
+        idle(1500).await;
+        assert_eq!(
+            second.confirmed(),
+            10,
+            "e2 is unacked: the stale report must not count for it"
+        );
+        assert!(b.ack_key("b"));
+        until("confirmed", || second.confirmed() == 200).await;
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn backpressure_by_count_stops_reading_but_keepalives_are_answered() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(3, 1024);
-    let b = broker.clone();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            server.send(relation());
-            server.send(begin(190));
-            for i in 0..3 {
-                server.send(insert(110 + i, &format!("e{i}"), Some("a"), "{}"));
-            }
-            server.send(commit(190, 200));
-            until("3 in flight", || b.pending() == 3).await;
-            // Full: a keepalive asking for a reply is still answered at once.
-            let before = server.updates().len();
-            server.send(keepalive(250, true));
+    let mut fx = Fixture::new(DeadLetters::halt(), 3, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.send(begin(190));
+        for i in 0..3 {
+            server.send(insert(110 + i, &format!("e{i}"), Some("a"), "{}"));
+        }
+        server.send(commit(190, 200));
+        until("3 in flight", || b.pending() == 3).await;
+        // Full: a keepalive asking for a reply is still answered at once.
+        let before = server.updates().len();
+        server.send(keepalive(250, true));
+        idle(10).await;
+        assert_eq!(
+            server.updates().len(),
+            before + 1,
+            "the reply went out while full"
+        );
+        assert_eq!(server.updates().last().unwrap().write.as_u64(), 250);
+        assert_eq!(server.confirmed(), 10, "nothing acked, nothing confirmed");
+        // More events: one waits for room, the rest stay unread.
+        server.send(begin(390));
+        for i in 0..5 {
+            server.send(insert(310 + i, &format!("f{i}"), Some("b"), "{}"));
+        }
+        server.send(commit(390, 400));
+        idle(3500).await;
+        assert_eq!(b.pending(), 3, "the bound holds");
+        assert_eq!(
+            server.unread(),
+            5,
+            "reading stopped behind the one record waiting for room (Begin and f0 read)"
+        );
+        let periodic = server.updates().len();
+        assert!(
+            periodic >= before + 4,
+            "status updates keep going out every second while full: {periodic}"
+        );
+        // Room again: everything flows and is confirmed.
+        while b.pending() > 0 {
+            b.ack_all();
             idle(10).await;
-            assert_eq!(
-                server.updates().len(),
-                before + 1,
-                "the reply went out while full"
-            );
-            assert_eq!(server.updates().last().unwrap().write.as_u64(), 250);
-            assert_eq!(server.confirmed(), 10, "nothing acked, nothing confirmed");
-            // More events: one waits for room, the rest stay unread.
-            server.send(begin(390));
-            for i in 0..5 {
-                server.send(insert(310 + i, &format!("f{i}"), Some("b"), "{}"));
-            }
-            server.send(commit(390, 400));
-            idle(3500).await;
-            assert_eq!(b.pending(), 3, "the bound holds");
-            assert_eq!(
-                server.unread(),
-                5,
-                "reading stopped behind the one record waiting for room (Begin and f0 read)"
-            );
-            let periodic = server.updates().len();
-            assert!(
-                periodic >= before + 4,
-                "status updates keep going out every second while full: {periodic}"
-            );
-            // Room again: everything flows and is confirmed.
-            while b.pending() > 0 {
-                b.ack_all();
-                idle(10).await;
-            }
-            until("confirmed", || server.confirmed() == 400).await;
-            stop.send(true).unwrap();
-        },
-    )
+        }
+        until("confirmed", || server.confirmed() == 400).await;
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
-    assert_eq!(broker.delivered().len(), 8);
+    assert_eq!(fx.broker.delivered().len(), 8);
 }
 
 #[tokio::test(start_paused = true)]
 async fn backpressure_by_bytes_holds_one_record_at_a_time() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 2);
+    let server = fx.source.session(10);
     // 2 KiB in flight; each event is ~1.5 KiB.
-    let (broker, mut reports) = Broker::new(100, 2);
-    let b = broker.clone();
+    let b = fx.broker.clone();
     let big = fakes::payload(1500);
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            server.send(relation());
-            server.send(begin(190));
-            for i in 0..4 {
-                server.send(insert(110 + i, &format!("e{i}"), Some("a"), &big));
-            }
-            server.send(commit(190, 200));
-            server.send(keepalive(250, true));
-            idle(2500).await;
-            assert_eq!(b.pending(), 1, "only one 1.5 KiB record fits in 2 KiB");
-            assert!(
-                server.updates().len() >= 3,
-                "status updates continue while full"
-            );
-            assert_eq!(server.confirmed(), 10);
-            for _ in 0..4 {
-                until("the next record", || b.pending() == 1).await;
-                b.ack_oldest();
-            }
-            until("confirmed", || server.confirmed() == 200).await;
-            assert_eq!(server.updates().last().unwrap().write.as_u64(), 250);
-            stop.send(true).unwrap();
-        },
-    )
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.send(begin(190));
+        for i in 0..4 {
+            server.send(insert(110 + i, &format!("e{i}"), Some("a"), &big));
+        }
+        server.send(commit(190, 200));
+        server.send(keepalive(250, true));
+        idle(2500).await;
+        assert_eq!(b.pending(), 1, "only one 1.5 KiB record fits in 2 KiB");
+        assert!(
+            server.updates().len() >= 3,
+            "status updates continue while full"
+        );
+        assert_eq!(server.confirmed(), 10);
+        for _ in 0..4 {
+            until("the next record", || b.pending() == 1).await;
+            b.ack_oldest();
+        }
+        until("confirmed", || server.confirmed() == 200).await;
+        assert_eq!(server.updates().last().unwrap().write.as_u64(), 250);
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
-    assert_eq!(broker.delivered().len(), 4);
+    assert_eq!(fx.broker.delivered().len(), 4);
 }
 
 #[tokio::test(start_paused = true)]
 async fn sigterm_mid_transaction_drains_and_confirms_only_complete_transactions() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let b = broker.clone();
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
     let status = server.status_handle();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            server.send(relation());
-            server.send(begin(190));
-            server.send(insert(110, "e1", Some("a"), "{}"));
-            server.send(commit(190, 200));
-            server.send(begin(390));
-            server.send(insert(310, "e2", Some("a"), "{}"));
-            server.send(insert(320, "e3", Some("a"), "{}"));
-            until("3 in flight", || b.pending() == 3).await;
-            stop.send(true).unwrap();
-            idle(100).await;
-            assert!(!server.closed(), "the relay waits for in-flight reports");
-            b.ack_all();
-            until("a clean close", || server.closed()).await;
-        },
-    )
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.transaction(190, &[("e1", Some("a"))]);
+        server.send(begin(390));
+        server.send(insert(310, "e2", Some("a"), "{}"));
+        server.send(insert(320, "e3", Some("a"), "{}"));
+        until("3 in flight", || b.pending() == 3).await;
+        stop.send(true).unwrap();
+        idle(100).await;
+        assert!(!server.closed(), "the relay waits for in-flight reports");
+        b.ack_all();
+        until("a clean close", || server.closed()).await;
+    })
     .await
     .unwrap();
     let last = status.lock().unwrap().last().copied().unwrap();
@@ -389,78 +349,53 @@ async fn sigterm_mid_transaction_drains_and_confirms_only_complete_transactions(
         200,
         "the open transaction is not confirmed"
     );
-    assert_eq!(broker.delivered().len(), 3);
+    assert_eq!(fx.broker.delivered().len(), 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let b = broker.clone();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |stop| async move {
-            server.send(relation());
-            server.send(begin(190));
-            server.send(insert(110, "e1", Some("a"), "{}"));
-            server.send(commit(190, 200));
-            server.send(begin(290)); // no events (another table's change)
-            server.send(commit(290, 300));
-            server.send(begin(390));
-            server.send(insert(310, "e3", Some("c"), "{}"));
-            server.send(commit(390, 400));
-            until("2 in flight", || b.pending() == 2).await;
-            b.ack_key("c");
-            idle(1500).await;
-            assert_eq!(
-                server.confirmed(),
-                10,
-                "T1 is unacked: neither T2 nor T3 may be confirmed"
-            );
-            b.ack_key("a");
-            until("all three confirmed", || server.confirmed() == 400).await;
-            stop.send(true).unwrap();
-        },
-    )
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.transaction(190, &[("e1", Some("a"))]);
+        server.send(begin(290)); // no events (another table's change)
+        server.send(commit(290, 300));
+        server.transaction(390, &[("e3", Some("c"))]);
+        until("2 in flight", || b.pending() == 2).await;
+        b.ack_key("c");
+        idle(1500).await;
+        assert_eq!(
+            server.confirmed(),
+            10,
+            "T1 is unacked: neither T2 nor T3 may be confirmed"
+        );
+        b.ack_key("a");
+        until("all three confirmed", || server.confirmed() == 400).await;
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let b = broker.clone();
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
     let status = server.status_handle();
-    let result = relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        Metrics::new(),
-        |_stop| async move {
+    let result = fx
+        .run(|_stop| async move {
             server.send(relation());
-            server.send(begin(190));
-            server.send(insert(110, "e1", Some("a"), "{}"));
-            server.send(commit(190, 200));
+            server.transaction(190, &[("e1", Some("a"))]);
             until("1 in flight", || b.pending() == 1).await;
             b.ack_all();
-            server.send(begin(290));
-            server.send(insert(210, "bad", None, "{}"));
-            server.send(commit(290, 300));
+            server.transaction(290, &[("bad", None)]);
             idle(60_000).await;
             panic!("the relay should have stopped");
-        },
-    )
-    .await;
+        })
+        .await;
     let e = result.unwrap_err().to_string();
     assert!(
         e.contains("event bad: column \"aggregate_id\" (the aggregate id) is NULL"),
@@ -481,47 +416,37 @@ async fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot(
 
 #[tokio::test(start_paused = true)]
 async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() {
-    let config = config(DeadLetters::to_topic("dlq"));
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let metrics = Metrics::new();
-    let b = broker.clone();
-    relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        metrics.clone(),
-        |stop| async move {
-            server.send(relation());
-            server.send(begin(190));
-            server.send(insert(110, "unmappable", None, "{\"n\": 1}"));
-            server.send(insert(120, "refused", Some("a"), "{\"n\": 2}"));
-            server.send(insert(130, "fine", Some("b"), "{}"));
-            server.send(commit(190, 200));
-            until("3 in flight", || b.pending() == 3).await;
-            b.ack_oldest(); // the unmappable row's copy
-            b.refuse_oldest(refusal());
-            until("the refused record's copy", || {
-                b.pending_keys() == ["b", "a"]
-            })
-            .await;
-            b.ack_key("b");
-            idle(1500).await;
-            assert_eq!(
-                server.confirmed(),
-                10,
-                "the refused event counts only once its copy is acked"
-            );
-            b.ack_key("a");
-            until("confirmed", || server.confirmed() == 200).await;
-            stop.send(true).unwrap();
-        },
-    )
+    let mut fx = Fixture::new(DeadLetters::to_topic("dlq"), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.send(begin(190));
+        server.send(insert(110, "unmappable", None, "{\"n\": 1}"));
+        server.send(insert(120, "refused", Some("a"), "{\"n\": 2}"));
+        server.send(insert(130, "fine", Some("b"), "{}"));
+        server.send(commit(190, 200));
+        until("3 in flight", || b.pending() == 3).await;
+        b.ack_oldest(); // the unmappable row's copy
+        b.refuse_oldest(refusal());
+        until("the refused record's copy", || {
+            b.pending_keys() == ["b", "a"]
+        })
+        .await;
+        b.ack_key("b");
+        idle(1500).await;
+        assert_eq!(
+            server.confirmed(),
+            10,
+            "the refused event counts only once its copy is acked"
+        );
+        b.ack_key("a");
+        until("confirmed", || server.confirmed() == 200).await;
+        stop.send(true).unwrap();
+    })
     .await
     .unwrap();
-    let delivered = broker.delivered();
+    let delivered = fx.broker.delivered();
     let dead: Vec<_> = delivered.iter().filter(|r| r.topic == "dlq").collect();
     assert_eq!(dead.len(), 2);
     for (r, kind, id, lsn) in [
@@ -541,7 +466,7 @@ async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() 
         Some("refused"),
         "and its own headers"
     );
-    let text = metrics.encode();
+    let text = fx.metrics.encode();
     assert!(
         text.contains("walbox_events_published_total{topic=\"events\"} 1"),
         "{text}"
@@ -555,38 +480,28 @@ async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() 
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() {
-    let config = config(DeadLetters::halt());
-    let mut source = FakeSource::default();
-    let server = source.session(10);
-    let (broker, mut reports) = Broker::new(100, 1024);
-    let metrics = Metrics::new();
-    let b = broker.clone();
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
     let status = server.status_handle();
-    let result = relay_with(
-        &config,
-        &mut source,
-        &broker,
-        &mut reports,
-        metrics.clone(),
-        |_stop| async move {
+    let result = fx
+        .run(|_stop| async move {
             server.send(relation());
-            server.send(begin(190));
-            server.send(insert(110, "e1", Some("a"), "{}"));
-            server.send(commit(190, 200));
+            server.transaction(190, &[("e1", Some("a"))]);
             until("1 in flight", || b.pending() == 1).await;
             b.refuse_oldest(refusal());
             idle(60_000).await;
             panic!("the relay should have stopped");
-        },
-    )
-    .await;
+        })
+        .await;
     assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
     assert!(status
         .lock()
         .unwrap()
         .iter()
         .all(|u| u.flush.as_u64() == 10));
-    assert!(metrics
+    assert!(fx
+        .metrics
         .encode()
         .contains("walbox_events_failed_total{topic=\"events\",kind=\"permanent\"} 1"));
 }
