@@ -3,5 +3,6 @@
 //! second pass), signals, kill -9, restarts.
 
 mod bad_inputs;
+mod config;
 mod migrate;
 mod run;

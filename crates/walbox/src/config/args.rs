@@ -99,6 +99,7 @@ impl<R: Reach> Args for Flags<R> {
             Arg::new(CONFIG)
                 .long("config")
                 .env("WALBOX_CONFIG")
+                .hide_env_values(true)
                 .value_name("FILE")
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("TOML configuration file (see docs/configuration.md)"),

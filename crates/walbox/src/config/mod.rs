@@ -382,10 +382,12 @@ impl Config {
             let first = values.get(parts.next()?)?.clone();
             parts.try_fold(first, |v, p| v.into_dict()?.get(p).cloned())
         };
-        let source_of = |v: &Value| {
-            self.figment
-                .get_metadata(v.tag())
-                .map_or_else(|| "default".to_owned(), |m| m.name.to_string())
+        let source_of = |v: &Value| match self.figment.get_metadata(v.tag()) {
+            None => "default".to_owned(),
+            Some(m) => match &m.source {
+                Some(figment::Source::File(path)) => path.display().to_string(),
+                _ => m.name.to_string(),
+            },
         };
         let text = |v: &Value| match v {
             Value::String(_, s) => s.clone(),

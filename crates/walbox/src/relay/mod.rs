@@ -30,6 +30,7 @@
 
 mod backoff;
 mod destination;
+mod handlers;
 mod session;
 mod source;
 

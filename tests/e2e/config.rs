@@ -1,0 +1,123 @@
+//! `walbox config`: the effective settings, secrets never shown, and exit
+//! status 2 for every configuration error, whichever command meets it.
+
+use std::process::{Command, Output};
+
+fn walbox(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(walbox_e2e::walbox_bin());
+    c.args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("WALBOX_")) {
+        c.env_remove(k);
+    }
+    c.envs(env.iter().copied()).output().unwrap()
+}
+
+#[test]
+fn config_shows_every_setting_with_its_source_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("kafka-password");
+    std::fs::write(&secret, "s3cret-from-file\n").unwrap();
+    let file = dir.path().join("walbox.toml");
+    std::fs::write(
+        &file,
+        "slot = \"from_file\"\n[mapping]\npreset = \"debezium\"\n",
+    )
+    .unwrap();
+    let out = walbox(
+        &[
+            "config",
+            "--config",
+            file.to_str().unwrap(),
+            "--kafka-property",
+            "linger.ms=20",
+        ],
+        &[
+            ("WALBOX_PG_URL", "postgres://walbox:hunter2@db:5432/app"),
+            ("WALBOX_KAFKA_BROKERS", "kafka:9092"),
+            (
+                "WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE",
+                secret.to_str().unwrap(),
+            ),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for secret in ["hunter2", "s3cret-from-file"] {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "{stdout}{stderr}"
+        );
+    }
+    let line = |key: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line("pg_url").contains("host=db port=5432 user=walbox dbname=app")
+            && line("pg_url").ends_with("(environment)")
+    );
+    assert!(
+        line("slot").contains("= from_file") && line("slot").ends_with("walbox.toml)"),
+        "{}",
+        line("slot")
+    );
+    assert!(
+        line("mapping.aggregate_id").contains("= aggregateid"),
+        "the preset's column"
+    );
+    assert!(line("kafka.properties.linger.ms").ends_with("= 20  (command line)"));
+    assert!(line("kafka.properties.sasl.password").contains("<redacted>  (environment)"));
+    assert!(line("publication").ends_with("(default)"));
+}
+
+#[test]
+fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
+    let pg = ("WALBOX_PG_URL", "postgres://walbox:hunter2@127.0.0.1:1/app");
+    /// Arguments, environment, and what the error line must say.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
+        (&["config"], &[], "pg_url is required"),
+        (&["config"], &[pg], "kafka.brokers is required"),
+        (
+            &["run", "--kafka-brokers", "k:1", "--metrics-addr", "nowhere"],
+            &[pg],
+            "metrics_addr \"nowhere\"",
+        ),
+        (
+            &["status", "--slot", "Bad Slot"],
+            &[pg],
+            "slot \"Bad Slot\"",
+        ),
+        (
+            &["init-slot", "--mapping-id", ""],
+            &[pg],
+            "mapping.id: must not be empty",
+        ),
+        (
+            &["drop-slot"],
+            &[pg, ("WALBOX_SHUTDOWN_TIMEOUT_SECS", "soon")],
+            "WALBOX_SHUTDOWN_TIMEOUT_SECS: expected a whole number",
+        ),
+        (
+            &["config"],
+            &[pg, ("WALBOX_PG_URL_FILE", "/nonexistent")],
+            "both WALBOX_PG_URL and WALBOX_PG_URL_FILE",
+        ),
+    ];
+    for (args, env, want) in cases {
+        let out = walbox(args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{args:?}: {stderr}");
+    }
+    // A flag's value the command line itself refuses: clap's usage error, also 2.
+    let out = walbox(&["migrate", "--log-format", "xml"], &[pg]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'xml'"));
+}
