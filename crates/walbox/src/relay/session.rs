@@ -5,6 +5,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use pgoutput_decoder::{Decoder, PgTimestamp};
 use sink_kafka::Record;
 use tokio::sync::watch;
@@ -128,6 +130,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         tokio::pin!(sample);
         let status_due = tokio::time::sleep_until(self.progress.next_due());
         tokio::pin!(status_due);
+        // One shutdown future for the whole session: a fresh one per
+        // iteration would register and deregister a waiter (two mutex
+        // round trips) per message.
+        let stop = stopped(shutdown);
+        tokio::pin!(stop);
         loop {
             self.update_gauges();
             let due = self.progress.next_due();
@@ -141,7 +148,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     let update = self.on_report(report.expect("the destination outlives the relay"))?;
                     send_status(stream, update).await?;
                 }
-                () = stopped(shutdown) => return Ok(()),
+                () = &mut stop => return Ok(()),
                 () = &mut status_due => {
                     send_status(stream, self.progress.tick(Instant::now())).await?;
                 }
@@ -161,8 +168,22 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 message = stream.next(), if waiting.is_none() => {
                     let update = self.on_message(&mut decoder, message?)?;
                     send_status(stream, update).await?;
+                    self.send_while_room().await;
                 }
             }
+        }
+    }
+
+    /// Sends waiting records while there is room right now: the common case
+    /// costs no extra turn of the loop. Whatever must wait for room is left
+    /// to the loop's `reserve` branch.
+    async fn send_while_room(&mut self) {
+        while let Some(size) = self.outgoing.front().map(Record::size) {
+            let Some(permit) = self.destination.reserve(size).now_or_never() else {
+                return;
+            };
+            let record = self.outgoing.pop_front().expect("a record is waiting");
+            self.destination.send(permit, record).await;
         }
     }
 
