@@ -1,7 +1,7 @@
 //! `walbox config`: checks the configuration as `walbox run` would and prints
 //! the effective settings, secrets redacted, with where each came from.
 
-use super::CliError;
+use super::{loaded, CliError};
 use crate::config::RunFlags;
 
 /// Arguments of `walbox config`.
@@ -13,7 +13,7 @@ pub struct ConfigArgs {
 
 /// Validates everything `run` needs; prints `key = value  (source)` lines.
 pub fn run(args: ConfigArgs) -> Result<(), CliError> {
-    let config = args.settings.load()?;
+    let config = loaded(args.settings.load())?;
     config.connection()?;
     config.mapping()?;
     config.run()?;
