@@ -802,3 +802,66 @@ async fn an_unmappable_row_goes_to_the_dead_letter_topic_when_configured() {
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
+
+/// The broker refuses one event's topic for good: with a dead-letter topic,
+/// walbox publishes the event there with its origin, goes on, and confirms
+/// past it; the events around it arrive on their own topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_event_goes_to_the_dead_letter_topic_with_its_origin() {
+    // The MockCluster, whatever the pass: the refusal is injected into it.
+    let kafka = TestKafka::mock(1);
+    let good = kafka.create_topic(1).await;
+    let dlq = kafka.create_topic(1).await;
+    let refused = "walbox-test-refused";
+    kafka
+        .mock_cluster()
+        .unwrap()
+        .topic_error(
+            refused,
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            "{aggregate_type}",
+            "--dead-letter-topic",
+            &dlq,
+        ],
+    );
+    client
+        .batch_execute(&format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('{good}', 'ok-1', 'E', '{{}}');
+             INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('6d1f1c9e-0000-4000-8000-0000000000dd', '{refused}', 'agg-r', 'Refused', '{{\"n\": 2}}');
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('{good}', 'ok-2', 'E', '{{}}');"
+        ))
+        .await
+        .unwrap();
+    let after = current_wal_lsn(&client).await;
+    let delivered = consume_n(&kafka, &good, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let keys: Vec<&[u8]> = delivered.iter().map(|m| m.key().unwrap()).collect();
+    assert_eq!(keys, [b"ok-1".as_slice(), b"ok-2".as_slice()]);
+    let dead = consume_n(&kafka, &dlq, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let h = headers_of(&dead[0]);
+    assert_eq!(h["walbox.error.kind"], "refused");
+    assert_eq!(h["walbox.original.topic"], refused);
+    assert_eq!(h["walbox.event.id"], "6d1f1c9e-0000-4000-8000-0000000000dd");
+    assert!(h["walbox.source.lsn"].contains('/'), "{h:?}");
+    assert!(h["walbox.error"].contains(refused), "{h:?}");
+    assert_eq!(h["event_type"], "Refused", "the record's own headers stay");
+    assert_eq!(dead[0].key(), Some(b"agg-r".as_slice()));
+    assert_eq!(dead[0].payload(), Some(b"{\"n\": 2}".as_slice()));
+    wait_confirmed_at_least(&client, "walbox", after, Duration::from_secs(15)).await;
+    assert!(relay.child.try_wait().unwrap().is_none(), "walbox went on");
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
