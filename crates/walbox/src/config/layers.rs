@@ -19,6 +19,22 @@ const KAFKA_PROPERTY_PREFIX: &str = "WALBOX_KAFKA_PROPERTY_";
 /// Any variable `X_FILE` gives setting `X` the content of that file.
 const FILE_SUFFIX: &str = "_FILE";
 
+/// Variables of earlier builds, refused with their new name rather than
+/// ignored.
+const RENAMED: &[(&str, &str)] = &[
+    ("WALBOX_TOPIC_TEMPLATE", "WALBOX_MAPPING_TOPIC_TEMPLATE"),
+    ("WALBOX_COLUMN_ID", "WALBOX_MAPPING_ID"),
+    (
+        "WALBOX_COLUMN_AGGREGATE_TYPE",
+        "WALBOX_MAPPING_AGGREGATE_TYPE",
+    ),
+    ("WALBOX_COLUMN_AGGREGATE_ID", "WALBOX_MAPPING_AGGREGATE_ID"),
+    ("WALBOX_COLUMN_EVENT_TYPE", "WALBOX_MAPPING_EVENT_TYPE"),
+    ("WALBOX_COLUMN_PAYLOAD", "WALBOX_MAPPING_PAYLOAD"),
+    ("WALBOX_COLUMN_HEADERS", "WALBOX_MAPPING_HEADERS"),
+    ("WALBOX_COLUMN_TIMESTAMP", "WALBOX_MAPPING_TIMESTAMP"),
+];
+
 /// One layer of settings, named for errors and `walbox config`.
 #[derive(Clone, Debug)]
 pub(crate) struct Layer {
@@ -102,6 +118,9 @@ pub(crate) fn environment(
         .into_iter()
         .filter(|(k, _)| k.starts_with("WALBOX_"))
         .collect();
+    if let Some((old, new)) = RENAMED.iter().find(|(old, _)| vars.contains_key(*old)) {
+        return Err(ConfigError(format!("{old} is now called {new}")));
+    }
     let mut dict = Dict::new();
     let mut properties = Dict::new();
     for (name, raw) in &vars {

@@ -209,6 +209,12 @@ fn bad_input_names_the_key_and_its_source() {
         "{e}"
     );
 
+    let e = load(None, &[PG, ("WALBOX_COLUMN_ID", "event_id")], &[]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "configuration: WALBOX_COLUMN_ID is now called WALBOX_MAPPING_ID"
+    );
+
     let c = load(None, &[PG, ("WALBOX_SLOT", "My Slot")], &[]).unwrap();
     assert!(c
         .connection()
