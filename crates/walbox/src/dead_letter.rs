@@ -102,11 +102,6 @@ impl DeadLetters {
         }
     }
 
-    /// The dead-letter topic, if configured.
-    pub fn topic(&self) -> Option<&str> {
-        self.topic.as_deref()
-    }
-
     /// The dead-letter copy of an unmappable row, or `None` to halt.
     pub fn unmappable<T>(
         &self,

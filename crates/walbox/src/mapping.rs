@@ -259,10 +259,13 @@ impl OutboxMapping {
     /// labelling a row that cannot be mapped; the name may be invalid).
     pub fn topic_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
         let aggregate_type = tuple.iter().nth(columns.aggregate_type)?;
-        Some(
-            self.topic_template
-                .replace("{aggregate_type}", aggregate_type.as_str()?),
-        )
+        Some(self.topic_for(aggregate_type.as_str()?))
+    }
+
+    /// The topic of an event with `aggregate_type`: the template filled in.
+    fn topic_for(&self, aggregate_type: &str) -> String {
+        self.topic_template
+            .replace("{aggregate_type}", aggregate_type)
     }
 
     /// A row's event id, if set.
@@ -294,9 +297,7 @@ impl OutboxMapping {
         )?;
         let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
 
-        let topic = self
-            .topic_template
-            .replace("{aggregate_type}", aggregate_type);
+        let topic = self.topic_for(aggregate_type);
         if !is_valid_topic(&topic) {
             return Err(MapError::InvalidTopic {
                 event_id: id,

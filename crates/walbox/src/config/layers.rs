@@ -77,6 +77,16 @@ fn pair(text: &str, what: &str) -> Result<(String, String), ConfigError> {
         .ok_or_else(|| ConfigError(format!("{what}: expected KEY=VALUE")))
 }
 
+/// A map from `KEY=VALUE` items, or an error naming `what`.
+fn map_of<'a>(items: impl Iterator<Item = &'a str>, what: &str) -> Result<Value, ConfigError> {
+    let mut map = Dict::new();
+    for item in items {
+        let (k, v) = pair(item, what)?;
+        map.insert(k, Value::from(v));
+    }
+    Ok(Value::from(map))
+}
+
 /// The value of `setting` from text, or an error naming `what`.
 fn typed(setting: &Setting, text: &str, what: &str) -> Result<Value, ConfigError> {
     match setting.kind {
@@ -96,14 +106,7 @@ fn typed(setting: &Setting, text: &str, what: &str) -> Result<Value, ConfigError
                 )))
             }
         }
-        Kind::Map => {
-            let mut map = Dict::new();
-            for item in text.split(',').filter(|i| !i.trim().is_empty()) {
-                let (k, v) = pair(item, what)?;
-                map.insert(k, Value::from(v));
-            }
-            Ok(Value::from(map))
-        }
+        Kind::Map => map_of(text.split(',').filter(|i| !i.trim().is_empty()), what),
     }
 }
 
@@ -183,14 +186,7 @@ pub(crate) fn flags<'a>(
         let s = setting(key).expect("flags come from the table");
         let what = format!("--{}", s.flag());
         let value = match s.kind {
-            Kind::Map => {
-                let mut map = Dict::new();
-                for v in values {
-                    let (k, v) = pair(v, &what)?;
-                    map.insert(k, Value::from(v));
-                }
-                Value::from(map)
-            }
+            Kind::Map => map_of(values.into_iter(), &what)?,
             _ => typed(s, values.last().copied().unwrap_or_default(), &what)?,
         };
         insert(&mut dict, key, value);

@@ -183,6 +183,14 @@ fn check_file(path: &Path) -> Result<(), ConfigError> {
     })
 }
 
+/// Where a value came from: the file's path, `environment` or `command line`.
+fn source_name(m: &figment::Metadata) -> String {
+    match &m.source {
+        Some(figment::Source::File(path)) => path.display().to_string(),
+        _ => m.name.to_string(),
+    }
+}
+
 /// Empty means "none" for optional columns.
 fn optional(v: String) -> Option<String> {
     (!v.is_empty()).then_some(v)
@@ -203,7 +211,7 @@ impl Config {
             let source = e
                 .metadata
                 .as_ref()
-                .map(|m| format!(" (from {})", m.name))
+                .map(|m| format!(" (from {})", source_name(m)))
                 .unwrap_or_default();
             let key = if e.path.is_empty() {
                 String::new()
@@ -382,12 +390,10 @@ impl Config {
             let first = values.get(parts.next()?)?.clone();
             parts.try_fold(first, |v, p| v.into_dict()?.get(p).cloned())
         };
-        let source_of = |v: &Value| match self.figment.get_metadata(v.tag()) {
-            None => "default".to_owned(),
-            Some(m) => match &m.source {
-                Some(figment::Source::File(path)) => path.display().to_string(),
-                _ => m.name.to_string(),
-            },
+        let source_of = |v: &Value| {
+            self.figment
+                .get_metadata(v.tag())
+                .map_or_else(|| "default".to_owned(), source_name)
         };
         let text = |v: &Value| match v {
             Value::String(_, s) => s.clone(),

@@ -214,9 +214,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         lsn: Lsn,
         dead_letter: Option<DeadLetterKind>,
     ) -> Result<Token, RunError> {
-        let topic = if topic.is_empty() {
-            Arc::clone(&self.no_topic)
-        } else if let Some(t) = self.topics.get(topic) {
+        let topic = if let Some(t) = self.topics.get(topic) {
             Arc::clone(t)
         } else {
             let t: Arc<str> = Arc::from(topic);

@@ -37,9 +37,9 @@ pub(super) struct Session<'a, D, R> {
     pub(super) outbox: HashMap<u32, Result<ColumnIndexes, MapError>>,
     /// The open transaction's commit time (from Begin).
     pub(super) commit_time: PgTimestamp,
-    /// Topic names shared by the tokens of their events.
+    /// Topic names shared by the tokens of their events (`""` for a row
+    /// that names none).
     pub(super) topics: HashMap<String, Arc<str>>,
-    pub(super) no_topic: Arc<str>,
 }
 
 /// Resolves when `shutdown` is (or turns) true; never if its sender is gone
@@ -67,7 +67,6 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             outbox: HashMap::new(),
             commit_time: PgTimestamp::default(),
             topics: HashMap::new(),
-            no_topic: Arc::from(""),
         }
     }
 
@@ -160,8 +159,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     }
                 }
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() => {
-                    let record = self.outgoing.pop_front().expect("a record is waiting");
-                    self.destination.send(permit, record).await;
+                    self.send_front(permit).await;
                 }
                 // Read only while nothing waits for room: memory stays within
                 // the in-flight bounds plus one record.
@@ -182,9 +180,14 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             let Some(permit) = self.destination.reserve(size).now_or_never() else {
                 return;
             };
-            let record = self.outgoing.pop_front().expect("a record is waiting");
-            self.destination.send(permit, record).await;
+            self.send_front(permit).await;
         }
+    }
+
+    /// Sends the first waiting record with the room reserved for it.
+    async fn send_front(&mut self, permit: D::Permit) {
+        let record = self.outgoing.pop_front().expect("a record is waiting");
+        self.destination.send(permit, record).await;
     }
 
     /// Waits (up to the shutdown timeout) until every event of this session
@@ -203,8 +206,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     }
                 }
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() => {
-                    let record = self.outgoing.pop_front().expect("a record is waiting");
-                    self.destination.send(permit, record).await;
+                    self.send_front(permit).await;
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::warn!(
