@@ -31,6 +31,7 @@
 mod client;
 mod config;
 mod control;
+mod coverage;
 mod error;
 mod sql;
 mod startup;
@@ -44,8 +45,10 @@ pub use control::{
     connect_control, drop_slot, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
     Ensured, SlotStatus,
 };
+pub use coverage::{coverage, describe_change, Coverage};
 pub use error::Error;
 pub use sql::{quote_ident, quote_literal, ParseTableNameError, TableName};
 pub use stream::{
-    check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Streaming,
+    check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
+    Streaming,
 };

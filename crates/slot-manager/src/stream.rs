@@ -22,7 +22,7 @@ use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio_postgres::Client;
 
-use crate::client::ReplicationClient;
+use crate::client::{IdentifySystem, ReplicationClient};
 use crate::config::PgConfig;
 use crate::control::{slot_status, SlotStatus};
 use crate::error::Error;
@@ -250,6 +250,19 @@ impl LogicalReplicationStream {
     }
 }
 
+/// A stream just started: the stream, the slot as it was then, and the
+/// server's identity (whose system identifier and timeline say whether LSNs
+/// of an earlier session compare with this one's).
+#[derive(Debug)]
+pub struct Started {
+    /// The stream.
+    pub stream: LogicalReplicationStream,
+    /// The slot, read after `START_REPLICATION`.
+    pub slot: SlotStatus,
+    /// `IDENTIFY_SYSTEM`, read before it.
+    pub system: IdentifySystem,
+}
+
 /// Starts streaming `slot` and then re-reads the slot over `control`, as the
 /// run loop must: a slot dropped or invalidated meanwhile is a definite error
 /// ([`Error::SlotMissing`], [`Error::SlotInvalidated`]), not an endless retry.
@@ -259,13 +272,18 @@ pub async fn start_streaming(
     slot: &str,
     start: Lsn,
     options: &ReplicationOptions,
-) -> Result<(LogicalReplicationStream, SlotStatus), Error> {
-    let stream = ReplicationClient::connect(config)
-        .await?
+) -> Result<Started, Error> {
+    let mut client = ReplicationClient::connect(config).await?;
+    let system = client.identify_system().await?;
+    let stream = client
         .start_logical_replication(slot, start, options)
         .await?;
     let status = check_slot_usable(control, slot).await?;
-    Ok((stream, status))
+    Ok(Started {
+        stream,
+        slot: status,
+        system,
+    })
 }
 
 /// After `START_REPLICATION`: the slot must still exist and be usable. A

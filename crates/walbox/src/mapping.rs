@@ -18,7 +18,7 @@
 //! ([`OutboxMapping::resolve`]); mapping a row is then one pass over its tuple.
 
 use bytes::Bytes;
-use pgoutput_decoder::{Column, RelationBody, TupleData};
+use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
 use sink_kafka::Header;
 
 use crate::timestamp::parse_timestamp_ms;
@@ -137,6 +137,10 @@ pub enum MapError {
 /// Column positions of one relation, resolved from its Relation message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ColumnIndexes {
+    /// `schema.table`, as the Relation message named it.
+    table: String,
+    /// The number of columns the Relation message declared.
+    width: usize,
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
@@ -152,6 +156,19 @@ impl ColumnIndexes {
     /// The payload column's position.
     pub fn payload_index(&self) -> usize {
         self.payload
+    }
+
+    /// A tuple must have exactly the columns its Relation declared: any
+    /// other count means the positions do not describe it.
+    pub fn check_width(&self, tuple: &TupleData) -> Result<(), ColumnCountMismatch> {
+        if tuple.len() == self.width {
+            return Ok(());
+        }
+        Err(ColumnCountMismatch {
+            table: self.table.clone(),
+            tuple: tuple.len(),
+            relation: self.width,
+        })
     }
 }
 
@@ -239,6 +256,7 @@ impl OutboxMapping {
             });
         }
         Ok(ColumnIndexes {
+            width: relation.columns().len(),
             id: find(&self.id, "event id")?,
             aggregate_type: find(&self.aggregate_type, "aggregate type")?,
             aggregate_id: find(&self.aggregate_id, "aggregate id")?,
@@ -252,6 +270,7 @@ impl OutboxMapping {
                 .iter()
                 .map(|(c, h)| Ok((find(c, "extra header")?, h.clone())))
                 .collect::<Result<_, MapError>>()?,
+            table,
         })
     }
 

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub dead_lettered: Family<KindLabels, Counter>,
     /// Events failed, by topic and kind.
     pub failed: Family<KindLabels, Counter>,
+    /// Events of replayed transactions not sent again.
+    pub replays_skipped: Counter,
     /// Events in flight.
     pub in_flight_events: Gauge,
     /// Bytes in flight.
@@ -90,6 +92,7 @@ impl Metrics {
         let published = Family::<TopicLabel, Counter>::default();
         let dead_lettered = Family::<KindLabels, Counter>::default();
         let failed = Family::<KindLabels, Counter>::default();
+        let replays_skipped = Counter::default();
         let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
         let (received_lsn, confirmed_lsn, retained_wal_bytes) =
             (Gauge::default(), Gauge::default(), Gauge::default());
@@ -108,6 +111,11 @@ impl Metrics {
             "walbox_events_failed",
             "Events that failed to publish",
             failed.clone(),
+        );
+        registry.register(
+            "walbox_events_replay_skipped",
+            "Events Postgres re-sent after a reconnect that walbox had already delivered (not sent again)",
+            replays_skipped.clone(),
         );
         registry.register(
             "walbox_events_in_flight",
@@ -143,6 +151,7 @@ impl Metrics {
             published,
             dead_lettered,
             failed,
+            replays_skipped,
             in_flight_events,
             in_flight_bytes,
             received_lsn,

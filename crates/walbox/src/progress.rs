@@ -11,11 +11,16 @@
 //! each of its events has been acked (a transaction without events is complete
 //! at its Commit).
 //!
-//! The confirmable position is the `end_lsn` of the newest transaction such
+//! The *delivered* position is the `end_lsn` of the newest transaction such
 //! that it and every earlier one are complete. With nothing pending and no
-//! transaction open, a keepalive's `wal_end` is confirmable too, which keeps
-//! an idle or filtered slot from holding WAL while other tables change. The
-//! position never moves backward.
+//! transaction open, a keepalive's `wal_end` counts as delivered too, which
+//! keeps an idle or filtered slot from holding WAL while other tables change.
+//!
+//! The *confirmable* position is the delivered one, capped where the
+//! publication is known to have covered the outbox table for INSERT
+//! ([`Progress::covered`]): the stream is silent about a table that left the
+//! publication, so without the cap keepalives would confirm past events
+//! walbox never saw. Neither position moves backward.
 //!
 //! ```text
 //! commit order:  T1 (end 0/100) ── T2 (end 0/200) ── T3 (end 0/300)
@@ -32,6 +37,30 @@
 //! after a reconnect is recognised as [`Ack::Stale`] and can never complete a
 //! transaction of the new session.
 //!
+//! # Replays of what was already delivered
+//!
+//! Before Postgres 17 a slot's confirmed position reaches disk only at a
+//! checkpoint, so after a fast restart (or a crash) the slot resumes from an
+//! older position and the server re-sends transactions walbox had delivered
+//! and confirmed. The tracker remembers the newest position it knew to be
+//! delivered; when a session on the *same server history* (same system
+//! identifier and timeline) starts before it, every transaction whose commit
+//! LSN is below it is a replay: [`Progress::replaying`] tells the relay to
+//! skip its events, and the first status update re-confirms the position. This
+//! matches the server's own rule (a transaction is re-sent when its commit LSN
+//! is at or after the slot's position). On a new history (a promoted standby,
+//! a restored cluster) LSNs of the old history mean nothing: the slot's
+//! position is the truth and nothing is skipped.
+//!
+//! # Memory
+//!
+//! One small entry per transaction not yet confirmable. Consecutive committed
+//! transactions without events fold into the entry before them (PG 13/14 send
+//! Begin/Commit for every transaction in the database, so one event stuck at
+//! the broker must not grow the tracker at the database's transaction rate);
+//! entries therefore number at most the events in flight plus two, and the
+//! relay bounds the events in flight.
+//!
 //! # Status updates
 //!
 //! A standby status update reports `write` = the last WAL received and
@@ -40,9 +69,6 @@
 //! keepalive asks for a reply, and soon after the confirmable position moves
 //! (at most once per eager gap, so a stream of acks is not a stream of
 //! updates). The methods that can make one due return it; the caller sends it.
-//!
-//! Memory is one small entry per transaction not yet confirmable; the relay
-//! bounds how many events (and so transactions with events) are in flight.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -101,6 +127,16 @@ pub enum ProgressError {
     UnknownToken,
 }
 
+/// Whether a new session continues the server history of the previous one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum History {
+    /// Same system identifier and timeline (or the first session): LSNs
+    /// compare, and transactions below what was delivered are replays.
+    Same,
+    /// Another server history: the slot's position is the only truth.
+    New,
+}
+
 /// What an ack did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ack {
@@ -138,7 +174,14 @@ pub struct Progress {
     front_seq: u64,
     /// The open transaction's final LSN (it is the back of `txs`).
     open: Option<Lsn>,
-    confirmable: Lsn,
+    /// The open transaction was delivered in an earlier session.
+    replaying: bool,
+    /// Everything below was delivered (acked); kept across sessions of the
+    /// same history.
+    delivered: Lsn,
+    /// The publication is known to have covered the outbox table up to here
+    /// (see [`Progress::covered`]).
+    covered: Lsn,
     received: Lsn,
     unacked_events: u64,
     schedule: Schedule,
@@ -152,7 +195,9 @@ impl Progress {
             txs: VecDeque::new(),
             front_seq: 0,
             open: None,
-            confirmable: Lsn::ZERO,
+            replaying: false,
+            delivered: Lsn::ZERO,
+            covered: Lsn::ZERO,
             received: Lsn::ZERO,
             unacked_events: 0,
             schedule: Schedule {
@@ -167,17 +212,32 @@ impl Progress {
     /// A new replication session streaming from the slot's confirmed
     /// position `confirmed`: earlier sessions' transactions are forgotten and
     /// their tokens become stale. The first status update is due at once.
-    pub fn start_session(&mut self, confirmed: Lsn) {
+    ///
+    /// Returns the position below which transactions are replays of what was
+    /// delivered (see the module docs), or `None` when the session starts at
+    /// or after it.
+    pub fn start_session(&mut self, confirmed: Lsn, history: History) -> Option<Lsn> {
         self.session += 1;
         self.txs.clear();
         self.front_seq = 0;
         self.open = None;
+        self.replaying = false;
         self.unacked_events = 0;
-        // The slot may have been moved by someone else; it is the truth now.
-        self.confirmable = confirmed;
+        // The slot may also have been moved ahead by someone else.
+        (self.delivered, self.covered) = match history {
+            History::Same => (self.delivered.max(confirmed), self.covered.max(confirmed)),
+            History::New => (confirmed, confirmed),
+        };
         self.received = confirmed;
         self.schedule.last_sent = None;
         self.schedule.last_sent_flush = confirmed;
+        (self.delivered > confirmed).then_some(self.delivered)
+    }
+
+    /// True while the open transaction is a replay of one delivered in an
+    /// earlier session: its events must not be sent again.
+    pub fn replaying(&self) -> bool {
+        self.open.is_some() && self.replaying
     }
 
     /// WAL received up to `wal_end` (any XLogData).
@@ -198,6 +258,7 @@ impl Progress {
             unacked: 0,
         });
         self.open = Some(final_lsn);
+        self.replaying = final_lsn < self.delivered;
         Ok(())
     }
 
@@ -207,6 +268,7 @@ impl Progress {
         if self.open.is_none() {
             return Err(ProgressError::EventOutsideTransaction);
         }
+        debug_assert!(!self.replaying, "a replayed transaction sends no events");
         let seq = self.front_seq + self.txs.len() as u64 - 1;
         let tx = self
             .txs
@@ -237,10 +299,21 @@ impl Progress {
             });
         }
         self.open = None;
-        self.txs
+        self.replaying = false;
+        let tx = self
+            .txs
             .back_mut()
-            .expect("an open transaction is in the queue")
-            .end_lsn = Some(end_lsn);
+            .expect("an open transaction is in the queue");
+        tx.end_lsn = Some(end_lsn);
+        // A complete transaction behind a committed one folds into it: when
+        // that one is complete, both are.
+        if tx.unacked == 0 && self.txs.len() >= 2 {
+            let before = self.txs.len() - 2;
+            if self.txs[before].end_lsn.is_some() {
+                self.txs.pop_back();
+                self.txs[before].end_lsn = Some(end_lsn);
+            }
+        }
         self.advance();
         Ok(self.poll(now, false))
     }
@@ -280,7 +353,7 @@ impl Progress {
     ) -> Option<StandbyStatusUpdate> {
         self.received(wal_end);
         if self.open.is_none() && self.txs.is_empty() {
-            self.confirmable = self.confirmable.max(wal_end);
+            self.delivered = self.delivered.max(wal_end);
         }
         self.poll(now, reply_requested)
     }
@@ -299,7 +372,7 @@ impl Progress {
         let Some(last) = s.last_sent else {
             return Instant::now();
         };
-        if self.confirmable > s.last_sent_flush {
+        if self.confirmable() > s.last_sent_flush {
             last + s.eager_gap
         } else {
             last + s.interval
@@ -314,7 +387,21 @@ impl Progress {
 
     /// The newest position that may be confirmed to Postgres.
     pub fn confirmable(&self) -> Lsn {
-        self.confirmable
+        self.delivered.min(self.covered)
+    }
+
+    /// Everything below `lsn` was delivered: the acked prefix, whether or
+    /// not the publication's coverage is verified that far.
+    pub fn delivered(&self) -> Lsn {
+        self.delivered
+    }
+
+    /// The publication is known to have covered the outbox table for INSERT
+    /// up to `lsn`; nothing past it is confirmed, so a table that left the
+    /// publication cannot have the slot carried past its unseen events.
+    pub fn covered(&mut self, lsn: Lsn, now: Instant) -> Option<StandbyStatusUpdate> {
+        self.covered = self.covered.max(lsn);
+        self.poll(now, false)
     }
 
     /// The newest position received.
@@ -341,18 +428,19 @@ impl Progress {
     fn poll(&mut self, now: Instant, reply_requested: bool) -> Option<StandbyStatusUpdate> {
         let s = &self.schedule;
         let periodic = s.last_sent.is_none_or(|t| now >= t + s.interval);
-        let moved = self.confirmable > s.last_sent_flush
+        let moved = self.confirmable() > s.last_sent_flush
             && s.last_sent.is_none_or(|t| now >= t + s.eager_gap);
         (periodic || reply_requested || moved).then(|| self.mark_sent(now))
     }
 
     fn mark_sent(&mut self, now: Instant) -> StandbyStatusUpdate {
         self.schedule.last_sent = Some(now);
-        self.schedule.last_sent_flush = self.confirmable;
+        let flush = self.confirmable();
+        self.schedule.last_sent_flush = flush;
         StandbyStatusUpdate {
-            write: self.received.max(self.confirmable),
-            flush: self.confirmable,
-            apply: self.confirmable,
+            write: self.received.max(flush),
+            flush,
+            apply: flush,
             client_time: PgTimestamp::now(),
             reply_requested: false,
         }
@@ -364,8 +452,7 @@ impl Progress {
             unacked: 0,
         }) = self.txs.front().copied()
         {
-            debug_assert!(end >= self.confirmable, "commit order is LSN order");
-            self.confirmable = self.confirmable.max(end);
+            self.delivered = self.delivered.max(end);
             self.txs.pop_front();
             self.front_seq += 1;
         }

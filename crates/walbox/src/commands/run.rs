@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::{loaded, CliError};
 use crate::config::RunFlags;
 use crate::metrics::Metrics;
-use crate::relay::{PostgresSource, RelayConfig, RunError, Token};
+use crate::relay::{PostgresSource, RelayConfig, RunError, Stop, Token};
 
 /// Arguments of `walbox run`.
 #[derive(Debug, clap::Args)]
@@ -23,6 +23,47 @@ const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the producer may take to flush after the relay stopped.
 const SINK_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The signals `run` answers:
+/// - the first SIGTERM or SIGINT: a graceful shutdown (finish the open
+///   transaction, wait for in-flight deliveries, confirm; bounded by
+///   `shutdown_timeout_secs`);
+/// - a second one: confirm what was acknowledged and exit at once;
+/// - SIGHUP: logged and ignored (the configuration is read at start only);
+///   without a handler it would kill the process.
+async fn signals(stop: watch::Sender<Stop>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop walbox with SIGKILL");
+        return;
+    };
+    let mut level = Stop::No;
+    loop {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP ignored: walbox reads its configuration at start; restart it to apply changes");
+                continue;
+            }
+        }
+        level = match level {
+            Stop::No => {
+                tracing::info!("shutting down: finishing the open transaction and in-flight deliveries (signal again to stop at once)");
+                Stop::Graceful
+            }
+            _ => {
+                tracing::warn!("second signal: stopping now; what was not acknowledged is sent again after restart");
+                Stop::Now
+            }
+        };
+        let _ = stop.send(level);
+    }
+}
+
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
@@ -30,17 +71,8 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let mapping = config.mapping()?;
     let settings = config.run()?;
 
-    let (stop, shutdown) = watch::channel(false);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install a SIGTERM handler");
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down: draining in-flight deliveries");
-        let _ = stop.send(true);
-    });
+    let (stop, shutdown) = watch::channel(Stop::No);
+    tokio::spawn(signals(stop));
 
     let metrics = Metrics::new();
     if let Some(addr) = settings.metrics_addr {
@@ -85,10 +117,16 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
     };
+    let urgency = shutdown.clone();
     let result =
         crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
     // Flush what is left; anything unacked was never confirmed.
-    let leftover = sink_kafka::shutdown(sink, reports, SINK_SHUTDOWN_TIMEOUT).await;
+    let flush_for = if *urgency.borrow() == Stop::Now {
+        Duration::ZERO
+    } else {
+        SINK_SHUTDOWN_TIMEOUT
+    };
+    let leftover = sink_kafka::shutdown(sink, reports, flush_for).await;
     if !leftover.is_empty() {
         tracing::info!(
             count = leftover.len(),

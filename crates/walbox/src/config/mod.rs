@@ -93,7 +93,7 @@ impl Default for Raw {
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             status_interval_ms: 1000,
-            shutdown_timeout_secs: 30,
+            shutdown_timeout_secs: 20,
             metrics_addr: None,
         }
     }

@@ -133,8 +133,8 @@ pub const SETTINGS: &[Setting] = &[
     s("max_in_flight_bytes", Number, Run, "67108864", "The same bound in bytes (at least 1024)."),
     s("status_interval_ms", Number, Run, "1000",
       "How often the slot position is reported; keep it below wal_sender_timeout / 2."),
-    s("shutdown_timeout_secs", Number, Run, "30",
-      "How long SIGINT/SIGTERM waits for in-flight deliveries."),
+    s("shutdown_timeout_secs", Number, Run, "20",
+      "How long SIGINT/SIGTERM may take to finish the open transaction and in-flight deliveries; walbox exits within it plus 6 s (inside Kubernetes' 30 s grace period by default). A second signal exits at once."),
     s("metrics_addr", Text, Run, "—",
       "Serve Prometheus /metrics, /healthz and /readyz on IP:PORT (e.g. 0.0.0.0:9187)."),
 ];

@@ -8,8 +8,10 @@ fn l(v: u64) -> Lsn {
 /// A tracker in session 1 at `confirmed`, whose first update was sent at `t0`.
 fn started(confirmed: u64, t0: Instant) -> Progress {
     let mut p = Progress::new(Duration::from_secs(1), EAGER_GAP);
-    p.start_session(l(confirmed));
+    p.start_session(l(confirmed), History::Same);
     assert!(p.tick(t0).is_some(), "the first update is due at once");
+    // Coverage is the relay's concern: here the publication covers all.
+    assert_eq!(p.covered(Lsn::new(u64::MAX), t0), None);
     p
 }
 
@@ -113,7 +115,7 @@ fn a_report_from_an_earlier_session_is_ignored() {
     p.commit(l(90), l(100), t).unwrap();
     // Session 2 re-reads from the slot's position; the same sequence number
     // now belongs to a different transaction (T1 re-sent with two events).
-    p.start_session(l(10));
+    p.start_session(l(10), History::Same);
     p.begin(l(90)).unwrap();
     let new1 = p.event().unwrap();
     let new2 = p.event().unwrap();
@@ -132,7 +134,7 @@ fn a_new_session_starts_at_the_slot_and_forgets_the_open_transaction() {
     let mut p = started(10, t);
     p.begin(l(90)).unwrap();
     let _ = p.event().unwrap();
-    p.start_session(l(10));
+    p.start_session(l(10), History::Same);
     assert!(!p.in_transaction());
     assert_eq!((p.unacked_events(), p.pending_transactions()), (0, 0));
     p.keepalive(l(1000), false, t);
@@ -223,7 +225,8 @@ proptest! {
     fn never_confirms_past_an_unacked_event((events, ack_order, interleave) in transactions()) {
         let now = Instant::now();
         let mut p = Progress::new(Duration::from_secs(1), EAGER_GAP);
-        p.start_session(l(1));
+        p.start_session(l(1), History::Same);
+        p.covered(Lsn::new(u64::MAX), now);
         // Stream: transaction i spans final 100i+90, end 100i+100.
         let mut tokens = Vec::new(); // (tx index, token)
         let mut remaining = ack_order;
@@ -290,4 +293,119 @@ fn acked_update(a: Ack) -> Option<StandbyStatusUpdate> {
         Ack::Current(u) => u,
         Ack::Stale => panic!("no session change in this test"),
     }
+}
+
+#[test]
+fn a_replay_of_delivered_transactions_is_recognised_after_a_reconnect() {
+    let t = Instant::now();
+    let mut p = started(10, t);
+    for (commit, end) in [(90, 100), (190, 200)] {
+        p.begin(l(commit)).unwrap();
+        assert!(!p.replaying());
+        let e = p.event().unwrap();
+        p.commit(l(commit), l(end), t).unwrap();
+        p.ack(e, t).unwrap();
+    }
+    assert_eq!(p.confirmable(), l(200));
+    // Postgres restarted before a checkpoint: the slot resumes at 10.
+    assert_eq!(p.start_session(l(10), History::Same), Some(l(200)));
+    assert_eq!(
+        p.confirmable(),
+        l(200),
+        "what was delivered stays confirmable"
+    );
+    let first = p.tick(t).expect("the first update is due at once");
+    assert_eq!(first.flush, l(200), "and it is re-confirmed at once");
+    for (commit, end) in [(90, 100), (190, 200)] {
+        p.begin(l(commit)).unwrap();
+        assert!(p.replaying(), "T at {commit} was delivered");
+        p.commit(l(commit), l(end), t).unwrap();
+    }
+    // The server's rule: a commit at the confirmed position is new.
+    p.begin(l(200)).unwrap();
+    assert!(!p.replaying());
+    let e = p.event().unwrap();
+    p.commit(l(200), l(300), t).unwrap();
+    assert_eq!(p.confirmable(), l(200));
+    p.ack(e, t).unwrap();
+    assert_eq!(p.confirmable(), l(300));
+}
+
+#[test]
+fn a_new_server_history_trusts_the_slot() {
+    let t = Instant::now();
+    let mut p = started(10, t);
+    p.begin(l(90)).unwrap();
+    let e = p.event().unwrap();
+    p.commit(l(90), l(100), t).unwrap();
+    p.ack(e, t).unwrap();
+    // A promoted standby: its LSNs do not compare with the old history's.
+    assert_eq!(p.start_session(l(50), History::New), None);
+    assert_eq!(p.confirmable(), l(50));
+    p.begin(l(90)).unwrap();
+    assert!(!p.replaying(), "a transaction of the new history is sent");
+}
+
+#[test]
+fn the_slot_moved_ahead_by_someone_else_is_the_start() {
+    let t = Instant::now();
+    let mut p = started(10, t);
+    assert_eq!(p.start_session(l(500), History::Same), None);
+    assert_eq!(p.confirmable(), l(500));
+}
+
+#[test]
+fn empty_transactions_behind_a_stuck_event_fold_into_one_entry() {
+    let t = Instant::now();
+    let mut p = started(10, t);
+    p.begin(l(90)).unwrap();
+    let stuck = p.event().unwrap();
+    p.commit(l(90), l(100), t).unwrap();
+    // A busy database: every transaction arrives as Begin/Commit (PG 13/14).
+    for i in 1..=100_000u64 {
+        p.begin(l(100 + 10 * i)).unwrap();
+        p.commit(l(100 + 10 * i), l(105 + 10 * i), t).unwrap();
+    }
+    assert_eq!(
+        p.pending_transactions(),
+        1,
+        "100,000 empty transactions did not grow the tracker"
+    );
+    p.keepalive(l(2_000_000), false, t);
+    assert_eq!(p.confirmable(), l(10), "nothing passes the stuck event");
+    // An event behind them still gets its own entry, and completes in order.
+    p.begin(l(1_000_100)).unwrap();
+    let later = p.event().unwrap();
+    p.commit(l(1_000_100), l(1_000_105), t).unwrap();
+    p.ack(later, t).unwrap();
+    assert_eq!(p.confirmable(), l(10));
+    p.ack(stuck, t).unwrap();
+    assert_eq!(p.confirmable(), l(1_000_105));
+    assert_eq!(p.pending_transactions(), 0);
+}
+
+#[test]
+fn nothing_is_confirmed_past_the_verified_coverage() {
+    let t = Instant::now();
+    let mut p = Progress::new(Duration::from_secs(1), EAGER_GAP);
+    p.start_session(l(10), History::Same);
+    assert_eq!(p.tick(t).unwrap().flush, l(10));
+    p.begin(l(90)).unwrap();
+    let e = p.event().unwrap();
+    p.commit(l(90), l(100), t).unwrap();
+    p.ack(e, t).unwrap();
+    p.keepalive(l(5000), false, t);
+    assert_eq!(p.delivered(), l(5000));
+    assert_eq!(p.confirmable(), l(10), "coverage not verified yet");
+    let later = t + Duration::from_secs(2);
+    let u = p.covered(l(400), later).expect("the position moved");
+    assert_eq!((u.flush, u.write), (l(400), l(5000)));
+    assert_eq!(p.confirmable(), l(400));
+    p.covered(l(300), later);
+    assert_eq!(p.confirmable(), l(400), "never backward");
+    // A reconnect keeps what was verified; a new history does not.
+    p.start_session(l(10), History::Same);
+    assert_eq!(p.confirmable(), l(400));
+    p.start_session(l(10), History::New);
+    assert_eq!(p.confirmable(), l(10));
 }

@@ -2,7 +2,7 @@
 //! and a broker the test acknowledges by hand.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, BytesMut};
@@ -10,7 +10,9 @@ use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
 use sink_kafka::{Delivered, DeliveryError, Record, Report};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Token};
+use slot_manager::Coverage;
+
+use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Started, Token};
 
 // ---- frames ---------------------------------------------------------------
 
@@ -23,10 +25,15 @@ const JSONB: u32 = 3802;
 pub(super) const OUTBOX: u32 = 16_384;
 
 fn xlog(lsn: u64, data: BytesMut) -> ReplicationMessage {
+    xlog_to(lsn, lsn, data)
+}
+
+/// XLogData at `lsn`, sent when the server's WAL ended at `wal_end`.
+fn xlog_to(lsn: u64, wal_end: u64, data: BytesMut) -> ReplicationMessage {
     let mut b = BytesMut::new();
     b.put_u8(b'w');
     b.put_u64(lsn);
-    b.put_u64(lsn);
+    b.put_u64(wal_end);
     b.put_i64(0);
     b.put_slice(&data);
     ReplicationMessage::parse(b.freeze()).expect("a valid XLogData")
@@ -55,7 +62,7 @@ pub(super) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
     b.put_u64(final_lsn);
     b.put_u64(end_lsn);
     b.put_i64(0);
-    xlog(final_lsn, b)
+    xlog_to(final_lsn, end_lsn, b)
 }
 
 /// `Relation` for `public.outbox_events` with walbox's default columns.
@@ -130,9 +137,46 @@ pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
 type Item = Result<ReplicationMessage, RunError>;
 
 /// Sessions the relay will open, in order; with none left, `start` waits.
-#[derive(Default)]
+/// They share one database: its catalog and its WAL head.
 pub(super) struct FakeSource {
-    sessions: VecDeque<(FakeStream, Lsn)>,
+    sessions: VecDeque<(FakeStream, Lsn, String)>,
+    database: Database,
+}
+
+/// The fake database's state the relay reads besides the stream.
+#[derive(Clone)]
+pub(super) struct Database {
+    /// What `coverage` answers (its `wal_lsn` is replaced by the head).
+    pub(super) catalog: Arc<Mutex<Coverage>>,
+    /// The newest WAL position sent by any session.
+    head: Arc<AtomicU64>,
+}
+
+impl Database {
+    /// Changes the catalog: a new fingerprint and table OID, and a gap.
+    pub(super) fn alter(&self, fingerprint: &str, table_oid: Option<u32>, gap: Option<&str>) {
+        let mut c = self.catalog.lock().unwrap();
+        c.fingerprint = fingerprint.into();
+        c.table_oid = table_oid;
+        c.gap = gap.map(str::to_owned);
+    }
+}
+
+impl Default for FakeSource {
+    fn default() -> Self {
+        FakeSource {
+            sessions: VecDeque::new(),
+            database: Database {
+                catalog: Arc::new(Mutex::new(Coverage {
+                    wal_lsn: Lsn::ZERO,
+                    table_oid: Some(OUTBOX),
+                    gap: None,
+                    fingerprint: "covered".into(),
+                })),
+                head: Arc::new(AtomicU64::new(0)),
+            },
+        }
+    }
 }
 
 /// The test's end of one session.
@@ -142,6 +186,7 @@ pub(super) struct Server {
     closed: Arc<Mutex<bool>>,
     /// Messages sent by the server and not yet read by the relay.
     unread: Arc<AtomicUsize>,
+    head: Arc<AtomicU64>,
 }
 
 pub(super) struct FakeStream {
@@ -149,11 +194,17 @@ pub(super) struct FakeStream {
     status: Arc<Mutex<Vec<StandbyStatusUpdate>>>,
     closed: Arc<Mutex<bool>>,
     unread: Arc<AtomicUsize>,
+    database: Database,
 }
 
 impl FakeSource {
     /// Adds a session that starts at the slot position `start`.
     pub(super) fn session(&mut self, start: u64) -> Server {
+        self.session_on("system 1 timeline 1", start)
+    }
+
+    /// Adds a session on the server history `history`.
+    pub(super) fn session_on(&mut self, history: &str, start: u64) -> Server {
         let (tx, rx) = mpsc::unbounded_channel();
         let status = Arc::new(Mutex::new(Vec::new()));
         let closed = Arc::new(Mutex::new(false));
@@ -164,21 +215,35 @@ impl FakeSource {
                 status: Arc::clone(&status),
                 closed: Arc::clone(&closed),
                 unread: Arc::clone(&unread),
+                database: self.database.clone(),
             },
             Lsn::new(start),
+            history.to_owned(),
         ));
         Server {
             tx: Some(tx),
             status,
             closed,
             unread,
+            head: Arc::clone(&self.database.head),
         }
+    }
+
+    /// The database behind the sessions.
+    pub(super) fn database(&self) -> Database {
+        self.database.clone()
     }
 }
 
 impl Server {
     /// The server sends `message`.
     pub(super) fn send(&self, message: ReplicationMessage) {
+        let wal_end = match &message {
+            ReplicationMessage::XLogData(x) => x.wal_end(),
+            ReplicationMessage::PrimaryKeepalive(k) => k.wal_end(),
+            _ => Lsn::ZERO,
+        };
+        self.head.fetch_max(wal_end.as_u64(), Ordering::SeqCst);
         self.unread.fetch_add(1, Ordering::SeqCst);
         let _ = self.tx.as_ref().expect("connected").send(Ok(message));
     }
@@ -231,9 +296,13 @@ impl Server {
 impl Source for FakeSource {
     type Stream = FakeStream;
 
-    async fn start(&mut self) -> Result<(FakeStream, Lsn), RunError> {
+    async fn start(&mut self) -> Result<Started<FakeStream>, RunError> {
         match self.sessions.pop_front() {
-            Some(session) => Ok(session),
+            Some((stream, confirmed, history)) => Ok(Started {
+                stream,
+                confirmed,
+                history,
+            }),
             None => std::future::pending().await,
         }
     }
@@ -253,6 +322,13 @@ impl ReplicationStream for FakeStream {
     async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
         self.status.lock().unwrap().push(update);
         Ok(())
+    }
+
+    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+        let mut reading = self.database.catalog.lock().unwrap().clone();
+        // Read now: the WAL written so far is what the server sent so far.
+        reading.wal_lsn = Lsn::new(self.database.head.load(Ordering::SeqCst));
+        Ok(reading)
     }
 
     async fn retained_wal_bytes(&mut self) -> Option<i64> {

@@ -10,10 +10,10 @@ use pgoutput_decoder::{
 use sink_kafka::{Record, Report};
 use tokio::time::Instant;
 
-use super::session::Session;
+use super::session::{Session, MAX_SHARED_TOPICS};
 use super::{Deliveries, Destination, RunError, Token};
 use crate::dead_letter::{failure_kind, DeadLetterKind, Origin};
-use crate::mapping::ColumnIndexes;
+use crate::mapping::{ColumnIndexes, MapError};
 use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
 
@@ -130,16 +130,28 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                     .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?)
             }
             LogicalMessage::Relation(r) => {
+                // The outbox is the configured name or the table's OID: a
+                // replay may carry the table under an earlier name, or an
+                // earlier table of the same name. The message describes
+                // the tuples that follow it, so the mapping is resolved
+                // again from it every time (a column dropped, a table
+                // renamed: never a stale column position).
                 let table = &self.config.table;
-                if r.namespace() == table.schema() && r.name() == table.name() {
-                    self.outbox.insert(r.oid(), self.config.mapping.resolve(&r));
+                let named = r.namespace() == table.schema() && r.name() == table.name();
+                let current = self.coverage.as_ref().and_then(|c| c.table_oid);
+                if named || current == Some(r.oid()) || self.outbox.contains_key(&r.oid()) {
+                    if !named {
+                        tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
+                    }
+                    let resolved = self.config.mapping.resolve(&r);
+                    self.outbox.insert(r.oid(), Arc::new(resolved));
                 }
             }
             LogicalMessage::Insert(insert) => {
                 let Some(columns) = self.outbox.get(&insert.relation_oid()) else {
                     return Ok(None); // another table (publication changed by hand)
                 };
-                let columns = columns.clone()?;
+                let columns = Arc::clone(columns);
                 self.on_insert(&columns, insert.tuple(), lsn)?;
             }
             // Only INSERTs are events; the app may delete rows freely.
@@ -154,13 +166,26 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         Ok(None)
     }
 
-    /// Maps an inserted row and queues its record (or its dead-letter copy).
+    /// Maps an inserted row and queues its record (or its dead-letter
+    /// copy). `columns` is the mapping resolved for its relation, or why the
+    /// relation cannot be mapped (then every row of it is unmappable).
     fn on_insert(
         &mut self,
-        columns: &ColumnIndexes,
+        columns: &Result<ColumnIndexes, MapError>,
         tuple: &TupleData,
         lsn: Lsn,
     ) -> Result<(), RunError> {
+        if self.progress.replaying() {
+            self.metrics.replays_skipped.inc();
+            return Ok(());
+        }
+        let columns = match columns {
+            Ok(columns) => {
+                columns.check_width(tuple)?;
+                columns
+            }
+            Err(e) => return self.on_unmappable(e.clone(), None, tuple, lsn),
+        };
         match self.config.mapping.map(columns, tuple) {
             Ok(event) => {
                 tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
@@ -174,37 +199,48 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                     token,
                 });
             }
-            Err(e) => {
-                let topic = self.config.mapping.topic_of(columns, tuple);
-                let event_id = self.config.mapping.event_id_of(columns, tuple);
-                let token = self.token(
-                    topic.as_deref().unwrap_or(""),
-                    lsn,
-                    Some(DeadLetterKind::Unmappable),
-                )?;
-                let origin = Origin {
-                    topic: topic.as_deref(),
-                    lsn,
-                    event_id: event_id.as_deref(),
-                };
-                let payload = tuple.value_bytes(columns.payload_index());
-                match self
-                    .config
-                    .dead_letters
-                    .unmappable(&e, payload, origin, token)
-                {
-                    Some(record) => {
-                        tracing::warn!(error = %e, %lsn, dead_letter_topic = %record.topic, "unmappable row sent to the dead-letter topic");
-                        self.outgoing.push_back(record);
-                    }
-                    None => {
-                        tracing::error!(error = %e, %lsn, "cannot map an outbox row");
-                        return Err(RunError::Map(e));
-                    }
-                }
-            }
+            Err(e) => self.on_unmappable(e, Some(columns), tuple, lsn)?,
         }
         Ok(())
+    }
+
+    /// A row that cannot be mapped: its dead-letter copy, or stop.
+    fn on_unmappable(
+        &mut self,
+        e: MapError,
+        columns: Option<&ColumnIndexes>,
+        tuple: &TupleData,
+        lsn: Lsn,
+    ) -> Result<(), RunError> {
+        let mapping = &self.config.mapping;
+        let topic = columns.and_then(|c| mapping.topic_of(c, tuple));
+        let event_id = columns.and_then(|c| mapping.event_id_of(c, tuple));
+        let payload = columns.and_then(|c| tuple.value_bytes(c.payload_index()));
+        let token = self.token(
+            topic.as_deref().unwrap_or(""),
+            lsn,
+            Some(DeadLetterKind::Unmappable),
+        )?;
+        let origin = Origin {
+            topic: topic.as_deref(),
+            lsn,
+            event_id: event_id.as_deref(),
+        };
+        match self
+            .config
+            .dead_letters
+            .unmappable(&e, payload, origin, token)
+        {
+            Some(record) => {
+                tracing::warn!(error = %e, %lsn, dead_letter_topic = %record.topic, "unmappable row sent to the dead-letter topic");
+                self.outgoing.push_back(record);
+                Ok(())
+            }
+            None => {
+                tracing::error!(error = %e, %lsn, "cannot map an outbox row");
+                Err(RunError::Map(e))
+            }
+        }
     }
 
     /// The token for an event of the open transaction meant for `topic`.
@@ -218,6 +254,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             Arc::clone(t)
         } else {
             let t: Arc<str> = Arc::from(topic);
+            if self.topics.len() >= MAX_SHARED_TOPICS {
+                self.topics.clear();
+            }
             self.topics.insert(topic.to_owned(), Arc::clone(&t));
             t
         };

@@ -24,9 +24,23 @@
 //! a keepalive read ahead is answered). A transient error (the connection
 //! dropped, the server restarted, the slot is busy) starts a new session after
 //! a backoff with jitter; reports of the old session's events are then stale
-//! and ignored, since the server re-sends whatever was not confirmed. On
-//! shutdown the relay stops reading, waits (bounded) for the reports of what
-//! it sent, and sends a final status update.
+//! and ignored, since the server re-sends whatever was not confirmed (and
+//! what it re-sends that walbox already delivered is skipped, see
+//! [`Progress`](crate::progress::Progress)). On shutdown the relay reads the
+//! rest of the open transaction, waits for the reports of what it sent (all
+//! bounded by the shutdown timeout; a second signal cuts it short), and sends
+//! a final status update.
+//!
+//! # Coverage
+//!
+//! The stream is silent when the outbox table leaves the publication. Every
+//! [`COVERAGE_INTERVAL`](session::COVERAGE_INTERVAL) the relay reads the
+//! publication's coverage of the table from the catalog; a reading that
+//! matches the previous one verifies the coverage up to the previous one's
+//! WAL position, and nothing past the verified position is confirmed. A gap
+//! (the table not published for INSERT) or a change (the table recreated,
+//! the publication altered) stops the relay with the slot before any event
+//! the change could have hidden.
 
 mod backoff;
 mod destination;
@@ -54,7 +68,7 @@ use crate::progress::{EventToken, ProgressError};
 
 pub use backoff::Backoff;
 pub use destination::{Deliveries, Destination};
-pub use source::{PostgresSource, ReplicationStream, Source};
+pub use source::{PostgresSource, ReplicationStream, Source, Started};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]
@@ -69,6 +83,20 @@ pub struct Token {
     dead_letter: Option<DeadLetterKind>,
 }
 
+/// What the process asks of the relay, in increasing urgency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stop {
+    /// Keep streaming.
+    #[default]
+    No,
+    /// The first SIGTERM/SIGINT: read the rest of the open transaction,
+    /// wait for in-flight deliveries, confirm, return (all within the
+    /// shutdown timeout).
+    Graceful,
+    /// A second signal: confirm what was acked and return now.
+    Now,
+}
+
 /// What the relay needs to know.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
@@ -80,7 +108,8 @@ pub struct RelayConfig {
     pub dead_letters: DeadLetters,
     /// Status update interval.
     pub status_interval: Duration,
-    /// How long a shutdown waits for in-flight deliveries.
+    /// How long a shutdown may take to finish the open transaction and wait
+    /// for in-flight deliveries.
     pub shutdown_timeout: Duration,
 }
 
@@ -120,6 +149,13 @@ pub enum RunError {
     /// A replication message could not be decoded.
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// A tuple does not match its Relation message.
+    #[error("{0}: the stream is inconsistent; the slot stays before this event")]
+    ColumnCount(#[from] pgoutput_decoder::ColumnCountMismatch),
+    /// The publication no longer publishes the outbox table's INSERTs as it
+    /// did: the message says what changed and what to do.
+    #[error("{0}")]
+    Drift(String),
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
@@ -132,15 +168,15 @@ impl RunError {
     }
 }
 
-/// Runs sessions from `source` into `destination` until `shutdown` turns
-/// true (then `Ok`) or a definite error. Transient errors start a new
+/// Runs sessions from `source` into `destination` until `shutdown` asks to
+/// stop (then `Ok`) or a definite error. Transient errors start a new
 /// session after a backoff.
 pub async fn run<S, D, R>(
     config: &RelayConfig,
     source: &mut S,
     destination: &D,
     reports: &mut R,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<Stop>,
     metrics: Arc<Metrics>,
 ) -> Result<(), RunError>
 where
@@ -160,7 +196,7 @@ where
                 tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.changed() => return Ok(()),
+                    () = session::stopped(&mut shutdown, Stop::Graceful) => return Ok(()),
                 }
             }
             Err(e) => return Err(e),

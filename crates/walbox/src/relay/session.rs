@@ -12,15 +12,34 @@ use sink_kafka::Record;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use slot_manager::{describe_change, Coverage};
+
 use super::{
-    Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Token,
+    Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Started,
+    Stop, Token,
 };
 use crate::mapping::{ColumnIndexes, MapError};
 use crate::metrics::Metrics;
-use crate::progress::{Progress, EAGER_GAP};
+use crate::progress::{History, Progress, EAGER_GAP};
 
 /// How often the slot's retained WAL is sampled for the metrics.
 const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How often the publication's coverage of the outbox table is read. A
+/// reading verifies the coverage up to the previous reading's WAL position,
+/// so confirmations trail the acks by up to two intervals.
+pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a coverage reading may take before the session is deemed broken.
+const COVERAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a session's stream loop ended without an error.
+enum Ending {
+    /// Shutdown: wait for in-flight deliveries (until `deadline`), confirm.
+    Drain { deadline: Instant },
+    /// Immediate shutdown: confirm what was acked and go.
+    Now,
+}
 
 /// The relay's state across sessions, and the current session's.
 pub(super) struct Session<'a, D, R> {
@@ -34,18 +53,27 @@ pub(super) struct Session<'a, D, R> {
     pub(super) outgoing: VecDeque<Record<Token>>,
     /// Outbox relations by OID (the root table; partitions publish as the
     /// root), resolved from this session's Relation messages.
-    pub(super) outbox: HashMap<u32, Result<ColumnIndexes, MapError>>,
+    pub(super) outbox: HashMap<u32, Arc<Result<ColumnIndexes, MapError>>>,
     /// The open transaction's commit time (from Begin).
     pub(super) commit_time: PgTimestamp,
     /// Topic names shared by the tokens of their events (`""` for a row
     /// that names none).
     pub(super) topics: HashMap<String, Arc<str>>,
+    /// The last reading of the publication's coverage of the outbox table
+    /// (kept across sessions: a change between two sessions is a change).
+    pub(super) coverage: Option<Coverage>,
+    /// The server history of the last session.
+    history: Option<String>,
 }
 
-/// Resolves when `shutdown` is (or turns) true; never if its sender is gone
-/// without saying so.
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    if shutdown.wait_for(|stop| *stop).await.is_err() {
+/// At most this many topic names are kept for sharing; past it the map
+/// starts over (a template fed by arbitrary values must not grow memory).
+pub(super) const MAX_SHARED_TOPICS: usize = 10_000;
+
+/// Resolves when `shutdown` asks for at least `level`; never if its sender
+/// is gone without asking.
+pub(super) async fn stopped(shutdown: &mut watch::Receiver<Stop>, level: Stop) {
+    if shutdown.wait_for(|stop| *stop >= level).await.is_err() {
         std::future::pending::<()>().await;
     }
 }
@@ -67,6 +95,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             outbox: HashMap::new(),
             commit_time: PgTimestamp::default(),
             topics: HashMap::new(),
+            coverage: None,
+            history: None,
         }
     }
 
@@ -75,25 +105,45 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     pub(super) async fn run<S: Source>(
         &mut self,
         source: &mut S,
-        shutdown: &mut watch::Receiver<bool>,
+        shutdown: &mut watch::Receiver<Stop>,
         backoff: &mut Backoff,
     ) -> Result<(), RunError> {
-        let (mut stream, start) = tokio::select! {
+        let Started {
+            mut stream,
+            confirmed,
+            history,
+        } = tokio::select! {
             biased;
-            () = stopped(shutdown) => return Ok(()),
+            () = stopped(shutdown, Stop::Graceful) => return Ok(()),
             started = source.start() => started?,
         };
         backoff.reset();
         self.metrics.set_streaming(true);
-        self.progress.start_session(start);
+        let same = match &self.history {
+            Some(before) if *before != history => {
+                tracing::warn!(before = %before, now = %history, "the server's history changed (failover or restore): resuming from the slot's position");
+                History::New
+            }
+            _ => History::Same,
+        };
+        self.history = Some(history);
+        if let Some(delivered) = self.progress.start_session(confirmed, same) {
+            tracing::warn!(slot = %confirmed, %delivered, "the slot resumed before what walbox confirmed (Postgres restarted before a checkpoint?); transactions up to the confirmed position are skipped, not sent twice");
+        }
         self.outgoing.clear();
         self.outbox.clear();
-        tracing::info!(lsn = %start, "streaming from the slot");
+        tracing::info!(lsn = %confirmed, "streaming from the slot");
 
-        let result = self.stream(&mut stream, shutdown).await;
+        let result = match self.check_coverage(&mut stream).await {
+            Ok(_) => self.stream(&mut stream, shutdown).await,
+            Err(e) => Err(e),
+        };
         match result {
-            Ok(()) => {
-                self.drain(&mut stream).await?;
+            Ok(ending) => {
+                if let Ending::Drain { deadline } = ending {
+                    self.drain(&mut stream, shutdown, deadline).await?;
+                    self.verify_coverage_now(&mut stream).await?;
+                }
                 let update = self.progress.final_update(Instant::now());
                 match stream.send_status(update).await {
                     Ok(()) => tracing::info!(lsn = %update.flush, "confirmed on shutdown"),
@@ -104,7 +154,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             }
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
-                // Confirm what is safely delivered before stopping.
+                // Confirm what is safely delivered (and covered) before
+                // stopping; after drift, only what was verified before it.
+                if !matches!(e, RunError::Drift(_)) {
+                    let _ = self.verify_coverage_now(&mut stream).await;
+                }
                 let _ = stream
                     .send_status(self.progress.final_update(Instant::now()))
                     .await;
@@ -113,28 +167,110 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         }
     }
 
-    /// The select loop, until shutdown (`Ok`) or an error.
+    /// Reads the coverage and applies it; returns the status update due.
+    async fn check_coverage<S: ReplicationStream>(
+        &mut self,
+        stream: &mut S,
+    ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
+        let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
+            .await
+            .map_err(|_| {
+                RunError::Postgres(slot_manager::Error::Io {
+                    target: "the control connection".into(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the publication check did not answer within 10 s",
+                    ),
+                })
+            })??;
+        self.on_coverage(reading)
+    }
+
+    /// A coverage reading: a gap or a change stops the relay; otherwise the
+    /// previous reading's position is verified.
+    pub(super) fn on_coverage(
+        &mut self,
+        reading: Coverage,
+    ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
+        let held = self.progress.confirmable();
+        if let Some(gap) = &reading.gap {
+            tracing::error!(%gap, slot = %held, "the outbox table is not published");
+            return Err(RunError::Drift(format!(
+                "{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox"
+            )));
+        }
+        let verified = match &self.coverage {
+            Some(before) if before.fingerprint != reading.fingerprint => {
+                let what = describe_change(before, &reading);
+                tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
+                return Err(RunError::Drift(format!(
+                    "{what} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. \
+                     Check that publication covers table {} for INSERT, then restart walbox; rows inserted while it did not \
+                     are in the table but not in the stream (docs/operations.md, \"Publication drift\")",
+                    self.config.table
+                )));
+            }
+            Some(before) => Some(before.wal_lsn),
+            None => None,
+        };
+        self.coverage = Some(reading);
+        Ok(verified.and_then(|lsn| self.progress.covered(lsn, Instant::now())))
+    }
+
+    /// Verifies the coverage up to now before the final confirmation: one
+    /// reading now, and one a coverage interval later (a reading verifies
+    /// only the one before it).
+    async fn verify_coverage_now<S: ReplicationStream>(
+        &mut self,
+        stream: &mut S,
+    ) -> Result<(), RunError> {
+        if self.progress.delivered() <= self.progress.confirmable() {
+            return Ok(());
+        }
+        self.check_coverage(stream).await?;
+        tokio::time::sleep(COVERAGE_INTERVAL).await;
+        self.check_coverage(stream).await?;
+        Ok(())
+    }
+
+    /// The select loop, until shutdown or an error. On a graceful shutdown
+    /// inside a transaction, the rest of the transaction is read first (until
+    /// the shutdown deadline), so a restart re-sends nothing of it.
     async fn stream<S: ReplicationStream>(
         &mut self,
         stream: &mut S,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), RunError> {
+        shutdown: &mut watch::Receiver<Stop>,
+    ) -> Result<Ending, RunError> {
         let mut decoder = Decoder::new(1).expect("version 1 is supported");
-        // Both timers live across iterations and are reset only when their
+        // The timers live across iterations and are reset only when their
         // deadline moves. A fresh `sleep_until` per iteration registers with
         // the runtime's timer wheel every time, and from this thread that
         // wakes the driver thread: once per message, ~17% of walbox's CPU in
         // a backlog drain.
-        let sample = tokio::time::sleep_until(tokio::time::Instant::now());
+        let sample = tokio::time::sleep_until(Instant::now());
         tokio::pin!(sample);
         let status_due = tokio::time::sleep_until(self.progress.next_due());
         tokio::pin!(status_due);
-        // One shutdown future for the whole session: a fresh one per
-        // iteration would register and deregister a waiter (two mutex
+        let coverage_due = tokio::time::sleep_until(Instant::now() + COVERAGE_INTERVAL);
+        tokio::pin!(coverage_due);
+        // Set once a graceful shutdown was asked for: its deadline.
+        let mut finishing: Option<Instant> = None;
+        let finish_by = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(finish_by);
+        // One future per shutdown level for the whole session: a fresh one
+        // per iteration would register and deregister a waiter (two mutex
         // round trips) per message.
-        let stop = stopped(shutdown);
+        let mut now_rx = shutdown.clone();
+        let stop = stopped(shutdown, Stop::Graceful);
         tokio::pin!(stop);
+        let now = stopped(&mut now_rx, Stop::Now);
+        tokio::pin!(now);
         loop {
+            if let Some(deadline) = finishing {
+                if !self.progress.in_transaction() {
+                    return Ok(Ending::Drain { deadline });
+                }
+            }
             self.update_gauges();
             let due = self.progress.next_due();
             if status_due.deadline() != due {
@@ -147,9 +283,26 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     let update = self.on_report(report.expect("the destination outlives the relay"))?;
                     send_status(stream, update).await?;
                 }
-                () = &mut stop => return Ok(()),
+                () = &mut now => return Ok(Ending::Now),
+                () = &mut stop, if finishing.is_none() => {
+                    let deadline = Instant::now() + self.config.shutdown_timeout;
+                    if self.progress.in_transaction() {
+                        tracing::info!("shutting down: reading the rest of the open transaction first");
+                        finish_by.as_mut().reset(deadline);
+                    }
+                    finishing = Some(deadline);
+                }
+                () = &mut finish_by, if finishing.is_some() => {
+                    tracing::warn!("shutdown timeout inside a transaction: its events are sent again after restart");
+                    return Ok(Ending::Drain { deadline: Instant::now() });
+                }
                 () = &mut status_due => {
                     send_status(stream, self.progress.tick(Instant::now())).await?;
+                }
+                () = &mut coverage_due => {
+                    coverage_due.as_mut().reset(Instant::now() + COVERAGE_INTERVAL);
+                    let update = self.check_coverage(stream).await?;
+                    send_status(stream, update).await?;
                 }
                 () = &mut sample => {
                     let next = sample.deadline() + SLOT_SAMPLE_INTERVAL;
@@ -190,10 +343,16 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         self.destination.send(permit, record).await;
     }
 
-    /// Waits (up to the shutdown timeout) until every event of this session
-    /// that was sent, or waits to be sent, has its report.
-    async fn drain<S: ReplicationStream>(&mut self, stream: &mut S) -> Result<(), RunError> {
-        let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
+    /// Waits (until `deadline`, or an immediate shutdown) until every event
+    /// of this session that was sent, or waits to be sent, has its report.
+    async fn drain<S: ReplicationStream>(
+        &mut self,
+        stream: &mut S,
+        shutdown: &mut watch::Receiver<Stop>,
+        deadline: Instant,
+    ) -> Result<(), RunError> {
+        let now = stopped(shutdown, Stop::Now);
+        tokio::pin!(now);
         while self.progress.unacked_events() > 0 {
             let waiting = self.outgoing.front().map(Record::size);
             tokio::select! {
@@ -204,6 +363,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     if let Some(update) = update {
                         let _ = stream.send_status(update).await;
                     }
+                }
+                () = &mut now => {
+                    tracing::warn!(
+                        unacked = self.progress.unacked_events(),
+                        "second signal: leaving events unconfirmed (they are resent after restart)"
+                    );
+                    return Ok(());
                 }
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() => {
                     self.send_front(permit).await;

@@ -2,8 +2,8 @@
 
 use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
-    connect_control, preflight, start_streaming, LogicalReplicationStream, PgConfig,
-    ReplicationOptions, TableName,
+    connect_control, coverage, preflight, start_streaming, Coverage, LogicalReplicationStream,
+    PgConfig, ReplicationOptions, TableName,
 };
 use tokio_postgres::Client;
 
@@ -18,7 +18,19 @@ pub trait Source {
 
     /// Checks the server, starts streaming from the slot's confirmed
     /// position, and returns the stream and that position.
-    async fn start(&mut self) -> Result<(Self::Stream, Lsn), RunError>;
+    async fn start(&mut self) -> Result<Started<Self::Stream>, RunError>;
+}
+
+/// A session just started.
+#[derive(Debug)]
+pub struct Started<S> {
+    /// Its stream.
+    pub stream: S,
+    /// The slot's confirmed position: where the stream starts.
+    pub confirmed: Lsn,
+    /// The server's history (system identifier and timeline): LSNs of two
+    /// sessions compare only when it is the same.
+    pub history: String,
 }
 
 /// One replication session.
@@ -29,6 +41,10 @@ pub trait ReplicationStream {
 
     /// Sends a standby status update (moves the slot's confirmed position).
     async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError>;
+
+    /// What the publication publishes of the outbox table now (a catalog
+    /// read on another connection).
+    async fn coverage(&mut self) -> Result<Coverage, RunError>;
 
     /// The WAL the slot retains, for the metrics; `None` if unknown.
     async fn retained_wal_bytes(&mut self) -> Option<i64>;
@@ -42,6 +58,7 @@ pub trait ReplicationStream {
 pub struct PostgresSource {
     pg: PgConfig,
     slot: String,
+    publication: String,
     table: TableName,
     required_columns: Vec<String>,
     options: ReplicationOptions,
@@ -60,9 +77,10 @@ impl PostgresSource {
         PostgresSource {
             pg,
             slot,
+            options: ReplicationOptions::new(publication.clone()),
+            publication,
             table,
             required_columns,
-            options: ReplicationOptions::new(publication),
         }
     }
 }
@@ -74,26 +92,33 @@ pub struct PostgresStream {
     stream: LogicalReplicationStream,
     control: Client,
     slot: String,
+    publication: String,
+    table: TableName,
 }
 
 impl Source for PostgresSource {
     type Stream = PostgresStream;
 
-    async fn start(&mut self) -> Result<(PostgresStream, Lsn), RunError> {
+    async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
         let control = connect_control(&self.pg).await?;
         let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
         preflight(&control, &self.table, &columns).await?;
-        let (stream, status) =
+        let started =
             start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
-        let start = status.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
-        Ok((
-            PostgresStream {
-                stream,
+        Ok(Started {
+            stream: PostgresStream {
+                stream: started.stream,
                 control,
                 slot: self.slot.clone(),
+                publication: self.publication.clone(),
+                table: self.table.clone(),
             },
-            start,
-        ))
+            confirmed: started.slot.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+            history: format!(
+                "system {} timeline {}",
+                started.system.system_id, started.system.timeline
+            ),
+        })
     }
 }
 
@@ -104,6 +129,10 @@ impl ReplicationStream for PostgresStream {
 
     async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
         Ok(self.stream.send_standby_status_update(update).await?)
+    }
+
+    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+        Ok(coverage(&self.control, &self.publication, &self.table).await?)
     }
 
     async fn retained_wal_bytes(&mut self) -> Option<i64> {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use super::fakes::{
     self, begin, commit, header, insert, keepalive, key_of, relation, Broker, FakeSource,
 };
-use super::{run, RelayConfig, RunError};
+use super::{run, RelayConfig, RunError, Stop};
 use crate::dead_letter::{headers, DeadLetters};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
@@ -58,7 +58,7 @@ impl Fixture {
     /// returns the relay's result once it ended.
     async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
     where
-        F: FnOnce(watch::Sender<bool>) -> Fut,
+        F: FnOnce(watch::Sender<Stop>) -> Fut,
         Fut: Future<Output = ()>,
     {
         // Time is paused, so a relay that spins without yielding would hang the
@@ -76,7 +76,7 @@ impl Fixture {
                 std::process::exit(101);
             }
         });
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(Stop::No);
         let relay = run(
             &self.config,
             &mut self.source,
@@ -147,7 +147,7 @@ async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
             assert_eq!(b.pending_keys(), ["a", "b", "a", "c"], "commit order");
             b.ack_all();
             until("the slot at the last commit", || server.confirmed() == 300).await;
-            stop.send(true).unwrap();
+            stop.send(Stop::Graceful).unwrap();
             until("a clean close", || server.closed()).await;
         })
         .await;
@@ -188,7 +188,7 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
         b.ack_all();
         until("confirmed", || second.confirmed() == 200).await;
         assert_eq!(first.confirmed(), 10);
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();
@@ -226,7 +226,7 @@ async fn a_stale_report_after_reconnect_is_ignored() {
         );
         assert!(b.ack_key("b"));
         until("confirmed", || second.confirmed() == 200).await;
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();
@@ -280,7 +280,7 @@ async fn backpressure_by_count_stops_reading_but_keepalives_are_answered() {
             idle(10).await;
         }
         until("confirmed", || server.confirmed() == 400).await;
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();
@@ -315,7 +315,7 @@ async fn backpressure_by_bytes_holds_one_record_at_a_time() {
         }
         until("confirmed", || server.confirmed() == 200).await;
         assert_eq!(server.updates().last().unwrap().write.as_u64(), 250);
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();
@@ -335,7 +335,7 @@ async fn sigterm_mid_transaction_drains_and_confirms_only_complete_transactions(
         server.send(insert(310, "e2", Some("a"), "{}"));
         server.send(insert(320, "e3", Some("a"), "{}"));
         until("3 in flight", || b.pending() == 3).await;
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
         idle(100).await;
         assert!(!server.closed(), "the relay waits for in-flight reports");
         b.ack_all();
@@ -373,7 +373,7 @@ async fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
         );
         b.ack_key("a");
         until("all three confirmed", || server.confirmed() == 400).await;
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();
@@ -442,7 +442,7 @@ async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() 
         );
         b.ack_key("a");
         until("confirmed", || server.confirmed() == 200).await;
-        stop.send(true).unwrap();
+        stop.send(Stop::Graceful).unwrap();
     })
     .await
     .unwrap();

@@ -1,0 +1,296 @@
+//! Whether the publication publishes the outbox table's INSERTs, read from
+//! the catalog at a known WAL position.
+//!
+//! The replication stream says nothing when a table leaves the publication:
+//! its changes simply stop arriving, and keepalives would carry the slot past
+//! them. So the caller reads [`Coverage`] now and then and compares
+//! [`Coverage::fingerprint`]s: any change to what makes up the coverage (the
+//! table recreated, the publication altered or recreated, the table dropped
+//! from it and added back) changes the fingerprint, even when the change was
+//! undone between two reads.
+
+use pgoutput_decoder::Lsn;
+use tokio_postgres::Client;
+
+use crate::error::Error;
+use crate::sql::{quote_ident, TableName};
+
+/// One reading of what `publication` publishes of `table`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    /// The server's WAL position, read before the catalog: every catalog
+    /// change committed before it that has become visible is reflected here.
+    pub wal_lsn: Lsn,
+    /// The table's OID, if it exists.
+    pub table_oid: Option<u32>,
+    /// Why INSERTs of the table are not (all) published, with the fix;
+    /// `None` when they are.
+    pub gap: Option<String>,
+    /// The identity of every catalog row that makes up the coverage.
+    pub fingerprint: String,
+}
+
+/// Reads the coverage of `table` by `publication`.
+pub async fn coverage(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<Coverage, Error> {
+    let position = client
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                          ELSE pg_current_wal_lsn() END)::text,
+                    current_setting('server_version_num')::int",
+            &[],
+        )
+        .await
+        .map_err(Error::sql("read the WAL position"))?;
+    let wal_lsn: Lsn = position
+        .get::<_, String>(0)
+        .parse()
+        .map_err(|_| Error::Protocol("pg_current_wal_lsn() is not an LSN".into()))?;
+    let version: i32 = position.get(1);
+    // PG 15 added schema publications, row filters and column lists.
+    let (schema_entry, filters) = if version >= 150_000 {
+        (
+            "(SELECT pn.oid::int8 FROM pg_publication_namespace pn, p, t
+               WHERE pn.pnpubid = p.oid AND pn.pnnspid = t.relnamespace)",
+            "(SELECT pt.rowfilter FROM pg_publication_tables pt
+               WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
+             (SELECT array_to_string(pt.attnames, ',') FROM pg_publication_tables pt
+               WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3)",
+        )
+    } else {
+        ("NULL::int8", "NULL::text, NULL::text")
+    };
+    let sql = format!(
+        "WITH t AS (SELECT c.oid, c.relkind, c.relnamespace FROM pg_class c
+                      JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = $2 AND c.relname = $3),
+              p AS (SELECT oid, xmin, pubinsert, puballtables, pubviaroot
+                      FROM pg_publication WHERE pubname = $1)
+         SELECT (SELECT oid::int8 FROM t), (SELECT relkind::text FROM t),
+                (SELECT oid::int8 FROM p), (SELECT xmin::text FROM p),
+                (SELECT pubinsert FROM p), (SELECT puballtables FROM p), (SELECT pubviaroot FROM p),
+                (SELECT pr.oid::int8 FROM pg_publication_rel pr, p, t
+                  WHERE pr.prpubid = p.oid AND pr.prrelid = t.oid),
+                {schema_entry},
+                EXISTS (SELECT 1 FROM pg_publication_tables pt
+                         WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
+                {filters}"
+    );
+    let row = client
+        .query_one(&sql, &[&publication, &table.schema(), &table.name()])
+        .await
+        .map_err(Error::sql(
+            "read the publication's coverage of the outbox table",
+        ))?;
+    let reading = Reading {
+        table_oid: row.get::<_, Option<i64>>(0).map(|o| o as u32),
+        relkind: row.get(1),
+        publication_oid: row.get(2),
+        publication_xmin: row.get(3),
+        publishes_insert: row.get(4),
+        all_tables: row.get(5),
+        via_root: row.get(6),
+        table_entry: row.get(7),
+        schema_entry: row.get(8),
+        listed: row.get(9),
+        row_filter: row.get(10),
+        columns: row.get(11),
+    };
+    Ok(Coverage {
+        wal_lsn,
+        table_oid: reading.table_oid,
+        gap: reading.gap(publication, table),
+        fingerprint: reading.fingerprint(),
+    })
+}
+
+/// The catalog rows behind a coverage.
+#[derive(Clone, Debug, Default)]
+struct Reading {
+    table_oid: Option<u32>,
+    relkind: Option<String>,
+    publication_oid: Option<i64>,
+    publication_xmin: Option<String>,
+    publishes_insert: Option<bool>,
+    all_tables: Option<bool>,
+    via_root: Option<bool>,
+    table_entry: Option<i64>,
+    schema_entry: Option<i64>,
+    listed: bool,
+    row_filter: Option<String>,
+    columns: Option<String>,
+}
+
+impl Reading {
+    fn gap(&self, publication: &str, table: &TableName) -> Option<String> {
+        let p = quote_ident(publication);
+        let Some(_) = self.table_oid else {
+            return Some(format!(
+                "table {table} no longer exists (dropped or renamed): restore it, or point walbox at the new table"
+            ));
+        };
+        let Some(_) = self.publication_oid else {
+            return Some(format!(
+                "publication {publication} no longer exists: recreate it with `walbox init-slot`"
+            ));
+        };
+        if self.publishes_insert != Some(true) {
+            return Some(format!(
+                "publication {publication} no longer publishes INSERTs: ALTER PUBLICATION {p} SET (publish = 'insert')"
+            ));
+        }
+        if !self.listed {
+            if self.relkind.as_deref() == Some("p") && self.via_root != Some(true) {
+                return Some(format!(
+                    "table {table} is partitioned and publication {publication} publishes its partitions under their own names: \
+                     ALTER PUBLICATION {p} SET (publish_via_partition_root = true)"
+                ));
+            }
+            return Some(format!(
+                "publication {publication} does not include table {table}: ALTER PUBLICATION {p} ADD TABLE {}",
+                table.quoted()
+            ));
+        }
+        if let Some(filter) = &self.row_filter {
+            return Some(format!(
+                "publication {publication} publishes only the rows of {table} WHERE {filter}; walbox would never see the others: \
+                 ALTER PUBLICATION {p} SET TABLE {}",
+                table.quoted()
+            ));
+        }
+        None
+    }
+
+    fn fingerprint(&self) -> String {
+        let o = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        format!(
+            "table {} pub {} xmin {} all {} entry {} schema {} filter {} columns {}",
+            self.table_oid
+                .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+            o(self.publication_oid),
+            self.publication_xmin.as_deref().unwrap_or("-"),
+            self.all_tables.unwrap_or(false),
+            o(self.table_entry),
+            o(self.schema_entry),
+            self.row_filter.as_deref().unwrap_or("-"),
+            self.columns.as_deref().unwrap_or("-"),
+        )
+    }
+}
+
+/// What changed between two readings, in words (for the stop message).
+pub fn describe_change(before: &Coverage, after: &Coverage) -> String {
+    match (before.table_oid, after.table_oid) {
+        (Some(a), Some(b)) if a != b => {
+            format!("the outbox table was dropped and recreated (OID {a} → {b})")
+        }
+        _ => "the publication changed (altered, recreated, or the table was removed from it and added back)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covered() -> Reading {
+        Reading {
+            table_oid: Some(16_400),
+            relkind: Some("r".into()),
+            publication_oid: Some(16_500),
+            publication_xmin: Some("750".into()),
+            publishes_insert: Some(true),
+            all_tables: Some(false),
+            via_root: Some(true),
+            table_entry: Some(16_501),
+            schema_entry: None,
+            listed: true,
+            row_filter: None,
+            columns: Some("id,payload".into()),
+        }
+    }
+
+    fn gap(r: Reading) -> String {
+        r.gap("walbox_outbox", &TableName::new("public", "outbox_events"))
+            .expect("a gap")
+    }
+
+    #[test]
+    fn a_covered_table_has_no_gap() {
+        let t = TableName::new("public", "outbox_events");
+        assert_eq!(covered().gap("walbox_outbox", &t), None);
+    }
+
+    #[test]
+    fn each_gap_names_its_fix() {
+        let g = gap(Reading {
+            table_oid: None,
+            ..covered()
+        });
+        assert!(g.contains("no longer exists"), "{g}");
+        let g = gap(Reading {
+            publication_oid: None,
+            ..covered()
+        });
+        assert!(g.contains("walbox init-slot"), "{g}");
+        let g = gap(Reading {
+            publishes_insert: Some(false),
+            ..covered()
+        });
+        assert!(g.contains("SET (publish = 'insert')"), "{g}");
+        let g = gap(Reading {
+            listed: false,
+            ..covered()
+        });
+        assert!(
+            g.contains("ADD TABLE \"public\".\"outbox_events\"")
+                || g.contains("ADD TABLE public.outbox_events"),
+            "{g}"
+        );
+        let g = gap(Reading {
+            listed: false,
+            relkind: Some("p".into()),
+            via_root: Some(false),
+            ..covered()
+        });
+        assert!(g.contains("publish_via_partition_root = true"), "{g}");
+        let g = gap(Reading {
+            row_filter: Some("(aggregate_type = 'order'::text)".into()),
+            ..covered()
+        });
+        assert!(g.contains("WHERE (aggregate_type"), "{g}");
+    }
+
+    #[test]
+    fn any_change_of_the_rows_changes_the_fingerprint() {
+        let base = covered().fingerprint();
+        let changed = [
+            Reading {
+                table_oid: Some(16_999),
+                ..covered()
+            },
+            Reading {
+                publication_xmin: Some("751".into()),
+                ..covered()
+            },
+            Reading {
+                table_entry: Some(16_777),
+                ..covered()
+            },
+            Reading {
+                publication_oid: Some(17_000),
+                ..covered()
+            },
+            Reading {
+                columns: Some("id".into()),
+                ..covered()
+            },
+        ];
+        for r in changed {
+            assert_ne!(r.fingerprint(), base, "{r:?}");
+        }
+        assert_eq!(covered().fingerprint(), base);
+    }
+}
