@@ -17,9 +17,9 @@ use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Starte
 // ---- frames ---------------------------------------------------------------
 
 /// Type OIDs used by the fake outbox table.
-const UUID: u32 = 2950;
-const TEXT: u32 = 25;
-const JSONB: u32 = 3802;
+pub(super) const UUID: u32 = 2950;
+pub(super) const TEXT: u32 = 25;
+pub(super) const JSONB: u32 = 3802;
 
 /// The fake outbox table's OID.
 pub(super) const OUTBOX: u32 = 16_384;
@@ -65,26 +65,33 @@ pub(super) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
     xlog_to(final_lsn, end_lsn, b)
 }
 
+/// The fake outbox table's columns: walbox's defaults.
+pub(super) const COLUMNS: [(&str, u32); 5] = [
+    ("id", UUID),
+    ("aggregate_type", TEXT),
+    ("aggregate_id", TEXT),
+    ("event_type", TEXT),
+    ("payload", JSONB),
+];
+
 /// `Relation` for `public.outbox_events` with walbox's default columns.
 pub(super) fn relation() -> ReplicationMessage {
+    relation_of(OUTBOX, "outbox_events", &COLUMNS)
+}
+
+/// `Relation` for table `public.<name>` with OID `oid` and `columns`.
+pub(super) fn relation_of(oid: u32, name: &str, columns: &[(&str, u32)]) -> ReplicationMessage {
     let mut b = BytesMut::new();
     b.put_u8(b'R');
-    b.put_u32(OUTBOX);
+    b.put_u32(oid);
     cstr(&mut b, "public");
-    cstr(&mut b, "outbox_events");
+    cstr(&mut b, name);
     b.put_u8(b'd');
-    let columns = [
-        ("id", UUID),
-        ("aggregate_type", TEXT),
-        ("aggregate_id", TEXT),
-        ("event_type", TEXT),
-        ("payload", JSONB),
-    ];
     b.put_u16(columns.len() as u16);
     for (name, oid) in columns {
         b.put_u8(0);
         cstr(&mut b, name);
-        b.put_u32(oid);
+        b.put_u32(*oid);
         b.put_i32(-1);
     }
     xlog(0, b)
@@ -97,17 +104,25 @@ pub(super) fn insert(
     aggregate_id: Option<&str>,
     payload: &str,
 ) -> ReplicationMessage {
+    insert_row(
+        lsn,
+        OUTBOX,
+        &[
+            Some(id),
+            Some("order"),
+            aggregate_id,
+            Some("Created"),
+            Some(payload),
+        ],
+    )
+}
+
+/// `Insert` into the relation `oid` at `lsn` of these column values.
+pub(super) fn insert_row(lsn: u64, oid: u32, values: &[Option<&str>]) -> ReplicationMessage {
     let mut b = BytesMut::new();
     b.put_u8(b'I');
-    b.put_u32(OUTBOX);
+    b.put_u32(oid);
     b.put_u8(b'N');
-    let values = [
-        Some(id),
-        Some("order"),
-        aggregate_id,
-        Some("Created"),
-        Some(payload),
-    ];
     b.put_u16(values.len() as u16);
     for v in values {
         match v {

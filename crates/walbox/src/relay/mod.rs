@@ -52,6 +52,8 @@ mod source;
 mod fakes;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_no_loss;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -135,7 +135,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
         let result = match self.check_coverage(&mut stream).await {
-            Ok(_) => self.stream(&mut stream, shutdown).await,
+            Ok(update) => match send_status(&mut stream, update).await {
+                Ok(()) => self.stream(&mut stream, shutdown).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         match result {

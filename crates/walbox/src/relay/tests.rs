@@ -34,16 +34,16 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
 
 /// A relay's world: its configuration, a scripted source, a fake broker
 /// bounded to `events` and `kib` in flight, and its metrics.
-struct Fixture {
-    config: RelayConfig,
-    source: FakeSource,
-    broker: Broker,
+pub(super) struct Fixture {
+    pub(super) config: RelayConfig,
+    pub(super) source: FakeSource,
+    pub(super) broker: Broker,
     reports: fakes::FakeReports,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl Fixture {
-    fn new(dead_letters: DeadLetters, events: usize, kib: usize) -> Fixture {
+    pub(super) fn new(dead_letters: DeadLetters, events: usize, kib: usize) -> Fixture {
         let (broker, reports) = Broker::new(events, kib);
         Fixture {
             config: config(dead_letters),
@@ -56,7 +56,7 @@ impl Fixture {
 
     /// Runs the relay beside `script`, which gets the shutdown switch;
     /// returns the relay's result once it ended.
-    async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
+    pub(super) async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
     where
         F: FnOnce(watch::Sender<Stop>) -> Fut,
         Fut: Future<Output = ()>,
@@ -99,7 +99,7 @@ impl Fixture {
 }
 
 /// Lets the relay run until `cond` holds (virtual time; panics after a minute).
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..6000 {
         if cond() {
             return;
@@ -110,7 +110,7 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// Lets the relay run for `ms` of virtual time.
-async fn idle(ms: u64) {
+pub(super) async fn idle(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 

@@ -1,0 +1,349 @@
+//! The relay against the faults that used to lose or repeat events without a
+//! word: the outbox table leaving the publication, a slot that resumes
+//! before what was confirmed, a relation that changed under the stream, and
+//! shutdowns in the middle of a transaction.
+
+use super::fakes::{
+    begin, commit, header, insert, insert_row, keepalive, relation, relation_of, COLUMNS, OUTBOX,
+    TEXT, UUID,
+};
+use super::tests::{idle, until, Fixture};
+use super::{RunError, Stop};
+use crate::dead_letter::{headers, DeadLetters};
+
+#[tokio::test(start_paused = true)]
+async fn a_table_removed_from_the_publication_stops_the_relay_before_its_unseen_events() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let database = fx.source.database();
+    let status = server.status_handle();
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a"))]);
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            server.send(keepalive(1000, false));
+            until("the idle slot confirmed", || server.confirmed() == 1000).await;
+            // ALTER PUBLICATION … DROP TABLE: the stream goes silent about
+            // the table, while other tables' WAL moves the server on.
+            database.alter(
+                "table dropped from the publication",
+                Some(OUTBOX),
+                Some("publication walbox_outbox does not include table public.outbox_events"),
+            );
+            server.send(keepalive(5000, true));
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err();
+    assert!(matches!(e, RunError::Drift(_)), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains("does not include table public.outbox_events"),
+        "{e}"
+    );
+    assert!(e.contains("stopped with the slot at 0/3E8"), "{e}");
+    let confirmed = status
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|u| u.flush.as_u64())
+        .max();
+    assert_eq!(
+        confirmed,
+        Some(1000),
+        "the keepalive past the change was not confirmed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recreated_table_stops_the_relay_even_when_it_is_published_again() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let database = fx.source.database();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.send(keepalive(1000, false));
+            until("confirmed", || server.confirmed() == 1000).await;
+            database.alter("recreated", Some(OUTBOX + 7), None);
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains("dropped and recreated (OID 16384 → 16391)"),
+        "{e}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gap_at_start_stops_before_anything_is_confirmed() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    fx.source.database().alter(
+        "partitioned",
+        Some(OUTBOX),
+        Some("table public.outbox_events is partitioned and publication walbox_outbox publishes its partitions under their own names"),
+    );
+    let status = server.status_handle();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(keepalive(5000, true));
+            idle(60_000).await;
+        })
+        .await;
+    let e = result.unwrap_err().to_string();
+    assert!(e.contains("is partitioned"), "{e}");
+    assert!(
+        status
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|u| u.flush.as_u64() <= 10),
+        "nothing past the slot's position"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let mut first = fx.source.session(10);
+    // Postgres restarted before a checkpoint: the slot is back at 10.
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    let metrics = fx.metrics.clone();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            b.ack_all();
+            until("confirmed", || first.confirmed() == 200).await;
+            first.disconnect();
+            // The server re-sends what it thinks is unconfirmed, then new work.
+            second.send(relation());
+            second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            second.transaction(290, &[("e3", Some("a"))]);
+            until("e3 in flight", || b.pending() == 1).await;
+            assert_eq!(
+                second.updates().first().map(|u| u.flush.as_u64()),
+                Some(200),
+                "the first update re-confirms what was delivered"
+            );
+            b.ack_all();
+            until("confirmed", || second.confirmed() == 300).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    let ids: Vec<_> = fx
+        .broker
+        .delivered()
+        .iter()
+        .map(|r| header(r, "id").unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["e1", "e2", "e3"], "each event once");
+    assert!(metrics
+        .encode()
+        .contains("walbox_events_replay_skipped_total 2"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failover_to_another_history_nothing_is_skipped() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let mut first = fx.source.session_on("system 1 timeline 1", 10);
+    let second = fx.source.session_on("system 1 timeline 2", 10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("e1", Some("a"))]);
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || first.confirmed() == 200).await;
+            first.disconnect();
+            // A promoted standby: LSN 190 there is another transaction.
+            second.send(relation());
+            second.transaction(190, &[("x1", Some("a"))]);
+            until("x1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || second.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(fx.broker.delivered().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renamed_table_with_a_dropped_column_maps_by_its_new_layout() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            // The table had a column `note` before the payload.
+            let mut with_note = COLUMNS.to_vec();
+            with_note.insert(4, ("note", TEXT));
+            server.send(relation_of(OUTBOX, "outbox_events", &with_note));
+            // ALTER TABLE … RENAME TO outbox_old; ALTER TABLE … DROP note:
+            // the same OID under another name, the payload one place earlier.
+            server.send(begin(190));
+            server.send(relation_of(OUTBOX, "outbox_old", &COLUMNS));
+            server.send(insert_row(
+                150,
+                OUTBOX,
+                &[
+                    Some("e1"),
+                    Some("order"),
+                    Some("a"),
+                    Some("Created"),
+                    Some(r#"{"n":1}"#),
+                ],
+            ));
+            server.send(commit(190, 200));
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    let delivered = fx.broker.delivered();
+    assert_eq!(
+        delivered[0].value.as_deref(),
+        Some(&br#"{"n":1}"#[..]),
+        "the payload column, not whatever sits where it used to"
+    );
+    assert_eq!(header(&delivered[0], "event_type"), Some("Created"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tuple_wider_or_narrower_than_its_relation_stops_the_relay() {
+    let mut fx = Fixture::new(DeadLetters::to_topic("dlq"), 100, 1024);
+    let server = fx.source.session(10);
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert_row(
+                150,
+                OUTBOX,
+                &[Some("e1"), Some("order"), Some("a"), Some("{}")],
+            ));
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err();
+    assert!(matches!(e, RunError::ColumnCount(_)), "{e}");
+    assert!(e.to_string().contains("has 4 columns"), "{e}");
+    assert_eq!(COLUMNS.len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relation_that_cannot_be_mapped_follows_the_dead_letter_policy() {
+    let mut fx = Fixture::new(DeadLetters::to_topic("dlq"), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            // The payload column was dropped.
+            let no_payload = [
+                ("id", UUID),
+                ("aggregate_type", TEXT),
+                ("aggregate_id", TEXT),
+                ("event_type", TEXT),
+            ];
+            server.send(relation_of(OUTBOX, "outbox_events", &no_payload));
+            server.send(begin(190));
+            server.send(insert_row(
+                150,
+                OUTBOX,
+                &[Some("e1"), Some("order"), Some("a"), Some("Created")],
+            ));
+            server.send(commit(190, 200));
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    let delivered = fx.broker.delivered();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].topic, "dlq");
+    assert_eq!(
+        header(&delivered[0], headers::ERROR_KIND),
+        Some("unmappable")
+    );
+    assert!(header(&delivered[0], headers::ERROR)
+        .unwrap()
+        .contains("no column \"payload\""));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sigterm_inside_a_transaction_reads_the_rest_of_it_first() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(150, "e1", Some("a"), "{}"));
+            until("e1 in flight", || b.pending() == 1).await;
+            stop.send(Stop::Graceful).unwrap();
+            idle(100).await;
+            server.send(insert(160, "e2", Some("a"), "{}"));
+            server.send(commit(190, 200));
+            until("e2 in flight", || b.pending() == 2).await;
+            b.ack_all();
+            until("a clean close", || server.closed()).await;
+            assert_eq!(server.confirmed(), 200, "the whole transaction confirmed");
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(fx.broker.delivered().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_signal_stops_at_once_confirming_only_what_was_acked() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let status = server.status_handle();
+    let b = fx.broker.clone();
+    let started = tokio::time::Instant::now();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a"))]);
+            until("e1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            server.transaction(290, &[("e2", Some("a"))]);
+            until("e2 in flight", || b.pending() == 1).await;
+            stop.send(Stop::Graceful).unwrap();
+            idle(1000).await;
+            stop.send(Stop::Now).unwrap();
+            idle(60_000).await;
+        })
+        .await;
+    result.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "did not wait out the 30 s shutdown timeout"
+    );
+    let confirmed = status
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|u| u.flush.as_u64())
+        .max();
+    assert_eq!(confirmed, Some(200), "nothing past the unacked event");
+}
