@@ -57,8 +57,8 @@ pub async fn coverage(
                WHERE pn.pnpubid = p.oid AND pn.pnnspid = t.relnamespace)",
             "(SELECT pt.rowfilter FROM pg_publication_tables pt
                WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
-             (SELECT array_to_string(pt.attnames, ',') FROM pg_publication_tables pt
-               WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3)",
+             (SELECT pr.prattrs::text FROM pg_publication_rel pr, p, t
+               WHERE pr.prpubid = p.oid AND pr.prrelid = t.oid)",
         )
     } else {
         ("NULL::int8", "NULL::text, NULL::text")
@@ -121,6 +121,7 @@ struct Reading {
     schema_entry: Option<i64>,
     listed: bool,
     row_filter: Option<String>,
+    /// An explicit column list (attribute numbers), if any.
     columns: Option<String>,
 }
 

@@ -1,6 +1,7 @@
 //! slot-manager against real Postgres servers from the test harness.
 
 mod auth;
+mod coverage;
 mod lifecycle;
 mod streaming;
 mod tls;

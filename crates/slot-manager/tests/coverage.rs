@@ -1,0 +1,167 @@
+//! The publication's coverage of the outbox table, read from a real catalog:
+//! each kind of drift is a gap or a changed fingerprint, and a change that
+//! does not concern the table is neither.
+
+use slot_manager::{connect_control, coverage, Coverage, TableName};
+use tokio_postgres::Client;
+use walbox_test_harness::migrations::apply_migrations;
+use walbox_test_harness::pg::fresh_db;
+
+use crate::pg_config;
+
+async fn read(client: &Client) -> Coverage {
+    let outbox = TableName::parse("public.outbox_events").unwrap();
+    coverage(client, "walbox_outbox", &outbox).await.unwrap()
+}
+
+async fn gap_after(client: &Client, sql: &str) -> String {
+    client.batch_execute(sql).await.unwrap();
+    read(client)
+        .await
+        .gap
+        .unwrap_or_else(|| panic!("a gap after {sql}"))
+}
+
+#[tokio::test]
+async fn each_drift_is_a_gap_or_a_new_fingerprint() {
+    let db = fresh_db().await;
+    let client = connect_control(&pg_config(&db)).await.unwrap();
+    apply_migrations(&db.connect().await).await;
+    client
+        .batch_execute(
+            "CREATE TABLE other (id int);
+             CREATE PUBLICATION walbox_outbox FOR TABLE outbox_events
+               WITH (publish = 'insert', publish_via_partition_root = true)",
+        )
+        .await
+        .unwrap();
+    let first = read(&client).await;
+    assert_eq!(first.gap, None);
+    assert!(first.table_oid.is_some());
+
+    // Unrelated changes leave the fingerprint alone: no false stops.
+    client
+        .batch_execute(
+            "ALTER PUBLICATION walbox_outbox ADD TABLE other;
+             ALTER TABLE outbox_events ADD COLUMN note text;
+             INSERT INTO other VALUES (1)",
+        )
+        .await
+        .unwrap();
+    client.batch_execute("VACUUM FULL outbox_events").await.unwrap();
+    client.batch_execute("VACUUM FREEZE pg_catalog.pg_publication").await.unwrap();
+    let again = read(&client).await;
+    assert_eq!(again.fingerprint, first.fingerprint);
+    assert!(again.wal_lsn > first.wal_lsn);
+
+    // Removed and added back between two readings: a new fingerprint.
+    client
+        .batch_execute(
+            "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events;
+             ALTER PUBLICATION walbox_outbox ADD TABLE outbox_events",
+        )
+        .await
+        .unwrap();
+    let readded = read(&client).await;
+    assert_eq!(readded.gap, None);
+    assert_ne!(readded.fingerprint, first.fingerprint);
+
+    let g = gap_after(
+        &client,
+        "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events",
+    )
+    .await;
+    assert!(
+        g.contains(r#"does not include table "public"."outbox_events""#),
+        "{g}"
+    );
+    assert!(g.contains("ADD TABLE"), "{g}");
+    client
+        .batch_execute("ALTER PUBLICATION walbox_outbox ADD TABLE outbox_events")
+        .await
+        .unwrap();
+
+    let g = gap_after(
+        &client,
+        "ALTER PUBLICATION walbox_outbox SET (publish = 'update')",
+    )
+    .await;
+    assert!(g.contains("no longer publishes INSERTs"), "{g}");
+    client
+        .batch_execute("ALTER PUBLICATION walbox_outbox SET (publish = 'insert')")
+        .await
+        .unwrap();
+    let restored = read(&client).await;
+    assert_eq!(restored.gap, None);
+    assert_ne!(
+        restored.fingerprint, readded.fingerprint,
+        "altered and restored is still a change"
+    );
+
+    if server_version(&client).await >= 150_000 {
+        let g = gap_after(
+            &client,
+            "ALTER PUBLICATION walbox_outbox SET TABLE outbox_events WHERE (aggregate_type = 'order')",
+        )
+        .await;
+        assert!(g.contains("publishes only the rows"), "{g}");
+        client
+            .batch_execute("ALTER PUBLICATION walbox_outbox SET TABLE outbox_events")
+            .await
+            .unwrap();
+    }
+
+    // Dropped and recreated: gone from a FOR TABLE publication.
+    let before = read(&client).await;
+    let g = gap_after(
+        &client,
+        "DROP TABLE outbox_events; CREATE TABLE outbox_events (id uuid, payload jsonb)",
+    )
+    .await;
+    assert!(g.contains("does not include table"), "{g}");
+    let after = read(&client).await;
+    assert_ne!(after.table_oid, before.table_oid);
+    let g = gap_after(&client, "DROP TABLE outbox_events").await;
+    assert!(g.contains("no longer exists"), "{g}");
+}
+
+#[tokio::test]
+async fn a_partitioned_outbox_needs_publish_via_partition_root() {
+    let db = fresh_db().await;
+    let client = connect_control(&pg_config(&db)).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE outbox_events (id uuid, created_at date, payload jsonb) PARTITION BY RANGE (created_at);
+             CREATE TABLE outbox_2026 PARTITION OF outbox_events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+             CREATE PUBLICATION walbox_outbox FOR TABLE outbox_events WITH (publish = 'insert')",
+        )
+        .await
+        .unwrap();
+    let g = read(&client).await.gap.expect("a gap");
+    assert!(g.contains("publish_via_partition_root = true"), "{g}");
+    client
+        .batch_execute("ALTER PUBLICATION walbox_outbox SET (publish_via_partition_root = true)")
+        .await
+        .unwrap();
+    assert_eq!(read(&client).await.gap, None);
+}
+
+#[tokio::test]
+async fn a_missing_publication_is_a_gap() {
+    let db = fresh_db().await;
+    let client = connect_control(&pg_config(&db)).await.unwrap();
+    apply_migrations(&db.connect().await).await;
+    let g = read(&client).await.gap.expect("a gap");
+    assert!(
+        g.contains("publication walbox_outbox no longer exists"),
+        "{g}"
+    );
+}
+
+async fn server_version(client: &Client) -> i32 {
+    client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
