@@ -529,8 +529,12 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
     drop(client);
 }
 
+/// Before PG 17 a fast shutdown does not write a slot whose only change is
+/// its confirmed position: the slot comes back behind what walbox
+/// confirmed, and Postgres re-sends those transactions. walbox, still
+/// running, skips them. Then a crash (immediate stop) the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
+async fn walbox_reconnects_after_postgres_restarts_and_sends_nothing_twice() {
     let mut server = walbox_test_harness::pg::PgServer::start_default().unwrap();
     let admin = server.config("postgres");
     let url = format!(
@@ -542,34 +546,100 @@ async fn walbox_reconnects_by_itself_after_a_postgres_restart() {
     let mut cmd = Command::new(walbox_e2e::walbox_bin());
     cmd.args(["init-slot", "--pg-url", &url]);
     assert!(cmd.status().unwrap().success());
+    // A checkpoint now, so the restart below has only confirmed positions
+    // to lose.
+    client.batch_execute("CHECKPOINT").await.unwrap();
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
     let mut command = Command::new(walbox_e2e::walbox_bin());
     command.env("WALBOX_PG_URL", &url);
     let mut relay = spawn_run_with(command, &kafka, &["--mapping-topic-template", &topic]);
-    insert_events(&client, 0, 50, |_| 10, 5).await;
-    assert_eq!(expect_all(&kafka, &topic, 50).await, 0);
-    drop(client);
-
-    let server = tokio::task::spawn_blocking(move || {
-        server.stop();
-        server.start().unwrap();
-        server
-    })
-    .await
-    .unwrap();
-    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+    let mut client = client;
+    for (round, immediate) in [(0usize, false), (1, true)] {
+        let from = round * 200;
+        insert_events(&client, from, from + 200, |_| 10, 5).await;
+        let head = current_wal_lsn(&client).await;
+        wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+        assert_eq!(expect_all(&kafka, &topic, from + 200).await, 0);
+        drop(client);
+        server = tokio::task::spawn_blocking(move || {
+            if immediate {
+                server.stop_immediate();
+            } else {
+                server.stop();
+            }
+            server.start().unwrap();
+            server
+        })
         .await
         .unwrap();
-    insert_events(&client, 50, 100, |_| 10, 5).await;
-    expect_all(&kafka, &topic, 100).await;
+        client = walbox_test_harness::pg::connect(&server.config("postgres"))
+            .await
+            .unwrap();
+    }
+    insert_events(&client, 400, 450, |_| 10, 5).await;
+    let duplicates = expect_all(&kafka, &topic, 450).await;
     assert!(
         relay.child.try_wait().unwrap().is_none(),
         "walbox kept running"
     );
-    assert!(relay.log().contains("will retry"), "{}", relay.log());
+    let log = relay.log();
+    assert!(log.contains("will retry"), "{log}");
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version < 170_000 {
+        assert!(
+            log.contains("the slot resumed before what walbox confirmed"),
+            "the restart really sent the slot back (else this test proves nothing)\n{log}"
+        );
+    }
+    assert_eq!(
+        duplicates, 0,
+        "what walbox confirmed before the restarts was not sent again\n{log}"
+    );
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
+}
+
+/// The outbox table removed from the publication while walbox runs: walbox
+/// stops with a line that says so, and the slot stays before the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_removed_from_the_publication_stops_walbox_before_the_change() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    insert_events(&client, 0, 20, |_| 5, 2).await;
+    assert_eq!(expect_all(&kafka, &topic, 20).await, 0);
+    let before = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", before, Duration::from_secs(30)).await;
+    client
+        .batch_execute("ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events")
+        .await
+        .unwrap();
+    let change = current_wal_lsn(&client).await;
+    // Rows the stream no longer carries, and WAL elsewhere for keepalives.
+    insert_events(&client, 20, 40, |_| 5, 2).await;
+    write_wal_elsewhere(&client, "elsewhere", 1 << 20).await;
+    let (status, log) = wait_exit(&mut relay).await;
+    assert_eq!(status.code(), Some(1), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(last.contains("does not include table"), "{last}");
+    assert!(last.contains("ALTER PUBLICATION"), "{last}");
+    let confirmed = confirmed_flush_lsn(&client, "walbox").await.unwrap();
+    assert!(
+        confirmed <= change,
+        "the slot ({confirmed}) stayed before the change ({change})"
+    );
+    // Restarted as is, walbox refuses again instead of streaming past it.
+    let mut again = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    let (status, log) = wait_exit(&mut again).await;
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("does not include table"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

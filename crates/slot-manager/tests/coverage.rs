@@ -48,8 +48,14 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         )
         .await
         .unwrap();
-    client.batch_execute("VACUUM FULL outbox_events").await.unwrap();
-    client.batch_execute("VACUUM FREEZE pg_catalog.pg_publication").await.unwrap();
+    client
+        .batch_execute("VACUUM FULL outbox_events")
+        .await
+        .unwrap();
+    client
+        .batch_execute("VACUUM FREEZE pg_catalog.pg_publication")
+        .await
+        .unwrap();
     let again = read(&client).await;
     assert_eq!(again.fingerprint, first.fingerprint);
     assert!(again.wal_lsn > first.wal_lsn);
