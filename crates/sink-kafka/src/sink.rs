@@ -26,7 +26,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -153,7 +153,19 @@ struct Inner<T: Send + Sync + 'static> {
     kib_total: u32,
     room: Arc<Notify>,
     known_topics: Mutex<HashSet<String>>,
+    /// Until when topic checks are skipped: the last one found no broker.
+    brokers_down_until: Mutex<Option<Instant>>,
     message_max_bytes: usize,
+}
+
+/// What a topic check found.
+enum TopicVerdict {
+    Known,
+    Refused(DeliveryError),
+    /// The broker answered without a clear verdict: produce.
+    Unsure,
+    /// No broker answered.
+    NoBroker,
 }
 
 /// The producing half: reserve capacity, send records. Cheap to clone.
@@ -179,6 +191,14 @@ pub struct Reports<T: Send + Sync + 'static> {
 
 /// How long the first send to a topic may take to learn whether it exists.
 const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a topic check found no broker, checks are skipped for this long
+/// (records are produced and librdkafka waits for the brokers): an outage
+/// costs one check's timeout, not one per new topic.
+const BROKERS_DOWN_BACKOFF: Duration = Duration::from_secs(30);
+/// At most this many topics are remembered as checked; past it the set
+/// starts over (a topic template fed by arbitrary values must not grow
+/// memory).
+const MAX_KNOWN_TOPICS: usize = 10_000;
 /// Per-record overhead librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 128;
 
@@ -207,6 +227,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             kib_total,
             room,
             known_topics: Mutex::new(HashSet::new()),
+            brokers_down_until: Mutex::new(None),
             message_max_bytes: config.message_max_bytes(),
         });
         Ok((
@@ -340,7 +361,8 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
     }
 
-    /// Checks once per topic that the broker knows it.
+    /// Checks once per topic that the broker knows it. While the brokers are
+    /// unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
     async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
         if self
             .inner
@@ -351,45 +373,55 @@ impl<T: Send + Sync + 'static> Sink<T> {
         {
             return Ok(());
         }
+        let down_until = *self.inner.brokers_down_until.lock().expect("not poisoned");
+        if down_until.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
         let inner = Arc::clone(&self.inner);
         let name = topic.to_owned();
         let verdict = tokio::task::spawn_blocking(move || {
             match inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT) {
                 Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
-                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => Some(Ok(())),
+                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => TopicVerdict::Known,
                     Some(t) => match t.error().map(RDKafkaErrorCode::from) {
                         Some(
                             code @ (RDKafkaErrorCode::UnknownTopicOrPartition
                             | RDKafkaErrorCode::UnknownTopic
                             | RDKafkaErrorCode::InvalidTopic
                             | RDKafkaErrorCode::TopicAuthorizationFailed),
-                        ) => Some(Err(DeliveryError::new(
+                        ) => TopicVerdict::Refused(DeliveryError::new(
                             DeliveryErrorKind::Permanent,
                             Some(code),
                             format!("topic {name} cannot be produced to: {code} (create it, or fix the topic template)"),
-                        ))),
+                        )),
                         // Leader election and the like: produce and let librdkafka wait.
-                        _ => None,
+                        _ => TopicVerdict::Unsure,
                     },
-                    None => None,
+                    None => TopicVerdict::Unsure,
                 },
                 // The broker is unreachable: not the topic's fault; librdkafka waits.
-                Err(_) => None,
+                Err(_) => TopicVerdict::NoBroker,
             }
         })
         .await
-        .unwrap_or(None);
+        .unwrap_or(TopicVerdict::Unsure);
         match verdict {
-            Some(Ok(())) => {
-                self.inner
-                    .known_topics
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(topic.to_owned());
+            TopicVerdict::Known => {
+                let mut known = self.inner.known_topics.lock().expect("not poisoned");
+                if known.len() >= MAX_KNOWN_TOPICS {
+                    known.clear();
+                }
+                known.insert(topic.to_owned());
                 Ok(())
             }
-            Some(Err(e)) => Err(e),
-            None => Ok(()),
+            TopicVerdict::Refused(e) => Err(e),
+            TopicVerdict::Unsure => Ok(()),
+            TopicVerdict::NoBroker => {
+                tracing::warn!(topic, "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}");
+                *self.inner.brokers_down_until.lock().expect("not poisoned") =
+                    Some(Instant::now() + BROKERS_DOWN_BACKOFF);
+                Ok(())
+            }
         }
     }
 

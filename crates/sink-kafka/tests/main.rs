@@ -380,3 +380,52 @@ async fn keyed_records_with_headers_and_timestamps_round_trip_through_the_broker
             .starts_with(&format!("{{\"n\": {i},")));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_topics_during_an_outage_cost_one_topic_check_not_one_each() {
+    let kafka = TestKafka::mock(1);
+    let topics = [
+        kafka.create_topic(1).await,
+        kafka.create_topic(1).await,
+        kafka.create_topic(1).await,
+        kafka.create_topic(1).await,
+        kafka.create_topic(1).await,
+    ];
+    let mock = kafka.mock_cluster().unwrap();
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    // Warm up the producer on another topic, then take the broker down.
+    let warm = kafka.create_topic(1).await;
+    let first = pump(
+        &sink,
+        &mut reports,
+        vec![record(&warm, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(first.len(), 1);
+    mock.broker_down(1).unwrap();
+    let started = std::time::Instant::now();
+    for (i, topic) in topics.iter().enumerate() {
+        let r = record(topic, i as u64 + 1, 1);
+        let permit = sink.reserve(r.size()).await;
+        sink.send(permit, r).await;
+    }
+    let blocked = started.elapsed();
+    // One 5 s check at most; five of them (25 s) was the bug.
+    assert!(
+        blocked < Duration::from_secs(12),
+        "sending to 5 new topics during the outage blocked for {blocked:?}"
+    );
+    mock.broker_up(1).unwrap();
+    let mut got = Vec::new();
+    while got.len() < topics.len() {
+        let report = tokio::time::timeout(Duration::from_secs(60), reports.next())
+            .await
+            .expect("reports after the broker came back")
+            .unwrap();
+        assert!(report.result.is_ok(), "{:?}", report.result);
+        got.push(report.token);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [1, 2, 3, 4, 5]);
+}

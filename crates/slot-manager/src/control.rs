@@ -119,6 +119,37 @@ pub async fn preflight(
     Ok(())
 }
 
+/// The base type of each domain type among `table`'s columns (nested domains
+/// resolved to the last base), by type OID: the Relation messages of
+/// pgoutput carry a column's declared type, which may be a domain.
+pub async fn domain_base_types(
+    client: &Client,
+    table: &TableName,
+) -> Result<std::collections::HashMap<u32, u32>, Error> {
+    let rows = client
+        .query(
+            "WITH RECURSIVE d(domain, base) AS (
+                 SELECT t.oid, t.typbasetype FROM pg_attribute a
+                   JOIN pg_class c ON c.oid = a.attrelid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace
+                   JOIN pg_type t ON t.oid = a.atttypid
+                  WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0
+                    AND NOT a.attisdropped AND t.typtype = 'd'
+                 UNION
+                 SELECT d.domain, t.typbasetype FROM d JOIN pg_type t ON t.oid = d.base
+                  WHERE t.typtype = 'd')
+             SELECT d.domain::int8, d.base::int8 FROM d JOIN pg_type t ON t.oid = d.base
+              WHERE t.typtype <> 'd'",
+            &[&table.schema(), &table.name()],
+        )
+        .await
+        .map_err(Error::sql("look up the outbox table's domain types"))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, i64>(0) as u32, r.get::<_, i64>(1) as u32))
+        .collect())
+}
+
 /// Whether an `ensure_*` call created the object or found it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ensured {

@@ -42,8 +42,8 @@ mod wire;
 pub use client::{IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode};
 pub use control::{
-    connect_control, drop_slot, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
-    Ensured, SlotStatus,
+    connect_control, domain_base_types, drop_slot, ensure_publication, ensure_slot, preflight,
+    slot_status, Dropped, Ensured, SlotStatus,
 };
 pub use coverage::{coverage, describe_change, Coverage};
 pub use error::Error;

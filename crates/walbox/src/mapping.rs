@@ -17,6 +17,8 @@
 //! Column positions are resolved once per Relation message
 //! ([`OutboxMapping::resolve`]); mapping a row is then one pass over its tuple.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
 use sink_kafka::Header;
@@ -83,7 +85,7 @@ pub enum MapError {
         role: &'static str,
     },
     /// The payload column has a type walbox cannot publish as JSON.
-    #[error("payload column {column:?} of {table} has type OID {type_oid}; use json, jsonb, text or varchar")]
+    #[error("payload column {column:?} of {table} has type OID {type_oid}; use json, jsonb, text or varchar (or a domain over one)")]
     PayloadType {
         /// `schema.table`.
         table: String,
@@ -115,6 +117,14 @@ pub enum MapError {
     HeadersNotObject {
         /// The event id.
         event_id: String,
+    },
+    /// The headers column names a header walbox sets itself.
+    #[error("event {event_id}: headers column sets {name:?}, a header walbox sets itself; rename it in the row")]
+    ReservedHeader {
+        /// The event id.
+        event_id: String,
+        /// The header name.
+        name: String,
     },
     /// The timestamp column could not be read.
     #[error("event {event_id}: timestamp {value:?} is not a Postgres timestamp")]
@@ -234,6 +244,16 @@ impl OutboxMapping {
 
     /// Finds the mapped columns in a relation.
     pub fn resolve(&self, relation: &RelationBody) -> Result<ColumnIndexes, MapError> {
+        self.resolve_with(relation, &HashMap::new())
+    }
+
+    /// Finds the mapped columns in a relation whose columns may have domain
+    /// types: `domains` maps a domain's type OID to its base type's.
+    pub fn resolve_with(
+        &self,
+        relation: &RelationBody,
+        domains: &HashMap<u32, u32>,
+    ) -> Result<ColumnIndexes, MapError> {
         let table = format!("{}.{}", relation.namespace(), relation.name());
         let find = |column: &str, role: &'static str| {
             relation
@@ -247,12 +267,13 @@ impl OutboxMapping {
         let find_opt =
             |column: &Option<String>, role| column.as_deref().map(|c| find(c, role)).transpose();
         let payload = find(&self.payload, "payload")?;
-        let type_oid = relation.columns()[payload].type_oid();
+        let declared = relation.columns()[payload].type_oid();
+        let type_oid = domains.get(&declared).copied().unwrap_or(declared);
         if ![JSON, JSONB, TEXT, VARCHAR].contains(&type_oid) {
             return Err(MapError::PayloadType {
                 table,
                 column: self.payload.clone(),
-                type_oid,
+                type_oid: declared,
             });
         }
         Ok(ColumnIndexes {
@@ -355,6 +376,9 @@ impl OutboxMapping {
             match serde_json::from_str::<serde_json::Value>(json) {
                 Ok(serde_json::Value::Object(map)) => {
                     for (name, v) in map {
+                        if name.starts_with("walbox.") || headers.iter().any(|h| h.name == name) {
+                            return Err(MapError::ReservedHeader { event_id: id, name });
+                        }
                         let value = match v {
                             serde_json::Value::String(s) => Bytes::from(s),
                             other => Bytes::from(other.to_string()),

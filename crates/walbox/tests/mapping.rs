@@ -235,3 +235,75 @@ async fn rows_that_cannot_be_mapped_name_the_event() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_payload_of_a_domain_over_jsonb_or_text_is_accepted() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE DOMAIN event_json AS jsonb CHECK (jsonb_typeof(VALUE) = 'object');
+             CREATE DOMAIN strict_event_json AS event_json;
+             CREATE TABLE outbox_events (id uuid, aggregate_type text, aggregate_id text,
+                                         event_type text, payload strict_event_json)",
+        )
+        .await
+        .unwrap();
+    let (relation, tuples) = decoded_inserts(
+        &client,
+        "outbox_events",
+        r#"INSERT INTO outbox_events VALUES
+           ('6d1f1c9e-0000-4000-8000-000000000001', 'order', 'o-1', 'Created', '{"n": 1}')"#,
+    )
+    .await;
+    let mapping = OutboxMapping {
+        headers: None,
+        timestamp: None,
+        ..OutboxMapping::default()
+    };
+    let err = mapping.resolve(&relation).unwrap_err();
+    assert!(matches!(err, MapError::PayloadType { .. }), "{err}");
+    assert!(err.to_string().contains("or a domain over one"), "{err}");
+
+    let table = slot_manager::TableName::new("public", "outbox_events");
+    let domains = slot_manager::domain_base_types(&client, &table)
+        .await
+        .unwrap();
+    assert_eq!(
+        domains.len(),
+        1,
+        "one domain-typed column, nested domains resolved: {domains:?}"
+    );
+    let columns = mapping.resolve_with(&relation, &domains).unwrap();
+    let e = mapping.map(&columns, &tuples[0]).unwrap();
+    assert_eq!(e.value.as_deref(), Some(&br#"{"n": 1}"#[..]));
+}
+
+#[tokio::test]
+async fn a_headers_entry_named_like_a_walbox_header_is_refused() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let (relation, tuples) = decoded_inserts(
+        &client,
+        "outbox_events",
+        r#"INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, headers)
+           VALUES ('6d1f1c9e-0000-4000-8000-000000000001', 'order', 'o-1', 'Created', '{}', '{"id": "forged"}'),
+                  ('6d1f1c9e-0000-4000-8000-000000000002', 'order', 'o-1', 'Created', '{}', '{"event_type": "X"}'),
+                  ('6d1f1c9e-0000-4000-8000-000000000003', 'order', 'o-1', 'Created', '{}', '{"walbox.error": "x"}'),
+                  ('6d1f1c9e-0000-4000-8000-000000000004', 'order', 'o-1', 'Created', '{}', '{"trace": "t"}')"#,
+    )
+    .await;
+    let mapping = OutboxMapping::default();
+    let columns = mapping.resolve(&relation).unwrap();
+    for (tuple, name) in tuples.iter().zip(["id", "event_type", "walbox.error"]) {
+        let err = mapping.map(&columns, tuple).unwrap_err();
+        assert!(
+            matches!(&err, MapError::ReservedHeader { name: n, .. } if n == name),
+            "{err}"
+        );
+    }
+    let ok = mapping.map(&columns, &tuples[3]).unwrap();
+    let ids = ok.headers.iter().filter(|h| h.name == "id").count();
+    assert_eq!(ids, 1);
+}

@@ -317,6 +317,7 @@ impl Source for FakeSource {
                 stream,
                 confirmed,
                 history,
+                domains: Default::default(),
             }),
             None => std::future::pending().await,
         }

@@ -143,7 +143,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                     if !named {
                         tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
                     }
-                    let resolved = self.config.mapping.resolve(&r);
+                    let resolved = self.config.mapping.resolve_with(&r, &self.domains);
                     self.outbox.insert(r.oid(), Arc::new(resolved));
                 }
             }

@@ -64,6 +64,8 @@ pub(super) struct Session<'a, D, R> {
     pub(super) coverage: Option<Coverage>,
     /// The server history of the last session.
     history: Option<String>,
+    /// This session's domain types of the outbox table (OID → base OID).
+    pub(super) domains: HashMap<u32, u32>,
 }
 
 /// At most this many topic names are kept for sharing; past it the map
@@ -97,6 +99,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             topics: HashMap::new(),
             coverage: None,
             history: None,
+            domains: HashMap::new(),
         }
     }
 
@@ -112,6 +115,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             mut stream,
             confirmed,
             history,
+            domains,
         } = tokio::select! {
             biased;
             () = stopped(shutdown, Stop::Graceful) => return Ok(()),
@@ -132,6 +136,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         }
         self.outgoing.clear();
         self.outbox.clear();
+        self.domains = domains;
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
         let result = match self.check_coverage(&mut stream).await {

@@ -1,9 +1,11 @@
 //! Where events come from: replication sessions on a slot.
 
+use std::collections::HashMap;
+
 use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
-    connect_control, coverage, preflight, start_streaming, Coverage, LogicalReplicationStream,
-    PgConfig, ReplicationOptions, TableName,
+    connect_control, coverage, domain_base_types, preflight, start_streaming, Coverage,
+    LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
 };
 use tokio_postgres::Client;
 
@@ -31,6 +33,8 @@ pub struct Started<S> {
     /// The server's history (system identifier and timeline): LSNs of two
     /// sessions compare only when it is the same.
     pub history: String,
+    /// The base type of each domain type among the outbox table's columns.
+    pub domains: HashMap<u32, u32>,
 }
 
 /// One replication session.
@@ -103,6 +107,7 @@ impl Source for PostgresSource {
         let control = connect_control(&self.pg).await?;
         let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
         preflight(&control, &self.table, &columns).await?;
+        let domains = domain_base_types(&control, &self.table).await?;
         let started =
             start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
         Ok(Started {
@@ -118,6 +123,7 @@ impl Source for PostgresSource {
                 "system {} timeline {}",
                 started.system.system_id, started.system.timeline
             ),
+            domains,
         })
     }
 }
