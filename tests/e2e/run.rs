@@ -15,6 +15,7 @@ use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, wait_retained_below,
     write_wal_elsewhere,
 };
+use walbox_test_harness::tansu::Tansu;
 use walbox_test_harness::wait::wait_for;
 
 fn walbox(db: &TestDb, args: &[&str]) -> Command {
@@ -663,74 +664,6 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
     );
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
-}
-
-/// A Tansu broker on SQLite storage, which survives `kill -9`.
-struct Tansu {
-    bin: String,
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Tansu {
-    fn start(bin: &str) -> Tansu {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut t = Tansu {
-            bin: bin.to_owned(),
-            dir: tempfile::tempdir().unwrap(),
-            port,
-            child: None,
-        };
-        t.up();
-        t
-    }
-
-    fn up(&mut self) {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("tansu.log"))
-            .unwrap();
-        self.child = Some(
-            Command::new(&self.bin)
-                .args([
-                    "broker",
-                    "--listener-url",
-                    &url,
-                    "--advertised-listener-url",
-                    &url,
-                ])
-                .args(["--storage-engine", "sqlite://tansu.db"])
-                .current_dir(self.dir.path())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .expect("start tansu"),
-        );
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        self.kill9();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,9 @@
 pub mod kafka;
 pub mod migrations;
 pub mod pg;
+pub mod proxy;
 pub mod slot;
+pub mod tansu;
 pub mod wait;
 
 #[cfg(feature = "docker")]

@@ -1,0 +1,97 @@
+//! A Tansu broker process on SQLite storage (it survives `kill -9`), for
+//! tests that kill or cut off a real broker. The binary comes from
+//! `WALBOX_TANSU_BIN` (scripts/test builds it once).
+
+use std::process::{Child, Command};
+
+/// A running (or killed) Tansu broker.
+pub struct Tansu {
+    bin: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    advertised: u16,
+    child: Option<Child>,
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+impl Tansu {
+    /// The binary named by `WALBOX_TANSU_BIN`, if set.
+    pub fn bin_from_env() -> Option<String> {
+        std::env::var("WALBOX_TANSU_BIN")
+            .ok()
+            .filter(|b| !b.is_empty())
+    }
+
+    /// Starts a broker listening on a free port, advertising it.
+    pub fn start(bin: &str) -> Tansu {
+        let port = free_port();
+        Self::start_advertising(bin, port, port)
+    }
+
+    /// Starts a broker on `port` that tells clients to connect to
+    /// `advertised` (a proxy in front of it).
+    pub fn start_advertising(bin: &str, port: u16, advertised: u16) -> Tansu {
+        let mut t = Tansu {
+            bin: bin.to_owned(),
+            dir: tempfile::tempdir().expect("a temp dir"),
+            port,
+            advertised,
+            child: None,
+        };
+        t.up();
+        t
+    }
+
+    /// Starts the process again (after [`Tansu::kill9`]), on the same data.
+    pub fn up(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("tansu.log"))
+            .expect("open the tansu log");
+        self.child = Some(
+            Command::new(&self.bin)
+                .args(["broker", "--listener-url"])
+                .arg(format!("tcp://127.0.0.1:{}", self.port))
+                .arg("--advertised-listener-url")
+                .arg(format!("tcp://127.0.0.1:{}", self.advertised))
+                .args(["--storage-engine", "sqlite://tansu.db"])
+                .current_dir(self.dir.path())
+                .stdout(log.try_clone().expect("clone the log handle"))
+                .stderr(log)
+                .spawn()
+                .expect("start tansu"),
+        );
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The address clients bootstrap from (the advertised one).
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.advertised)
+    }
+
+    /// The broker's own port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

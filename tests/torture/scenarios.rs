@@ -1,0 +1,526 @@
+//! The scenarios, how each is run and judged, and the results table.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pgoutput_decoder::Lsn;
+use rdkafka::types::RDKafkaRespErr;
+
+use crate::check::{tally, Tally};
+use crate::world::{Broker, Load, LoadShape, World, KEYS};
+
+/// How hard the scenarios push.
+pub(crate) struct Scale {
+    kills: usize,
+    fault: Duration,
+    rate: u32,
+    big_tx: usize,
+}
+
+impl Scale {
+    pub(crate) fn quick() -> Scale {
+        Scale {
+            kills: 3,
+            fault: Duration::from_secs(5),
+            rate: 1_000,
+            big_tx: 50_000,
+        }
+    }
+
+    pub(crate) fn full() -> Scale {
+        Scale {
+            kills: 10,
+            fault: Duration::from_secs(20),
+            rate: 3_000,
+            big_tx: 1_000_000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Kill9,
+    SigtermMidTx,
+    SecondSigterm,
+    BrokerDown,
+    BrokerKill9,
+    BrokerBlackhole,
+    RefusedTopic,
+    PgFastRestart,
+    PgCrash,
+    PgBlackhole,
+    DriftRecreate,
+    DriftUnpublish,
+    DriftColumns,
+    DriftRename,
+    BigTxKilled,
+    BigPayloads,
+}
+
+pub(crate) struct Scenario {
+    pub(crate) name: &'static str,
+    pub(crate) fault: &'static str,
+    pub(crate) quick: bool,
+    pub(crate) needs_tansu: bool,
+    kind: Kind,
+}
+
+pub(crate) fn all() -> Vec<Scenario> {
+    use Kind::*;
+    let s = |name, fault, quick, needs_tansu, kind| Scenario {
+        name,
+        fault,
+        quick,
+        needs_tansu,
+        kind,
+    };
+    vec![
+        s("kill-9", "walbox killed with SIGKILL and restarted, repeatedly", true, false, Kill9),
+        s("sigterm-mid-tx", "SIGTERM inside 200-event transactions, then a restart (no duplicates allowed)", true, false, SigtermMidTx),
+        s("second-sigterm", "SIGTERM, and another one 50 ms later: exit at once", true, false, SecondSigterm),
+        s("broker-down", "every broker down (MockCluster), then up", true, false, BrokerDown),
+        s("broker-kill-9", "the broker process (Tansu, SQLite) killed with SIGKILL and restarted", false, true, BrokerKill9),
+        s("broker-blackhole", "the broker's connections stop forwarding without closing, then resume", false, true, BrokerBlackhole),
+        s("refused-topic", "events of one aggregate type go to a topic the broker refuses for good", true, false, RefusedTopic),
+        s("pg-fast-restart", "Postgres fast shutdown and start while walbox runs", true, false, PgFastRestart),
+        s("pg-crash", "Postgres immediate shutdown (crash recovery) and start", false, false, PgCrash),
+        s("pg-blackhole", "walbox's Postgres connections stop forwarding without closing, then resume", false, false, PgBlackhole),
+        s("drift-recreate", "outbox table dropped and recreated; after walbox stops, added to the publication and walbox restarted", false, false, DriftRecreate),
+        s("drift-unpublish", "table removed from the publication; after walbox stops, added back and walbox restarted", true, false, DriftUnpublish),
+        s("drift-columns", "a column added and one before the payload dropped, while streaming", true, false, DriftColumns),
+        s("drift-rename", "table renamed; after walbox stops, renamed back and walbox restarted", false, false, DriftRename),
+        s("big-tx-kill-9", "one huge transaction, walbox killed with SIGKILL half-way through it", true, false, BigTxKilled),
+        s("big-payloads", "100 KB payloads against the 64 MiB in-flight byte bound", false, false, BigPayloads),
+    ]
+}
+
+/// One scenario's result.
+pub(crate) struct Row {
+    name: &'static str,
+    fault: &'static str,
+    tally: Option<Tally>,
+    peak_rss_mib: f64,
+    pub(crate) passed: bool,
+    note: String,
+}
+
+impl Row {
+    pub(crate) fn skipped(s: &Scenario, why: &str) -> Row {
+        Row {
+            name: s.name,
+            fault: s.fault,
+            tally: None,
+            peak_rss_mib: 0.0,
+            passed: true,
+            note: format!("skipped: {why}"),
+        }
+    }
+
+    pub(crate) fn summary(&self) -> String {
+        match &self.tally {
+            Some(t) => format!(
+                "written {} delivered {} dead-lettered {} missing {} duplicates {} order {} confirmed-past {} peak RSS {:.0} MiB; {}",
+                t.written, t.delivered, t.dead_lettered, t.missing, t.duplicates,
+                t.order_violations, t.confirmed_past, self.peak_rss_mib, self.note
+            ),
+            None => self.note.clone(),
+        }
+    }
+}
+
+/// What a scenario's fault phase concluded.
+#[derive(Default)]
+struct Outcome {
+    notes: Vec<String>,
+    failures: Vec<String>,
+    /// Events may be missing (the stream cannot carry them: say why).
+    missing_ok: Option<&'static str>,
+    /// No duplicates are promised here.
+    duplicates_forbidden: bool,
+    /// Events the scenario wrote itself, beside the load.
+    extra: Vec<(i64, Lsn)>,
+    /// For the confirmed-past check, the slot's highest position when
+    /// walbox stopped by itself (what the user fixes afterwards may let the
+    /// slot pass events the stream never carried).
+    confirmed_at_stop: Option<Lsn>,
+}
+
+impl Outcome {
+    fn check(&mut self, ok: bool, failure: impl Into<String>) {
+        if !ok {
+            self.failures.push(failure.into());
+        }
+    }
+}
+
+pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option<&str>) -> Row {
+    let extra: &[&str] = match s.kind {
+        Kind::DriftColumns => &["--mapping-event-type", ""],
+        _ => &[],
+    };
+    let tansu = if s.needs_tansu { tansu } else { None };
+    let mut w = World::new(walbox, tansu, extra).await;
+    w.start_walbox();
+    let shape = match s.kind {
+        Kind::SigtermMidTx => LoadShape {
+            rate: scale.rate * 4,
+            tx_size: 200,
+            payload_bytes: 200,
+        },
+        Kind::BigPayloads => LoadShape {
+            rate: 200,
+            tx_size: 1,
+            payload_bytes: 100_000,
+        },
+        _ => LoadShape {
+            rate: scale.rate,
+            tx_size: 5,
+            payload_bytes: 200,
+        },
+    };
+    let load = Load::start(w.admin(), w.topic.clone(), 0, shape);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut o = Outcome::default();
+    fault(s.kind, scale, &mut w, &mut o).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = load.stop().await;
+
+    if !w.running() {
+        o.notes.push("restarted walbox after the fault".into());
+        w.start_walbox();
+    }
+    let caught_up = w.wait_caught_up(Duration::from_secs(120)).await;
+    o.check(caught_up, "the slot did not catch up within 120 s");
+    w.signal("TERM");
+    let code = w.wait_exit(Duration::from_secs(40)).await;
+    o.check(code == Some(0), format!("the final SIGTERM: exit {code:?}"));
+
+    // The truth: what the load committed, and what the table holds (an
+    // insert whose commit outcome was lost with the connection).
+    let mut truth: BTreeMap<i64, Lsn> = written.iter().map(|e| (e.n, e.upper)).collect();
+    truth.extend(o.extra.iter().copied());
+    let client = w.client().await;
+    if let Ok(rows) = client
+        .query(
+            "SELECT (payload->>'n')::int8 FROM outbox_events WHERE payload ? 'n'",
+            &[],
+        )
+        .await
+    {
+        for r in rows {
+            truth.entry(r.get(0)).or_insert(Lsn::new(u64::MAX));
+        }
+    }
+    let max_confirmed = o
+        .confirmed_at_stop
+        .unwrap_or_else(|| w.samples.lock().unwrap().max_confirmed);
+    let t = tally(
+        w.broker.kafka(),
+        &w.topic,
+        &w.dead_letters,
+        &truth,
+        max_confirmed,
+    )
+    .await;
+    o.check(t.order_violations == 0, "per-key order violated");
+    o.check(
+        t.confirmed_past == 0,
+        "the slot was confirmed past an undelivered event",
+    );
+    o.check(t.wrong_payloads == 0, "records with a wrong key or payload");
+    match o.missing_ok {
+        Some(why) if t.missing > 0 => o.notes.push(format!("missing: {why}")),
+        _ => o.check(t.missing == 0, "events missing"),
+    }
+    if o.duplicates_forbidden {
+        o.check(t.duplicates == 0, "duplicates after a clean shutdown");
+    }
+    let peak = w.samples.lock().unwrap().peak_rss_kib as f64 / 1024.0;
+    let passed = o.failures.is_empty();
+    let mut note = o.notes.join("; ");
+    if !passed {
+        note = format!("FAILED: {}. {note}", o.failures.join("; "));
+        let log = w.log();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        eprintln!("walbox log (last lines):");
+        for l in tail.iter().rev() {
+            eprintln!("  {l}");
+        }
+    }
+    Row {
+        name: s.name,
+        fault: s.fault,
+        tally: Some(t),
+        peak_rss_mib: peak,
+        passed,
+        note,
+    }
+}
+
+async fn sql(w: &World, sql: &str) {
+    w.client()
+        .await
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Waits for walbox to stop by itself; checks it said `needle`.
+async fn expect_stop(w: &mut World, o: &mut Outcome, needle: &str) {
+    let code = w.wait_exit(Duration::from_secs(30)).await;
+    o.check(
+        code == Some(1),
+        format!("walbox did not stop with exit 1 (got {code:?})"),
+    );
+    let log = w.log();
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    o.check(
+        last.contains(needle),
+        format!("the last line does not say {needle:?}: {last}"),
+    );
+    o.notes.push(format!("walbox stopped: {}", last.trim()));
+    let client = w.client().await;
+    let now = walbox_test_harness::slot::confirmed_flush_lsn(&client, crate::world::SLOT).await;
+    let seen = w.samples.lock().unwrap().max_confirmed;
+    o.confirmed_at_stop = Some(now.unwrap_or(seen).max(seen));
+}
+
+async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
+    match kind {
+        Kind::Kill9 => {
+            for _ in 0..scale.kills {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                w.kill9();
+                w.start_walbox();
+            }
+            o.notes.push(format!("{} kills", scale.kills));
+        }
+        Kind::SigtermMidTx => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let t0 = Instant::now();
+            w.signal("TERM");
+            let code = w.wait_exit(Duration::from_secs(30)).await;
+            o.check(code == Some(0), format!("SIGTERM: exit {code:?}"));
+            o.notes
+                .push(format!("exited {:.1?} after SIGTERM", t0.elapsed()));
+            o.duplicates_forbidden = true;
+            w.start_walbox();
+        }
+        Kind::SecondSigterm => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            // The broker stops answering so the drain would wait its full bound.
+            if let Broker::Mock(k) = &w.broker {
+                k.mock_cluster().unwrap().broker_down(1).unwrap();
+            }
+            w.signal("TERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let t0 = Instant::now();
+            w.signal("TERM");
+            let code = w.wait_exit(Duration::from_secs(30)).await;
+            let took = t0.elapsed();
+            o.check(code == Some(0), format!("second SIGTERM: exit {code:?}"));
+            o.check(
+                took < Duration::from_secs(3),
+                format!("exit took {took:?} after the second SIGTERM"),
+            );
+            o.notes.push(format!(
+                "exited {took:.1?} after the second SIGTERM with the broker down"
+            ));
+            if let Broker::Mock(k) = &w.broker {
+                k.mock_cluster().unwrap().broker_up(1).unwrap();
+            }
+            w.start_walbox();
+        }
+        Kind::BrokerDown => {
+            let Broker::Mock(k) = &w.broker else {
+                unreachable!()
+            };
+            let mock = k.mock_cluster().unwrap();
+            mock.broker_down(1).unwrap();
+            tokio::time::sleep(scale.fault).await;
+            mock.broker_up(1).unwrap();
+            o.check(w.running(), "walbox exited during the outage");
+            o.notes.push(format!("{:?} outage", scale.fault));
+        }
+        Kind::BrokerKill9 => {
+            if let Broker::Tansu { tansu, .. } = &mut w.broker {
+                tansu.kill9();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                tansu.up();
+            }
+            o.check(w.running(), "walbox exited while the broker was down");
+        }
+        Kind::BrokerBlackhole => {
+            if let Broker::Tansu { proxy, .. } = &w.broker {
+                proxy.blackhole(true);
+                tokio::time::sleep(scale.fault).await;
+                proxy.blackhole(false);
+            }
+            o.check(w.running(), "walbox exited during the black hole");
+            o.notes.push(format!("{:?} black hole", scale.fault));
+        }
+        Kind::RefusedTopic => {
+            let refused = format!("{}-refused", w.topic);
+            if let Broker::Mock(k) = &w.broker {
+                k.mock_cluster()
+                    .unwrap()
+                    .topic_error(
+                        &refused,
+                        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+                    )
+                    .unwrap();
+            }
+            let client = w.client().await;
+            for n in 10_000_000..10_000_010i64 {
+                client
+                    .batch_execute(&format!(
+                        "INSERT INTO outbox_events (aggregate_type, aggregate_id, payload) \
+                         VALUES ('{refused}', 'refused-{}', '{{\"n\": {n}}}')",
+                        n % KEYS
+                    ))
+                    .await
+                    .unwrap();
+                let upper = walbox_test_harness::slot::current_wal_lsn(&client).await;
+                o.extra.push((n, upper));
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            o.check(
+                w.running(),
+                "walbox stopped on a refused topic despite a dead-letter topic",
+            );
+        }
+        Kind::PgFastRestart | Kind::PgCrash => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::task::block_in_place(|| {
+                if kind == Kind::PgCrash {
+                    w.pg.stop_immediate();
+                } else {
+                    w.pg.stop();
+                }
+                w.pg.start().expect("restart Postgres");
+            });
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            o.check(w.running(), "walbox exited instead of reconnecting");
+        }
+        Kind::PgBlackhole => {
+            w.pg_proxy.blackhole(true);
+            tokio::time::sleep(scale.fault.max(Duration::from_secs(15))).await;
+            w.pg_proxy.blackhole(false);
+            o.check(w.running(), "walbox exited during the black hole");
+            o.notes.push(format!(
+                "{:?} black hole",
+                scale.fault.max(Duration::from_secs(15))
+            ));
+        }
+        Kind::DriftRecreate => {
+            sql(
+                w,
+                "BEGIN; ALTER TABLE outbox_events RENAME TO outbox_old;
+                    CREATE TABLE outbox_events (LIKE outbox_old INCLUDING ALL);
+                    DROP TABLE outbox_old; COMMIT",
+            )
+            .await;
+            expect_stop(w, o, "does not include table").await;
+            sql(w, "ALTER PUBLICATION walbox_outbox ADD TABLE outbox_events").await;
+            o.missing_ok = Some("inserted into the new table before it joined the publication; they are in the table, not in the stream");
+            w.start_walbox();
+        }
+        Kind::DriftUnpublish => {
+            sql(
+                w,
+                "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events",
+            )
+            .await;
+            expect_stop(w, o, "does not include table").await;
+            sql(w, "ALTER PUBLICATION walbox_outbox ADD TABLE outbox_events").await;
+            o.missing_ok = Some("inserted while the table was not published; they are in the table, not in the stream");
+            w.start_walbox();
+        }
+        Kind::DriftColumns => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            sql(
+                w,
+                "ALTER TABLE outbox_events ADD COLUMN tenant text;
+                    ALTER TABLE outbox_events DROP COLUMN event_type",
+            )
+            .await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            o.check(w.running(), "walbox stopped on a compatible schema change");
+        }
+        Kind::DriftRename => {
+            sql(w, "ALTER TABLE outbox_events RENAME TO outbox_renamed").await;
+            expect_stop(w, o, "no longer exists").await;
+            sql(w, "ALTER TABLE outbox_renamed RENAME TO outbox_events").await;
+            w.start_walbox();
+        }
+        Kind::BigTxKilled => {
+            let client = w.client().await;
+            let from = 20_000_000i64;
+            let to = from + scale.big_tx as i64;
+            client
+                .batch_execute(&format!(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, payload)
+                     SELECT '{}', 'big-' || (n % {KEYS}), jsonb_build_object('n', n)
+                       FROM generate_series({from}, {} ) AS n",
+                    w.topic,
+                    to - 1
+                ))
+                .await
+                .unwrap();
+            let upper = walbox_test_harness::slot::current_wal_lsn(&client).await;
+            o.extra.extend((from..to).map(|n| (n, upper)));
+            // Half-way: some of it is on the broker, the slot is not past it.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            w.kill9();
+            w.start_walbox();
+            o.notes
+                .push(format!("{} events in one transaction", scale.big_tx));
+        }
+        Kind::BigPayloads => {
+            tokio::time::sleep(scale.fault).await;
+        }
+    }
+}
+
+/// The results as a Markdown table.
+pub(crate) fn table(rows: &[Row], quick: bool) -> String {
+    let mut out = format!(
+        "Run: `scripts/torture{}`, {}.\n\n\
+         | scenario | fault | written | delivered | dead-lettered | missing | duplicates | key order violations | confirmed past an undelivered event | peak RSS | result |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        if quick { " --quick" } else { "" },
+        std::env::var("WALBOX_TORTURE_MACHINE").unwrap_or_else(|_| "this machine".into())
+    );
+    for r in rows {
+        match &r.tally {
+            Some(t) => out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {}{} |\n",
+                r.name,
+                r.fault,
+                t.written,
+                t.delivered,
+                t.dead_lettered,
+                t.missing,
+                t.duplicates,
+                t.order_violations,
+                t.confirmed_past,
+                r.peak_rss_mib,
+                if r.passed { "pass" } else { "**FAIL**" },
+                if r.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", r.note.replace('|', "\\|"))
+                }
+            )),
+            None => out.push_str(&format!(
+                "| {} | {} | | | | | | | | | {} |\n",
+                r.name, r.fault, r.note
+            )),
+        }
+    }
+    out
+}

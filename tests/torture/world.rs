@@ -1,0 +1,391 @@
+//! What a scenario runs in: a private Postgres, a broker, `walbox run` as a
+//! child process, a load generator, and samplers of the slot and of
+//! walbox's memory.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgoutput_decoder::Lsn;
+use tokio_postgres::{Client, Config};
+use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::migrations::apply_migrations;
+use walbox_test_harness::pg::{self, PgServer};
+use walbox_test_harness::proxy::Proxy;
+use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn};
+use walbox_test_harness::tansu::{free_port, Tansu};
+
+/// The broker of a scenario.
+pub(crate) enum Broker {
+    /// librdkafka's mock cluster, in this process.
+    Mock(TestKafka),
+    /// A Tansu process behind a proxy that can black-hole it.
+    Tansu {
+        tansu: Tansu,
+        proxy: Proxy,
+        kafka: TestKafka,
+    },
+}
+
+impl Broker {
+    pub(crate) fn kafka(&self) -> &TestKafka {
+        match self {
+            Broker::Mock(k) | Broker::Tansu { kafka: k, .. } => k,
+        }
+    }
+}
+
+/// An event the load generator committed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Written {
+    pub(crate) n: i64,
+    /// `pg_current_wal_lsn()` right after the commit: at or past its end.
+    pub(crate) upper: Lsn,
+}
+
+/// What the samplers saw.
+#[derive(Default, Debug)]
+pub(crate) struct Samples {
+    /// The highest `confirmed_flush_lsn` seen.
+    pub(crate) max_confirmed: Lsn,
+    /// walbox's peak resident set, over all its processes (KiB).
+    pub(crate) peak_rss_kib: u64,
+}
+
+pub(crate) struct World {
+    pub(crate) pg: PgServer,
+    /// Postgres as walbox reaches it: through a proxy that can black-hole it.
+    pub(crate) pg_proxy: Proxy,
+    pub(crate) broker: Broker,
+    pub(crate) topic: String,
+    pub(crate) dead_letters: String,
+    walbox: Option<Child>,
+    walbox_args: Vec<String>,
+    logs: tempfile::TempDir,
+    pub(crate) samples: Arc<Mutex<Samples>>,
+    walbox_pid: Arc<Mutex<Option<u32>>>,
+    walbox_bin: String,
+}
+
+pub(crate) const SLOT: &str = "walbox";
+/// Aggregates the load spreads its events over.
+pub(crate) const KEYS: i64 = 20;
+
+impl World {
+    pub(crate) async fn new(walbox_bin: &str, tansu: Option<&str>, extra: &[&str]) -> World {
+        let pg = PgServer::start_default().expect("start a private Postgres");
+        let pg_proxy = Proxy::start(format!("127.0.0.1:{}", pg.port())).await;
+        let broker = match tansu {
+            None => Broker::Mock(TestKafka::mock(1)),
+            Some(bin) => {
+                let port = free_port();
+                let proxy = Proxy::start(format!("127.0.0.1:{port}")).await;
+                let tansu = Tansu::start_advertising(bin, port, proxy.port());
+                let kafka = TestKafka::External {
+                    bootstrap: tansu.bootstrap(),
+                };
+                Broker::Tansu {
+                    tansu,
+                    proxy,
+                    kafka,
+                }
+            }
+        };
+        let topic = create_topic(broker.kafka()).await;
+        let dead_letters = create_topic(broker.kafka()).await;
+        let world = World {
+            pg,
+            pg_proxy,
+            broker,
+            topic,
+            dead_letters,
+            walbox: None,
+            walbox_args: extra.iter().map(|s| s.to_string()).collect(),
+            logs: tempfile::tempdir().expect("a temp dir"),
+            samples: Arc::new(Mutex::new(Samples::default())),
+            walbox_pid: Arc::new(Mutex::new(None)),
+            walbox_bin: walbox_bin.to_owned(),
+        };
+        let client = world.client().await;
+        apply_migrations(&client).await;
+        // The load leaves event_type out, so a scenario may drop the column.
+        client
+            .batch_execute("ALTER TABLE outbox_events ALTER COLUMN event_type SET DEFAULT 'E'")
+            .await
+            .expect("set a default event type");
+        let out = world
+            .walbox_command()
+            .arg("init-slot")
+            .output()
+            .expect("run walbox init-slot");
+        assert!(
+            out.status.success(),
+            "walbox init-slot: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        world.start_samplers();
+        world
+    }
+
+    pub(crate) fn admin(&self) -> Config {
+        self.pg.config("postgres")
+    }
+
+    /// A new admin connection (retried while Postgres restarts).
+    pub(crate) async fn client(&self) -> Client {
+        let config = self.admin();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match pg::connect(&config).await {
+                Ok(c) => return c,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("connect to Postgres: {e}"),
+            }
+        }
+    }
+
+    fn walbox_command(&self) -> Command {
+        let mut via_proxy = self.admin();
+        via_proxy.port(self.pg_proxy.port());
+        let mut c = Command::new(&self.walbox_bin);
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env(
+                "WALBOX_PG_URL",
+                format!("{} sslmode=disable", pg::conninfo(&via_proxy)),
+            )
+            .env("WALBOX_LOG", "info");
+        c
+    }
+
+    /// Starts `walbox run` (its log appended to this world's log file).
+    pub(crate) fn start_walbox(&mut self) {
+        assert!(self.walbox.is_none(), "walbox is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open the walbox log");
+        let child = self
+            .walbox_command()
+            .args(["run", "--kafka-brokers", &self.broker.kafka().bootstrap()])
+            .args(["--mapping-topic-template", "{aggregate_type}"])
+            .args(["--dead-letter-topic", &self.dead_letters])
+            .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
+            .args(&self.walbox_args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start walbox run");
+        *self.walbox_pid.lock().unwrap() = Some(child.id());
+        self.walbox = Some(child);
+    }
+
+    pub(crate) fn log_path(&self) -> std::path::PathBuf {
+        self.logs.path().join("walbox.log")
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Sends `signal` (`TERM`, `INT`, …) to walbox.
+    pub(crate) fn signal(&self, signal: &str) {
+        if let Some(c) = &self.walbox {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
+    /// `kill -9` walbox and reap it.
+    pub(crate) fn kill9(&mut self) {
+        if let Some(mut c) = self.walbox.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        *self.walbox_pid.lock().unwrap() = None;
+    }
+
+    /// Waits up to `timeout` for walbox to exit; its exit code, or `None`
+    /// if it is still running.
+    pub(crate) async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(c) = &mut self.walbox {
+                if let Some(status) = c.try_wait().expect("wait for walbox") {
+                    self.walbox = None;
+                    *self.walbox_pid.lock().unwrap() = None;
+                    return Some(status.code().unwrap_or(-1));
+                }
+            } else {
+                return None;
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) fn running(&mut self) -> bool {
+        match &mut self.walbox {
+            Some(c) => c.try_wait().ok().flatten().is_none(),
+            None => false,
+        }
+    }
+
+    /// Waits until the slot confirmed everything written so far (or
+    /// `timeout`); returns whether it did.
+    pub(crate) async fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let client = self.client().await;
+        let head = current_wal_lsn(&client).await;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if confirmed_flush_lsn(&client, SLOT)
+                .await
+                .is_some_and(|c| c >= head)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    /// Samples the slot's confirmed position and walbox's peak RSS every
+    /// 100 ms while the world lives.
+    fn start_samplers(&self) {
+        let samples = Arc::clone(&self.samples);
+        let pid = Arc::clone(&self.walbox_pid);
+        let config = self.admin();
+        tokio::spawn(async move {
+            let mut client: Option<Client> = None;
+            loop {
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    client = pg::connect(&config).await.ok();
+                }
+                if let Some(c) = &client {
+                    if let Some(lsn) = confirmed_flush_lsn(c, SLOT).await {
+                        let mut s = samples.lock().unwrap();
+                        s.max_confirmed = s.max_confirmed.max(lsn);
+                    }
+                }
+                let current = *pid.lock().unwrap();
+                if let Some(kib) = current.and_then(peak_rss_kib) {
+                    let mut s = samples.lock().unwrap();
+                    s.peak_rss_kib = s.peak_rss_kib.max(kib);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn create_topic(kafka: &TestKafka) -> String {
+    tokio::time::timeout(Duration::from_secs(60), kafka.create_topic(3))
+        .await
+        .expect("create a topic within 60 s")
+}
+
+/// `VmHWM` of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The load: transactions of `tx_size` events inserted one after another
+/// on one connection (so commit order is `n` order), at most `rate` events
+/// per second, with payloads of `payload_bytes`.
+pub(crate) struct Load {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Vec<Written>>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct LoadShape {
+    pub(crate) rate: u32,
+    pub(crate) tx_size: usize,
+    pub(crate) payload_bytes: usize,
+}
+
+impl Load {
+    /// Events go to the topic named `aggregate_type` (walbox runs with the
+    /// template `{aggregate_type}`).
+    pub(crate) fn start(
+        config: Config,
+        aggregate_type: String,
+        first: i64,
+        shape: LoadShape,
+    ) -> Load {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut written = Vec::new();
+            let mut n = first;
+            let started = Instant::now();
+            let filler = "x".repeat(shape.payload_bytes.saturating_sub(20));
+            let mut client: Option<Client> = None;
+            while !*stopped.borrow() {
+                let due = started + Duration::from_secs_f64((n - first) as f64 / shape.rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    match pg::connect(&config).await {
+                        Ok(c) => client = Some(c),
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    }
+                }
+                let c = client.as_ref().expect("connected");
+                let values: Vec<String> = (n..n + shape.tx_size as i64)
+                    .map(|i| {
+                        format!(
+                            "('{aggregate_type}', 'agg-{}', '{{\"n\": {i}, \"f\": \"{filler}\"}}')",
+                            i % KEYS
+                        )
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, payload) VALUES {}",
+                    values.join(",")
+                );
+                match c.batch_execute(&sql).await {
+                    Ok(()) => {
+                        let upper = current_wal_lsn(c).await;
+                        written.extend((n..n + shape.tx_size as i64).map(|n| Written { n, upper }));
+                        n += shape.tx_size as i64;
+                    }
+                    // Postgres restarting, the table gone: try again later.
+                    // An insert whose commit outcome is unknown is found
+                    // in the table at the end (the table is the truth).
+                    Err(_) => {
+                        client = None;
+                        n += shape.tx_size as i64;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            written
+        });
+        Load { stop, task }
+    }
+
+    pub(crate) async fn stop(self) -> Vec<Written> {
+        let _ = self.stop.send(true);
+        self.task.await.expect("the load task")
+    }
+}
