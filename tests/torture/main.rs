@@ -16,7 +16,10 @@ mod check;
 mod scenarios;
 mod world;
 
+use std::panic::AssertUnwindSafe;
 use std::process::ExitCode;
+
+use futures_util::FutureExt;
 use std::time::Instant;
 
 use scenarios::{Row, Scale};
@@ -60,7 +63,7 @@ async fn main() -> ExitCode {
     let scale = if quick { Scale::quick() } else { Scale::full() };
     let mut rows = Vec::new();
     for s in scenarios::all() {
-        if quick && !s.quick {
+        if quick && only.is_none() && !s.quick {
             continue;
         }
         if only
@@ -79,7 +82,13 @@ async fn main() -> ExitCode {
         }
         eprintln!("== {}: {}", s.name, s.fault);
         let started = Instant::now();
-        let row = scenarios::run(&s, &scale, &walbox, tansu.as_deref()).await;
+        // A panic (a broken harness, an unreachable broker) fails this
+        // scenario, not the run; the world's Drop stops its processes.
+        let run = scenarios::run(&s, &scale, &walbox, tansu.as_deref());
+        let row = match AssertUnwindSafe(run).catch_unwind().await {
+            Ok(row) => row,
+            Err(p) => Row::failed(&s, &panic_message(p)),
+        };
         eprintln!(
             "== {}: {} in {:.0?}: {}",
             s.name,
@@ -102,6 +111,13 @@ async fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
 }
 
 /// Replaces the generated part of `path` with `table`.

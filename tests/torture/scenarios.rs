@@ -38,7 +38,7 @@ impl Scale {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Kill9,
     SigtermMidTx,
     SecondSigterm,
@@ -57,12 +57,13 @@ enum Kind {
     BigPayloads,
 }
 
+#[derive(Clone)]
 pub(crate) struct Scenario {
     pub(crate) name: &'static str,
     pub(crate) fault: &'static str,
     pub(crate) quick: bool,
     pub(crate) needs_tansu: bool,
-    kind: Kind,
+    pub(crate) kind: Kind,
 }
 
 pub(crate) fn all() -> Vec<Scenario> {
@@ -113,6 +114,17 @@ impl Row {
             peak_rss_mib: 0.0,
             passed: true,
             note: format!("skipped: {why}"),
+        }
+    }
+
+    pub(crate) fn failed(s: &Scenario, why: &str) -> Row {
+        Row {
+            name: s.name,
+            fault: s.fault,
+            tally: None,
+            peak_rss_mib: 0.0,
+            passed: false,
+            note: format!("FAILED: {}", why.lines().next().unwrap_or(why)),
         }
     }
 
