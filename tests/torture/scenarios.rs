@@ -419,13 +419,19 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
             o.check(w.running(), "walbox exited instead of reconnecting");
         }
         Kind::PgBlackhole => {
+            // Longer than walbox's receive timeout (30 s): it must notice by
+            // itself, not wait for the network to come back.
+            let hole = scale.fault.max(Duration::from_secs(40));
             w.pg_proxy.blackhole(true);
-            tokio::time::sleep(scale.fault.max(Duration::from_secs(15))).await;
+            tokio::time::sleep(hole).await;
             w.pg_proxy.blackhole(false);
             o.check(w.running(), "walbox exited during the black hole");
+            o.check(
+                w.log().contains("presumed dead"),
+                "walbox did not notice the dead connection by itself",
+            );
             o.notes.push(format!(
-                "{:?} black hole",
-                scale.fault.max(Duration::from_secs(15))
+                "{hole:?} black hole, noticed by walbox's receive timeout"
             ));
         }
         Kind::DriftRecreate => {

@@ -148,8 +148,17 @@ impl World {
     }
 
     fn walbox_command(&self) -> Command {
-        let mut via_proxy = self.admin();
-        via_proxy.port(self.pg_proxy.port());
+        // A new config: `Config::port` appends, it would keep the direct port first.
+        let admin = self.admin();
+        let mut via_proxy = Config::new();
+        via_proxy
+            .host("127.0.0.1")
+            .port(self.pg_proxy.port())
+            .user(admin.get_user().unwrap_or("postgres"))
+            .dbname(admin.get_dbname().unwrap_or("postgres"));
+        if let Some(password) = admin.get_password() {
+            via_proxy.password(password);
+        }
         let mut c = Command::new(&self.walbox_bin);
         c.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -157,7 +166,10 @@ impl World {
                 "WALBOX_PG_URL",
                 format!("{} sslmode=disable", pg::conninfo(&via_proxy)),
             )
-            .env("WALBOX_LOG", "info");
+            .env(
+                "WALBOX_LOG",
+                std::env::var("WALBOX_TORTURE_LOG").unwrap_or_else(|_| "info".into()),
+            );
         c
     }
 
@@ -189,6 +201,9 @@ impl World {
     }
 
     pub(crate) fn log(&self) -> String {
+        if let Ok(dir) = std::env::var("WALBOX_TORTURE_KEEP_LOGS") {
+            let _ = std::fs::copy(self.log_path(), format!("{dir}/walbox.log"));
+        }
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 

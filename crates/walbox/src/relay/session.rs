@@ -33,6 +33,20 @@ pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
 /// How long a coverage reading may take before the session is deemed broken.
 const COVERAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// After this long without a message from the server while walbox reads,
+/// status updates ask the server for a reply (a healthy walsender answers
+/// at once with a keepalive).
+const REPLY_AFTER: Duration = Duration::from_secs(10);
+
+/// After this long without a message while walbox reads, the connection is
+/// presumed dead (a network that drops packets closes nothing) and a new
+/// session starts.
+pub(super) const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long starting a session (connections, checks, START_REPLICATION) may
+/// take before it is retried.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How a session's stream loop ended without an error.
 enum Ending {
     /// Shutdown: wait for in-flight deliveries (until `deadline`), confirm.
@@ -119,7 +133,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         } = tokio::select! {
             biased;
             () = stopped(shutdown, Stop::Graceful) => return Ok(()),
-            started = source.start() => started?,
+            started = tokio::time::timeout(START_TIMEOUT, source.start()) => match started {
+                Ok(started) => started?,
+                Err(_) => return Err(presumed_dead("starting a session", START_TIMEOUT)),
+            },
         };
         backoff.reset();
         self.metrics.set_streaming(true);
@@ -182,15 +199,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
         let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
             .await
-            .map_err(|_| {
-                RunError::Postgres(slot_manager::Error::Io {
-                    target: "the control connection".into(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the publication check did not answer within 10 s",
-                    ),
-                })
-            })??;
+            .map_err(|_| presumed_dead("the publication check", COVERAGE_TIMEOUT))??;
         self.on_coverage(reading)
     }
 
@@ -273,6 +282,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         tokio::pin!(stop);
         let now = stopped(&mut now_rx, Stop::Now);
         tokio::pin!(now);
+        // The last time a message arrived, or walbox was not reading (room
+        // for records is what it waited for then, not the server).
+        let mut heard = Instant::now();
+        let silence = tokio::time::sleep_until(heard + RECEIVE_TIMEOUT);
+        tokio::pin!(silence);
         loop {
             if let Some(deadline) = finishing {
                 if !self.progress.in_transaction() {
@@ -285,6 +299,12 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 status_due.as_mut().reset(due);
             }
             let waiting = self.outgoing.front().map(Record::size);
+            if waiting.is_some() {
+                heard = Instant::now();
+            }
+            if silence.deadline() != heard + RECEIVE_TIMEOUT {
+                silence.as_mut().reset(heard + RECEIVE_TIMEOUT);
+            }
             tokio::select! {
                 biased;
                 report = self.reports.next() => {
@@ -305,7 +325,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     return Ok(Ending::Drain { deadline: Instant::now() });
                 }
                 () = &mut status_due => {
-                    send_status(stream, self.progress.tick(Instant::now())).await?;
+                    let mut update = self.progress.tick(Instant::now());
+                    if let Some(u) = &mut update {
+                        u.reply_requested = heard.elapsed() >= REPLY_AFTER;
+                    }
+                    send_status(stream, update).await?;
                 }
                 () = &mut coverage_due => {
                     coverage_due.as_mut().reset(Instant::now() + COVERAGE_INTERVAL);
@@ -325,9 +349,14 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 // Read only while nothing waits for room: memory stays within
                 // the in-flight bounds plus one record.
                 message = stream.next(), if waiting.is_none() => {
+                    heard = Instant::now();
                     let update = self.on_message(&mut decoder, message?)?;
                     send_status(stream, update).await?;
                     self.send_while_room().await;
+                }
+                // After the stream's branch: what is already received is read first.
+                () = &mut silence, if waiting.is_none() => {
+                    return Err(presumed_dead("the replication connection", RECEIVE_TIMEOUT));
                 }
             }
         }
@@ -404,6 +433,17 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         m.confirmed_lsn
             .set(self.progress.confirmable().as_u64() as i64);
     }
+}
+
+/// A transient error for a connection that stopped answering.
+fn presumed_dead(what: &str, after: Duration) -> RunError {
+    RunError::Postgres(slot_manager::Error::Io {
+        target: "Postgres".into(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what}: no answer within {after:?}; the connection is presumed dead"),
+        ),
+    })
 }
 
 async fn send_status<S: ReplicationStream>(

@@ -142,9 +142,10 @@ impl ReplicationStream for PostgresStream {
     }
 
     async fn retained_wal_bytes(&mut self) -> Option<i64> {
-        // Metrics only: a failed sample is not worth stopping for.
-        match slot_manager::slot_status(&self.control, &self.slot).await {
-            Ok(Some(status)) => status.retained_wal_bytes,
+        // Metrics only: a failed or slow sample is not worth stopping for.
+        let sample = slot_manager::slot_status(&self.control, &self.slot);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), sample).await {
+            Ok(Ok(Some(status))) => status.retained_wal_bytes,
             _ => None,
         }
     }

@@ -347,3 +347,29 @@ async fn a_second_signal_stops_at_once_confirming_only_what_was_acked() {
         .max();
     assert_eq!(confirmed, Some(200), "nothing past the unacked event");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_server_gone_silent_is_asked_to_reply_and_then_left_for_a_new_session() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.send(keepalive(100, false));
+            // A network that drops packets: nothing more arrives, nothing closes.
+            idle(12_000).await;
+            assert!(
+                first.updates().iter().any(|u| u.reply_requested),
+                "after 10 s of silence the status updates ask for a reply"
+            );
+            until("a new session", || !second.updates().is_empty()).await;
+            assert!(
+                !first.closed(),
+                "the dead session is abandoned, not closed cleanly"
+            );
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+}
