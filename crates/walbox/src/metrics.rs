@@ -76,8 +76,18 @@ pub struct Metrics {
     /// Commit-to-ack latency.
     pub commit_to_ack: Histogram,
     streaming: AtomicBool,
+    /// Topics that have their own label value (see [`Metrics::topic_label`]).
+    labelled_topics: std::sync::Mutex<std::collections::HashSet<String>>,
     registry: Registry,
 }
+
+/// At most this many topics get their own `topic` label value; events of
+/// further topics are counted under [`OTHER_TOPICS`], so a topic template
+/// fed by arbitrary values cannot grow the metrics without bound.
+pub const MAX_TOPIC_LABELS: usize = 1_000;
+
+/// The `topic` label value past [`MAX_TOPIC_LABELS`].
+pub const OTHER_TOPICS: &str = "_other";
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,6 +162,7 @@ impl Metrics {
             dead_lettered,
             failed,
             replays_skipped,
+            labelled_topics: std::sync::Mutex::new(std::collections::HashSet::new()),
             in_flight_events,
             in_flight_bytes,
             received_lsn,
@@ -161,6 +172,20 @@ impl Metrics {
             streaming: AtomicBool::new(false),
             registry,
         })
+    }
+
+    /// The `topic` label value for `topic`: itself for the first
+    /// [`MAX_TOPIC_LABELS`] topics seen, [`OTHER_TOPICS`] after.
+    pub fn topic_label(&self, topic: &str) -> String {
+        let mut known = self.labelled_topics.lock().expect("not poisoned");
+        if known.contains(topic) {
+            return topic.to_owned();
+        }
+        if known.len() >= MAX_TOPIC_LABELS {
+            return OTHER_TOPICS.to_owned();
+        }
+        known.insert(topic.to_owned());
+        topic.to_owned()
     }
 
     /// Marks whether the relay is streaming (readiness).
@@ -219,4 +244,19 @@ pub async fn serve(
             }),
         );
     axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn topic_labels_are_bounded() {
+        let m = Metrics::new();
+        for i in 0..MAX_TOPIC_LABELS {
+            assert_eq!(m.topic_label(&format!("t{i}")), format!("t{i}"));
+        }
+        assert_eq!(m.topic_label("one-too-many"), OTHER_TOPICS);
+        assert_eq!(m.topic_label("t7"), "t7", "a known topic keeps its label");
+    }
 }

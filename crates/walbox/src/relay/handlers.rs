@@ -39,7 +39,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                         self.metrics
                             .dead_lettered
                             .get_or_create(&KindLabels {
-                                topic: token.topic.to_string(),
+                                topic: self.metrics.topic_label(&token.topic),
                                 kind: kind.as_str(),
                             })
                             .inc();
@@ -48,7 +48,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                         self.metrics
                             .published
                             .get_or_create(&TopicLabel {
-                                topic: token.topic.to_string(),
+                                topic: self.metrics.topic_label(&token.topic),
                             })
                             .inc();
                         let micros = PgTimestamp::now().as_unix_micros()
@@ -88,7 +88,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                         self.metrics
                             .failed
                             .get_or_create(&KindLabels {
-                                topic: token.topic.to_string(),
+                                topic: self.metrics.topic_label(&token.topic),
                                 kind: failure_kind(error.kind),
                             })
                             .inc();
