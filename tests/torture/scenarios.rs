@@ -80,8 +80,8 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("sigterm-mid-tx", "SIGTERM inside 200-event transactions, then a restart (no duplicates allowed)", true, false, SigtermMidTx),
         s("second-sigterm", "SIGTERM, and another one 50 ms later: exit at once", true, false, SecondSigterm),
         s("broker-down", "every broker down (MockCluster), then up", true, false, BrokerDown),
-        s("broker-kill-9", "the broker process (Tansu, SQLite) killed with SIGKILL and restarted", false, true, BrokerKill9),
-        s("broker-blackhole", "the broker's connections stop forwarding without closing, then resume", false, true, BrokerBlackhole),
+        s("broker-kill-9", "the broker process (Tansu on SQLite, 500 events/s) killed with SIGKILL and restarted", false, true, BrokerKill9),
+        s("broker-blackhole", "the broker's (Tansu in memory) connections stop forwarding without closing, then resume", false, true, BrokerBlackhole),
         s("refused-topic", "events of one aggregate type go to a topic the broker refuses for good", true, false, RefusedTopic),
         s("pg-fast-restart", "Postgres fast shutdown and start while walbox runs", true, false, PgFastRestart),
         s("pg-crash", "Postgres immediate shutdown (crash recovery) and start", false, false, PgCrash),
@@ -170,8 +170,20 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
         Kind::DriftColumns => &["--mapping-event-type", ""],
         _ => &[],
     };
-    let tansu = if s.needs_tansu { tansu } else { None };
-    let mut w = World::new(walbox, tansu, extra).await;
+    // Killing the broker needs storage that survives it; SQLite is slow to
+    // read back, so the load on it is lighter.
+    let storage = match s.kind {
+        Kind::BrokerKill9 => walbox_test_harness::tansu::SQLITE,
+        _ => walbox_test_harness::tansu::MEMORY,
+    };
+    let tansu = if s.needs_tansu {
+        tansu.map(|b| (b, storage))
+    } else {
+        None
+    };
+    // A million events need room on the mock cluster: ~16,000 per partition.
+    let partitions = if s.kind == Kind::BigTxKilled { 64 } else { 3 };
+    let mut w = World::new(walbox, tansu, partitions, extra).await;
     w.start_walbox();
     let shape = match s.kind {
         Kind::SigtermMidTx => LoadShape {
@@ -183,6 +195,11 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
             rate: 200,
             tx_size: 1,
             payload_bytes: 100_000,
+        },
+        Kind::BrokerKill9 => LoadShape {
+            rate: scale.rate.min(500),
+            tx_size: 5,
+            payload_bytes: 200,
         },
         _ => LoadShape {
             rate: scale.rate,
@@ -482,7 +499,7 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
             client
                 .batch_execute(&format!(
                     "INSERT INTO outbox_events (aggregate_type, aggregate_id, payload)
-                     SELECT '{}', 'big-' || (n % {KEYS}), jsonb_build_object('n', n)
+                     SELECT '{}', 'big-' || (n % 1000), jsonb_build_object('n', n)
                        FROM generate_series({from}, {} ) AS n",
                     w.topic,
                     to - 1

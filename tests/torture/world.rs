@@ -72,15 +72,22 @@ pub(crate) const SLOT: &str = "walbox";
 pub(crate) const KEYS: i64 = 20;
 
 impl World {
-    pub(crate) async fn new(walbox_bin: &str, tansu: Option<&str>, extra: &[&str]) -> World {
+    /// `partitions` for the events' topic (the mock cluster keeps about
+    /// 100,000 records or 5 MB per partition).
+    pub(crate) async fn new(
+        walbox_bin: &str,
+        tansu: Option<(&str, &'static str)>,
+        partitions: i32,
+        extra: &[&str],
+    ) -> World {
         let pg = PgServer::start_default().expect("start a private Postgres");
         let pg_proxy = Proxy::start(format!("127.0.0.1:{}", pg.port())).await;
         let broker = match tansu {
             None => Broker::Mock(TestKafka::mock(1)),
-            Some(bin) => {
+            Some((bin, storage)) => {
                 let port = free_port();
                 let proxy = Proxy::start(format!("127.0.0.1:{port}")).await;
-                let tansu = Tansu::start_advertising(bin, port, proxy.port());
+                let tansu = Tansu::start_with(bin, port, proxy.port(), storage);
                 let kafka = TestKafka::External {
                     bootstrap: tansu.bootstrap(),
                 };
@@ -91,8 +98,8 @@ impl World {
                 }
             }
         };
-        let topic = create_topic(broker.kafka()).await;
-        let dead_letters = create_topic(broker.kafka()).await;
+        let topic = create_topic(broker.kafka(), partitions).await;
+        let dead_letters = create_topic(broker.kafka(), 1).await;
         let world = World {
             pg,
             pg_proxy,
@@ -307,8 +314,8 @@ impl Drop for World {
     }
 }
 
-async fn create_topic(kafka: &TestKafka) -> String {
-    tokio::time::timeout(Duration::from_secs(60), kafka.create_topic(3))
+async fn create_topic(kafka: &TestKafka, partitions: i32) -> String {
+    tokio::time::timeout(Duration::from_secs(60), kafka.create_topic(partitions))
         .await
         .expect("create a topic within 60 s")
 }

@@ -1,5 +1,5 @@
-//! A Tansu broker process on SQLite storage (it survives `kill -9`), for
-//! tests that kill or cut off a real broker. The binary comes from
+//! A Tansu broker process, on SQLite storage (it survives `kill -9`) or in
+//! memory, for tests that kill or cut off a real broker. The binary comes from
 //! `WALBOX_TANSU_BIN` (scripts/test builds it once).
 
 use std::process::{Child, Command};
@@ -10,8 +10,15 @@ pub struct Tansu {
     dir: tempfile::TempDir,
     port: u16,
     advertised: u16,
+    storage: &'static str,
     child: Option<Child>,
 }
+
+/// Storage that survives `kill -9` (and is slow: seconds to fetch a large
+/// partition from offset 0).
+pub const SQLITE: &str = "sqlite://tansu.db";
+/// Storage in memory: fast, gone with the process.
+pub const MEMORY: &str = "memory://tansu/";
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
@@ -36,13 +43,20 @@ impl Tansu {
     }
 
     /// Starts a broker on `port` that tells clients to connect to
-    /// `advertised` (a proxy in front of it).
+    /// `advertised` (a proxy in front of it), on SQLite storage.
     pub fn start_advertising(bin: &str, port: u16, advertised: u16) -> Tansu {
+        Self::start_with(bin, port, advertised, SQLITE)
+    }
+
+    /// Starts a broker on `port`, advertising `advertised`, with `storage`
+    /// ([`SQLITE`] or [`MEMORY`]).
+    pub fn start_with(bin: &str, port: u16, advertised: u16, storage: &'static str) -> Tansu {
         let mut t = Tansu {
             bin: bin.to_owned(),
             dir: tempfile::tempdir().expect("a temp dir"),
             port,
             advertised,
+            storage,
             child: None,
         };
         t.up();
@@ -62,7 +76,7 @@ impl Tansu {
                 .arg(format!("tcp://127.0.0.1:{}", self.port))
                 .arg("--advertised-listener-url")
                 .arg(format!("tcp://127.0.0.1:{}", self.advertised))
-                .args(["--storage-engine", "sqlite://tansu.db"])
+                .args(["--storage-engine", self.storage])
                 .current_dir(self.dir.path())
                 .stdout(log.try_clone().expect("clone the log handle"))
                 .stderr(log)
