@@ -121,3 +121,102 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'xml'"));
 }
+
+/// A Kafka secret given every way there is never reaches walbox's output,
+/// whatever error librdkafka or walbox meets.
+#[test]
+fn a_kafka_secret_never_appears_on_any_error_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "hunter2\n").unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let pg = ("WALBOX_PG_URL", "postgres://walbox@127.0.0.1:1/app");
+    let brokers = ["--kafka-brokers", "127.0.0.1:1"];
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>)> = vec![
+        // librdkafka refuses the property (this build, or this value).
+        (vec!["--kafka-property", "ssl.key.password=hunter2"], vec![]),
+        (
+            vec!["--kafka-property", "ssl.keystore.password=hunter2"],
+            vec![],
+        ),
+        (vec!["--kafka-property", "ssl.key.pem=hunter2"], vec![]),
+        (vec!["--kafka-property", "sasl.jaas.config=hunter2"], vec![]),
+        (
+            vec!["--kafka-property", "sasl.oauthbearer.client.secret=hunter2"],
+            vec![],
+        ),
+        (
+            vec![
+                "--kafka-property",
+                "sasl.oauthbearer.config=principal=hunter2",
+            ],
+            vec![],
+        ),
+        // Another property is wrong; the secret rides along.
+        (
+            vec!["--kafka-property", "linger.ms=soon"],
+            vec![("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+        ),
+        (
+            vec!["--kafka-property", "sasl.mechanism=NOPE"],
+            vec![("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE", file.as_str())],
+        ),
+        (
+            vec!["--kafka-property", "security.protocol=SASL_SSL"],
+            vec![("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+        ),
+        // The pinned settings refused.
+        (
+            vec!["--kafka-property", "acks=1"],
+            vec![("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+        ),
+        // A broker that does not answer.
+        (
+            vec![
+                "--kafka-property",
+                "security.protocol=SASL_PLAINTEXT",
+                "--kafka-property",
+                "sasl.mechanism=PLAIN",
+                "--kafka-property",
+                "sasl.username=walbox",
+            ],
+            vec![("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+        ),
+    ];
+    for (flags, env) in cases {
+        let mut args = vec!["run"];
+        args.extend(brokers);
+        args.extend(flags.iter().copied());
+        let mut all_env = vec![pg];
+        all_env.extend(env.iter().copied());
+        let out = walbox(&args, &all_env);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?}: {text}");
+        assert!(!text.contains("hunter2"), "{args:?} {env:?}:\n{text}");
+        let last = text.lines().last().unwrap_or_default();
+        assert!(last.starts_with("walbox: "), "one error line: {last}");
+    }
+    let out = walbox(
+        &[
+            "config",
+            "--kafka-brokers",
+            "127.0.0.1:1",
+            "--kafka-property",
+            "sasl.jaas.config=hunter2",
+        ],
+        &[
+            pg,
+            ("WALBOX_KAFKA_PROPERTY_SSL_KEY_PASSWORD", "hunter2"),
+            ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE", file.as_str()),
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+    assert_eq!(text.matches("<redacted>").count(), 3, "{text}");
+}

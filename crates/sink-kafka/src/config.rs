@@ -13,6 +13,10 @@ use std::fmt;
 ///   instead of failing deliveries. The outbox in Postgres is the buffer; a
 ///   stalled relay is correct, a dropped event is not.
 /// * `compression.type=lz4`, `linger.ms=5`: small batches, cheap compression.
+/// * `partitioner=murmur2_random`: a key lands on the partition the Java
+///   client (Debezium, Kafka Connect, any JVM producer) would choose, so
+///   switching to walbox keeps every aggregate on its partition. librdkafka's
+///   own default (`consistent_random`, CRC32) would move them.
 pub fn contract_defaults() -> Vec<(&'static str, &'static str)> {
     vec![
         ("acks", "all"),
@@ -20,6 +24,7 @@ pub fn contract_defaults() -> Vec<(&'static str, &'static str)> {
         ("message.timeout.ms", "0"),
         ("compression.type", "lz4"),
         ("linger.ms", "5"),
+        ("partitioner", "murmur2_random"),
     ]
 }
 
@@ -67,6 +72,21 @@ impl SinkConfig {
             .get("message.max.bytes")
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES)
+    }
+
+    /// `text` with the value of every secret property replaced by
+    /// `<redacted>`: for anything built from librdkafka's own messages.
+    pub fn redact(&self, text: &str) -> String {
+        redact_values(text, &self.secret_values())
+    }
+
+    /// The values of the secret properties (see [`is_secret_property`]).
+    pub(crate) fn secret_values(&self) -> Vec<String> {
+        self.properties
+            .iter()
+            .filter(|(k, v)| is_secret_property(k) && !v.is_empty())
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// The full librdkafka configuration: contract defaults, the operator's
@@ -118,13 +138,29 @@ impl SinkConfig {
 }
 
 /// True for librdkafka property names whose values are secrets (passwords,
-/// client secrets, key material, SASL/OAUTHBEARER configuration): never shown.
+/// client secrets, key material, SASL/JAAS and OAUTHBEARER configuration):
+/// never shown.
 pub fn is_secret_property(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     k.contains("password")
         || k.contains("secret")
-        || k.contains("sasl.oauthbearer.config")
-        || k.ends_with(".key.pem")
+        || k.contains("sasl.jaas")
+        || k.starts_with("sasl.oauthbearer.")
+            && (k.ends_with(".config") || k.ends_with(".extensions"))
+        || k.ends_with("key.pem")
+        || k.ends_with(".key")
+        || k.contains("keystore")
+}
+
+/// `text` with each of `secrets` replaced by `<redacted>`.
+pub(crate) fn redact_values(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets {
+        if !s.is_empty() && out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "<redacted>");
+        }
+    }
+    out
 }
 
 impl fmt::Debug for SinkConfig {
@@ -202,5 +238,64 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("walbox"));
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn secret_properties_are_recognised() {
+        for k in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.truststore.password",
+            "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.config",
+            "sasl.oauthbearer.extensions",
+            "sasl.jaas.config",
+            "ssl.key.pem",
+            "SASL.PASSWORD",
+        ] {
+            assert!(is_secret_property(k), "{k}");
+        }
+        for k in [
+            "sasl.username",
+            "sasl.mechanism",
+            "security.protocol",
+            "ssl.ca.location",
+            "ssl.key.location",
+            "sasl.oauthbearer.client.id",
+            "sasl.oauthbearer.token.endpoint.url",
+            "partitioner",
+        ] {
+            assert!(!is_secret_property(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn redaction_replaces_every_secret_value() {
+        let c = SinkConfig::new("k:9092")
+            .set("sasl.password", "hunter2")
+            .set("ssl.key.password", "pw2")
+            .set("sasl.username", "walbox");
+        let r = c.redact("user walbox, password hunter2 and pw2, again hunter2");
+        assert_eq!(
+            r,
+            "user walbox, password <redacted> and <redacted>, again <redacted>"
+        );
+    }
+
+    #[test]
+    fn the_java_compatible_partitioner_is_the_default_and_can_be_overridden() {
+        let c = SinkConfig::new("k:9092").client_config().unwrap();
+        assert_eq!(c.get("partitioner"), Some("murmur2_random"));
+        let c = SinkConfig::new("k:9092")
+            .set("partitioner", "consistent_random")
+            .client_config()
+            .unwrap();
+        assert_eq!(c.get("partitioner"), Some("consistent_random"));
     }
 }

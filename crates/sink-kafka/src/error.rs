@@ -92,9 +92,10 @@ pub enum SinkError {
     /// The brokers did not answer.
     #[error("metadata request failed: {0}")]
     Unreachable(#[source] KafkaError),
-    /// librdkafka refused to create the producer.
+    /// librdkafka refused to create the producer (the message names the
+    /// property, never a secret value).
     #[error("create the Kafka producer: {0}")]
-    Create(#[source] KafkaError),
+    Create(String),
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use rdkafka::producer::{
 use rdkafka::ClientContext;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::SinkConfig;
+use crate::config::{redact_values, SinkConfig};
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
 use crate::record::Record;
 
@@ -78,12 +78,28 @@ struct Raw<T> {
 struct SinkContext<T> {
     tx: mpsc::Sender<Raw<T>>,
     room: Arc<Notify>,
+    /// Secret property values, scrubbed from librdkafka's messages.
+    secrets: Vec<String>,
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(%error, reason, "kafka client error");
+        let error = redact_values(&error.to_string(), &self.secrets);
+        let reason = redact_values(reason, &self.secrets);
+        tracing::warn!(%error, %reason, "kafka client error");
     }
+}
+
+/// librdkafka's refusal of a configuration, naming the property but never
+/// its value (its own message ends with the value).
+fn describe_create_error(error: &KafkaError, config: &SinkConfig) -> String {
+    let text = match error {
+        KafkaError::ClientConfig(_, description, key, _value) => {
+            format!("{description} (property {key})")
+        }
+        other => other.to_string(),
+    };
+    config.redact(&text)
 }
 
 impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
@@ -211,10 +227,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let context = SinkContext {
             tx: tx.clone(),
             room: Arc::clone(&room),
+            secrets: config.secret_values(),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
-            .map_err(SinkError::Create)?;
+            .map_err(|e| SinkError::Create(describe_create_error(&e, config)))?;
         let kib_total = u32::try_from(config.max_in_flight_bytes.div_ceil(1024))
             .unwrap_or(Semaphore::MAX_PERMITS as u32)
             .min(Semaphore::MAX_PERMITS as u32);

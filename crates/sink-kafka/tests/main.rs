@@ -429,3 +429,109 @@ async fn new_topics_during_an_outage_cost_one_topic_check_not_one_each() {
     got.sort_unstable();
     assert_eq!(got, [1, 2, 3, 4, 5]);
 }
+
+/// The Java client's murmur2 (Kafka's `Utils.murmur2`), written here from its
+/// definition: seed 0x9747b28c, m = 0x5bd1e995, r = 24, little-endian 4-byte
+/// blocks, the tail folded in, then the final mix.
+fn java_murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut blocks = data.chunks_exact(4);
+    for b in &mut blocks {
+        let mut k = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = blocks.remainder();
+    if !tail.is_empty() {
+        for (i, byte) in tail.iter().enumerate().rev() {
+            h ^= u32::from(*byte) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The Java client's partition for a key: `toPositive(murmur2(key)) % n`.
+fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (java_murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+#[test]
+fn the_reference_murmur2_matches_kafkas_own_vectors() {
+    // Kafka's UtilsTest.testMurmur2.
+    for (input, expected) in [
+        (&b"21"[..], -973_932_308),
+        (b"foobar", -790_332_482),
+        (b"a-little-bit-long-string", -985_981_536),
+        (b"a-little-bit-longer-string", -1_486_304_829),
+        (
+            b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+            -58_897_971,
+        ),
+        (b"abc", 479_470_107),
+    ] {
+        assert_eq!(
+            java_murmur2(input),
+            expected,
+            "{}",
+            String::from_utf8_lossy(input)
+        );
+    }
+}
+
+/// Switching from Debezium (or any JVM producer) keeps each aggregate on its
+/// partition: walbox's default partitioner places keys where the Java
+/// client does.
+#[tokio::test]
+async fn keys_land_on_the_partitions_the_java_client_chooses() {
+    let kafka = TestKafka::mock(1);
+    let partitions = 12;
+    let topic = kafka.create_topic(partitions).await;
+    let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("order-{i}"))
+        .chain(
+            [
+                "21",
+                "foobar",
+                "a-little-bit-long-string",
+                "ünïcødé-aggregate",
+            ]
+            .map(String::from),
+        )
+        .collect();
+    let records = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            Record::new(
+                &topic,
+                Some(Bytes::from(k.clone())),
+                Some(Bytes::from("{}")),
+                i as u64,
+            )
+        })
+        .collect();
+    let got = pump(&sink, &mut reports, records, Duration::from_secs(30)).await;
+    let mut spread = HashSet::new();
+    for r in got {
+        let key = keys[r.token as usize].as_bytes();
+        let delivered = r.result.expect("delivered");
+        assert_eq!(
+            delivered.partition,
+            java_partition(key, partitions),
+            "key {}",
+            String::from_utf8_lossy(key)
+        );
+        spread.insert(delivered.partition);
+    }
+    assert!(spread.len() > 6, "the keys spread over the partitions");
+}

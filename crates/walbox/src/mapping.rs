@@ -104,6 +104,13 @@ pub enum MapError {
         /// What it was mapped as.
         role: &'static str,
     },
+    /// The aggregate id is the empty string: it would pick a partition at
+    /// random, not the aggregate's.
+    #[error("event {event_id}: the aggregate id is empty; every event needs the id of its aggregate (the message key)")]
+    EmptyAggregateId {
+        /// The event id.
+        event_id: String,
+    },
     /// A text payload that is not JSON.
     #[error("event {event_id}: payload is not valid JSON: {reason}")]
     PayloadNotJson {
@@ -336,6 +343,9 @@ impl OutboxMapping {
             "aggregate type",
         )?;
         let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
+        if aggregate_id.is_empty() {
+            return Err(MapError::EmptyAggregateId { event_id: id });
+        }
 
         let topic = self.topic_for(aggregate_type);
         if !is_valid_topic(&topic) {

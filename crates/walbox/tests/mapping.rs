@@ -307,3 +307,22 @@ async fn a_headers_entry_named_like_a_walbox_header_is_refused() {
     let ids = ok.headers.iter().filter(|h| h.name == "id").count();
     assert_eq!(ids, 1);
 }
+
+#[tokio::test]
+async fn an_empty_aggregate_id_is_unmappable_not_a_random_partition() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let (relation, tuples) = decoded_inserts(
+        &client,
+        "outbox_events",
+        r#"INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('6d1f1c9e-0000-4000-8000-000000000001', 'order', '', 'Created', '{}')"#,
+    )
+    .await;
+    let mapping = OutboxMapping::default();
+    let columns = mapping.resolve(&relation).unwrap();
+    let err = mapping.map(&columns, &tuples[0]).unwrap_err();
+    assert!(matches!(err, MapError::EmptyAggregateId { .. }), "{err}");
+    assert!(err.to_string().contains("aggregate id is empty"), "{err}");
+}
