@@ -132,7 +132,9 @@ fn a_kafka_secret_never_appears_on_any_error_path() {
     let file = file.to_str().unwrap().to_owned();
     let pg = ("WALBOX_PG_URL", "postgres://walbox@127.0.0.1:1/app");
     let brokers = ["--kafka-brokers", "127.0.0.1:1"];
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>)> = vec![
+    /// Flags, and extra environment.
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Case<'_>> = vec![
         // librdkafka refuses the property (this build, or this value).
         (vec!["--kafka-property", "ssl.key.password=hunter2"], vec![]),
         (
