@@ -535,3 +535,61 @@ async fn keys_land_on_the_partitions_the_java_client_chooses() {
     }
     assert!(spread.len() > 6, "the keys spread over the partitions");
 }
+
+/// The librdkafka walbox ships is built with TLS (OpenSSL, static), SASL
+/// PLAIN/SCRAM/OAUTHBEARER, zstd, gzip, snappy and lz4: a producer with each
+/// is created, and each compression delivers through the broker.
+#[tokio::test]
+async fn secured_and_compressed_producers_are_supported() {
+    for props in [
+        &[("security.protocol", "SSL")][..],
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "walbox"),
+            ("sasl.password", "pw"),
+        ],
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-256"),
+            ("sasl.username", "walbox"),
+            ("sasl.password", "pw"),
+        ],
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", "walbox"),
+            ("sasl.password", "pw"),
+        ],
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "OAUTHBEARER"),
+        ],
+    ] {
+        let mut c = SinkConfig::new("127.0.0.1:1");
+        for (k, v) in props {
+            c = c.set(*k, *v);
+        }
+        if let Err(e) = Sink::<u64>::new(&c) {
+            panic!("{props:?}: {e}");
+        }
+    }
+    let kafka = TestKafka::mock(1);
+    for codec in ["zstd", "gzip", "snappy", "lz4"] {
+        let topic = kafka.create_topic(1).await;
+        let (sink, mut reports) =
+            Sink::new(&config(&kafka).set("compression.type", codec)).unwrap();
+        let got = pump(
+            &sink,
+            &mut reports,
+            (0..50).map(|i| record(&topic, i, 5)).collect(),
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(got.iter().all(|r| r.result.is_ok()), "{codec}");
+        let read = consume_n(&kafka, &topic, 50, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 50, "{codec}");
+    }
+}
