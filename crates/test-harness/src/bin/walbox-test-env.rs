@@ -61,12 +61,28 @@ enum Cmd {
     },
 }
 
-async fn hold() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// The signals that end a hold, registered before anything is printed: a
+/// SIGTERM sent as soon as the output appears must not meet the default
+/// action (killing the process before it stops its server).
+struct Hold {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Hold {
+    fn install() -> Hold {
+        use tokio::signal::unix::{signal, SignalKind};
+        Hold {
+            term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+        }
+    }
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
 
@@ -138,6 +154,7 @@ async fn main() -> ExitCode {
                 };
                 builder = builder.setting(k, v);
             }
+            let hold = Hold::install();
             let server = match builder.start() {
                 Ok(s) => s,
                 Err(e) => {
@@ -147,7 +164,7 @@ async fn main() -> ExitCode {
             };
             println!("{}", pg::conninfo(&server.config("postgres")));
             println!("pid={}", server.pid().unwrap_or(0));
-            hold().await;
+            hold.wait().await;
             drop(server);
             ExitCode::SUCCESS
         }
@@ -194,9 +211,10 @@ async fn main() -> ExitCode {
             }
         }
         Cmd::MockKafka { brokers } => {
+            let hold = Hold::install();
             let kafka = TestKafka::mock(brokers);
             println!("{}", kafka.bootstrap());
-            hold().await;
+            hold.wait().await;
             ExitCode::SUCCESS
         }
     }
