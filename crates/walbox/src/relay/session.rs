@@ -148,6 +148,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             _ => History::Same,
         };
         self.history = Some(history);
+        if same == History::New {
+            // The last reading's WAL position belongs to the old history:
+            // it verifies nothing here. Coverage starts over from a baseline.
+            self.coverage = None;
+        }
         if let Some(delivered) = self.progress.start_session(confirmed, same) {
             tracing::warn!(slot = %confirmed, %delivered, "the slot resumed before what walbox confirmed (Postgres restarted before a checkpoint?); transactions up to the confirmed position are skipped, not sent twice");
         }
@@ -156,13 +161,12 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         self.domains = domains;
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
-        let result = match self.check_coverage(&mut stream).await {
-            Ok(update) => match send_status(&mut stream, update).await {
-                Ok(()) => self.stream(&mut stream, shutdown).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let result = async {
+            let update = self.check_coverage(&mut stream).await?;
+            send_status(&mut stream, update).await?;
+            self.stream(&mut stream, shutdown).await
+        }
+        .await;
         match result {
             Ok(ending) => {
                 if let Ending::Drain { deadline } = ending {
