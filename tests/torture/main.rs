@@ -11,6 +11,11 @@
 //! Needs `WALBOX_BIN` (the walbox binary) and, for the scenarios with a real
 //! broker process, `WALBOX_TANSU_BIN`; the Postgres binaries are found as by
 //! the tests (`WALBOX_PG_BIN`, else Debian's).
+//!
+//! For digging into a failure: `WALBOX_TORTURE_LOG` sets walbox's log filter
+//! (default `info`), `WALBOX_TORTURE_KEEP_LOGS=DIR` copies walbox's log there
+//! whenever the scenario reads it, and `WALBOX_TORTURE_KEEP=SECS` keeps the
+//! broker up that long when a topic cannot be read to the end.
 
 mod check;
 mod scenarios;
