@@ -6,3 +6,5 @@ mod bad_inputs;
 mod config;
 mod migrate;
 mod run;
+mod secured_kafka;
+mod support;

@@ -2,15 +2,13 @@
 //! and the test broker.
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
-
+use std::process::Command;
 use std::time::Duration;
 
 use rdkafka::message::Message;
-use tokio_postgres::Client;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
-use walbox_test_harness::pg::{fresh_db, TestDb};
+use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, wait_retained_below,
     write_wal_elsewhere,
@@ -18,134 +16,7 @@ use walbox_test_harness::slot::{
 use walbox_test_harness::tansu::Tansu;
 use walbox_test_harness::wait::wait_for;
 
-fn walbox(db: &TestDb, args: &[&str]) -> Command {
-    let mut c = Command::new(walbox_e2e::walbox_bin());
-    c.args(args)
-        .env(
-            "WALBOX_PG_URL",
-            format!("{} sslmode=disable", db.conninfo()),
-        )
-        .env("WALBOX_LOG", "info");
-    c
-}
-
-/// A running `walbox run`, logging to a file that can be read while it runs.
-struct Relay {
-    child: Child,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Relay {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Relay {
-    spawn_run_with(walbox(db, &[]), kafka, extra)
-}
-
-fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&str]) -> Relay {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("walbox.log");
-    let child = command
-        .args(["run", "--kafka-brokers", &kafka.bootstrap()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start walbox run");
-    Relay {
-        child,
-        log,
-        _dir: dir,
-    }
-}
-
-fn signal(relay: &Relay, signal: &str) {
-    let sent = Command::new("kill")
-        .args([signal, &relay.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-}
-
-fn sigterm(relay: &Relay) {
-    signal(relay, "-TERM");
-}
-
-async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, String) {
-    let child = &mut relay.child;
-    let status = wait_for("walbox to exit", Duration::from_secs(40), || {
-        let s = child.try_wait().unwrap();
-        async move { s.ok_or_else(|| "running".to_owned()) }
-    })
-    .await;
-    (status, relay.log())
-}
-
-/// A free local address for the metrics endpoint.
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-/// `GET path` over HTTP/1.1; returns (status, body), or `None` when nothing listens yet.
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        status,
-        out.split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_owned()),
-    ))
-}
-
-/// Waits until `GET path` answers `status`.
-async fn wait_http(addr: &str, path: &str, status: u16) -> String {
-    wait_for(
-        &format!("GET {path} to answer {status}"),
-        Duration::from_secs(30),
-        || {
-            let got = http_get(addr, path);
-            async move {
-                match got {
-                    Some((s, body)) if s == status => Ok(body),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await
-}
-
-/// Waits until the relay's log contains `needle`.
-async fn wait_log(relay: &Relay, needle: &str) {
-    wait_for(
-        &format!("walbox to log {needle:?}"),
-        Duration::from_secs(30),
-        || {
-            let log = relay.log();
-            async move {
-                if log.contains(needle) {
-                    Ok(())
-                } else {
-                    Err(log.lines().last().unwrap_or_default().to_owned())
-                }
-            }
-        },
-    )
-    .await;
-}
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
@@ -353,94 +224,6 @@ fn bad_configuration_is_a_usage_error_naming_the_key() {
         stderr.contains("line 2") && stderr.contains("unknown field `slto`"),
         "{stderr}"
     );
-}
-
-async fn init(db: &TestDb) -> Client {
-    let client = db.connect().await;
-    apply_migrations(&client).await;
-    let out = walbox(db, &["init-slot"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    client
-}
-
-/// Inserts events `from..to` (payload `n`, key `agg-{n % aggregates}`,
-/// event type `E{n}`) in transactions; `tx_size(k)` sizes the k-th one.
-async fn insert_events(
-    client: &Client,
-    from: usize,
-    to: usize,
-    tx_size: impl Fn(usize) -> usize,
-    aggregates: usize,
-) {
-    let (mut n, mut k) = (from, 0);
-    while n < to {
-        let end = (n + tx_size(k).max(1)).min(to);
-        let values: Vec<String> = (n..end)
-            .map(|i| {
-                format!(
-                    "('order', 'agg-{}', 'E{i}', '{{\"n\": {i}}}')",
-                    i % aggregates
-                )
-            })
-            .collect();
-        client
-            .batch_execute(&format!(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
-                values.join(",")
-            ))
-            .await
-            .unwrap();
-        n = end;
-        k += 1;
-    }
-}
-
-/// Reads the topic until every `n` in `0..total` arrived (duplicates allowed);
-/// returns how many duplicates there were. Checks that, per key, first
-/// arrivals follow commit order.
-async fn expect_all(kafka: &TestKafka, topic: &str, total: usize) -> usize {
-    let messages = wait_for("every event to arrive", Duration::from_secs(90), || async {
-        let messages = consume_until_quiet(
-            kafka,
-            topic,
-            Duration::from_secs(2),
-            Duration::from_secs(30),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let distinct: HashSet<i64> = messages.iter().map(n_of).collect();
-        if distinct.len() == total {
-            Ok(messages)
-        } else {
-            Err(format!("{} of {total} distinct events", distinct.len()))
-        }
-    })
-    .await;
-    let mut sorted = messages.clone();
-    sorted.sort_by_key(|m| (m.partition(), m.offset()));
-    let mut seen = HashSet::new();
-    let mut last_first_arrival: HashMap<Vec<u8>, i64> = HashMap::new();
-    for m in &sorted {
-        let n = n_of(m);
-        if seen.insert(n) {
-            let prev = last_first_arrival.insert(m.key().unwrap().to_vec(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "per-key order of first arrivals"
-            );
-        }
-    }
-    assert!((0..total as i64).all(|n| seen.contains(&n)));
-    messages.len() - total
-}
-
-fn n_of(m: &rdkafka::message::OwnedMessage) -> i64 {
-    let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-    v["n"].as_i64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,22 +461,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
     let kafka = TestKafka::External {
         bootstrap: tansu.bootstrap(),
     };
-    let config = kafka.client_config();
-    wait_for("tansu to answer", Duration::from_secs(30), || {
-        let config = config.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                use rdkafka::consumer::{BaseConsumer, Consumer};
-                let c: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-                c.fetch_metadata(None, Duration::from_secs(2))
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .unwrap()
-        }
-    })
-    .await;
+    wait_broker(&kafka).await;
     let topic = kafka.create_topic(3).await;
 
     let db = fresh_db().await;

@@ -90,8 +90,17 @@ pub enum SinkError {
     #[error("invalid Kafka settings: {0}")]
     Config(String),
     /// The brokers did not answer.
-    #[error("metadata request failed: {0}")]
-    Unreachable(#[source] KafkaError),
+    #[error("{}", match last { Some(why) => why.clone(), None => format!("metadata request failed: {source}") })]
+    Unreachable {
+        /// The metadata request's error.
+        source: KafkaError,
+        /// The last connection failure librdkafka reported, if any.
+        last: Option<String>,
+    },
+    /// A broker refused the connection for a reason no retry fixes: its
+    /// certificate is not trusted, or it refused the credentials.
+    #[error("{0}")]
+    Refused(crate::BrokerProblem),
     /// librdkafka refused to create the producer (the message names the
     /// property, never a secret value).
     #[error("create the Kafka producer: {0}")]

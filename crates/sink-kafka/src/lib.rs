@@ -27,10 +27,12 @@
 
 mod config;
 mod error;
+mod problem;
 mod record;
 mod sink;
 
 pub use config::{contract_defaults, is_secret_property, SinkConfig, CONTRACT_PINNED};
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
+pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};
 pub use sink::{shutdown, Delivered, Permit, Report, Reports, Sink};

@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{redact_values, SinkConfig};
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
+use crate::problem::{BrokerProblem, ProblemLog};
 use crate::record::Record;
 
 /// Where a delivered record landed.
@@ -80,13 +81,37 @@ struct SinkContext<T> {
     room: Arc<Notify>,
     /// Secret property values, scrubbed from librdkafka's messages.
     secrets: Vec<String>,
+    /// Connection-level failures, for the startup check and for logging
+    /// each one once rather than on every reconnect.
+    problems: Arc<ProblemLog>,
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
     fn error(&self, error: KafkaError, reason: &str) {
-        let error = redact_values(&error.to_string(), &self.secrets);
         let reason = redact_values(reason, &self.secrets);
-        tracing::warn!(%error, %reason, "kafka client error");
+        let code = error.rdkafka_error_code();
+        let fresh = code.is_none_or(|c| self.problems.record(c, &reason));
+        if !fresh {
+            return;
+        }
+        let error = redact_values(&error.to_string(), &self.secrets);
+        match code.and_then(|c| crate::problem::ProblemKind::of(c, &reason)) {
+            Some(kind) if kind.is_definite() => {
+                let problem = BrokerProblem::new(kind, &reason);
+                tracing::error!(%problem, "Kafka refuses walbox's connection; deliveries wait until this is fixed (nothing is confirmed past them)");
+            }
+            _ => tracing::warn!(%error, %reason, "kafka client error"),
+        }
+    }
+
+    // librdkafka's own log lines repeat what the error callback reports
+    // (above, deduplicated and scrubbed); keep the rest.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac == "FAIL" {
+            return;
+        }
+        let line = redact_values(log_message, &self.secrets);
+        rdkafka::client::DefaultClientContext.log(level, fac, &line);
     }
 }
 
@@ -97,7 +122,15 @@ fn describe_create_error(error: &KafkaError, config: &SinkConfig) -> String {
         KafkaError::ClientConfig(_, description, key, _value) => {
             format!("{description} (property {key})")
         }
-        other => other.to_string(),
+        other => {
+            let text = other.to_string();
+            // OpenSSL's words for a key it could not decrypt.
+            if text.contains("ssl.key.location") && text.contains("PEM lib") {
+                format!("{text} (a wrong ssl.key.password, or a key file that is not PEM)")
+            } else {
+                text
+            }
+        }
     };
     config.redact(&text)
 }
@@ -172,6 +205,7 @@ struct Inner<T: Send + Sync + 'static> {
     /// Until when topic checks are skipped: the last one found no broker.
     brokers_down_until: Mutex<Option<Instant>>,
     message_max_bytes: usize,
+    problems: Arc<ProblemLog>,
 }
 
 /// What a topic check found.
@@ -205,6 +239,8 @@ pub struct Reports<T: Send + Sync + 'static> {
     _producer: Arc<Inner<T>>,
 }
 
+/// A startup check looks for a definite refusal this often.
+const BROKER_CHECK_SLICE: Duration = Duration::from_millis(500);
 /// How long the first send to a topic may take to learn whether it exists.
 const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a topic check found no broker, checks are skipped for this long
@@ -224,10 +260,12 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let client_config = config.client_config()?;
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let room = Arc::new(Notify::new());
+        let problems = Arc::new(ProblemLog::default());
         let context = SinkContext {
             tx: tx.clone(),
             room: Arc::clone(&room),
             secrets: config.secret_values(),
+            problems: Arc::clone(&problems),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
@@ -246,6 +284,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             known_topics: Mutex::new(HashSet::new()),
             brokers_down_until: Mutex::new(None),
             message_max_bytes: config.message_max_bytes(),
+            problems,
         });
         Ok((
             Sink {
@@ -258,21 +297,55 @@ impl<T: Send + Sync + 'static> Sink<T> {
         ))
     }
 
-    /// Checks that the brokers answer a metadata request within `timeout`;
-    /// the error says which brokers and why. Use it at startup: later, an
-    /// unreachable broker only stalls deliveries until it is back.
+    /// Checks that the brokers answer a metadata request within `timeout`.
+    /// Use it at startup: later, an unreachable broker only stalls
+    /// deliveries until it is back. A TLS or authentication failure ends the
+    /// check at once ([`SinkError::Refused`]): no retry fixes those. The
+    /// error says why, from what librdkafka reported while trying.
     pub async fn check_brokers(&self, timeout: Duration) -> Result<(), SinkError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            inner
-                .producer
-                .client()
-                .fetch_metadata(None, timeout)
-                .map(|_| ())
-        })
-        .await
-        .map_err(|e| SinkError::Config(e.to_string()))?
-        .map_err(SinkError::Unreachable)
+        self.inner.problems.set_checking(true);
+        let result = self.check_brokers_until(Instant::now() + timeout).await;
+        self.inner.problems.set_checking(false);
+        result
+    }
+
+    async fn check_brokers_until(&self, deadline: Instant) -> Result<(), SinkError> {
+        loop {
+            let inner = Arc::clone(&self.inner);
+            let slice = deadline
+                .saturating_duration_since(Instant::now())
+                .min(BROKER_CHECK_SLICE);
+            let answer = tokio::task::spawn_blocking(move || {
+                inner
+                    .producer
+                    .client()
+                    .fetch_metadata(None, slice)
+                    .map(|_| ())
+            })
+            .await
+            .map_err(|e| SinkError::Config(e.to_string()))?;
+            let problem = self.inner.problems.last();
+            match (answer, problem) {
+                (Ok(()), _) => {
+                    self.inner.problems.clear();
+                    return Ok(());
+                }
+                (Err(_), Some(p)) if p.kind.is_definite() => return Err(SinkError::Refused(p)),
+                (Err(e), last) if Instant::now() >= deadline => {
+                    return Err(SinkError::Unreachable {
+                        source: e,
+                        last: last.map(|p| p.detail),
+                    })
+                }
+                (Err(_), _) => {}
+            }
+        }
+    }
+
+    /// The last connection-level failure librdkafka reported, if no broker
+    /// answered since the last [`Sink::check_brokers`].
+    pub fn broker_problem(&self) -> Option<BrokerProblem> {
+        self.inner.problems.last()
     }
 
     /// Waits for room for one record of `size` bytes (see [`Record::size`]).

@@ -23,6 +23,14 @@ pub enum TestKafka {
         /// The bootstrap list.
         bootstrap: String,
     },
+    /// A broker that needs client settings (TLS, SASL): they are added to
+    /// every client the harness creates.
+    Secured {
+        /// The bootstrap list.
+        bootstrap: String,
+        /// librdkafka properties, e.g. `security.protocol`.
+        properties: Vec<(String, String)>,
+    },
     /// librdkafka's in-process mock cluster, with fault injection.
     Mock(MockCluster<'static, DefaultProducerContext>),
 }
@@ -31,6 +39,7 @@ impl std::fmt::Debug for TestKafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TestKafka::External { bootstrap } => write!(f, "TestKafka::External({bootstrap})"),
+            TestKafka::Secured { bootstrap, .. } => write!(f, "TestKafka::Secured({bootstrap})"),
             TestKafka::Mock(m) => write!(f, "TestKafka::Mock({})", m.bootstrap_servers()),
         }
     }
@@ -66,14 +75,16 @@ impl TestKafka {
     pub fn mock_cluster(&self) -> Option<&MockCluster<'static, DefaultProducerContext>> {
         match self {
             TestKafka::Mock(m) => Some(m),
-            TestKafka::External { .. } => None,
+            TestKafka::External { .. } | TestKafka::Secured { .. } => None,
         }
     }
 
     /// The bootstrap list to give clients.
     pub fn bootstrap(&self) -> String {
         match self {
-            TestKafka::External { bootstrap } => bootstrap.clone(),
+            TestKafka::External { bootstrap } | TestKafka::Secured { bootstrap, .. } => {
+                bootstrap.clone()
+            }
             TestKafka::Mock(m) => m.bootstrap_servers(),
         }
     }
@@ -86,6 +97,11 @@ impl TestKafka {
             .set("reconnect.backoff.ms", "20")
             .set("reconnect.backoff.max.ms", "500")
             .set("socket.connection.setup.timeout.ms", "5000");
+        if let TestKafka::Secured { properties, .. } = self {
+            for (k, v) in properties {
+                c.set(k, v);
+            }
+        }
         c
     }
 
@@ -101,7 +117,7 @@ impl TestKafka {
             TestKafka::Mock(m) => m
                 .create_topic(&topic, partitions, 1)
                 .unwrap_or_else(|e| panic!("create mock topic {topic}: {e}")),
-            TestKafka::External { bootstrap } => {
+            TestKafka::External { bootstrap } | TestKafka::Secured { bootstrap, .. } => {
                 let admin: AdminClient<DefaultClientContext> = self
                     .client_config()
                     .create()

@@ -27,7 +27,9 @@ pub mod migrations;
 pub mod pg;
 pub mod proxy;
 pub mod slot;
+pub mod stunnel;
 pub mod tansu;
+pub mod tls;
 pub mod wait;
 
 #[cfg(feature = "docker")]

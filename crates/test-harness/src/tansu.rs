@@ -11,6 +11,7 @@ pub struct Tansu {
     port: u16,
     advertised: u16,
     storage: &'static str,
+    authentication: bool,
     child: Option<Child>,
 }
 
@@ -57,6 +58,7 @@ impl Tansu {
             port,
             advertised,
             storage,
+            authentication: false,
             child: None,
         };
         t.up();
@@ -77,11 +79,35 @@ impl Tansu {
                 .arg("--advertised-listener-url")
                 .arg(format!("tcp://127.0.0.1:{}", self.advertised))
                 .args(["--storage-engine", self.storage])
+                .args(self.authentication.then_some("--authentication"))
                 .current_dir(self.dir.path())
                 .stdout(log.try_clone().expect("clone the log handle"))
                 .stderr(log)
                 .spawn()
                 .expect("start tansu"),
+        );
+    }
+
+    /// From the next [`Tansu::up`] on, clients must authenticate with SASL
+    /// SCRAM (users made with [`Tansu::create_scram_user`] before, on
+    /// [`SQLITE`] storage so that they survive the restart).
+    pub fn require_authentication(&mut self) {
+        self.authentication = true;
+    }
+
+    /// Creates a SCRAM user (`mechanism` `scram256` or `scram512`) through
+    /// the broker's own command line. Only works while authentication is off.
+    pub fn create_scram_user(&self, name: &str, password: &str, mechanism: &str) {
+        let out = Command::new(&self.bin)
+            .args(["user", "create", "--broker"])
+            .arg(format!("tcp://127.0.0.1:{}", self.port))
+            .args(["--mechanism", mechanism, name, password])
+            .output()
+            .expect("run tansu user create");
+        assert!(
+            out.status.success(),
+            "tansu user create {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

@@ -91,12 +91,17 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink).map_err(RunError::from)?;
     // Fail fast on a broker that is not there at all; once running, an
     // outage only stalls deliveries (the outbox in Postgres is the buffer).
-    if let Err(e) = sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
-        return Err(RunError::Broker {
-            brokers: settings.sink.bootstrap_servers.clone(),
-            source: e,
+    let brokers = settings.sink.bootstrap_servers.clone();
+    match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
+        Ok(()) => {}
+        Err(sink_kafka::SinkError::Refused(problem)) => {
+            let problem = Box::new(problem);
+            return Err(RunError::BrokerRefused { brokers, problem }.into());
         }
-        .into());
+        Err(source) => {
+            let source = Box::new(source);
+            return Err(RunError::Broker { brokers, source }.into());
+        }
     }
     let required_columns = mapping
         .required_columns()

@@ -143,7 +143,15 @@ pub enum RunError {
         brokers: String,
         /// Why.
         #[source]
-        source: sink_kafka::SinkError,
+        source: Box<sink_kafka::SinkError>,
+    },
+    /// A broker refused walbox's connection at startup (TLS or SASL).
+    #[error("Kafka brokers {brokers} refused the connection: {problem}")]
+    BrokerRefused {
+        /// The bootstrap list.
+        brokers: String,
+        /// What was refused, and which settings to check.
+        problem: Box<sink_kafka::BrokerProblem>,
     },
     /// The stream broke the transaction rules.
     #[error(transparent)]
