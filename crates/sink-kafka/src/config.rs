@@ -31,6 +31,9 @@ pub fn contract_defaults() -> Vec<(&'static str, &'static str)> {
 /// Settings an operator may not override, because the guarantees rely on them.
 pub const CONTRACT_PINNED: &[&str] = &["acks", "enable.idempotence"];
 
+/// librdkafka's property for "a failed batch stops the producer".
+const GAPLESS: &str = "enable.gapless.guarantee";
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -47,6 +50,14 @@ pub struct SinkConfig {
     pub max_in_flight: usize,
     /// Most bytes (key, value, headers) in flight.
     pub max_in_flight_bytes: usize,
+    /// After a record fails for good, write nothing more: later records are
+    /// reported [`crate::DeliveryErrorKind::Withheld`], and librdkafka's
+    /// `enable.gapless.guarantee` stops the producer rather than let records
+    /// already on the wire close the gap. On (the default) whenever a failed
+    /// record halts the caller: otherwise later records of its partition
+    /// would be stored before it is ever sent again. Off when failed records
+    /// go elsewhere (a dead-letter topic) and the stream goes on.
+    pub gapless: bool,
 }
 
 impl SinkConfig {
@@ -57,6 +68,7 @@ impl SinkConfig {
             properties: BTreeMap::new(),
             max_in_flight: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
+            gapless: true,
         }
     }
 
@@ -109,6 +121,11 @@ impl SinkConfig {
                 )));
             }
         }
+        if self.properties.contains_key(GAPLESS) {
+            return Err(crate::SinkError::Config(format!(
+                "{GAPLESS} is set by walbox: on without a dead-letter topic, off with one"
+            )));
+        }
         if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
             return Err(crate::SinkError::Config(
                 "max in-flight records and bytes must be above 0".into(),
@@ -119,6 +136,7 @@ impl SinkConfig {
         for (k, v) in contract_defaults() {
             c.set(k, v);
         }
+        c.set(GAPLESS, if self.gapless { "true" } else { "false" });
         // Room for everything the sink lets into flight, twice over.
         c.set(
             "queue.buffering.max.messages",

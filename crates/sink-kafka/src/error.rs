@@ -17,6 +17,10 @@ pub enum DeliveryErrorKind {
     Fatal,
     /// Purged at shutdown before a delivery report: not delivered, not failed.
     Purged,
+    /// Not sent: an earlier record failed for good and the sink is gapless
+    /// ([`crate::SinkConfig::gapless`]), so nothing may be written after it.
+    /// Not delivered; sent again after a restart, behind the failed one.
+    Withheld,
 }
 
 /// A record's failure: its kind, the librdkafka code, and a message.
@@ -49,6 +53,7 @@ const PERMANENT: &[RDKafkaErrorCode] = &[
     RDKafkaErrorCode::InvalidMessage,
     RDKafkaErrorCode::UnsupportedVersion,
     RDKafkaErrorCode::UnsupportedForMessageFormat,
+    RDKafkaErrorCode::InvalidTimestamp,
 ];
 
 impl DeliveryError {

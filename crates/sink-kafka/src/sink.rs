@@ -25,6 +25,7 @@
 //! producer queue is full anyway, and then for deliveries, not on a timer.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,33 @@ struct SinkContext<T> {
     /// Connection-level failures, for the startup check and for logging
     /// each one once rather than on every reconnect.
     problems: Arc<ProblemLog>,
+    gap: Arc<Gap>,
+}
+
+/// Whether a record failed for good while the sink is gapless (see
+/// [`SinkConfig::gapless`]): from then on nothing more is produced.
+struct Gap {
+    gapless: bool,
+    failed: AtomicBool,
+}
+
+impl Gap {
+    /// Notes a record's failure.
+    fn note(&self, kind: DeliveryErrorKind) {
+        if self.gapless
+            && matches!(
+                kind,
+                DeliveryErrorKind::Permanent | DeliveryErrorKind::Fatal
+            )
+        {
+            self.failed.store(true, Ordering::Release);
+        }
+    }
+
+    /// True when nothing more may be produced.
+    fn closed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
@@ -150,6 +178,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
             },
             Err((e, m)) => {
                 let error = DeliveryError::from_kafka(e);
+                self.gap.note(error.kind);
                 // Copied only for the rare permanent refusal.
                 let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
                     topic: m.topic().to_owned(),
@@ -206,6 +235,7 @@ struct Inner<T: Send + Sync + 'static> {
     brokers_down_until: Mutex<Option<Instant>>,
     message_max_bytes: usize,
     problems: Arc<ProblemLog>,
+    gap: Arc<Gap>,
 }
 
 /// What a topic check found.
@@ -261,11 +291,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let room = Arc::new(Notify::new());
         let problems = Arc::new(ProblemLog::default());
+        let gap = Arc::new(Gap {
+            gapless: config.gapless,
+            failed: AtomicBool::new(false),
+        });
         let context = SinkContext {
             tx: tx.clone(),
             room: Arc::clone(&room),
             secrets: config.secret_values(),
             problems: Arc::clone(&problems),
+            gap: Arc::clone(&gap),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
@@ -285,6 +320,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             brokers_down_until: Mutex::new(None),
             message_max_bytes: config.message_max_bytes(),
             problems,
+            gap,
         });
         Ok((
             Sink {
@@ -384,6 +420,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// seconds, not left waiting.
     pub async fn send(&self, permit: Permit, record: Record<T>) {
         let inner = &self.inner;
+        if inner.gap.closed() {
+            let error = DeliveryError::new(
+                DeliveryErrorKind::Withheld,
+                None,
+                "not sent: an earlier record failed for good, and nothing may be written after it",
+            );
+            let (record, token) = record.split_token();
+            inner.fail_before_producing(record, token, permit, error);
+            return;
+        }
         let size = record.size() + record.headers.len() * 16 + RECORD_OVERHEAD;
         if size > inner.message_max_bytes {
             let error = DeliveryError::new(
@@ -547,6 +593,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         permits: Permit,
         error: DeliveryError,
     ) {
+        self.gap.note(error.kind);
         let raw = Raw {
             pending: Pending { token, permits },
             returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),

@@ -167,7 +167,10 @@ async fn a_permanent_error_is_reported_as_such() {
     let kafka = TestKafka::mock(1);
     let topic = kafka.create_topic(1).await;
     let mock = kafka.mock_cluster().unwrap();
-    let (sink, mut reports) = Sink::new(&config(&kafka).set("message.max.bytes", "10000")).unwrap();
+    // Not gapless (as with a dead-letter topic): each failure is reported as itself.
+    let mut c = config(&kafka).set("message.max.bytes", "10000");
+    c.gapless = false;
+    let (sink, mut reports) = Sink::new(&c).unwrap();
 
     // Caught before sending: larger than message.max.bytes.
     let big = Record::new(&topic, None, Some(Bytes::from(vec![b'x'; 20_000])), 1u64);
@@ -201,7 +204,9 @@ async fn a_permanently_refused_record_comes_back_whole_and_nothing_else_is_produ
     let kafka = TestKafka::mock(1);
     let topic = kafka.create_topic(1).await;
     let mock = kafka.mock_cluster().unwrap();
-    let c = config(&kafka).set("message.max.bytes", "10000");
+    // Not gapless: records go on after a refusal, as with a dead-letter topic.
+    let mut c = config(&kafka).set("message.max.bytes", "10000");
+    c.gapless = false;
     let (sink, mut reports) = Sink::new(&c).unwrap();
 
     let warm = pump(
@@ -592,4 +597,137 @@ async fn secured_and_compressed_producers_are_supported() {
             .unwrap();
         assert_eq!(read.len(), 50, "{codec}");
     }
+}
+
+/// Consumes the topic until quiet; the `n` of every stored record, in offset order.
+async fn stored_ns(kafka: &TestKafka, topic: &str) -> Vec<u64> {
+    let all = consume_until_quiet(
+        kafka,
+        topic,
+        Duration::from_secs(2),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    all.iter()
+        .map(|m| {
+            headers_of(m)["id"]
+                .trim_start_matches("event-")
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// One record per request and several requests in flight: a failure of one
+/// is followed by requests already on the wire.
+fn pipelined(kafka: &TestKafka) -> SinkConfig {
+    config(kafka)
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "1")
+        .set("message.max.bytes", "10000")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_broker_refuses_a_record_for_good_no_later_record_of_its_partition_is_written() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    // A real broker also refuses the request that follows a failed one on
+    // the wire (its sequence number leaves a gap); the mock checks sequences
+    // only for transactional producers and stores it. So one request is on
+    // the wire at a time, and what is shown is the producer's side: the one
+    // record that may have been on the wire aside, nothing queued behind
+    // the failure is ever sent (without the gapless guarantee librdkafka
+    // renumbers the queue and sends it all).
+    let c = pipelined(&kafka).set("max.in.flight.requests.per.connection", "1");
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+    let warm = pump(
+        &sink,
+        &mut reports,
+        (0..5).map(|i| record(&topic, i, 1)).collect(),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(warm.iter().all(|r| r.result.is_ok()));
+
+    // The next Produce request (record 5) is refused for good.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let got = pump(
+        &sink,
+        &mut reports,
+        (5..40).map(|i| record(&topic, i, 1)).collect(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let by_token: HashMap<u64, &Report<u64>> = got.iter().map(|r| (r.token, r)).collect();
+    let first = by_token[&5].result.as_ref().unwrap_err();
+    assert_eq!(first.kind, DeliveryErrorKind::Permanent, "{first}");
+    for i in 7..40 {
+        assert!(
+            by_token[&i].result.is_err(),
+            "record {i} was delivered after record 5 failed for good"
+        );
+    }
+    let stored = stored_ns(&kafka, &topic).await;
+    assert!(
+        stored == [0, 1, 2, 3, 4] || stored == [0, 1, 2, 3, 4, 6],
+        "nothing queued behind the refused record is stored: {stored:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_record_fails_before_producing_no_later_record_is_written() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let (sink, mut reports) = Sink::new(&pipelined(&kafka)).unwrap();
+    let mut records: Vec<Record<u64>> = (0..5).map(|i| record(&topic, i, 1)).collect();
+    // Record 5 is larger than message.max.bytes: refused before it is produced.
+    records.push(Record::new(
+        &topic,
+        Some(Bytes::from_static(b"agg-0")),
+        Some(Bytes::from(vec![b'x'; 20_000])),
+        5u64,
+    ));
+    records.extend((6..20).map(|i| record(&topic, i, 1)));
+    let got = pump(&sink, &mut reports, records, Duration::from_secs(30)).await;
+    let by_token: HashMap<u64, &Report<u64>> = got.iter().map(|r| (r.token, r)).collect();
+    assert_eq!(
+        by_token[&5].result.as_ref().unwrap_err().kind,
+        DeliveryErrorKind::Permanent
+    );
+    for i in 6..20 {
+        let e = by_token[&i].result.as_ref().unwrap_err();
+        assert_eq!(e.kind, DeliveryErrorKind::Withheld, "record {i}: {e}");
+        assert!(by_token[&i].returned.is_none());
+    }
+    let stored = stored_ns(&kafka, &topic).await;
+    assert!(
+        stored.iter().all(|n| *n < 5),
+        "nothing after the refused record is stored: {stored:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_dead_letters_records_after_a_permanent_failure_are_still_written() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mut c = pipelined(&kafka);
+    c.gapless = false;
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+    let mut records: Vec<Record<u64>> = (0..5).map(|i| record(&topic, i, 1)).collect();
+    records.push(Record::new(
+        &topic,
+        Some(Bytes::from_static(b"agg-0")),
+        Some(Bytes::from(vec![b'x'; 20_000])),
+        5u64,
+    ));
+    records.extend((6..20).map(|i| record(&topic, i, 1)));
+    let got = pump(&sink, &mut reports, records, Duration::from_secs(30)).await;
+    assert_eq!(got.iter().filter(|r| r.result.is_ok()).count(), 19);
+    let expected: Vec<u64> = (0..20).filter(|n| *n != 5).collect();
+    assert_eq!(stored_ns(&kafka, &topic).await, expected);
 }

@@ -68,6 +68,7 @@ pub fn failure_kind(kind: DeliveryErrorKind) -> &'static str {
         DeliveryErrorKind::Permanent => "permanent",
         DeliveryErrorKind::Fatal => "fatal",
         DeliveryErrorKind::Purged => "purged",
+        DeliveryErrorKind::Withheld => "withheld",
         _ => "other",
     }
 }

@@ -354,6 +354,9 @@ impl Config {
             Some(t) => DeadLetters::to_topic(t.clone()),
             None => DeadLetters::halt(),
         };
+        // Without a dead-letter topic an event that fails for good stops
+        // walbox, and nothing after it may be written ahead of it.
+        sink.gapless = r.dead_letter_topic.is_none();
         Ok(RunSettings {
             sink,
             dead_letters,
