@@ -8,3 +8,4 @@ mod migrate;
 mod run;
 mod secured_kafka;
 mod support;
+mod topics;

@@ -58,6 +58,20 @@ pub struct SinkConfig {
     /// would be stored before it is ever sent again. Off when failed records
     /// go elsewhere (a dead-letter topic) and the stream goes on.
     pub gapless: bool,
+    /// Create a topic the broker does not know, like this; `None`: a
+    /// missing topic is waited for briefly, then refused.
+    pub create_topics: Option<TopicSpec>,
+}
+
+/// How the sink creates a missing topic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Partitions; `None` for the broker's `num.partitions`.
+    pub partitions: Option<i32>,
+    /// Replication factor; `None` for the broker's `default.replication.factor`.
+    pub replication_factor: Option<i32>,
+    /// Topic configuration (`retention.ms`, `min.insync.replicas`, …).
+    pub config: BTreeMap<String, String>,
 }
 
 impl SinkConfig {
@@ -69,6 +83,7 @@ impl SinkConfig {
             max_in_flight: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             gapless: true,
+            create_topics: None,
         }
     }
 
@@ -202,6 +217,8 @@ impl fmt::Debug for SinkConfig {
             .field("properties", &props)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("gapless", &self.gapless)
+            .field("create_topics", &self.create_topics)
             .finish()
     }
 }

@@ -128,6 +128,12 @@ mod tests {
             DeliveryErrorKind::Permanent
         );
         assert_eq!(kind(RDKafkaErrorCode::Fatal), DeliveryErrorKind::Fatal);
+        // A timestamp outside the topic's message.timestamp.*.ms window
+        // never becomes acceptable by retrying.
+        assert_eq!(
+            kind(RDKafkaErrorCode::InvalidTimestamp),
+            DeliveryErrorKind::Permanent
+        );
         assert_eq!(
             kind(RDKafkaErrorCode::MessageTimedOut),
             DeliveryErrorKind::RetriableExhausted

@@ -31,7 +31,7 @@ mod problem;
 mod record;
 mod sink;
 
-pub use config::{contract_defaults, is_secret_property, SinkConfig, CONTRACT_PINNED};
+pub use config::{contract_defaults, is_secret_property, SinkConfig, TopicSpec, CONTRACT_PINNED};
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};

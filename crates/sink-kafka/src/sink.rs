@@ -30,6 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
@@ -38,7 +40,7 @@ use rdkafka::producer::{
 use rdkafka::ClientContext;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{redact_values, SinkConfig};
+use crate::config::{redact_values, SinkConfig, TopicSpec};
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
 use crate::problem::{BrokerProblem, ProblemLog};
 use crate::record::Record;
@@ -236,11 +238,18 @@ struct Inner<T: Send + Sync + 'static> {
     message_max_bytes: usize,
     problems: Arc<ProblemLog>,
     gap: Arc<Gap>,
+    create_topics: Option<TopicSpec>,
+    /// For creating topics: made on first use, from the producer's settings.
+    admin_config: rdkafka::ClientConfig,
+    admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
+    secrets: Vec<String>,
 }
 
 /// What a topic check found.
 enum TopicVerdict {
     Known,
+    /// The broker does not know the topic (yet).
+    Missing(DeliveryError),
     Refused(DeliveryError),
     /// The broker answered without a clear verdict: produce.
     Unsure,
@@ -277,6 +286,11 @@ const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// (records are produced and librdkafka waits for the brokers): an outage
 /// costs one check's timeout, not one per new topic.
 const BROKERS_DOWN_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a topic the broker does not know is waited for before it
+/// counts as refused.
+const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(10);
+/// How often a missing topic is looked up again meanwhile.
+const TOPIC_RECHECK: Duration = Duration::from_millis(500);
 /// At most this many topics are remembered as checked; past it the set
 /// starts over (a topic template fed by arbitrary values must not grow
 /// memory).
@@ -321,6 +335,10 @@ impl<T: Send + Sync + 'static> Sink<T> {
             message_max_bytes: config.message_max_bytes(),
             problems,
             gap,
+            create_topics: config.create_topics.clone(),
+            admin_config: client_config.clone(),
+            admin: Mutex::new(None),
+            secrets: config.secret_values(),
         });
         Ok((
             Sink {
@@ -497,8 +515,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
     }
 
-    /// Checks once per topic that the broker knows it. While the brokers are
-    /// unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
+    /// Checks once per topic that the broker knows it. A topic it does not
+    /// know is created when [`SinkConfig::create_topics`] says how, and
+    /// otherwise waited for up to [`MISSING_TOPIC_GRACE`] (one created a
+    /// moment before its first record is not refused). While the brokers
+    /// are unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
     async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
         if self
             .inner
@@ -513,23 +534,64 @@ impl<T: Send + Sync + 'static> Sink<T> {
         if down_until.is_some_and(|t| Instant::now() < t) {
             return Ok(());
         }
+        let deadline = Instant::now() + MISSING_TOPIC_GRACE;
+        let mut created = false;
+        loop {
+            match self.topic_verdict(topic).await {
+                TopicVerdict::Known => {
+                    let mut known = self.inner.known_topics.lock().expect("not poisoned");
+                    if known.len() >= MAX_KNOWN_TOPICS {
+                        known.clear();
+                    }
+                    known.insert(topic.to_owned());
+                    return Ok(());
+                }
+                TopicVerdict::Missing(e) => {
+                    if let (Some(spec), false) = (&self.inner.create_topics, created) {
+                        self.create_topic(topic, spec).await?;
+                        created = true;
+                    } else if Instant::now() >= deadline {
+                        return Err(e);
+                    } else if !created {
+                        tracing::info!(topic, "topic does not exist (yet); waiting up to {MISSING_TOPIC_GRACE:?} for it");
+                    }
+                    tokio::time::sleep(TOPIC_RECHECK).await;
+                }
+                TopicVerdict::Refused(e) => return Err(e),
+                TopicVerdict::Unsure => return Ok(()),
+                TopicVerdict::NoBroker => {
+                    tracing::warn!(topic, "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}");
+                    *self.inner.brokers_down_until.lock().expect("not poisoned") =
+                        Some(Instant::now() + BROKERS_DOWN_BACKOFF);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// What the broker's metadata says about `topic`.
+    async fn topic_verdict(&self, topic: &str) -> TopicVerdict {
         let inner = Arc::clone(&self.inner);
         let name = topic.to_owned();
-        let verdict = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             match inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT) {
                 Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
                     Some(t) if t.error().is_none() && !t.partitions().is_empty() => TopicVerdict::Known,
                     Some(t) => match t.error().map(RDKafkaErrorCode::from) {
-                        Some(
-                            code @ (RDKafkaErrorCode::UnknownTopicOrPartition
-                            | RDKafkaErrorCode::UnknownTopic
-                            | RDKafkaErrorCode::InvalidTopic
-                            | RDKafkaErrorCode::TopicAuthorizationFailed),
-                        ) => TopicVerdict::Refused(DeliveryError::new(
-                            DeliveryErrorKind::Permanent,
-                            Some(code),
-                            format!("topic {name} cannot be produced to: {code} (create it, or fix the topic template)"),
-                        )),
+                        Some(code @ (RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)) => {
+                            TopicVerdict::Missing(DeliveryError::new(
+                                DeliveryErrorKind::Permanent,
+                                Some(code),
+                                format!("topic {name} does not exist (waited {MISSING_TOPIC_GRACE:?}): create it, set topics.create = true, or fix the topic template"),
+                            ))
+                        }
+                        Some(code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::TopicAuthorizationFailed)) => {
+                            TopicVerdict::Refused(DeliveryError::new(
+                                DeliveryErrorKind::Permanent,
+                                Some(code),
+                                format!("topic {name} cannot be produced to: {code} (grant walbox Write on it, or fix the topic template)"),
+                            ))
+                        }
                         // Leader election and the like: produce and let librdkafka wait.
                         _ => TopicVerdict::Unsure,
                     },
@@ -540,24 +602,47 @@ impl<T: Send + Sync + 'static> Sink<T> {
             }
         })
         .await
-        .unwrap_or(TopicVerdict::Unsure);
-        match verdict {
-            TopicVerdict::Known => {
-                let mut known = self.inner.known_topics.lock().expect("not poisoned");
-                if known.len() >= MAX_KNOWN_TOPICS {
-                    known.clear();
+        .unwrap_or(TopicVerdict::Unsure)
+    }
+
+    /// Creates `topic` as `spec` says. An existing topic is fine (another
+    /// process made it first); a refusal is permanent for this record.
+    async fn create_topic(&self, topic: &str, spec: &TopicSpec) -> Result<(), DeliveryError> {
+        let refused = |why: String| {
+            DeliveryError::new(
+                DeliveryErrorKind::Permanent,
+                None,
+                format!("topic {topic} does not exist and could not be created: {why}"),
+            )
+        };
+        let admin = self.inner.admin().map_err(|e| refused(e.to_string()))?;
+        let mut new = NewTopic::new(
+            topic,
+            spec.partitions.unwrap_or(-1),
+            TopicReplication::Fixed(spec.replication_factor.unwrap_or(-1)),
+        );
+        for (k, v) in &spec.config {
+            new = new.set(k, v);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(TOPIC_CHECK_TIMEOUT));
+        let result = admin.create_topics([&new], &options).await;
+        match result.as_deref() {
+            Ok([Ok(_)]) | Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
+                tracing::info!(topic, partitions = ?spec.partitions, replication_factor = ?spec.replication_factor, "created topic");
+                Ok(())
+            }
+            Ok([Err((_, code)), ..]) => Err(refused(format!(
+                "{code}{}",
+                if *code == RDKafkaErrorCode::TopicAuthorizationFailed
+                    || *code == RDKafkaErrorCode::ClusterAuthorizationFailed
+                {
+                    " (grant walbox CreateTopics, or create the topic yourself)"
+                } else {
+                    ""
                 }
-                known.insert(topic.to_owned());
-                Ok(())
-            }
-            TopicVerdict::Refused(e) => Err(e),
-            TopicVerdict::Unsure => Ok(()),
-            TopicVerdict::NoBroker => {
-                tracing::warn!(topic, "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}");
-                *self.inner.brokers_down_until.lock().expect("not poisoned") =
-                    Some(Instant::now() + BROKERS_DOWN_BACKOFF);
-                Ok(())
-            }
+            ))),
+            Ok(_) => Err(refused("no answer for the topic".into())),
+            Err(e) => Err(refused(self.inner.redact(&e.to_string()))),
         }
     }
 
@@ -581,6 +666,24 @@ impl<T: Send + Sync + 'static> Sink<T> {
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
+    /// The admin client, made on first use.
+    fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+        let mut admin = self.admin.lock().expect("not poisoned");
+        if let Some(a) = admin.as_ref() {
+            return Ok(Arc::clone(a));
+        }
+        let made = Arc::new(
+            self.admin_config
+                .create::<AdminClient<DefaultClientContext>>()?,
+        );
+        *admin = Some(Arc::clone(&made));
+        Ok(made)
+    }
+
+    fn redact(&self, text: &str) -> String {
+        redact_values(text, &self.secrets)
+    }
+
     fn slots_in_use(&self) -> usize {
         self.slots_total - self.slots.available_permits()
     }

@@ -124,10 +124,12 @@ impl<R: Reach> Args for Flags<R> {
                         Kind::Map if s.key == "mapping.header_columns" => "COLUMN=HEADER",
                         Kind::Map => "KEY=VALUE",
                         Kind::Number => "N",
+                        Kind::Bool => "true|false",
                         _ => "VALUE",
                     });
                 let arg = match s.kind {
                     Kind::Choice(words) => arg.value_parser(words.to_vec()),
+                    Kind::Bool => arg.value_parser(["true", "false"]),
                     _ => arg,
                 };
                 cmd.arg(arg)

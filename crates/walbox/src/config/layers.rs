@@ -106,6 +106,13 @@ fn typed(setting: &Setting, text: &str, what: &str) -> Result<Value, ConfigError
                 )))
             }
         }
+        Kind::Bool => match text.trim() {
+            "true" => Ok(Value::from(true)),
+            "false" => Ok(Value::from(false)),
+            other => Err(ConfigError(format!(
+                "{what}: expected true or false, got {other:?}"
+            ))),
+        },
         Kind::Map => map_of(text.split(',').filter(|i| !i.trim().is_empty()), what),
     }
 }

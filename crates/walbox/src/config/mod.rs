@@ -25,7 +25,7 @@ use std::time::Duration;
 use figment::providers::Format;
 use figment::Figment;
 use serde::{Deserialize, Serialize};
-use sink_kafka::{is_secret_property, SinkConfig};
+use sink_kafka::{is_secret_property, SinkConfig, TopicSpec};
 use slot_manager::{PgConfig, TableName};
 
 use crate::dead_letter::DeadLetters;
@@ -71,6 +71,7 @@ struct Raw {
     log_format: LogFormat,
     mapping: RawMapping,
     kafka: RawKafka,
+    topics: RawTopics,
     dead_letter_topic: Option<String>,
     max_in_flight_events: u64,
     max_in_flight_bytes: u64,
@@ -89,6 +90,7 @@ impl Default for Raw {
             log_format: LogFormat::Text,
             mapping: RawMapping::default(),
             kafka: RawKafka::default(),
+            topics: RawTopics::default(),
             dead_letter_topic: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
@@ -121,6 +123,16 @@ struct RawMapping {
 struct RawKafka {
     brokers: Option<String>,
     properties: BTreeMap<String, String>,
+}
+
+/// `[topics]`: creating missing topics.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTopics {
+    create: bool,
+    partitions: Option<u64>,
+    replication_factor: Option<u64>,
+    config: BTreeMap<String, String>,
 }
 
 /// Where Postgres is and what to stream: every command's settings.
@@ -311,6 +323,34 @@ impl Config {
         Ok(mapping)
     }
 
+    /// How to create missing topics, when `topics.create` is on.
+    fn topic_spec(&self) -> Result<Option<TopicSpec>, ConfigError> {
+        let t = &self.raw.topics;
+        let count = |key: &str, v: Option<u64>| -> Result<Option<i32>, ConfigError> {
+            v.map(|n| {
+                i32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+                    ConfigError(format!("topics.{key}: must be between 1 and 2147483647"))
+                })
+            })
+            .transpose()
+        };
+        let partitions = count("partitions", t.partitions)?;
+        let replication_factor = count("replication_factor", t.replication_factor)?;
+        if !t.create {
+            if partitions.is_some() || replication_factor.is_some() || !t.config.is_empty() {
+                return Err(ConfigError(
+                    "topics.partitions, topics.replication_factor and topics.config apply to topics walbox creates: set topics.create = true, or remove them".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        Ok(Some(TopicSpec {
+            partitions,
+            replication_factor,
+            config: t.config.clone(),
+        }))
+    }
+
     /// What `walbox run` needs, checked.
     pub fn run(&self) -> Result<RunSettings, ConfigError> {
         let r = &self.raw;
@@ -354,6 +394,7 @@ impl Config {
             Some(t) => DeadLetters::to_topic(t.clone()),
             None => DeadLetters::halt(),
         };
+        sink.create_topics = self.topic_spec()?;
         // Without a dead-letter topic an event that fails for good stops
         // walbox, and nothing after it may be written ahead of it.
         sink.gapless = r.dead_letter_topic.is_none();

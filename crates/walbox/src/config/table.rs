@@ -12,6 +12,8 @@ pub enum Kind {
     Number,
     /// One of a few words.
     Choice(&'static [&'static str]),
+    /// `true` or `false`.
+    Bool,
     /// `KEY=VALUE` pairs: a table in the file, repeatable flag, `K=V,K=V` in
     /// the environment.
     Map,
@@ -128,6 +130,17 @@ pub const SETTINGS: &[Setting] = &[
     },
     s("dead_letter_topic", Text, Run, "—",
       "Topic for events that cannot be mapped or that the broker refuses for good; without it such an event stops walbox."),
+    s("topics.create", Bool, Run, "false",
+      "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 10 s before it counts as refused."),
+    s("topics.partitions", Number, Run, "—",
+      "Partitions of a topic walbox creates; default: the broker's num.partitions."),
+    s("topics.replication_factor", Number, Run, "—",
+      "Replication factor of a topic walbox creates; default: the broker's default.replication.factor."),
+    Setting {
+        flag_name: Some("topics-config"),
+        ..s("topics.config", Map, Run, "—",
+            "Topic configuration of a topic walbox creates, KEY=VALUE: retention.ms, min.insync.replicas, …")
+    },
     s("max_in_flight_events", Number, Run, "10000",
       "Most events sent and not yet acknowledged; when reached, walbox stops reading the slot."),
     s("max_in_flight_bytes", Number, Run, "67108864", "The same bound in bytes (at least 1024)."),

@@ -99,6 +99,7 @@ fn every_setting_can_come_from_the_environment() {
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
+            (_, Kind::Bool) => "true".to_owned(),
             (_, Kind::Map) => "k=v".to_owned(),
             (key, Kind::Text) => format!("{}_env", key.replace('.', "_")),
         };
@@ -342,4 +343,85 @@ fn the_configuration_doc_lists_every_setting() {
             );
         }
     }
+}
+
+#[test]
+fn topic_creation_settings() {
+    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "b:9092");
+    // Off by default: nothing is created, and gapless without dead letters.
+    let run = load(None, &[PG, BROKERS], &[]).unwrap().run().unwrap();
+    assert_eq!(run.sink.create_topics, None);
+    assert!(run.sink.gapless);
+    let run = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_DEAD_LETTER_TOPIC", "dlq")],
+        &[],
+    )
+    .unwrap()
+    .run()
+    .unwrap();
+    assert!(!run.sink.gapless, "dead letters: the stream goes on");
+
+    let (_d, path) = file(
+        "[topics]\ncreate = true\npartitions = 6\nreplication_factor = 3\nconfig = { \"min.insync.replicas\" = \"2\" }\n",
+    );
+    let spec = load(Some(&path), &[PG, BROKERS], &[])
+        .unwrap()
+        .run()
+        .unwrap()
+        .sink
+        .create_topics
+        .expect("create");
+    assert_eq!(
+        (spec.partitions, spec.replication_factor),
+        (Some(6), Some(3))
+    );
+    assert_eq!(spec.config["min.insync.replicas"], "2");
+
+    let spec = load(None, &[PG, BROKERS, ("WALBOX_TOPICS_CREATE", "true")], &[])
+        .unwrap()
+        .run()
+        .unwrap()
+        .sink
+        .create_topics
+        .expect("create");
+    assert_eq!((spec.partitions, spec.replication_factor), (None, None));
+
+    let e = load(None, &[PG, BROKERS, ("WALBOX_TOPICS_CREATE", "yes")], &[]).unwrap_err();
+    assert!(e.to_string().contains("expected true or false"), "{e}");
+    let e = load(None, &[PG, BROKERS], &[("topics.partitions", &["3"])])
+        .unwrap()
+        .run()
+        .unwrap_err();
+    assert!(e.to_string().contains("set topics.create = true"), "{e}");
+    let e = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_TOPICS_CREATE", "true")],
+        &[("topics.partitions", &["0"])],
+    )
+    .unwrap()
+    .run()
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("topics.partitions: must be between 1"),
+        "{e}"
+    );
+    // The producer property walbox derives from dead_letter_topic is not the operator's.
+    let run = load(
+        None,
+        &[PG, BROKERS],
+        &[("kafka.properties", &["enable.gapless.guarantee=false"])],
+    )
+    .unwrap()
+    .run()
+    .unwrap();
+    let e = sink_kafka::Sink::<u64>::new(&run.sink)
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("enable.gapless.guarantee is set by walbox"),
+        "{e}"
+    );
 }

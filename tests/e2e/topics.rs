@@ -1,0 +1,79 @@
+//! Topics walbox creates (`topics.create`), against a real broker: the
+//! MockCluster has no CreateTopics, so this needs Tansu (`WALBOX_TANSU_BIN`,
+//! set by scripts/test).
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use walbox_test_harness::kafka::{consume_n, headers_of, TestKafka};
+use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::tansu::{Tansu, MEMORY};
+
+use crate::support::{expect_all, init, insert_events, sigterm, spawn_run, wait_broker, wait_exit};
+
+fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
+    let c: BaseConsumer = kafka.client_config().create().unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .unwrap();
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
+    let Some(bin) = Tansu::bin_from_env() else {
+        eprintln!("WALBOX_TANSU_BIN is not set (scripts/test sets it): test not run");
+        return;
+    };
+    let port = walbox_test_harness::tansu::free_port();
+    let _tansu = Tansu::start_with(&bin, port, port, MEMORY);
+    let kafka = TestKafka::External {
+        bootstrap: format!("127.0.0.1:{port}"),
+    };
+    wait_broker(&kafka).await;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let prefix = walbox_test_harness::unique_name("created").replace('_', "-");
+    let template = format!("{prefix}.{{aggregate_type}}");
+    let dead_letters = format!("{prefix}.dead-letters");
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            &template,
+            "--dead-letter-topic",
+            &dead_letters,
+            "--topics-create",
+            "true",
+            "--topics-partitions",
+            "3",
+            "--topics-config",
+            "retention.ms=604800000",
+        ],
+    );
+    // insert_events writes aggregate type 'order'.
+    insert_events(&client, 0, 60, |_| 6, 6).await;
+    // One row the mapping cannot take (an empty aggregate id): a dead letter.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', '', 'Broken', '{\"n\": 60}')",
+        )
+        .await
+        .unwrap();
+    let topic = format!("{prefix}.order");
+    expect_all(&kafka, &topic, 60).await;
+    assert_eq!(partitions_of(&kafka, &topic), 3);
+    let dead = consume_n(&kafka, &dead_letters, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(headers_of(&dead[0])["walbox.error.kind"], "unmappable");
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("created topic"), "{log}");
+}
