@@ -466,7 +466,12 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
 
     let db = fresh_db().await;
     let client = init(&db).await;
-    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    let addr = free_addr();
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &["--mapping-topic-template", &topic, "--metrics-addr", &addr],
+    );
     insert_events(&client, 0, 200, |k| 1 + k % 20, 10).await;
     expect_all(&kafka, &topic, 200).await;
 
@@ -492,6 +497,17 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
         relay.child.try_wait().unwrap().is_none(),
         "walbox waits out the outage: {}",
         relay.log()
+    );
+    // The wait shows: deliveries have not moved for most of the outage.
+    let (_, metrics) = http_get(&addr, "/metrics").expect("metrics");
+    let stalled: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("walbox_delivery_stalled_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("walbox_delivery_stalled_seconds");
+    assert!(
+        stalled >= 10.0,
+        "stalled for {stalled} s at the end of a 20 s outage"
     );
 
     tansu.up();

@@ -25,7 +25,7 @@
 //! producer queue is full anyway, and then for deliveries, not on a timer.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,34 @@ struct SinkContext<T> {
     /// each one once rather than on every reconnect.
     problems: Arc<ProblemLog>,
     gap: Arc<Gap>,
+    movement: Arc<Movement>,
+}
+
+/// When the sink last saw deliveries move: a report, or records starting
+/// to wait after none did. See [`Sink::stalled_for`].
+struct Movement {
+    start: Instant,
+    /// Milliseconds since `start`.
+    last: AtomicU64,
+}
+
+impl Movement {
+    fn new() -> Movement {
+        Movement {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    fn since(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
 }
 
 /// Whether a record failed for good while the sink is gapless (see
@@ -207,6 +235,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                 }
             }
         };
+        self.movement.touch();
         // Never waits: the channel has a place for every record in flight.
         if let Err(mpsc::error::TrySendError::Full(raw)) = self.tx.try_send(raw) {
             let _ = self.tx.blocking_send(raw);
@@ -238,6 +267,7 @@ struct Inner<T: Send + Sync + 'static> {
     message_max_bytes: usize,
     problems: Arc<ProblemLog>,
     gap: Arc<Gap>,
+    movement: Arc<Movement>,
     create_topics: Option<TopicSpec>,
     /// For creating topics: made on first use, from the producer's settings.
     admin_config: rdkafka::ClientConfig,
@@ -305,6 +335,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let room = Arc::new(Notify::new());
         let problems = Arc::new(ProblemLog::default());
+        let movement = Arc::new(Movement::new());
         let gap = Arc::new(Gap {
             gapless: config.gapless,
             failed: AtomicBool::new(false),
@@ -315,6 +346,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             secrets: config.secret_values(),
             problems: Arc::clone(&problems),
             gap: Arc::clone(&gap),
+            movement: Arc::clone(&movement),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
@@ -335,6 +367,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             message_max_bytes: config.message_max_bytes(),
             problems,
             gap,
+            movement,
             create_topics: config.create_topics.clone(),
             admin_config: client_config.clone(),
             admin: Mutex::new(None),
@@ -432,12 +465,29 @@ impl<T: Send + Sync + 'static> Sink<T> {
         self.inner.slots_in_use()
     }
 
+    /// How long records have been waiting without any delivery report:
+    /// zero when nothing is in flight. librdkafka retries without end what
+    /// a broker answers with a retriable error (`NOT_ENOUGH_REPLICAS` below
+    /// `min.insync.replicas`, a leader election, a broker down) and says
+    /// nothing meanwhile; this is how that shows.
+    pub fn stalled_for(&self) -> Duration {
+        if self.in_flight() == 0 {
+            Duration::ZERO
+        } else {
+            self.inner.movement.since()
+        }
+    }
+
     /// Enqueues `record`; its fate arrives on [`Reports`]. A record that cannot
     /// be produced as it is (larger than `message.max.bytes`, a topic the
     /// broker says does not exist) is reported as a permanent failure within
     /// seconds, not left waiting.
     pub async fn send(&self, permit: Permit, record: Record<T>) {
         let inner = &self.inner;
+        if inner.slots_in_use() <= 1 {
+            // Nothing else was waiting: the wait starts now.
+            inner.movement.touch();
+        }
         if inner.gap.closed() {
             let error = DeliveryError::new(
                 DeliveryErrorKind::Withheld,
@@ -697,6 +747,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         error: DeliveryError,
     ) {
         self.gap.note(error.kind);
+        self.movement.touch();
         let raw = Raw {
             pending: Pending { token, permits },
             returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),

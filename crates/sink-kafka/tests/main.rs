@@ -764,3 +764,51 @@ async fn with_dead_letters_records_after_a_permanent_failure_are_still_written()
     let expected: Vec<u64> = (0..20).filter(|n| *n != 5).collect();
     assert_eq!(stored_ns(&kafka, &topic).await, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_enough_replicas_is_retried_and_shows_as_a_stall() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let c = config(&kafka)
+        .set("retry.backoff.ms", "100")
+        .set("retry.backoff.max.ms", "100");
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+    let warm = pump(
+        &sink,
+        &mut reports,
+        vec![record(&topic, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(warm[0].result.is_ok());
+    assert_eq!(sink.stalled_for(), Duration::ZERO, "nothing in flight");
+
+    // About three seconds of "below min.insync.replicas".
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 30],
+    );
+    let watch = async {
+        let mut longest = Duration::ZERO;
+        for _ in 0..100 {
+            longest = longest.max(sink.stalled_for());
+            tokio::time::sleep(Duration::from_millis(50)).await; // sampling the stall
+        }
+        longest
+    };
+    let send = pump(
+        &sink,
+        &mut reports,
+        (1..20).map(|i| record(&topic, i, 1)).collect(),
+        Duration::from_secs(60),
+    );
+    let (got, longest) = tokio::join!(send, watch);
+    assert!(
+        longest >= Duration::from_secs(1),
+        "the retries showed as a stall: longest {longest:?}"
+    );
+    assert_once_in_key_order(&got, 19, 1);
+    assert_eq!(sink.stalled_for(), Duration::ZERO);
+    assert_eq!(stored_ns(&kafka, &topic).await, (0..20).collect::<Vec<_>>());
+}

@@ -12,4 +12,5 @@ pub mod mapping;
 pub mod metrics;
 pub mod progress;
 pub mod relay;
+pub mod stall;
 pub mod timestamp;

@@ -11,10 +11,12 @@
 //! | `walbox_confirmed_lsn` | gauge | last position confirmed to Postgres |
 //! | `walbox_slot_retained_wal_bytes` | gauge | WAL the slot keeps (`pg_current_wal_lsn() - restart_lsn`), every 10 s |
 //! | `walbox_commit_to_ack_seconds` | histogram | from the transaction's commit to the broker's acknowledgement |
+//! | `walbox_delivery_stalled_seconds` | gauge | how long events have waited without any delivery report (0 when nothing waits or reports keep coming) |
 //!
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
-//! streams from the slot, 503 otherwise (connecting, retrying, waiting for a
-//! busy slot).
+//! streams from the slot and deliveries move, 503 otherwise (connecting,
+//! retrying, waiting for a busy slot, or deliveries stalled for 30 s: see
+//! [`crate::stall`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -75,7 +77,10 @@ pub struct Metrics {
     pub retained_wal_bytes: Gauge,
     /// Commit-to-ack latency.
     pub commit_to_ack: Histogram,
+    /// Seconds without a delivery report while events wait.
+    pub delivery_stalled_seconds: Gauge,
     streaming: AtomicBool,
+    stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
     labelled_topics: std::sync::Mutex<std::collections::HashSet<String>>,
     registry: Registry,
@@ -157,6 +162,12 @@ impl Metrics {
             "Time from an event's transaction commit to the broker's acknowledgement",
             commit_to_ack.clone(),
         );
+        let delivery_stalled_seconds = Gauge::default();
+        registry.register(
+            "walbox_delivery_stalled_seconds",
+            "Seconds events have waited without any delivery report (the broker retries without end)",
+            delivery_stalled_seconds.clone(),
+        );
         Arc::new(Metrics {
             published,
             dead_lettered,
@@ -169,7 +180,9 @@ impl Metrics {
             confirmed_lsn,
             retained_wal_bytes,
             commit_to_ack,
+            delivery_stalled_seconds,
             streaming: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             registry,
         })
     }
@@ -196,6 +209,16 @@ impl Metrics {
     /// True while streaming.
     pub fn is_streaming(&self) -> bool {
         self.streaming.load(Ordering::Relaxed)
+    }
+
+    /// Marks whether deliveries are stalled (readiness).
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::Relaxed);
+    }
+
+    /// True while deliveries are stalled.
+    pub fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
     }
 
     /// The text exposition format.
@@ -235,7 +258,12 @@ pub async fn serve(
             get(move || {
                 let m = Arc::clone(&metrics);
                 async move {
-                    if m.is_streaming() {
+                    if m.is_streaming() && m.is_stalled() {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "streaming, but deliveries are stalled\n",
+                        )
+                    } else if m.is_streaming() {
                         (StatusCode::OK, "streaming\n")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")

@@ -64,6 +64,38 @@ async fn signals(stop: watch::Sender<Stop>) {
     }
 }
 
+/// Reports deliveries that stopped moving (see [`crate::stall`]), once a
+/// second, until aborted.
+async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
+    use crate::stall::{StallEvent, StallWatch};
+    let mut watch = StallWatch::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let stalled_for = sink.stalled_for();
+        metrics
+            .delivery_stalled_seconds
+            .set(i64::try_from(stalled_for.as_secs()).unwrap_or(i64::MAX));
+        match watch.observe(stalled_for, std::time::Instant::now()) {
+            Some(StallEvent::Stalled(d)) => {
+                let problem = sink.broker_problem().map(|p| p.to_string());
+                tracing::warn!(
+                    stalled_for = ?Duration::from_secs(d.as_secs()),
+                    waiting = sink.in_flight(),
+                    last_broker_problem = problem.as_deref().unwrap_or("none reported"),
+                    "deliveries stalled: no acknowledgement from the broker; it is retried without end (a broker down, NOT_ENOUGH_REPLICAS below min.insync.replicas, a leader election), and the slot is not confirmed past what waits"
+                );
+            }
+            Some(StallEvent::Resumed(d)) => {
+                tracing::info!(stalled_for = ?Duration::from_secs(d.as_secs()), "deliveries moving again");
+            }
+            None => {}
+        }
+        metrics.set_stalled(watch.is_stalled());
+    }
+}
+
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
@@ -103,6 +135,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             return Err(RunError::Broker { brokers, source }.into());
         }
     }
+    let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
     let required_columns = mapping
         .required_columns()
         .into_iter()
@@ -125,6 +158,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let urgency = shutdown.clone();
     let result =
         crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
+    stall_watch.abort();
     // Flush what is left; anything unacked was never confirmed.
     let flush_for = if *urgency.borrow() == Stop::Now {
         Duration::ZERO
