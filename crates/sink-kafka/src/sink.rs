@@ -24,7 +24,7 @@
 //! reports first); `send` is not, but only waits in the rare case the
 //! producer queue is full anyway, and then for deliveries, not on a timer.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -262,6 +262,8 @@ struct Inner<T: Send + Sync + 'static> {
     kib_total: u32,
     room: Arc<Notify>,
     known_topics: Mutex<HashSet<String>>,
+    /// Topics found missing, and when (see [`MISSING_TOPIC_MEMORY`]).
+    missing_topics: Mutex<HashMap<String, Instant>>,
     /// Until when topic checks are skipped: the last one found no broker.
     brokers_down_until: Mutex<Option<Instant>>,
     message_max_bytes: usize,
@@ -273,6 +275,15 @@ struct Inner<T: Send + Sync + 'static> {
     admin_config: rdkafka::ClientConfig,
     admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
     secrets: Vec<String>,
+}
+
+/// The refusal of a record whose topic the broker does not know.
+fn missing_topic(topic: &str) -> DeliveryError {
+    DeliveryError::new(
+        DeliveryErrorKind::Permanent,
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition),
+        format!("topic {topic} does not exist (waited {MISSING_TOPIC_GRACE:?}): create it, set topics.create = true, or fix the topic template"),
+    )
 }
 
 /// What a topic check found.
@@ -317,8 +328,14 @@ const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// costs one check's timeout, not one per new topic.
 const BROKERS_DOWN_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a topic the broker does not know is waited for before it
-/// counts as refused.
-const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(10);
+/// counts as refused. Kept short: the caller waits meanwhile (and answers
+/// no keepalive), and a topic created just before its first record shows
+/// in metadata well within it.
+const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(5);
+/// After a topic was found missing, its records are refused at once for
+/// this long (each one waiting out the grace would stall the stream); then
+/// it is looked up again.
+const MISSING_TOPIC_MEMORY: Duration = Duration::from_secs(30);
 /// How often a missing topic is looked up again meanwhile.
 const TOPIC_RECHECK: Duration = Duration::from_millis(500);
 /// At most this many topics are remembered as checked; past it the set
@@ -363,6 +380,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             kib_total,
             room,
             known_topics: Mutex::new(HashSet::new()),
+            missing_topics: Mutex::new(HashMap::new()),
             brokers_down_until: Mutex::new(None),
             message_max_bytes: config.message_max_bytes(),
             problems,
@@ -584,7 +602,27 @@ impl<T: Send + Sync + 'static> Sink<T> {
         if down_until.is_some_and(|t| Instant::now() < t) {
             return Ok(());
         }
-        let deadline = Instant::now() + MISSING_TOPIC_GRACE;
+        // Found missing a moment ago: refused at once; found missing a while
+        // ago: one more look, without the grace.
+        let mut deadline = Instant::now() + MISSING_TOPIC_GRACE;
+        let missing_since = self
+            .inner
+            .missing_topics
+            .lock()
+            .expect("not poisoned")
+            .get(topic)
+            .copied();
+        if let Some(since) = missing_since {
+            if since.elapsed() < MISSING_TOPIC_MEMORY {
+                return Err(missing_topic(topic));
+            }
+            self.inner
+                .missing_topics
+                .lock()
+                .expect("not poisoned")
+                .remove(topic);
+            deadline = Instant::now();
+        }
         let mut created = false;
         loop {
             match self.topic_verdict(topic).await {
@@ -601,6 +639,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
                         self.create_topic(topic, spec).await?;
                         created = true;
                     } else if Instant::now() >= deadline {
+                        let mut missing = self.inner.missing_topics.lock().expect("not poisoned");
+                        if missing.len() >= MAX_KNOWN_TOPICS {
+                            missing.clear();
+                        }
+                        missing.insert(topic.to_owned(), Instant::now());
                         return Err(e);
                     } else if !created {
                         tracing::info!(topic, "topic does not exist (yet); waiting up to {MISSING_TOPIC_GRACE:?} for it");
@@ -628,12 +671,8 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
                     Some(t) if t.error().is_none() && !t.partitions().is_empty() => TopicVerdict::Known,
                     Some(t) => match t.error().map(RDKafkaErrorCode::from) {
-                        Some(code @ (RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)) => {
-                            TopicVerdict::Missing(DeliveryError::new(
-                                DeliveryErrorKind::Permanent,
-                                Some(code),
-                                format!("topic {name} does not exist (waited {MISSING_TOPIC_GRACE:?}): create it, set topics.create = true, or fix the topic template"),
-                            ))
+                        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
+                            TopicVerdict::Missing(missing_topic(&name))
                         }
                         Some(code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::TopicAuthorizationFailed)) => {
                             TopicVerdict::Refused(DeliveryError::new(

@@ -131,7 +131,7 @@ pub const SETTINGS: &[Setting] = &[
     s("dead_letter_topic", Text, Run, "—",
       "Topic for events that cannot be mapped or that the broker refuses for good; without it such an event stops walbox."),
     s("topics.create", Bool, Run, "false",
-      "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 10 s before it counts as refused."),
+      "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 5 s before it counts as refused."),
     s("topics.partitions", Number, Run, "—",
       "Partitions of a topic walbox creates; default: the broker's num.partitions."),
     s("topics.replication_factor", Number, Run, "—",
