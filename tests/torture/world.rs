@@ -12,7 +12,7 @@ use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
 use walbox_test_harness::proxy::Proxy;
-use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn};
+use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn};
 use walbox_test_harness::tansu::{free_port, Tansu};
 
 /// The broker of a scenario.
@@ -280,19 +280,21 @@ impl World {
     }
 
     /// Samples the slot's confirmed position and walbox's peak RSS every
-    /// 100 ms while the world lives.
+    /// 100 ms while the world lives (a Postgres that is down meanwhile is
+    /// sampled again once it is back).
     fn start_samplers(&self) {
         let samples = Arc::clone(&self.samples);
         let pid = Arc::clone(&self.walbox_pid);
         let config = self.admin();
         tokio::spawn(async move {
             let mut client: Option<Client> = None;
-            loop {
+            // The world holds the other reference.
+            while Arc::strong_count(&samples) > 1 {
                 if client.as_ref().is_none_or(Client::is_closed) {
                     client = pg::connect(&config).await.ok();
                 }
                 if let Some(c) = &client {
-                    if let Some(lsn) = confirmed_flush_lsn(c, SLOT).await {
+                    if let Ok(Some(lsn)) = try_confirmed_flush_lsn(c, SLOT).await {
                         let mut s = samples.lock().unwrap();
                         s.max_confirmed = s.max_confirmed.max(lsn);
                     }

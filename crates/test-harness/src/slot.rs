@@ -4,18 +4,32 @@ use pgoutput_decoder::Lsn;
 use tokio_postgres::Client;
 
 /// The slot's `confirmed_flush_lsn`, or `None` when the slot does not exist.
+///
+/// # Panics
+///
+/// When the query fails (see [`try_confirmed_flush_lsn`]).
 pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Option<Lsn> {
+    try_confirmed_flush_lsn(client, slot)
+        .await
+        .expect("query pg_replication_slots")
+}
+
+/// [`confirmed_flush_lsn`] for callers that outlive servers (samplers): a
+/// closed connection is an error, not a panic.
+pub async fn try_confirmed_flush_lsn(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<Lsn>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
-        .await
-        .expect("query pg_replication_slots");
-    row.map(|r| {
+        .await?;
+    Ok(row.map(|r| {
         let text: String = r.get(0);
         text.parse().expect("Postgres prints valid LSNs")
-    })
+    }))
 }
 
 /// WAL the slot keeps on disk: `pg_current_wal_lsn() - restart_lsn`, in bytes.
