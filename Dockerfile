@@ -2,6 +2,8 @@
 # build with `docker build -t walbox .`.
 FROM rust:1-bookworm AS build
 WORKDIR /src
+# librdkafka (built in) is compiled with cmake.
+RUN apt-get update && apt-get install -y --no-install-recommends cmake && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN cargo build --release --locked -p walbox
 

@@ -69,6 +69,9 @@ impl std::fmt::Display for BrokerProblem {
             ProblemKind::Tls => {
                 " (check security.protocol, ssl.ca.location and, for mutual TLS, ssl.certificate.location and ssl.key.location)"
             }
+            ProblemKind::Authentication if self.detail.contains("OAUTHBEARER") => {
+                " (check sasl.oauthbearer.client.id, sasl.oauthbearer.client.secret, sasl.oauthbearer.token.endpoint.url and sasl.oauthbearer.scope)"
+            }
             ProblemKind::Authentication => {
                 " (check sasl.mechanism, sasl.username and sasl.password)"
             }

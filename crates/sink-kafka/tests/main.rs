@@ -828,3 +828,121 @@ async fn not_enough_replicas_is_retried_and_shows_as_a_stall() {
     assert_eq!(sink.stalled_for(), Duration::ZERO);
     assert_eq!(stored_ns(&kafka, &topic).await, (0..20).collect::<Vec<_>>());
 }
+
+/// A token endpoint on a local port: answers every POST with `status` and
+/// `body`, and keeps each request's head and body.
+struct TokenEndpoint {
+    url: String,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TokenEndpoint {
+    fn start(status: &'static str, body: &'static str) -> TokenEndpoint {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/oauth2/token", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = std::sync::Arc::clone(&requests);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut head = String::new();
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    head.push_str(&line);
+                }
+                let mut content = vec![0; length];
+                let _ = reader.read_exact(&mut content);
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{head}\r\n{}", String::from_utf8_lossy(&content)));
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        TokenEndpoint { url, requests }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+fn oidc_config(endpoint: &TokenEndpoint) -> SinkConfig {
+    SinkConfig::new("127.0.0.1:1")
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "OAUTHBEARER")
+        .set("sasl.oauthbearer.method", "oidc")
+        .set("sasl.oauthbearer.client.id", "walbox-client")
+        .set("sasl.oauthbearer.client.secret", "hunter2-oidc")
+        .set("sasl.oauthbearer.scope", "kafka.produce")
+        .set("sasl.oauthbearer.token.endpoint.url", &endpoint.url)
+}
+
+/// No broker here checks OAUTHBEARER tokens, so what is shown is walbox's
+/// side: the built-in librdkafka has the OIDC method, and asks the token
+/// endpoint for a token with the client credentials grant.
+#[tokio::test]
+async fn oauthbearer_oidc_asks_the_token_endpoint_with_client_credentials() {
+    // An unsigned JWT (header {"alg":"none"}, subject "walbox", far expiry).
+    let endpoint = TokenEndpoint::start(
+        "200 OK",
+        r#"{"access_token":"eyJhbGciOiJub25lIn0.eyJzdWIiOiJ3YWxib3giLCJleHAiOjQxMDI0NDQ4MDAsImlhdCI6MTcwMDAwMDAwMH0.","token_type":"bearer","expires_in":3600}"#,
+    );
+    let (sink, _reports) = Sink::<u64>::new(&oidc_config(&endpoint)).expect("OIDC is built in");
+    walbox_test_harness::wait::wait_for("a token request", Duration::from_secs(20), || {
+        let n = endpoint.requests().len();
+        async move {
+            if n > 0 {
+                Ok(())
+            } else {
+                Err("none yet".to_owned())
+            }
+        }
+    })
+    .await;
+    let request = &endpoint.requests()[0];
+    assert!(request.starts_with("POST /oauth2/token"), "{request}");
+    // HTTP Basic with client id and secret, as RFC 6749 section 2.3.1 has it.
+    assert!(
+        request.contains("Authorization: Basic d2FsYm94LWNsaWVudDpodW50ZXIyLW9pZGM="),
+        "{request}"
+    );
+    assert!(
+        request.contains("grant_type=client_credentials"),
+        "{request}"
+    );
+    assert!(request.contains("scope=kafka.produce"), "{request}");
+    drop(sink);
+}
+
+#[tokio::test]
+async fn a_token_endpoint_that_refuses_the_client_is_a_definite_refusal_without_the_secret() {
+    let endpoint = TokenEndpoint::start(
+        "401 Unauthorized",
+        r#"{"error":"invalid_client","error_description":"bad secret hunter2-oidc"}"#,
+    );
+    let (sink, _reports) = Sink::<u64>::new(&oidc_config(&endpoint)).unwrap();
+    let e = sink
+        .check_brokers(Duration::from_secs(10))
+        .await
+        .expect_err("refused");
+    let text = e.to_string();
+    assert!(matches!(e, sink_kafka::SinkError::Refused(_)), "{text}");
+    assert!(!text.contains("hunter2-oidc"), "{text}");
+    assert!(
+        text.contains("OAUTHBEARER token") && text.contains("sasl.oauthbearer.client.secret"),
+        "{text}"
+    );
+}
