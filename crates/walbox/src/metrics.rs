@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged (dead-lettered ones not included) |
 //! | `walbox_events_dead_lettered_total{topic,kind}` | counter | events published to the dead-letter topic instead; `topic` is the one they were meant for (empty when the row named none), `kind` `unmappable` or `refused` |
-//! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged` |
+//! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged`, `withheld` |
 //! | `walbox_events_in_flight` | gauge | events sent, not yet acknowledged |
 //! | `walbox_bytes_in_flight` | gauge | their bytes (KiB granularity) |
 //! | `walbox_received_lsn` | gauge | last WAL position received from the slot |
