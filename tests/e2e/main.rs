@@ -5,6 +5,7 @@
 mod bad_inputs;
 mod config;
 mod migrate;
+mod privileges;
 mod run;
 mod secured_kafka;
 mod support;

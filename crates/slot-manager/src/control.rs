@@ -45,6 +45,12 @@ where
 /// Checks that the server and role can run walbox on `table` and that the
 /// table has `required_columns`. Each failure is an [`Error::Precondition`]
 /// that says what to change.
+///
+/// The role's right to replicate is not checked here: managed services
+/// grant it their own way (AWS RDS and Aurora through membership in
+/// `rds_replication`, with `rolreplication` false), so the server decides
+/// when walbox starts replicating, and its refusal becomes
+/// [`Error::ReplicationRefused`], which says how to grant it.
 pub async fn preflight(
     client: &Client,
     table: &TableName,
@@ -53,7 +59,9 @@ pub async fn preflight(
     let row = client
         .query_one(
             "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
-                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
+                    OR CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
+                            THEN pg_has_role(current_user, 'rds_replication', 'member') ELSE false END,
                     current_setting('max_replication_slots')::int",
             &[],
         )
@@ -77,10 +85,10 @@ pub async fn preflight(
         )));
     }
     if !may_replicate {
-        return Err(Error::Precondition(format!(
-            "role {user} may not use replication; grant it with ALTER ROLE {} REPLICATION",
-            quote_ident(&user)
-        )));
+        tracing::info!(
+            role = %user,
+            "the role has neither REPLICATION nor superuser; the server decides whether it may replicate (managed services grant it through their own roles)"
+        );
     }
     if max_slots == 0 {
         return Err(Error::Precondition(
@@ -253,11 +261,20 @@ pub async fn ensure_slot(client: &Client, slot: &str, failover: bool) -> Result<
     } else {
         "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
     };
-    client
-        .query_one(sql, &[&slot])
-        .await
-        .map_err(Error::sql(format!("create replication slot {slot:?}")))?;
+    if let Err(e) = client.query_one(sql, &[&slot]).await {
+        let user = current_user(client).await;
+        return Err(Error::sql(format!("create replication slot {slot:?}"))(e)
+            .explain_replication_refusal(&user));
+    }
     Ok(Ensured::Created)
+}
+
+/// The role of `client`'s session, for error messages.
+async fn current_user(client: &Client) -> String {
+    match client.query_one("SELECT current_user::text", &[]).await {
+        Ok(row) => row.get(0),
+        Err(_) => "(walbox's role)".to_owned(),
+    }
 }
 
 /// What [`drop_slot`] did.
@@ -328,12 +345,16 @@ pub async fn drop_slot(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        client
+        if let Err(e) = client
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
             .await
-            .map_err(|e| {
-                crate::stream::classify_slot_error(slot, Error::from_db(e, "drop the slot"))
-            })?;
+        {
+            let user = current_user(client).await;
+            return Err(crate::stream::classify_slot_error(
+                slot,
+                Error::from_db(e, "drop the slot").explain_replication_refusal(&user),
+            ));
+        }
         dropped.slot = true;
     }
     if let Some(publication) = publication {

@@ -81,6 +81,21 @@ pub enum Error {
         /// The slot's name.
         slot: String,
     },
+    /// The server refused replication to this role. Managed services grant
+    /// it their own way, so walbox does not guess beforehand: the server
+    /// decides, and this says how to grant it.
+    #[error(
+        "role {user:?} may not use replication: the server says \"{server}\". Grant it with \
+         ALTER ROLE {quoted} REPLICATION (self-hosted, Cloud SQL, Azure, Supabase, Crunchy Bridge), or \
+         GRANT rds_replication TO {quoted} on AWS RDS and Aurora (docs/operations.md, \"Managed Postgres\")",
+        quoted = crate::sql::quote_ident(user)
+    )]
+    ReplicationRefused {
+        /// The role walbox connected as.
+        user: String,
+        /// The server's message.
+        server: String,
+    },
     /// Another process is streaming from the slot.
     #[error("replication slot {slot:?} is in use by process {pid}")]
     SlotActive {
@@ -180,6 +195,33 @@ impl Error {
         }
     }
 
+    /// Turns the server's refusal of replication to `user` (walsender start,
+    /// slot creation or use) into a line that says how to grant it; other
+    /// errors pass unchanged.
+    pub fn explain_replication_refusal(self, user: &str) -> Error {
+        let (code, message) = match &self {
+            Error::Server { code, message, .. } => (code.as_str(), message.clone()),
+            Error::Sql { source, .. } => match source.as_db_error() {
+                Some(db) => (db.code().code(), db.message().to_owned()),
+                None => return self,
+            },
+            _ => return self,
+        };
+        let lower = message.to_lowercase();
+        let privilege = matches!(code, "42501" | "28000")
+            && (lower.contains("replication role")
+                || lower.contains("to start wal sender")
+                || lower.contains("to use replication slots")
+                || lower.contains("replication attribute"));
+        if privilege {
+            return Error::ReplicationRefused {
+                user: user.to_owned(),
+                server: message,
+            };
+        }
+        self
+    }
+
     pub(crate) fn sql(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
         let context = context.into();
         move |source| Error::Sql { context, source }
@@ -208,6 +250,42 @@ mod tests {
             assert!(!server(code).is_transient(), "{code}");
         }
         assert!(!Error::SlotMissing { slot: "s".into() }.is_transient());
+        let refused = |code: &str, message: &str| {
+            Error::Server {
+                code: code.into(),
+                message: message.into(),
+                detail: None,
+                hint: None,
+            }
+            .explain_replication_refusal("relay")
+        };
+        // Postgres 13-15, 16+, and slot functions.
+        for (code, message) in [
+            (
+                "28000",
+                "must be superuser or replication role to start walsender",
+            ),
+            ("42501", "permission denied to start WAL sender"),
+            (
+                "42501",
+                "must be superuser or replication role to use replication slots",
+            ),
+            ("42501", "permission denied to use replication slots"),
+        ] {
+            let e = refused(code, message);
+            assert!(matches!(e, Error::ReplicationRefused { .. }), "{message}");
+            assert!(!e.is_transient());
+            let text = e.to_string();
+            assert!(
+                text.contains("ALTER ROLE \"relay\" REPLICATION")
+                    && text.contains("GRANT rds_replication TO \"relay\""),
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            refused("28P01", "password authentication failed for user \"relay\""),
+            Error::Server { .. }
+        ));
         assert!(Error::SlotActive {
             slot: "s".into(),
             pid: 1

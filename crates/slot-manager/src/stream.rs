@@ -273,11 +273,13 @@ pub async fn start_streaming(
     start: Lsn,
     options: &ReplicationOptions,
 ) -> Result<Started, Error> {
-    let mut client = ReplicationClient::connect(config).await?;
-    let system = client.identify_system().await?;
+    let refusal = |e: Error| e.explain_replication_refusal(config.user());
+    let mut client = ReplicationClient::connect(config).await.map_err(refusal)?;
+    let system = client.identify_system().await.map_err(refusal)?;
     let stream = client
         .start_logical_replication(slot, start, options)
-        .await?;
+        .await
+        .map_err(refusal)?;
     let status = check_slot_usable(control, slot).await?;
     Ok(Started {
         stream,

@@ -1,8 +1,8 @@
 //! Preflight, publication and slot lifecycle.
 
 use slot_manager::{
-    connect_control, drop_slot, ensure_publication, ensure_slot, preflight, slot_status, Ensured,
-    Error, ReplicationClient, ReplicationOptions, TableName,
+    connect_control, drop_slot, ensure_publication, ensure_slot, preflight, slot_status,
+    start_streaming, Ensured, Error, PgConfig, ReplicationClient, ReplicationOptions, TableName,
 };
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, fresh_db, PgServer};
@@ -18,7 +18,7 @@ const COLUMNS: &[&str] = &[
 ];
 
 #[tokio::test]
-async fn preflight_names_what_to_change() {
+async fn preflight_names_what_to_change_and_the_server_decides_replication() {
     let db = fresh_db().await;
     let client = connect_control(&pg_config(&db)).await.unwrap();
     let outbox = TableName::parse("public.outbox_events").unwrap();
@@ -48,15 +48,39 @@ async fn preflight_names_what_to_change() {
     let mut config = db.config().clone();
     config.user("app");
     let app = pg::connect(&config).await.unwrap();
-    let e = preflight(&app, &outbox, COLUMNS).await.unwrap_err();
-    assert!(
-        e.to_string().contains("role app may not use replication"),
-        "{e}"
-    );
-    assert!(
-        e.to_string().contains("ALTER ROLE \"app\" REPLICATION"),
-        "{e}"
-    );
+    // Without REPLICATION the preflight lets the server decide (on RDS the
+    // right comes from rds_replication, and rolreplication stays false)...
+    preflight(&app, &outbox, COLUMNS).await.unwrap();
+    // ...and the server's refusal says how to grant it, for the slot
+    // functions and for the replication connection alike.
+    let grant = |e: Error| {
+        let text = e.to_string();
+        assert!(matches!(e, Error::ReplicationRefused { .. }), "{text}");
+        assert!(!e.is_transient());
+        assert!(
+            text.starts_with("role \"app\" may not use replication"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ALTER ROLE \"app\" REPLICATION")
+                && text.contains("GRANT rds_replication TO \"app\""),
+            "{text}"
+        );
+    };
+    grant(ensure_slot(&app, "app_slot", false).await.unwrap_err());
+    let app_pg = PgConfig::parse(&format!("{} sslmode=disable", pg::conninfo(&config))).unwrap();
+    let refused = start_streaming(
+        &app_pg,
+        &app,
+        "app_slot",
+        pgoutput_decoder::Lsn::ZERO,
+        &ReplicationOptions::new("walbox_outbox"),
+    )
+    .await;
+    match refused {
+        Err(e) => grant(e),
+        Ok(_) => panic!("a role without REPLICATION streamed"),
+    }
     drop(app);
     client
         .batch_execute("DROP OWNED BY app; DROP ROLE app")

@@ -1,0 +1,125 @@
+//! The grants each command needs, as docs/operations.md lists them: a DBA
+//! sets up the table, publication and slot; walbox runs as a role with
+//! REPLICATION and nothing else.
+
+use std::process::Command;
+
+use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::pg::{conninfo, fresh_db, TestDb};
+
+use crate::support::{expect_all, init, insert_events, sigterm, spawn_run_with, wait_exit};
+
+/// `walbox` connecting as `user` (no password: the test server trusts local TCP).
+fn walbox_as(db: &TestDb, user: &str, args: &[&str]) -> Command {
+    let mut config = db.config().clone();
+    config.user(user);
+    let mut c = Command::new(walbox_e2e::walbox_bin());
+    c.args(args)
+        .env(
+            "WALBOX_PG_URL",
+            format!("{} sslmode=disable", conninfo(&config)),
+        )
+        .env("WALBOX_LOG", "info");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_needs_replication_and_nothing_else() {
+    let db = fresh_db().await;
+    // The DBA: the table (migrations), the publication and the slot.
+    let dba = init(&db).await;
+    let relay = format!("relay_{}", db.name());
+    dba.batch_execute(&format!(
+        "CREATE ROLE {relay} LOGIN REPLICATION;
+         REVOKE ALL ON outbox_events FROM PUBLIC"
+    ))
+    .await
+    .unwrap();
+    // Not superuser, not the owner, and no SELECT on the outbox.
+    let mut config = db.config().clone();
+    config.user(&relay);
+    let as_relay = walbox_test_harness::pg::connect(&config).await.unwrap();
+    let denied = as_relay
+        .simple_query("SELECT count(*) FROM outbox_events")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{denied}"
+    );
+    let (superuser, owner): (bool, String) = {
+        let row = dba
+            .query_one(
+                "SELECT r.rolsuper, pg_get_userbyid(c.relowner)::text
+                   FROM pg_roles r, pg_class c
+                  WHERE r.rolname = $1 AND c.oid = 'outbox_events'::regclass",
+                &[&relay],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(!superuser && owner != relay);
+
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let mut run = spawn_run_with(
+        walbox_as(&db, &relay, &[]),
+        &kafka,
+        &["--mapping-topic-template", &topic],
+    );
+    insert_events(&dba, 0, 100, |k| 1 + k % 9, 10).await;
+    expect_all(&kafka, &topic, 100).await;
+
+    // `status` needs no more either.
+    let status = walbox_as(&db, &relay, &["status"]).output().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(String::from_utf8_lossy(&status.stdout).contains("active"));
+    sigterm(&run);
+    let (exit, log) = wait_exit(&mut run).await;
+    assert!(exit.success(), "{log}");
+
+    // `drop-slot` needs REPLICATION; dropping the publication too needs its
+    // owner (the DBA), and says so.
+    let out = walbox_as(&db, &relay, &["drop-slot", "--drop-publication"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("must be owner of publication"), "{text}");
+    let out = walbox_as(&db, &relay, &["drop-slot"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_the_server_refuses_replication_gets_one_line_with_the_grant() {
+    let db = fresh_db().await;
+    let dba = init(&db).await;
+    let app = format!("app_{}", db.name());
+    dba.batch_execute(&format!("CREATE ROLE {app} LOGIN"))
+        .await
+        .unwrap();
+    let kafka = TestKafka::from_env();
+    let mut run = spawn_run_with(walbox_as(&db, &app, &[]), &kafka, &[]);
+    let (exit, log) = wait_exit(&mut run).await;
+    assert!(!exit.success(), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("walbox: role \"{app}\" may not use replication")),
+        "{log}"
+    );
+    assert!(
+        last.contains(&format!("ALTER ROLE \"{app}\" REPLICATION"))
+            && last.contains(&format!("GRANT rds_replication TO \"{app}\"")),
+        "{last}"
+    );
+}
