@@ -652,3 +652,37 @@ async fn a_refused_event_goes_to_the_dead_letter_topic_with_its_origin() {
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_datestyle_does_not_change_what_walbox_reads() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    // A database whose sessions print dates the European SQL way.
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET datestyle = 'SQL, DMY'",
+            db.name()
+        ))
+        .await
+        .unwrap();
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at)
+             VALUES ('order', 'o-1', 'Placed', '{\"n\": 0}', '2026-11-21 23:51:18.55+00')",
+        )
+        .await
+        .unwrap();
+    let got = consume_n(&kafka, &topic, 1, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {}", relay.log()));
+    assert_eq!(
+        got[0].timestamp(),
+        rdkafka::Timestamp::CreateTime(1_795_305_078_550),
+        "the created_at column, read as ISO whatever the database's DateStyle"
+    );
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}

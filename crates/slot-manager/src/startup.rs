@@ -131,7 +131,13 @@ impl ReplicationClient {
             ("database", config.dbname()),
             ("replication", "database"),
             ("application_name", application_name),
+            // The text walbox parses must not depend on the database's or
+            // role's defaults (`ALTER DATABASE … SET datestyle = 'SQL, DMY'`
+            // would turn every timestamp into `21/11/2026 23:51:18.55 UTC`).
             ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO, MDY"),
+            ("IntervalStyle", "postgres"),
+            ("extra_float_digits", "3"),
         ];
         frontend::startup_message(params.iter().copied(), &mut self.wire.write_buf)
             .map_err(|e| Error::Protocol(e.to_string()))?;
