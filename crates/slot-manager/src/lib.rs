@@ -47,7 +47,10 @@ pub use control::{
 };
 pub use coverage::{coverage, describe_change, Coverage};
 pub use error::Error;
-pub use sql::{quote_ident, quote_literal, ParseTableNameError, TableName};
+pub use sql::{
+    quote_ident, quote_literal, quote_replication_literal, ParseTableNameError, TableName,
+    MAX_NAME_BYTES,
+};
 pub use stream::{
     check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
     Streaming,

@@ -46,6 +46,17 @@ pub fn quote_literal(value: &str) -> String {
     out
 }
 
+/// Quotes a string literal for a replication command (`START_REPLICATION`
+/// options). The replication grammar knows only `'…'` with embedded quotes
+/// doubled, no `E''` form, and takes backslashes as they are.
+pub fn quote_replication_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// The longest name Postgres keeps (`NAMEDATALEN - 1` bytes); longer names
+/// are cut silently, so walbox refuses them instead.
+pub const MAX_NAME_BYTES: usize = 63;
+
 /// A table name as the operator writes it: `table` or `schema.table`, where
 /// either part may be double-quoted (`"Outbox"."events.v2"`). Unquoted parts
 /// fold to lower case, as in SQL. A name without a schema means `public`.
@@ -60,7 +71,7 @@ pub struct TableName {
 #[error("invalid table name {input:?}: {reason} (expected `table` or `schema.table`, parts may be \"quoted\")")]
 pub struct ParseTableNameError {
     input: String,
-    reason: &'static str,
+    reason: String,
 }
 
 impl TableName {
@@ -74,9 +85,9 @@ impl TableName {
 
     /// Parses `table`, `schema.table`, with optional double quotes per part.
     pub fn parse(input: &str) -> Result<Self, ParseTableNameError> {
-        let err = |reason| ParseTableNameError {
+        let err = |reason: &str| ParseTableNameError {
             input: input.to_owned(),
-            reason,
+            reason: reason.to_owned(),
         };
         let mut parts = Vec::with_capacity(2);
         let mut chars = input.trim().chars().peekable();
@@ -106,7 +117,8 @@ impl TableName {
                     if c == '"' || c.is_whitespace() {
                         return Err(err("unquoted names cannot hold quotes or spaces"));
                     }
-                    part.extend(c.to_lowercase());
+                    // Postgres folds unquoted names in ASCII only.
+                    part.push(c.to_ascii_lowercase());
                     chars.next();
                 }
                 if part.is_empty() {
@@ -120,6 +132,12 @@ impl TableName {
                 Some('.') => return Err(err("too many dots")),
                 Some(_) => return Err(err("unexpected text after a quoted name")),
             }
+        }
+        if let Some(long) = parts.iter().find(|p| p.len() > MAX_NAME_BYTES) {
+            return Err(err(&format!(
+                "{long:?} is {} bytes; Postgres names are at most {MAX_NAME_BYTES} (it would cut it)",
+                long.len()
+            )));
         }
         let name = parts.pop().expect("at least one part was pushed");
         let schema = parts.pop().unwrap_or_else(|| "public".to_owned());
@@ -173,6 +191,24 @@ mod tests {
         assert_eq!(quote_literal("walbox_outbox"), "'walbox_outbox'");
         assert_eq!(quote_literal("it's"), "'it''s'");
         assert_eq!(quote_literal("a\\b'c"), "E'a\\\\b''c'");
+        // The replication grammar: no E'' form, backslashes as they are.
+        assert_eq!(quote_replication_literal("a\\b'c"), "'a\\b''c'");
+    }
+
+    #[test]
+    fn folds_like_postgres_and_refuses_what_it_would_cut() {
+        // ASCII only: Postgres leaves other letters as written.
+        let t = TableName::parse("Événements.ÄUSSERE").unwrap();
+        assert_eq!((t.schema(), t.name()), ("Événements", "Äussere"));
+        let t = TableName::parse(&"a".repeat(63)).unwrap();
+        assert_eq!(t.name().len(), 63);
+        let e = TableName::parse(&"a".repeat(64)).unwrap_err().to_string();
+        assert!(
+            e.contains("is 64 bytes; Postgres names are at most 63"),
+            "{e}"
+        );
+        // Bytes, not characters: 32 two-byte letters are 64 bytes.
+        assert!(TableName::parse(&format!("\"{}\"", "é".repeat(32))).is_err());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::client::{IdentifySystem, ReplicationClient};
 use crate::config::PgConfig;
 use crate::control::{slot_status, SlotStatus};
 use crate::error::Error;
-use crate::sql::{quote_ident, quote_literal};
+use crate::sql::{quote_ident, quote_replication_literal};
 use crate::wire::{message_name, unexpected, Incoming};
 
 /// When pgoutput streams large in-progress transactions (protocol v2+).
@@ -74,7 +74,10 @@ impl ReplicationOptions {
             .collect();
         let mut opts = vec![
             format!("proto_version '{}'", self.proto_version),
-            format!("publication_names {}", quote_literal(&names.join(","))),
+            format!(
+                "publication_names {}",
+                quote_replication_literal(&names.join(","))
+            ),
         ];
         if self.messages {
             opts.push("messages 'true'".into());

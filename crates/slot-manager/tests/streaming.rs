@@ -410,3 +410,36 @@ async fn an_idle_outbox_slot_releases_wal_when_keepalives_are_confirmed() {
     let _ = tokio::time::timeout(Duration::from_secs(15), advancing).await;
     let _ = tokio::time::timeout(Duration::from_secs(15), holding).await;
 }
+
+/// The replication grammar has no `E''` strings: a publication name with a
+/// backslash (and a quote) must still reach START_REPLICATION intact.
+#[tokio::test]
+async fn a_publication_name_with_a_backslash_and_a_quote_streams() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let config = pg_config(&db);
+    let publication = r"it's a \ pub";
+    ensure_publication(
+        &connect_control(&config).await.unwrap(),
+        publication,
+        &TableName::parse("outbox_events").unwrap(),
+    )
+    .await
+    .unwrap();
+    ensure_slot(&client, "odd_names", false).await.unwrap();
+    let mut stream = ReplicationClient::connect(&config)
+        .await
+        .unwrap()
+        .start_logical_replication(
+            "odd_names",
+            Lsn::ZERO,
+            &ReplicationOptions::new(publication),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("START_REPLICATION with publication {publication:?}: {e}"));
+    insert(&client, &["a-1"]).await;
+    let mut feedback = Positions::new(Lsn::ZERO);
+    let txs = read_transactions(&mut stream, &mut feedback, 1).await;
+    assert_eq!(txs[0].aggregate_ids, ["a-1"]);
+}

@@ -264,6 +264,14 @@ impl Config {
         if r.publication.is_empty() {
             return Err(ConfigError("publication: must not be empty".into()));
         }
+        if r.publication.len() > slot_manager::MAX_NAME_BYTES {
+            return Err(ConfigError(format!(
+                "publication {:?}: {} bytes; Postgres names are at most {} (it would cut it silently)",
+                r.publication,
+                r.publication.len(),
+                slot_manager::MAX_NAME_BYTES
+            )));
+        }
         let table = TableName::parse(&r.table).map_err(|e| ConfigError(format!("table: {e}")))?;
         Ok(Connection {
             pg,

@@ -425,3 +425,31 @@ fn topic_creation_settings() {
         "{e}"
     );
 }
+
+#[test]
+fn names_postgres_would_cut_are_refused() {
+    let long = "p".repeat(64);
+    let e = load(None, &[PG, ("WALBOX_PUBLICATION", &long)], &[])
+        .unwrap()
+        .connection()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("64 bytes; Postgres names are at most 63"),
+        "{e}"
+    );
+    let e = load(
+        None,
+        &[PG, ("WALBOX_TABLE", &format!("app.{}", "t".repeat(64)))],
+        &[],
+    )
+    .unwrap()
+    .connection()
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("Postgres names are at most 63"),
+        "{e}"
+    );
+    let ok = load(None, &[PG, ("WALBOX_PUBLICATION", &"p".repeat(63))], &[]).unwrap();
+    assert!(ok.connection().is_ok());
+}
