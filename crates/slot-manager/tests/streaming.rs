@@ -401,10 +401,20 @@ async fn an_idle_outbox_slot_releases_wal_when_keepalives_are_confirmed() {
         started.elapsed(),
         holding_retained / MB
     );
-    assert!(
-        holding_retained > 100 * MB,
-        "without keepalive advancement the slot holds the WAL"
-    );
+    // Before Postgres 15, pgoutput sends the other table's transactions as
+    // empty Begin/Commit pairs, and confirming those moves even the holding
+    // slot: the contrast only shows from 15 on.
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version >= 150_000 {
+        assert!(
+            holding_retained > 100 * MB,
+            "without keepalive advancement the slot holds the WAL"
+        );
+    }
     stop_tx.send(true).unwrap();
     insert(&client, &["wake"]).await; // wake the consumers so they see `stop`
     let _ = tokio::time::timeout(Duration::from_secs(15), advancing).await;
