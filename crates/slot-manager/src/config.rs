@@ -1,9 +1,10 @@
 //! Connection settings: a libpq-style URL or keyword string, with the full
 //! set of `sslmode`s.
 //!
-//! Parsing is tokio-postgres' own, except for `sslmode` and `sslrootcert`:
-//! tokio-postgres knows only `disable`/`prefer`/`require` and no root
-//! certificate, so those two are taken out first and handled here.
+//! Parsing is tokio-postgres' own, except for `sslmode`, `sslrootcert`,
+//! `sslcert` and `sslkey`: tokio-postgres knows only
+//! `disable`/`prefer`/`require` and no certificates, so those are taken out
+//! first and handled here.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -67,18 +68,37 @@ pub struct PgConfig {
     inner: tokio_postgres::Config,
     ssl_mode: SslMode,
     ssl_root_cert: Option<PathBuf>,
+    ssl_client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// libpq's default client certificate, `~/.postgresql/postgresql.crt` and
+/// `.key`, when both exist.
+fn default_client_cert() -> Option<(PathBuf, PathBuf)> {
+    let dir = PathBuf::from(std::env::var_os("HOME")?).join(".postgresql");
+    let (cert, key) = (dir.join("postgresql.crt"), dir.join("postgresql.key"));
+    (cert.is_file() && key.is_file()).then_some((cert, key))
 }
 
 impl PgConfig {
     /// Parses `postgres://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`
     /// or `host=… port=… user=… password=… dbname=… sslmode=…`.
     pub fn parse(input: &str) -> Result<PgConfig, Error> {
-        let (rest, ssl_mode, ssl_root_cert) =
-            if input.starts_with("postgres://") || input.starts_with("postgresql://") {
-                take_url_ssl_params(input)?
-            } else {
-                take_keyword_ssl_params(input)?
-            };
+        let (rest, tls) = if input.starts_with("postgres://") || input.starts_with("postgresql://")
+        {
+            take_url_ssl_params(input)?
+        } else {
+            take_keyword_ssl_params(input)?
+        };
+        let (ssl_mode, ssl_root_cert) = (tls.mode, tls.root);
+        let ssl_client_cert = match (tls.cert, tls.key) {
+            (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+            (None, None) => default_client_cert(),
+            _ => {
+                return Err(Error::Config(
+                    "sslcert and sslkey go together: give both, or neither".into(),
+                ))
+            }
+        };
         // tokio-postgres' messages never include the password.
         let mut inner: tokio_postgres::Config =
             rest.parse().map_err(|e| Error::Config(format!("{e}")))?;
@@ -114,6 +134,7 @@ impl PgConfig {
             inner,
             ssl_mode,
             ssl_root_cert: ssl_root_cert.map(PathBuf::from),
+            ssl_client_cert,
         })
     }
 
@@ -130,6 +151,14 @@ impl PgConfig {
     /// The CA certificate file, for `verify-ca` and `verify-full`.
     pub fn ssl_root_cert(&self) -> Option<&Path> {
         self.ssl_root_cert.as_deref()
+    }
+
+    /// The client certificate and its key (`sslcert`, `sslkey`; by default
+    /// `~/.postgresql/postgresql.crt` and `.key` when both exist, as in libpq).
+    pub fn ssl_client_cert(&self) -> Option<(&Path, &Path)> {
+        self.ssl_client_cert
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()))
     }
 
     /// The first host and port.
@@ -189,7 +218,33 @@ impl fmt::Debug for PgConfig {
     }
 }
 
-type SslParams = (String, Option<String>, Option<String>);
+/// The connection string without the TLS parameters walbox handles itself,
+/// and those parameters.
+type SslParams = (String, TlsParams);
+
+/// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as given.
+#[derive(Default)]
+struct TlsParams {
+    mode: Option<String>,
+    root: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl TlsParams {
+    /// Takes `key` if it is one of ours; false otherwise.
+    fn take(&mut self, key: &str, value: String) -> bool {
+        let slot = match key {
+            "sslmode" => &mut self.mode,
+            "sslrootcert" => &mut self.root,
+            "sslcert" => &mut self.cert,
+            "sslkey" => &mut self.key,
+            _ => return false,
+        };
+        *slot = Some(value);
+        true
+    }
+}
 
 fn percent_decode(s: &str) -> Result<String, Error> {
     let bytes = s.as_bytes();
@@ -216,16 +271,14 @@ fn percent_decode(s: &str) -> Result<String, Error> {
 /// Takes `sslmode` and `sslrootcert` out of a URL's query string.
 fn take_url_ssl_params(url: &str) -> Result<SslParams, Error> {
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), None, None));
+        return Ok((url.to_owned(), TlsParams::default()));
     };
-    let (mut mode, mut root) = (None, None);
+    let mut tls = TlsParams::default();
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "sslmode" => mode = Some(percent_decode(v)?),
-            "sslrootcert" => root = Some(percent_decode(v)?),
-            _ => kept.push(pair),
+        if !tls.take(k, percent_decode(v)?) {
+            kept.push(pair);
         }
     }
     let rest = if kept.is_empty() {
@@ -233,13 +286,13 @@ fn take_url_ssl_params(url: &str) -> Result<SslParams, Error> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((rest, mode, root))
+    Ok((rest, tls))
 }
 
 /// Takes `sslmode` and `sslrootcert` out of a `key=value …` string, keeping
 /// the rest byte for byte (quoting included).
 fn take_keyword_ssl_params(input: &str) -> Result<SslParams, Error> {
-    let (mut mode, mut root) = (None, None);
+    let mut tls = TlsParams::default();
     let mut rest = String::with_capacity(input.len());
     let mut chars = input.char_indices().peekable();
     loop {
@@ -277,16 +330,12 @@ fn take_keyword_ssl_params(input: &str) -> Result<SslParams, Error> {
             }
         }
         let end = chars.peek().map_or(input.len(), |(i, _)| *i);
-        match key.as_str() {
-            "sslmode" => mode = Some(value),
-            "sslrootcert" => root = Some(value),
-            _ => {
-                rest.push_str(&input[start..end]);
-                rest.push(' ');
-            }
+        if !tls.take(&key, value) {
+            rest.push_str(&input[start..end]);
+            rest.push(' ');
         }
     }
-    Ok((rest.trim_end().to_owned(), mode, root))
+    Ok((rest.trim_end().to_owned(), tls))
 }
 
 #[cfg(test)]
@@ -335,6 +384,30 @@ mod tests {
             SslMode::Prefer
         );
         assert_eq!(PgConfig::parse("host=h user=u").unwrap().dbname(), "u");
+    }
+
+    #[test]
+    fn takes_client_certificates_from_both_forms() {
+        let c =
+            PgConfig::parse("host=h user=u sslmode=require sslcert=/c/u.crt sslkey='/c/u key.pem'")
+                .unwrap();
+        assert_eq!(
+            c.ssl_client_cert(),
+            Some((Path::new("/c/u.crt"), Path::new("/c/u key.pem")))
+        );
+        let c = PgConfig::parse(
+            "postgres://u@h/db?sslcert=%2Fc%2Fu.crt&sslkey=%2Fc%2Fu.key&sslmode=require",
+        )
+        .unwrap();
+        assert_eq!(
+            c.ssl_client_cert(),
+            Some((Path::new("/c/u.crt"), Path::new("/c/u.key")))
+        );
+        let e = PgConfig::parse("host=h user=u sslcert=/c/u.crt").unwrap_err();
+        assert!(
+            e.to_string().contains("sslcert and sslkey go together"),
+            "{e}"
+        );
     }
 
     #[test]

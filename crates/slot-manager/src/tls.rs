@@ -6,7 +6,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
@@ -58,10 +58,36 @@ pub(crate) fn client_config(config: &PgConfig) -> Result<Option<Arc<ClientConfig
             }
         }
     };
-    let tls = builder
+    let builder = builder
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let tls = match config.ssl_client_cert() {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| Error::Tls(format!("read sslcert {}: {e}", cert.display())))?;
+            if chain.is_empty() {
+                return Err(Error::Tls(format!(
+                    "sslcert {} holds no certificate",
+                    cert.display()
+                )));
+            }
+            let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                Error::Tls(format!(
+                    "read sslkey {} (an unencrypted PEM key: PKCS#8, PKCS#1 or SEC1): {e}",
+                    key.display()
+                ))
+            })?;
+            builder.with_client_auth_cert(chain, private).map_err(|e| {
+                Error::Tls(format!(
+                    "sslcert {} with sslkey {}: {e}",
+                    cert.display(),
+                    key.display()
+                ))
+            })?
+        }
+    };
     Ok(Some(Arc::new(tls)))
 }
 

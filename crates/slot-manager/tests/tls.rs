@@ -141,3 +141,120 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     );
     ReplicationClient::connect(&ca_only).await.unwrap();
 }
+
+/// A CA, a server certificate for localhost and a client certificate for
+/// `user` (its common name, which `cert` authentication matches), all PEM.
+fn pki_with_client(user: &str) -> (Pki, String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "walbox test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, user);
+    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    (
+        Pki {
+            ca_pem: ca.pem(),
+            cert_pem: server.pem(),
+            key_pem: server_key.serialize_pem(),
+        },
+        client.pem(),
+        client_key.serialize_pem(),
+    )
+}
+
+#[tokio::test]
+async fn a_client_certificate_authenticates_both_connections() {
+    let (pki, client_cert, client_key) = pki_with_client("certuser");
+    let server = PgServer::builder()
+        .file("server.crt", pki.cert_pem.as_bytes())
+        .file("server.key", pki.key_pem.as_bytes())
+        .file("ca.crt", pki.ca_pem.as_bytes())
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.crt")
+        .setting("ssl_key_file", "server.key")
+        .setting("ssl_ca_file", "ca.crt")
+        .hba("local all all trust\nhostssl all certuser 127.0.0.1/32 cert\nhost all all 127.0.0.1/32 reject\n")
+        .start()
+        .unwrap();
+    let admin = walbox_test_harness::pg::connect(&{
+        let mut c = tokio_postgres::Config::new();
+        c.host_path(server.socket_dir())
+            .port(server.port())
+            .user("postgres")
+            .dbname("postgres");
+        c
+    })
+    .await
+    .unwrap();
+    admin
+        .batch_execute("CREATE ROLE certuser LOGIN REPLICATION")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("certuser.crt"),
+        dir.path().join("certuser.key"),
+    );
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    std::fs::write(&cert, &client_cert).unwrap();
+    std::fs::write(&key, &client_key).unwrap();
+    let with_cert = PgConfig::parse(&format!(
+        "host=localhost port={} user=certuser dbname=postgres sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+        server.port(),
+        ca.display(),
+        cert.display(),
+        key.display()
+    ))
+    .unwrap();
+    let mut replication = ReplicationClient::connect(&with_cert)
+        .await
+        .unwrap_or_else(|e| panic!("replication connection with a client certificate: {e}"));
+    replication.identify_system().await.unwrap();
+    let control = connect_control(&with_cert)
+        .await
+        .unwrap_or_else(|e| panic!("control connection with a client certificate: {e}"));
+    let user: String = control
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(user, "certuser");
+
+    // Without the certificate, `cert` authentication refuses: a definite error.
+    let without = PgConfig::parse(&format!(
+        "host=localhost port={} user=certuser dbname=postgres sslmode=verify-full sslrootcert={}",
+        server.port(),
+        ca.display()
+    ))
+    .unwrap();
+    let e = ReplicationClient::connect(&without).await.unwrap_err();
+    assert!(!e.is_transient(), "{e}");
+    // A key file that is not a key: one line naming the file.
+    let e = ReplicationClient::connect(
+        &PgConfig::parse(&format!(
+            "host=localhost port={} user=certuser dbname=postgres sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+            server.port(),
+            ca.display(),
+            cert.display(),
+            ca.display()
+        ))
+        .unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("read sslkey"), "{e}");
+}
