@@ -73,8 +73,8 @@ pub struct PgConfig {
 
 /// libpq's default client certificate, `~/.postgresql/postgresql.crt` and
 /// `.key`, when both exist.
-fn default_client_cert() -> Option<(PathBuf, PathBuf)> {
-    let dir = PathBuf::from(std::env::var_os("HOME")?).join(".postgresql");
+fn default_client_cert(home: Option<String>) -> Option<(PathBuf, PathBuf)> {
+    let dir = PathBuf::from(home?).join(".postgresql");
     let (cert, key) = (dir.join("postgresql.crt"), dir.join("postgresql.key"));
     (cert.is_file() && key.is_file()).then_some((cert, key))
 }
@@ -83,16 +83,35 @@ impl PgConfig {
     /// Parses `postgres://user:password@host:port/db?sslmode=verify-full&sslrootcert=ca.pem`
     /// or `host=… port=… user=… password=… dbname=… sslmode=…`.
     pub fn parse(input: &str) -> Result<PgConfig, Error> {
-        let (rest, tls) = if input.starts_with("postgres://") || input.starts_with("postgresql://")
-        {
-            take_url_ssl_params(input)?
-        } else {
-            take_keyword_ssl_params(input)?
-        };
+        PgConfig::parse_with_env(input, |_| None)
+    }
+
+    /// [`PgConfig::parse`], with what the string leaves out taken from the
+    /// libpq environment as `env` reads it (normally `std::env::var`):
+    /// `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
+    /// `PGPASSFILE` (else `~/.pgpass`), `PGSSLMODE`, `PGSSLROOTCERT`,
+    /// `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`, `PGCONNECT_TIMEOUT`. A value in
+    /// the string wins over the environment, as in libpq.
+    pub fn parse_with_env(
+        input: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<PgConfig, Error> {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let (rest, mut tls) =
+            if input.starts_with("postgres://") || input.starts_with("postgresql://") {
+                take_url_ssl_params(input)?
+            } else {
+                take_keyword_ssl_params(input)?
+            };
+        tls.mode = tls.mode.or_else(|| env("PGSSLMODE"));
+        tls.root = tls.root.or_else(|| env("PGSSLROOTCERT"));
+        if tls.cert.is_none() && tls.key.is_none() {
+            (tls.cert, tls.key) = (env("PGSSLCERT"), env("PGSSLKEY"));
+        }
         let (ssl_mode, ssl_root_cert) = (tls.mode, tls.root);
         let ssl_client_cert = match (tls.cert, tls.key) {
             (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
-            (None, None) => default_client_cert(),
+            (None, None) => default_client_cert(env("HOME")),
             _ => {
                 return Err(Error::Config(
                     "sslcert and sslkey go together: give both, or neither".into(),
@@ -120,15 +139,77 @@ impl PgConfig {
             _ => tokio_postgres::config::SslMode::Require,
         });
         if inner.get_hosts().is_empty() {
-            inner.host("localhost");
+            match env("PGHOST") {
+                Some(hosts) => {
+                    for h in hosts.split(',') {
+                        inner.host(h.trim());
+                    }
+                }
+                None => {
+                    inner.host("localhost");
+                }
+            }
+        }
+        if inner.get_ports().is_empty() {
+            if let Some(port) = env("PGPORT") {
+                let port = port
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::Config(format!("PGPORT {port:?} is not a port number")))?;
+                inner.port(port);
+            }
+        }
+        if inner.get_user().is_none() {
+            if let Some(user) = env("PGUSER") {
+                inner.user(&user);
+            }
         }
         if inner.get_user().is_none() {
             return Err(Error::Config(
-                "no user given (user=… or postgres://user@host/db)".into(),
+                "no user given (user=… or postgres://user@host/db, or PGUSER)".into(),
             ));
         }
+        if inner.get_dbname().is_none() {
+            if let Some(db) = env("PGDATABASE") {
+                inner.dbname(&db);
+            }
+        }
+        if inner.get_connect_timeout().is_none() {
+            if let Some(t) = env("PGCONNECT_TIMEOUT") {
+                let secs: u64 = t.trim().parse().map_err(|_| {
+                    Error::Config(format!(
+                        "PGCONNECT_TIMEOUT {t:?} is not a number of seconds"
+                    ))
+                })?;
+                inner.connect_timeout(std::time::Duration::from_secs(secs));
+            }
+        }
         if inner.get_application_name().is_none() {
-            inner.application_name("walbox");
+            inner.application_name(env("PGAPPNAME").as_deref().unwrap_or("walbox"));
+        }
+        if inner.get_password().is_none() {
+            if let Some(password) = env("PGPASSWORD") {
+                inner.password(password);
+            } else if let Some(file) = env("PGPASSFILE")
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".pgpass")))
+            {
+                let host = match inner.get_hosts().first() {
+                    Some(Host::Tcp(h)) => h.clone(),
+                    _ => "localhost".to_owned(),
+                };
+                let user = inner.get_user().unwrap_or_default().to_owned();
+                let dbname = inner.get_dbname().unwrap_or(&user).to_owned();
+                let target = crate::pgpass::Target {
+                    host: &host,
+                    port: inner.get_ports().first().copied().unwrap_or(5432),
+                    dbname: &dbname,
+                    user: &user,
+                };
+                if let Some(password) = crate::pgpass::lookup(&file, &target) {
+                    inner.password(password);
+                }
+            }
         }
         Ok(PgConfig {
             inner,
@@ -384,6 +465,60 @@ mod tests {
             SslMode::Prefer
         );
         assert_eq!(PgConfig::parse("host=h user=u").unwrap().dbname(), "u");
+    }
+
+    #[test]
+    fn fills_what_the_string_leaves_out_from_the_libpq_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgpass = dir.path().join("pgpass");
+        std::fs::write(&pgpass, "db.example:6543:app:walbox:from-file\n").unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let pgpass = pgpass.display().to_string();
+        let vars = [
+            ("PGHOST", "db.example"),
+            ("PGPORT", "6543"),
+            ("PGUSER", "walbox"),
+            ("PGDATABASE", "app"),
+            ("PGSSLMODE", "require"),
+            ("PGAPPNAME", "walbox-eu"),
+            ("PGCONNECT_TIMEOUT", "7"),
+            ("PGPASSFILE", pgpass.as_str()),
+        ];
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let c = PgConfig::parse_with_env("", env).unwrap();
+        assert_eq!(
+            c.describe(),
+            "host=db.example port=6543 user=walbox dbname=app sslmode=require"
+        );
+        assert_eq!(c.password(), Some(&b"from-file"[..]));
+        assert_eq!(c.tokio_config().get_application_name(), Some("walbox-eu"));
+        assert_eq!(
+            c.tokio_config().get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(7))
+        );
+        // The string wins; PGPASSWORD wins over the file.
+        let c = PgConfig::parse_with_env("host=other user=u dbname=d sslmode=disable", |k| {
+            if k == "PGPASSWORD" {
+                Some("from-env".into())
+            } else {
+                env(k)
+            }
+        })
+        .unwrap();
+        assert_eq!(
+            c.describe(),
+            "host=other port=6543 user=u dbname=d sslmode=disable"
+        );
+        assert_eq!(c.password(), Some(&b"from-env"[..]));
+        let e = PgConfig::parse_with_env("", |k| (k == "PGPORT").then(|| "x".into())).unwrap_err();
+        assert!(e.to_string().contains("PGPORT"), "{e}");
     }
 
     #[test]

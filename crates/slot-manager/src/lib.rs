@@ -33,6 +33,7 @@ mod config;
 mod control;
 mod coverage;
 mod error;
+mod pgpass;
 mod sql;
 mod startup;
 mod stream;

@@ -114,3 +114,34 @@ async fn an_unreachable_server_is_a_transient_error_within_the_timeout() {
     assert!(e.is_transient(), "{e}");
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
 }
+
+/// The password from libpq's password file (`PGPASSFILE`), escapes and all.
+#[tokio::test]
+async fn a_password_from_the_password_file_authenticates() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pgpass");
+    std::fs::write(
+        &file,
+        format!(
+            "# walbox\n127.0.0.1:{}:postgres:scramuser:s3cret \\\\ pass\n",
+            server.port()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let file = file.display().to_string();
+    let config = PgConfig::parse_with_env(
+        &format!(
+            "host=127.0.0.1 port={} user=scramuser dbname=postgres sslmode=disable",
+            server.port()
+        ),
+        |k| (k == "PGPASSFILE").then(|| file.clone()),
+    )
+    .unwrap();
+    let mut client = ReplicationClient::connect(&config)
+        .await
+        .unwrap_or_else(|e| panic!("password from PGPASSFILE: {e}"));
+    client.identify_system().await.unwrap();
+}

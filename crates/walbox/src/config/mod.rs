@@ -168,6 +168,8 @@ pub struct RunSettings {
 pub struct Config {
     raw: Raw,
     figment: Figment,
+    /// `PG*` variables (and `HOME`, for `~/.pgpass`) from the environment.
+    pg_env: Vec<(String, String)>,
 }
 
 /// Where a configuration comes from.
@@ -216,6 +218,13 @@ impl Config {
             check_file(path)?;
             figment = figment.merge(figment::providers::Toml::file(path));
         }
+        // libpq's variables, for what pg_url leaves out.
+        let pg_env: Vec<(String, String)> = sources
+            .env
+            .iter()
+            .filter(|(k, _)| k.starts_with("PG") || k == "HOME")
+            .cloned()
+            .collect();
         figment = figment
             .merge(layers::environment(sources.env)?)
             .merge(layers::flags(sources.flags)?);
@@ -232,7 +241,11 @@ impl Config {
             };
             ConfigError(format!("{key}{}{source}", e.kind))
         })?;
-        Ok(Config { raw, figment })
+        Ok(Config {
+            raw,
+            figment,
+            pg_env,
+        })
     }
 
     /// The log format.
@@ -243,13 +256,28 @@ impl Config {
     /// Postgres, slot, publication and table, checked.
     pub fn connection(&self) -> Result<Connection, ConfigError> {
         let r = &self.raw;
-        let pg_url = r.pg_url.as_deref().ok_or_else(|| {
-            ConfigError(
-                "pg_url is required (--pg-url, WALBOX_PG_URL, WALBOX_PG_URL_FILE or pg_url in the file)"
-                    .into(),
-            )
-        })?;
-        let pg = PgConfig::parse(pg_url).map_err(|e| ConfigError(format!("pg_url: {e}")))?;
+        let env = |name: &str| {
+            self.pg_env
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        // Without pg_url, libpq's variables alone may say where to connect.
+        let libpq_only = ["PGHOST", "PGUSER", "PGDATABASE"]
+            .iter()
+            .any(|v| env(v).is_some_and(|v| !v.is_empty()));
+        let pg_url = match r.pg_url.as_deref() {
+            Some(url) => url,
+            None if libpq_only => "",
+            None => {
+                return Err(ConfigError(
+                    "pg_url is required (--pg-url, WALBOX_PG_URL, WALBOX_PG_URL_FILE or pg_url in the file; or libpq's PGHOST, PGUSER, …)"
+                        .into(),
+                ))
+            }
+        };
+        let pg = PgConfig::parse_with_env(pg_url, env)
+            .map_err(|e| ConfigError(format!("pg_url: {e}")))?;
         let slot_ok = !r.slot.is_empty()
             && r.slot.len() <= 63
             && r.slot

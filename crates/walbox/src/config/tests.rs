@@ -453,3 +453,35 @@ fn names_postgres_would_cut_are_refused() {
     let ok = load(None, &[PG, ("WALBOX_PUBLICATION", &"p".repeat(63))], &[]).unwrap();
     assert!(ok.connection().is_ok());
 }
+
+#[test]
+fn libpq_variables_fill_in_or_replace_pg_url() {
+    let c = load(
+        None,
+        &[
+            ("PGHOST", "db.example"),
+            ("PGPORT", "6543"),
+            ("PGUSER", "walbox"),
+            ("PGDATABASE", "app"),
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.connection().unwrap().pg.describe(),
+        "host=db.example port=6543 user=walbox dbname=app sslmode=prefer"
+    );
+    // pg_url's values win; the variables fill in the rest.
+    let c = load(
+        None,
+        &[("WALBOX_PG_URL", "host=h user=u"), ("PGDATABASE", "app")],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.connection().unwrap().pg.describe(),
+        "host=h port=5432 user=u dbname=app sslmode=prefer"
+    );
+    let e = load(None, &[], &[]).unwrap().connection().unwrap_err();
+    assert!(e.to_string().contains("pg_url is required"), "{e}");
+}
