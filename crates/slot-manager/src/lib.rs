@@ -28,6 +28,7 @@
 //! from what must stop the process with its message (authentication, a
 //! missing slot or table, `wal_level` not logical).
 
+mod binding;
 mod client;
 mod config;
 mod control;

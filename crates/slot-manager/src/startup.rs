@@ -1,7 +1,8 @@
 //! Opening a replication connection: the socket (TCP or Unix), TLS
 //! negotiation per `sslmode`, the startup message with
 //! `replication=database`, and authentication (trust, cleartext, md5,
-//! SCRAM-SHA-256), until the walsender is ready for commands.
+//! SCRAM-SHA-256, and SCRAM-SHA-256-PLUS with channel binding over TLS, as
+//! libpq's `channel_binding` asks), until the walsender is ready for commands.
 
 use std::io;
 use std::time::Duration;
@@ -9,11 +10,14 @@ use std::time::Duration;
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
+use tokio_postgres::config::ChannelBinding as BindingMode;
 use tokio_postgres::config::Host;
 
 use crate::client::ReplicationClient;
@@ -66,6 +70,8 @@ impl ReplicationClient {
             let target = target.to_owned();
             move |source| Error::Io { target, source }
         };
+        // Over TLS: the server certificate's channel-binding data, if any.
+        let mut binding: Option<Option<Vec<u8>>> = None;
         let io: Box<dyn Io> = match &host {
             Host::Unix(dir) => Box::new(
                 UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
@@ -92,6 +98,16 @@ impl ReplicationClient {
                                     .map_err(|e| {
                                         Error::Tls(format!("handshake with {target}: {e}"))
                                     })?;
+                                binding = Some(
+                                    stream
+                                        .get_ref()
+                                        .1
+                                        .peer_certificates()
+                                        .and_then(|certs| certs.first())
+                                        .and_then(|cert| {
+                                            crate::binding::server_end_point(cert.as_ref())
+                                        }),
+                                );
                                 Box::new(stream)
                             }
                             b'N' if config.ssl_mode() == SslMode::Prefer => Box::new(tcp),
@@ -117,11 +133,25 @@ impl ReplicationClient {
             backend_pid: None,
             server_version: None,
         };
-        client.startup(config).await?;
+        client.startup(config, binding).await?;
         Ok(client)
     }
 
-    async fn startup(&mut self, config: &PgConfig) -> Result<(), Error> {
+    /// `binding`: `None` without TLS; over TLS, the server certificate's
+    /// channel-binding data when it has one.
+    async fn startup(
+        &mut self,
+        config: &PgConfig,
+        binding: Option<Option<Vec<u8>>>,
+    ) -> Result<(), Error> {
+        let mode = config.tokio_config().get_channel_binding();
+        if mode == BindingMode::Require && binding.is_none() {
+            return Err(Error::Config(
+                "channel_binding=require needs TLS, but this connection is not encrypted (sslmode)"
+                    .into(),
+            ));
+        }
+        let mut bound = false;
         let application_name = config
             .tokio_config()
             .get_application_name()
@@ -151,7 +181,14 @@ impl ReplicationClient {
         let mut scram: Option<ScramSha256> = None;
         loop {
             match self.wire.read().await? {
-                Incoming::Message(Message::AuthenticationOk) => break,
+                Incoming::Message(Message::AuthenticationOk) => {
+                    if mode == BindingMode::Require && !bound {
+                        return Err(Error::Config(
+                            "channel_binding=require, but the server authenticated walbox without channel binding (it must use scram-sha-256 in pg_hba.conf)".into(),
+                        ));
+                    }
+                    break;
+                }
                 Incoming::Message(Message::AuthenticationCleartextPassword) => {
                     frontend::password_message(password()?, &mut self.wire.write_buf)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
@@ -165,16 +202,34 @@ impl ReplicationClient {
                 }
                 Incoming::Message(Message::AuthenticationSasl(body)) => {
                     let mut mechanisms = body.mechanisms();
-                    let mut has_scram = false;
+                    let (mut has_scram, mut has_plus) = (false, false);
                     while let Some(m) = mechanisms.next().map_err(|e| Error::Protocol(e.to_string()))? {
                         has_scram |= m == SCRAM_SHA_256;
+                        has_plus |= m == SCRAM_SHA_256_PLUS;
                     }
-                    if !has_scram {
-                        return Err(Error::Config("the server offers no SASL mechanism walbox supports (SCRAM-SHA-256)".into()));
+                    let data = binding.clone().flatten();
+                    let (mechanism, channel) = match (&data, has_plus, mode) {
+                        (Some(d), true, BindingMode::Prefer | BindingMode::Require) => {
+                            bound = true;
+                            (SCRAM_SHA_256_PLUS, ChannelBinding::tls_server_end_point(d.clone()))
+                        }
+                        (_, _, BindingMode::Require) => {
+                            return Err(Error::Config(if data.is_none() {
+                                "channel_binding=require, but the server certificate's signature algorithm gives no channel-binding hash".into()
+                            } else {
+                                "channel_binding=require, but the server does not offer SCRAM-SHA-256-PLUS".into()
+                            }))
+                        }
+                        // Over TLS walbox could bind: 'y' tells the server
+                        // that it was not offered (a downgrade shows).
+                        (Some(_), false, _) => (SCRAM_SHA_256, ChannelBinding::unrequested()),
+                        _ => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+                    };
+                    if mechanism == SCRAM_SHA_256 && !has_scram {
+                        return Err(Error::Config("the server offers no SASL mechanism walbox supports (SCRAM-SHA-256, SCRAM-SHA-256-PLUS)".into()));
                     }
-                    // Channel binding is not used ('n'): correct with and without TLS.
-                    let s = ScramSha256::new(password()?, ChannelBinding::unsupported());
-                    frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut self.wire.write_buf)
+                    let s = ScramSha256::new(password()?, channel);
+                    frontend::sasl_initial_response(mechanism, s.message(), &mut self.wire.write_buf)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
                     scram = Some(s);
                     self.wire.flush().await?;

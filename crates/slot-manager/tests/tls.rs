@@ -258,3 +258,79 @@ async fn a_client_certificate_authenticates_both_connections() {
     .unwrap_err();
     assert!(e.to_string().contains("read sslkey"), "{e}");
 }
+
+#[tokio::test]
+async fn channel_binding_is_used_over_tls_and_required_when_asked() {
+    let pki = pki();
+    let server = PgServer::builder()
+        .file("server.crt", pki.cert_pem.as_bytes())
+        .file("server.key", pki.key_pem.as_bytes())
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.crt")
+        .setting("ssl_key_file", "server.key")
+        .setting("password_encryption", "scram-sha-256")
+        .hba("local all all trust\nhostssl all scramuser 127.0.0.1/32 scram-sha-256\nhost all trusted 127.0.0.1/32 trust\nhost all scramuser 127.0.0.1/32 scram-sha-256\n")
+        .start()
+        .unwrap();
+    let admin = walbox_test_harness::pg::connect(&{
+        let mut c = tokio_postgres::Config::new();
+        c.host_path(server.socket_dir())
+            .port(server.port())
+            .user("postgres")
+            .dbname("postgres");
+        c
+    })
+    .await
+    .unwrap();
+    admin
+        .batch_execute(
+            "CREATE ROLE scramuser LOGIN REPLICATION PASSWORD 'bind me';
+             CREATE ROLE trusted LOGIN REPLICATION",
+        )
+        .await
+        .unwrap();
+    let config = |user: &str, rest: &str| {
+        PgConfig::parse(&format!(
+            "host=127.0.0.1 port={} user={user} password='bind me' dbname=postgres {rest}",
+            server.port()
+        ))
+        .unwrap()
+    };
+    // SCRAM-SHA-256-PLUS, bound to the server's certificate: the server
+    // checks the binding, so a wrong hash would fail here.
+    for rest in ["sslmode=require channel_binding=require", "sslmode=require"] {
+        let c = config("scramuser", rest);
+        let mut client = ReplicationClient::connect(&c)
+            .await
+            .unwrap_or_else(|e| panic!("{rest}: {e}"));
+        client.identify_system().await.unwrap();
+        connect_control(&c)
+            .await
+            .unwrap_or_else(|e| panic!("control, {rest}: {e}"));
+    }
+    // Required, and impossible: refused before anything is sent, or after
+    // an authentication that did not bind.
+    let e = ReplicationClient::connect(&config(
+        "scramuser",
+        "sslmode=disable channel_binding=require",
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("channel_binding=require needs TLS"),
+        "{e}"
+    );
+    let e = ReplicationClient::connect(&config(
+        "trusted",
+        "sslmode=require channel_binding=require",
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("without channel binding"), "{e}");
+    assert!(!e.is_transient());
+    // Without TLS, plain SCRAM still works when binding is not required.
+    let mut client = ReplicationClient::connect(&config("scramuser", "sslmode=disable"))
+        .await
+        .unwrap();
+    client.identify_system().await.unwrap();
+}
