@@ -14,6 +14,37 @@ use tokio_postgres::config::Host;
 
 use crate::error::Error;
 
+/// Which of several hosts (`host=a,b`) will do, as libpq's
+/// `target_session_attrs`: walbox's slot lives on the primary, so after a
+/// failover `read-write` or `primary` finds the new one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TargetSession {
+    /// The first host that accepts the connection.
+    #[default]
+    Any,
+    /// A server that accepts writes (not in recovery, not read-only by default).
+    ReadWrite,
+    /// A server not in recovery.
+    Primary,
+}
+
+impl FromStr for TargetSession {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s {
+            "any" => TargetSession::Any,
+            "read-write" => TargetSession::ReadWrite,
+            "primary" => TargetSession::Primary,
+            other => {
+                return Err(Error::Config(format!(
+                    "target_session_attrs {other:?}: walbox streams from the primary; use any, read-write or primary"
+                )))
+            }
+        })
+    }
+}
+
 /// How TLS is negotiated and verified, as in libpq.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SslMode {
@@ -69,6 +100,7 @@ pub struct PgConfig {
     ssl_mode: SslMode,
     ssl_root_cert: Option<PathBuf>,
     ssl_client_cert: Option<(PathBuf, PathBuf)>,
+    target_session: TargetSession,
 }
 
 /// libpq's default client certificate, `~/.postgresql/postgresql.crt` and
@@ -108,6 +140,10 @@ impl PgConfig {
         if tls.cert.is_none() && tls.key.is_none() {
             (tls.cert, tls.key) = (env("PGSSLCERT"), env("PGSSLKEY"));
         }
+        let target_session = match tls.session.or_else(|| env("PGTARGETSESSIONATTRS")) {
+            Some(t) => t.parse()?,
+            None => TargetSession::Any,
+        };
         let (ssl_mode, ssl_root_cert) = (tls.mode, tls.root);
         let ssl_client_cert = match (tls.cert, tls.key) {
             (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
@@ -211,11 +247,16 @@ impl PgConfig {
                 }
             }
         }
+        if target_session != TargetSession::Any {
+            // The control connection: tokio-postgres checks transaction_read_only.
+            inner.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
         Ok(PgConfig {
             inner,
             ssl_mode,
             ssl_root_cert: ssl_root_cert.map(PathBuf::from),
             ssl_client_cert,
+            target_session,
         })
     }
 
@@ -240,6 +281,35 @@ impl PgConfig {
         self.ssl_client_cert
             .as_ref()
             .map(|(c, k)| (c.as_path(), k.as_path()))
+    }
+
+    /// Which host will do when there are several.
+    pub fn target_session(&self) -> TargetSession {
+        self.target_session
+    }
+
+    /// Every host with its port, in order (`host=a,b port=5432` gives both
+    /// port 5432; `port=5432,5433` pairs them up).
+    pub fn hosts(&self) -> Vec<(Host, u16)> {
+        let hosts = self.inner.get_hosts();
+        let ports = self.inner.get_ports();
+        let hosts: Vec<Host> = if hosts.is_empty() {
+            vec![Host::Tcp("localhost".into())]
+        } else {
+            hosts.to_vec()
+        };
+        hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = ports
+                    .get(i)
+                    .or_else(|| (ports.len() == 1).then(|| &ports[0]))
+                    .copied()
+                    .unwrap_or(5432);
+                (h, port)
+            })
+            .collect()
     }
 
     /// The first host and port.
@@ -271,13 +341,21 @@ impl PgConfig {
 
     /// Where this points, without the password: `host=… port=… user=… dbname=… sslmode=…`.
     pub fn describe(&self) -> String {
-        let (host, port) = self.host_port();
-        let host = match host {
-            Host::Tcp(h) => h,
+        let hosts = self.hosts();
+        let name = |h: &Host| match h {
+            Host::Tcp(h) => h.clone(),
             Host::Unix(p) => p.display().to_string(),
         };
+        let host = hosts
+            .iter()
+            .map(|(h, _)| name(h))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut ports: Vec<String> = hosts.iter().map(|(_, p)| p.to_string()).collect();
+        ports.dedup();
         format!(
-            "host={host} port={port} user={} dbname={} sslmode={}",
+            "host={host} port={} user={} dbname={} sslmode={}",
+            ports.join(","),
             self.user(),
             self.dbname(),
             self.ssl_mode
@@ -303,13 +381,15 @@ impl fmt::Debug for PgConfig {
 /// and those parameters.
 type SslParams = (String, TlsParams);
 
-/// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` as given.
+/// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` and `target_session_attrs`
+/// as given (tokio-postgres knows fewer values of each than libpq).
 #[derive(Default)]
 struct TlsParams {
     mode: Option<String>,
     root: Option<String>,
     cert: Option<String>,
     key: Option<String>,
+    session: Option<String>,
 }
 
 impl TlsParams {
@@ -320,6 +400,7 @@ impl TlsParams {
             "sslrootcert" => &mut self.root,
             "sslcert" => &mut self.cert,
             "sslkey" => &mut self.key,
+            "target_session_attrs" => &mut self.session,
             _ => return false,
         };
         *slot = Some(value);

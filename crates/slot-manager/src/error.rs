@@ -96,6 +96,10 @@ pub enum Error {
         /// The server's message.
         server: String,
     },
+    /// Of several hosts, none answered or none was what
+    /// `target_session_attrs` asks for (a failover may be under way).
+    #[error("no host will do: {0}")]
+    NoSuitableHost(String),
     /// Another process is streaming from the slot.
     #[error("replication slot {slot:?} is in use by process {pid}")]
     SlotActive {
@@ -140,7 +144,10 @@ impl Error {
     /// True when retrying later may succeed; see [`Error`].
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::SlotActive { .. } | Error::StreamEnded => true,
+            Error::Io { .. }
+            | Error::SlotActive { .. }
+            | Error::StreamEnded
+            | Error::NoSuitableHost(_) => true,
             Error::Server { code, .. } => transient_sqlstate(code),
             Error::Sql { source, .. } => match source.code() {
                 Some(state) => transient_sqlstate(state.code()),

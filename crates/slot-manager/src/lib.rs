@@ -42,7 +42,7 @@ mod tls;
 mod wire;
 
 pub use client::{IdentifySystem, ReplicationClient};
-pub use config::{PgConfig, SslMode};
+pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
     connect_control, domain_base_types, drop_slot, ensure_publication, ensure_slot, preflight,
     slot_status, Dropped, Ensured, SlotStatus,

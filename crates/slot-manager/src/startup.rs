@@ -21,7 +21,7 @@ use tokio_postgres::config::ChannelBinding as BindingMode;
 use tokio_postgres::config::Host;
 
 use crate::client::ReplicationClient;
-use crate::config::{PgConfig, SslMode};
+use crate::config::{PgConfig, SslMode, TargetSession};
 use crate::error::Error;
 use crate::tls;
 use crate::wire::{message_name, unexpected, Incoming, Io, Wire};
@@ -30,10 +30,66 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ReplicationClient {
     /// Connects, negotiates TLS per `sslmode`, authenticates, and waits until
-    /// the walsender is ready for commands. Bounded by `connect_timeout`
-    /// (default 30 s).
+    /// the walsender is ready for commands. With several hosts, tries each in
+    /// order until one answers and is what `target_session_attrs` asks for
+    /// (after a failover, the new primary). Each try is bounded by
+    /// `connect_timeout` (default 30 s).
     pub async fn connect(config: &PgConfig) -> Result<ReplicationClient, Error> {
-        let (host, port) = config.host_port();
+        let mut refused = Vec::new();
+        let mut last = None;
+        for (host, port) in config.hosts() {
+            match Self::connect_one(config, host, port).await {
+                Ok(mut client) => match client.fits(config.target_session()).await {
+                    Ok(None) => return Ok(client),
+                    Ok(Some(why)) => refused.push(format!("{}: {why}", client.wire.target)),
+                    Err(e) => {
+                        refused.push(format!("{}: {e}", client.wire.target));
+                        last = Some(e);
+                    }
+                },
+                // Another host may do; a definite error (authentication,
+                // TLS, a missing database) is the same on every host.
+                Err(e) if e.is_transient() => {
+                    refused.push(e.to_string());
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match (refused.len(), last) {
+            (1, Some(e)) => Err(e),
+            _ => Err(Error::NoSuitableHost(refused.join("; "))),
+        }
+    }
+
+    /// `None` when this server is what `target` asks for, else why not.
+    async fn fits(&mut self, target: TargetSession) -> Result<Option<String>, Error> {
+        if target == TargetSession::Any {
+            return Ok(None);
+        }
+        let rows = self
+            .simple_query("SELECT pg_is_in_recovery()::text, current_setting('default_transaction_read_only')")
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Protocol("no answer to pg_is_in_recovery()".into()))?;
+        let in_recovery = row.first().and_then(Option::as_deref) == Some("true");
+        let read_only = row.get(1).and_then(Option::as_deref) == Some("on");
+        Ok(match target {
+            _ if in_recovery => Some("in recovery (a standby)".to_owned()),
+            TargetSession::ReadWrite if read_only => {
+                Some("read-only (default_transaction_read_only = on)".to_owned())
+            }
+            _ => None,
+        })
+    }
+
+    /// One host, bounded by `connect_timeout` (default 30 s).
+    async fn connect_one(
+        config: &PgConfig,
+        host: Host,
+        port: u16,
+    ) -> Result<ReplicationClient, Error> {
         let target = match &host {
             Host::Tcp(h) => format!("{h}:{port}"),
             Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),

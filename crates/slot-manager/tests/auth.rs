@@ -145,3 +145,65 @@ async fn a_password_from_the_password_file_authenticates() {
         .unwrap_or_else(|e| panic!("password from PGPASSFILE: {e}"));
     client.identify_system().await.unwrap();
 }
+
+/// `host=a,b,c target_session_attrs=read-write`: past a host that does not
+/// answer and one that is read-only, to the one that fits, as after a
+/// failover; `any` takes the first that answers.
+#[tokio::test]
+async fn several_hosts_lead_to_the_one_target_session_attrs_asks_for() {
+    let read_only = PgServer::builder()
+        .setting("default_transaction_read_only", "on")
+        .hba("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+        .start()
+        .unwrap();
+    let writable = PgServer::builder()
+        .hba("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+        .start()
+        .unwrap();
+    let dead = walbox_test_harness::tansu::free_port();
+    let system_id = |server: &PgServer| {
+        let config = server.config("postgres");
+        async move {
+            let c = pg::connect(&config).await.unwrap();
+            let id: i64 = c
+                .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            id.to_string()
+        }
+    };
+    let hosts = format!(
+        "host=127.0.0.1,127.0.0.1,127.0.0.1 port={dead},{},{} user=postgres dbname=postgres sslmode=disable",
+        read_only.port(),
+        writable.port()
+    );
+    for (attrs, expected) in [
+        ("read-write", system_id(&writable).await),
+        ("primary", system_id(&read_only).await),
+        ("any", system_id(&read_only).await),
+    ] {
+        let config = PgConfig::parse(&format!("{hosts} target_session_attrs={attrs}")).unwrap();
+        let mut client = ReplicationClient::connect(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{attrs}: {e}"));
+        let system = client.identify_system().await.unwrap();
+        assert_eq!(system.system_id, expected, "{attrs}");
+    }
+    // None fits: a transient error naming each host and why.
+    let config = PgConfig::parse(&format!(
+        "host=127.0.0.1,127.0.0.1 port={dead},{} user=postgres dbname=postgres sslmode=disable target_session_attrs=read-write",
+        read_only.port()
+    ))
+    .unwrap();
+    let e = ReplicationClient::connect(&config).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("no host will do")
+            && text.contains("read-only")
+            && text.contains(&dead.to_string()),
+        "{text}"
+    );
+    assert!(PgConfig::parse("host=h user=u target_session_attrs=standby").is_err());
+}
