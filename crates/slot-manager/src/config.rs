@@ -157,10 +157,23 @@ impl PgConfig {
         // tokio-postgres' messages never include the password.
         let mut inner: tokio_postgres::Config =
             rest.parse().map_err(|e| Error::Config(format!("{e}")))?;
+        let tls_mode_given = ssl_mode.is_some();
         let mut ssl_mode = match ssl_mode {
             Some(m) => m.parse()?,
             None => SslMode::Prefer,
         };
+        if ssl_root_cert.as_deref() == Some("system") {
+            // libpq: the system's roots are only worth it with the host name
+            // checked; verify-full is the default, anything weaker an error.
+            match (tls_mode_given, ssl_mode) {
+                (false, _) | (true, SslMode::VerifyFull) => ssl_mode = SslMode::VerifyFull,
+                (true, weak) => {
+                    return Err(Error::Config(format!(
+                        "sslmode={weak} may not be used with sslrootcert=system (use verify-full)"
+                    )))
+                }
+            }
+        }
         if ssl_mode == SslMode::Require && ssl_root_cert.is_some() {
             ssl_mode = SslMode::VerifyCa;
         }
@@ -270,7 +283,8 @@ impl PgConfig {
         self.ssl_mode
     }
 
-    /// The CA certificate file, for `verify-ca` and `verify-full`.
+    /// The CA certificate file, for `verify-ca` and `verify-full`; the path
+    /// `system` means the operating system's trust store.
     pub fn ssl_root_cert(&self) -> Option<&Path> {
         self.ssl_root_cert.as_deref()
     }

@@ -334,3 +334,84 @@ async fn channel_binding_is_used_over_tls_and_required_when_asked() {
         .unwrap();
     client.identify_system().await.unwrap();
 }
+
+/// A CA and a server certificate with no subjectAltName, naming `cn` in its
+/// subject alone (older certificates, some private CAs).
+fn pki_common_name_only(cn: &str) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "walbox test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+#[tokio::test]
+async fn verify_full_falls_back_to_the_common_name_without_subject_alt_names() {
+    for (cn, host, ok) in [
+        ("localhost", "localhost", true),
+        ("db.walbox.test", "localhost", false),
+        ("*.localhost", "localhost", false),
+    ] {
+        let pki = pki_common_name_only(cn);
+        let server = tls_server(&pki);
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let config = PgConfig::parse(&format!(
+            "host={host} port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
+            server.port(),
+            ca.display()
+        ))
+        .unwrap();
+        let result = ReplicationClient::connect(&config).await;
+        match (ok, result) {
+            (true, Ok(mut c)) => {
+                c.identify_system().await.unwrap();
+            }
+            (false, Err(e)) => assert!(matches!(e, Error::Tls(_)), "CN {cn}, host {host}: {e}"),
+            (true, Err(e)) => panic!("CN {cn}, host {host}: {e}"),
+            (false, Ok(_)) => panic!("CN {cn} accepted for host {host}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn sslrootcert_system_uses_the_system_store_and_checks_the_name() {
+    let pki = pki();
+    let server = tls_server(&pki);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("system-ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    // The "system" store of this test process: rustls-native-certs reads
+    // SSL_CERT_FILE first, as OpenSSL does (each test runs in its own process
+    // under nextest; the variable only names a file).
+    std::env::set_var("SSL_CERT_FILE", &ca);
+    let config = PgConfig::parse(&format!(
+        "host=localhost port={} user=postgres dbname=postgres sslrootcert=system",
+        server.port()
+    ))
+    .unwrap();
+    assert_eq!(config.ssl_mode(), slot_manager::SslMode::VerifyFull);
+    let mut client = ReplicationClient::connect(&config)
+        .await
+        .unwrap_or_else(|e| panic!("sslrootcert=system: {e}"));
+    client.identify_system().await.unwrap();
+    let e = PgConfig::parse("host=h user=u sslrootcert=system sslmode=verify-ca").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("may not be used with sslrootcert=system"),
+        "{e}"
+    );
+}
