@@ -14,6 +14,11 @@ use tokio_postgres::config::Host;
 
 use crate::error::Error;
 
+/// Idle time before TCP keepalives start, unless `keepalives_idle` says.
+pub(crate) const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long written data may stay unacknowledged, unless `tcp_user_timeout` says.
+pub(crate) const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Which of several hosts (`host=a,b`) will do, as libpq's
 /// `target_session_attrs`: walbox's slot lives on the primary, so after a
 /// failover `read-write` or `primary` finds the new one.
@@ -260,6 +265,22 @@ impl PgConfig {
                 }
             }
         }
+        // A silent network (a firewall dropping packets) must show within
+        // seconds, not after the kernel's ~15 minutes of retransmissions:
+        // keepalives after 30 s idle (tokio-postgres' default is 2 hours),
+        // and unacknowledged writes fail after 30 s. Both connections.
+        if inner.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
+            inner.keepalives_idle(KEEPALIVE_IDLE);
+        }
+        let user_timeout = match tls.user_timeout {
+            Some(ms) => std::time::Duration::from_millis(ms.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "tcp_user_timeout {ms:?} is not a number of milliseconds"
+                ))
+            })?),
+            None => TCP_USER_TIMEOUT,
+        };
+        inner.tcp_user_timeout(user_timeout);
         if target_session != TargetSession::Any {
             // The control connection: tokio-postgres checks transaction_read_only.
             inner.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
@@ -404,6 +425,8 @@ struct TlsParams {
     cert: Option<String>,
     key: Option<String>,
     session: Option<String>,
+    /// Milliseconds, as in libpq (tokio-postgres reads seconds).
+    user_timeout: Option<String>,
 }
 
 impl TlsParams {
@@ -415,6 +438,7 @@ impl TlsParams {
             "sslcert" => &mut self.cert,
             "sslkey" => &mut self.key,
             "target_session_attrs" => &mut self.session,
+            "tcp_user_timeout" => &mut self.user_timeout,
             _ => return false,
         };
         *slot = Some(value);
@@ -614,6 +638,26 @@ mod tests {
         assert_eq!(c.password(), Some(&b"from-env"[..]));
         let e = PgConfig::parse_with_env("", |k| (k == "PGPORT").then(|| "x".into())).unwrap_err();
         assert!(e.to_string().contains("PGPORT"), "{e}");
+    }
+
+    #[test]
+    fn a_silent_network_shows_within_a_minute_unless_told_otherwise() {
+        let c = PgConfig::parse("host=h user=u").unwrap();
+        assert_eq!(c.tokio_config().get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(
+            c.tokio_config().get_tcp_user_timeout(),
+            Some(&TCP_USER_TIMEOUT)
+        );
+        let c =
+            PgConfig::parse("host=h user=u keepalives_idle=600 tcp_user_timeout=90000").unwrap();
+        assert_eq!(
+            c.tokio_config().get_keepalives_idle(),
+            std::time::Duration::from_secs(600)
+        );
+        assert_eq!(
+            c.tokio_config().get_tcp_user_timeout(),
+            Some(&std::time::Duration::from_secs(90))
+        );
     }
 
     #[test]

@@ -28,6 +28,29 @@ use crate::wire::{message_name, unexpected, Incoming, Io, Wire};
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The control connection's keepalive and user-timeout settings, on the
+/// replication socket too: a peer that vanished without closing shows as an
+/// error within about a minute, whatever walbox's own receive timeout does.
+fn set_keepalives(tcp: &TcpStream, config: &PgConfig) -> io::Result<()> {
+    let c = config.tokio_config();
+    let socket = socket2::SockRef::from(tcp);
+    if c.get_keepalives() {
+        let mut keepalive = socket2::TcpKeepalive::new().with_time(c.get_keepalives_idle());
+        if let Some(interval) = c.get_keepalives_interval() {
+            keepalive = keepalive.with_interval(interval);
+        }
+        if let Some(retries) = c.get_keepalives_retries() {
+            keepalive = keepalive.with_retries(retries);
+        }
+        socket.set_tcp_keepalive(&keepalive)?;
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(t) = c.get_tcp_user_timeout() {
+        socket.set_tcp_user_timeout(Some(*t))?;
+    }
+    Ok(())
+}
+
 impl ReplicationClient {
     /// Connects, negotiates TLS per `sslmode`, authenticates, and waits until
     /// the walsender is ready for commands. With several hosts, tries each in
@@ -139,6 +162,7 @@ impl ReplicationClient {
                     .await
                     .map_err(io_err(&target))?;
                 tcp.set_nodelay(true).map_err(io_err(&target))?;
+                set_keepalives(&tcp, config).map_err(io_err(&target))?;
                 match tls::client_config(config)? {
                     None => Box::new(tcp),
                     Some(tls_config) => {

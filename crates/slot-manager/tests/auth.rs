@@ -207,3 +207,35 @@ async fn several_hosts_lead_to_the_one_target_session_attrs_asks_for() {
     );
     assert!(PgConfig::parse("host=h user=u target_session_attrs=standby").is_err());
 }
+
+/// The replication socket has TCP keepalives armed (a peer that vanished
+/// without closing shows within about a minute, not after the kernel's
+/// retransmissions). Read from /proc/net/tcp: timer 2 is the keepalive timer.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_replication_socket_keeps_alive() {
+    let server = server().await;
+    let mut client = ReplicationClient::connect(&config(&server, "trusted", None))
+        .await
+        .unwrap();
+    client.identify_system().await.unwrap();
+    let port = format!("{:04X}", server.port());
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let ours: Vec<&str> = tcp
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // remote address ends with the server's port; 01 = ESTABLISHED
+            f.len() > 5 && f[2].ends_with(&format!(":{port}")) && f[3] == "01"
+        })
+        .collect();
+    assert!(!ours.is_empty(), "our connection in /proc/net/tcp:\n{tcp}");
+    assert!(
+        ours.iter().all(|l| l
+            .split_whitespace()
+            .nth(5)
+            .is_some_and(|t| t.starts_with("02:"))),
+        "keepalive timer armed: {ours:?}"
+    );
+}
