@@ -4,6 +4,7 @@
 
 mod bad_inputs;
 mod config;
+mod failover;
 mod migrate;
 mod privileges;
 mod run;

@@ -416,6 +416,99 @@ impl PgServer {
         PgServerBuilder::default()
     }
 
+    /// A physical standby of `primary`, streaming through the physical slot
+    /// `slot` (created here): a base backup taken with `pg_backup_start` /
+    /// `pg_backup_stop` (the npm builds have no `pg_basebackup`, and
+    /// Debian's refuses newer servers), `standby.signal`, and Postgres 17's
+    /// slot synchronization (`sync_replication_slots`, `hot_standby_feedback`)
+    /// so that failover slots follow it. Returns once it accepts connections.
+    pub async fn standby_of(primary: &PgServer, slot: &str) -> Result<PgServer, String> {
+        let admin = connect(&primary.config("postgres"))
+            .await
+            .map_err(|e| format!("connect to the primary: {e}"))?;
+        admin
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)",
+                &[&slot],
+            )
+            .await
+            .map_err(|e| format!("create the physical slot {slot}: {e}"))?;
+        admin
+            .execute("SELECT pg_backup_start('walbox standby', true)", &[])
+            .await
+            .map_err(|e| format!("pg_backup_start: {e}"))?;
+        let root = tempfile::Builder::new()
+            .prefix(SERVER_DIR_PREFIX)
+            .tempdir()
+            .map_err(|e| format!("create a temp dir: {e}"))?;
+        fs::write(root.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|e| format!("write {}: {e}", root.path().display()))?;
+        chown(root.path(), primary.owner)?;
+        let data = root.path().join("data");
+        run(
+            Command::new("cp")
+                .arg("-a")
+                .arg(primary.data_dir())
+                .arg(&data),
+            "copy the primary's data directory",
+        )?;
+        for leftover in ["postmaster.pid", "postmaster.opts"] {
+            let _ = fs::remove_file(data.join(leftover));
+        }
+        // The primary's slots are not the standby's.
+        if let Ok(entries) = fs::read_dir(data.join("pg_replslot")) {
+            for e in entries.flatten() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+        let row = admin
+            .query_one(
+                "SELECT labelfile, spcmapfile FROM pg_backup_stop(true)",
+                &[],
+            )
+            .await
+            .map_err(|e| format!("pg_backup_stop: {e}"))?;
+        let (label, spcmap): (String, Option<String>) = (row.get(0), row.get(1));
+        write_owned(&data.join("backup_label"), label.as_bytes(), primary.owner)?;
+        if let Some(map) = spcmap.filter(|m| !m.is_empty()) {
+            write_owned(&data.join("tablespace_map"), map.as_bytes(), primary.owner)?;
+        }
+        write_owned(&data.join("standby.signal"), b"", primary.owner)?;
+        // The primary's own wait for this standby is not the standby's setting.
+        let mut settings: Vec<(String, String)> = primary
+            .settings
+            .iter()
+            .filter(|(k, _)| k != "synchronized_standby_slots")
+            .cloned()
+            .collect();
+        settings.extend(
+            [
+                (
+                    "primary_conninfo",
+                    format!(
+                        "host={} port={} user={SUPERUSER} dbname=postgres application_name=walbox_standby",
+                        primary.socket_dir().display(),
+                        primary.port()
+                    ),
+                ),
+                ("primary_slot_name", slot.to_owned()),
+                ("hot_standby_feedback", "on".to_owned()),
+                ("sync_replication_slots", "on".to_owned()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        let mut server = PgServer {
+            bin_dir: primary.bin_dir.clone(),
+            root,
+            port: free_port()?,
+            owner: primary.owner,
+            settings,
+            running: None,
+        };
+        server.start()?;
+        Ok(server)
+    }
+
     /// Starts a server with [`DEFAULT_SETTINGS`].
     pub fn start_default() -> Result<PgServer, String> {
         Self::builder().start()
