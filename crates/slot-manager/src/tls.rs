@@ -67,11 +67,14 @@ pub(crate) fn client_config(config: &PgConfig) -> Result<Option<Arc<ClientConfig
                     WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()
                         .map_err(|e| Error::Tls(e.to_string()))?;
-                if mode == SslMode::VerifyFull {
-                    Arc::new(CommonNameFallback(webpki))
-                } else {
-                    Arc::new(IgnoreHostname(webpki))
-                }
+                Arc::new(ChainVerifier {
+                    webpki,
+                    names: if mode == SslMode::VerifyFull {
+                        NameCheck::CommonNameFallback
+                    } else {
+                        NameCheck::Ignore
+                    },
+                })
             }
         };
     let builder = builder
@@ -162,14 +165,26 @@ impl ServerCertVerifier for AcceptAnyCertificate {
     }
 }
 
-/// `verify-full`: the chain must be valid and name the host. As libpq does,
-/// a certificate without a subjectAltName extension names its host in the
-/// subject's common name (`*.` wildcards as in libpq); webpki reads only
-/// subjectAltName.
-#[derive(Debug)]
-struct CommonNameFallback(Arc<WebPkiServerVerifier>);
+/// How [`ChainVerifier`] treats a certificate that does not name the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NameCheck {
+    /// `verify-ca`: the chain must be valid; the name need not match.
+    Ignore,
+    /// `verify-full`: the certificate must name the host in its
+    /// subjectAltName or, as libpq allows, when it has none, in the
+    /// subject's common name (`*.` wildcards as in libpq); webpki reads only
+    /// subjectAltName.
+    CommonNameFallback,
+}
 
-impl ServerCertVerifier for CommonNameFallback {
+/// webpki's chain verification, with libpq's treatment of names.
+#[derive(Debug)]
+struct ChainVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    names: NameCheck,
+}
+
+impl ServerCertVerifier for ChainVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -178,15 +193,22 @@ impl ServerCertVerifier for CommonNameFallback {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
             Err(rustls::Error::InvalidCertificate(
                 e @ (CertificateError::NotValidForName
                 | CertificateError::NotValidForNameContext { .. }),
             )) => {
-                if common_name_names(end_entity, server_name) {
+                let accepted = match self.names {
+                    NameCheck::Ignore => true,
+                    NameCheck::CommonNameFallback => common_name_names(end_entity, server_name),
+                };
+                if accepted {
                     Ok(ServerCertVerified::assertion())
                 } else {
                     Err(rustls::Error::InvalidCertificate(e))
@@ -202,7 +224,7 @@ impl ServerCertVerifier for CommonNameFallback {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.webpki.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -211,11 +233,11 @@ impl ServerCertVerifier for CommonNameFallback {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.webpki.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.webpki.supported_verify_schemes()
     }
 }
 
@@ -267,53 +289,6 @@ fn common_name_names(cert: &CertificateDer<'_>, server_name: &ServerName<'_>) ->
                 None => cn == host,
             }
         })
-}
-
-/// `verify-ca`: the chain must be valid; the name need not match.
-#[derive(Debug)]
-struct IgnoreHostname(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for IgnoreHostname {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ fn pki() -> Pki {
     pki_for(&["localhost", "127.0.0.1"])
 }
 
-/// A CA and a server certificate for `names` signed by it.
-fn pki_for(names: &[&str]) -> Pki {
+/// A test CA: its certificate (PEM) and what signs with it.
+fn test_ca() -> (String, Issuer<'static, KeyPair>) {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -23,16 +23,30 @@ fn pki_for(names: &[&str]) -> Pki {
         .distinguished_name
         .push(DnType::CommonName, "walbox test CA");
     let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
+    (ca.pem(), Issuer::new(ca_params, ca_key))
+}
+
+/// A certificate signed by `issuer`: subjectAltNames `sans`, common name
+/// `cn` if given. Returns the certificate and its key, PEM.
+fn signed(issuer: &Issuer<'static, KeyPair>, sans: &[&str], cn: Option<&str>) -> (String, String) {
     let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
+    let mut params =
+        CertificateParams::new(sans.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    if let Some(cn) = cn {
+        params.distinguished_name.push(DnType::CommonName, cn);
+    }
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A CA and a server certificate for `names` signed by it.
+fn pki_for(names: &[&str]) -> Pki {
+    let (ca_pem, issuer) = test_ca();
+    let (cert_pem, key_pem) = signed(&issuer, names, None);
     Pki {
-        ca_pem: ca.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        ca_pem,
+        cert_pem,
+        key_pem,
     }
 }
 
@@ -145,33 +159,17 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
 /// A CA, a server certificate for localhost and a client certificate for
 /// `user` (its common name, which `cert` authentication matches), all PEM.
 fn pki_with_client(user: &str) -> (Pki, String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "walbox test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let server_key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client_params
-        .distinguished_name
-        .push(DnType::CommonName, user);
-    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    let (ca_pem, issuer) = test_ca();
+    let (cert_pem, key_pem) = signed(&issuer, &["localhost", "127.0.0.1"], None);
+    let (client_cert, client_key) = signed(&issuer, &[], Some(user));
     (
         Pki {
-            ca_pem: ca.pem(),
-            cert_pem: server.pem(),
-            key_pem: server_key.serialize_pem(),
+            ca_pem,
+            cert_pem,
+            key_pem,
         },
-        client.pem(),
-        client_key.serialize_pem(),
+        client_cert,
+        client_key,
     )
 }
 
@@ -338,22 +336,12 @@ async fn channel_binding_is_used_over_tls_and_required_when_asked() {
 /// A CA and a server certificate with no subjectAltName, naming `cn` in its
 /// subject alone (older certificates, some private CAs).
 fn pki_common_name_only(cn: &str) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "walbox test CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, cn);
-    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca_pem, issuer) = test_ca();
+    let (cert_pem, key_pem) = signed(&issuer, &[], Some(cn));
     Pki {
-        ca_pem: ca.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        ca_pem,
+        cert_pem,
+        key_pem,
     }
 }
 

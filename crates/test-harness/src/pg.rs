@@ -297,13 +297,7 @@ impl PgServerBuilder {
         let owner = run_as()?;
         let template = template_dir(&bin_dir, owner)?;
         sweep_abandoned_dirs();
-        let root = tempfile::Builder::new()
-            .prefix(SERVER_DIR_PREFIX)
-            .tempdir()
-            .map_err(|e| format!("create a temp dir: {e}"))?;
-        fs::write(root.path().join(OWNER_FILE), std::process::id().to_string())
-            .map_err(|e| format!("write {}: {e}", root.path().display()))?;
-        chown(root.path(), owner)?;
+        let root = server_root(owner)?;
         let data = root.path().join("data");
         run(
             Command::new("cp")
@@ -349,6 +343,19 @@ impl PgServerBuilder {
         }
         Err(last_err)
     }
+}
+
+/// A server's directory (data, socket, log), marked as this process's so
+/// that [`sweep_abandoned_dirs`] leaves it alone while the process lives.
+fn server_root(owner: Option<(u32, u32)>) -> Result<tempfile::TempDir, String> {
+    let root = tempfile::Builder::new()
+        .prefix(SERVER_DIR_PREFIX)
+        .tempdir()
+        .map_err(|e| format!("create a temp dir: {e}"))?;
+    fs::write(root.path().join(OWNER_FILE), std::process::id().to_string())
+        .map_err(|e| format!("write {}: {e}", root.path().display()))?;
+    chown(root.path(), owner)?;
+    Ok(root)
 }
 
 fn write_owned(path: &Path, contents: &[u8], owner: Option<(u32, u32)>) -> Result<(), String> {
@@ -437,13 +444,7 @@ impl PgServer {
             .execute("SELECT pg_backup_start('walbox standby', true)", &[])
             .await
             .map_err(|e| format!("pg_backup_start: {e}"))?;
-        let root = tempfile::Builder::new()
-            .prefix(SERVER_DIR_PREFIX)
-            .tempdir()
-            .map_err(|e| format!("create a temp dir: {e}"))?;
-        fs::write(root.path().join(OWNER_FILE), std::process::id().to_string())
-            .map_err(|e| format!("write {}: {e}", root.path().display()))?;
-        chown(root.path(), primary.owner)?;
+        let root = server_root(primary.owner)?;
         let data = root.path().join("data");
         run(
             Command::new("cp")
