@@ -25,9 +25,6 @@ fn walbox_to(url: &str, args: &[&str]) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_slot_survives_promotion_of_the_standby() {
     let mut primary = PgServer::builder()
-        // Logical decoding waits for the standby, so the synced slot is
-        // never behind what walbox was sent.
-        .setting("synchronized_standby_slots", "walbox_standby")
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let admin = connect(&primary.config("postgres")).await.unwrap();
@@ -41,6 +38,14 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
             "Postgres {version} has no failover slots: test not run (scripts/test runs it on 17)"
         );
         return;
+    }
+    // Logical decoding waits for the standby, so the synced slot is never
+    // behind what walbox was sent (a setting of 17+, hence set here).
+    for sql in [
+        "ALTER SYSTEM SET synchronized_standby_slots = 'walbox_standby'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
     }
     apply_migrations(&admin).await;
     let one = |port: u16| {

@@ -456,6 +456,17 @@ impl PgServer {
         for leftover in ["postmaster.pid", "postmaster.opts"] {
             let _ = fs::remove_file(data.join(leftover));
         }
+        // The primary's wait for this standby (ALTER SYSTEM) is not the
+        // standby's: once promoted, it would wait for a slot it lacks.
+        let auto_conf = data.join("postgresql.auto.conf");
+        if let Ok(text) = fs::read_to_string(&auto_conf) {
+            let kept: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("synchronized_standby_slots"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            write_owned(&auto_conf, kept.as_bytes(), primary.owner)?;
+        }
         // The primary's slots are not the standby's.
         if let Ok(entries) = fs::read_dir(data.join("pg_replslot")) {
             for e in entries.flatten() {
