@@ -111,6 +111,15 @@ fn tidy(reason: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What to do with a client error [`ProblemLog::record`] has seen.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Logged a moment ago, or a startup check reports it.
+    Quiet,
+    /// Log it; with its classification when it is a connection problem.
+    Log(Option<BrokerProblem>),
+}
+
 /// The last problem, and when the same one was last logged.
 #[derive(Default)]
 pub(crate) struct ProblemLog {
@@ -130,26 +139,31 @@ struct State {
 const RELOG_AFTER: Duration = Duration::from_secs(60);
 
 impl ProblemLog {
-    /// Records a client error; returns true when it should be logged (it is
-    /// new, or was last logged a while ago, and no startup check is running).
-    pub(crate) fn record(&self, code: RDKafkaErrorCode, reason: &str) -> bool {
+    /// Records a client error (classified and tidied once, here) and says
+    /// whether to log it: it is new, or was last logged a while ago, and no
+    /// startup check is running.
+    pub(crate) fn record(&self, code: RDKafkaErrorCode, reason: &str) -> Verdict {
+        let problem = ProblemKind::of(code, reason).map(|kind| BrokerProblem::new(kind, reason));
+        let text = problem
+            .as_ref()
+            .map_or_else(|| tidy(reason), |p| p.detail.clone());
         let mut state = self.state.lock().expect("not poisoned");
-        if let Some(kind) = ProblemKind::of(code, reason) {
-            state.last = Some(BrokerProblem::new(kind, reason));
+        if problem.is_some() {
+            state.last.clone_from(&problem);
         }
         if self.checking.load(Ordering::Relaxed) {
-            return false;
+            return Verdict::Quiet;
         }
-        let text = tidy(reason);
         let now = Instant::now();
         let fresh = match &state.logged {
             Some((same, at)) => *same != text || now.duration_since(*at) >= RELOG_AFTER,
             None => true,
         };
-        if fresh {
-            state.logged = Some((text, now));
+        if !fresh {
+            return Verdict::Quiet;
         }
-        fresh
+        state.logged = Some((text, now));
+        Verdict::Log(problem)
     }
 
     /// The last classified problem, if any.
@@ -221,12 +235,21 @@ mod tests {
         let log = ProblemLog::default();
         let reason =
             "ssl://b:1/bootstrap: SSL handshake failed: x (after 1ms in state SSL_HANDSHAKE)";
-        assert!(log.record(RDKafkaErrorCode::SSL, reason));
-        assert!(!log.record(
-            RDKafkaErrorCode::SSL,
-            "ssl://b:1/bootstrap: SSL handshake failed: x (after 3ms in state SSL_HANDSHAKE)"
-        ));
-        assert!(log.record(RDKafkaErrorCode::AllBrokersDown, "1/1 brokers are down"));
+        assert_eq!(
+            log.record(RDKafkaErrorCode::SSL, reason),
+            Verdict::Log(Some(BrokerProblem::new(ProblemKind::Tls, reason)))
+        );
+        assert_eq!(
+            log.record(
+                RDKafkaErrorCode::SSL,
+                "ssl://b:1/bootstrap: SSL handshake failed: x (after 3ms in state SSL_HANDSHAKE)"
+            ),
+            Verdict::Quiet
+        );
+        assert_eq!(
+            log.record(RDKafkaErrorCode::AllBrokersDown, "1/1 brokers are down"),
+            Verdict::Log(None)
+        );
         assert_eq!(log.last().map(|p| p.kind), Some(ProblemKind::Tls));
         log.clear();
         assert_eq!(log.last(), None);

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{redact_values, SinkConfig, TopicSpec};
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
-use crate::problem::{BrokerProblem, ProblemLog};
+use crate::problem::{BrokerProblem, ProblemLog, Verdict};
 use crate::record::Record;
 
 /// Where a delivered record landed.
@@ -83,7 +83,7 @@ struct SinkContext<T> {
     tx: mpsc::Sender<Raw<T>>,
     room: Arc<Notify>,
     /// Secret property values, scrubbed from librdkafka's messages.
-    secrets: Vec<String>,
+    secrets: Arc<[String]>,
     /// Connection-level failures, for the startup check and for logging
     /// each one once rather than on every reconnect.
     problems: Arc<ProblemLog>,
@@ -147,18 +147,19 @@ impl Gap {
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
     fn error(&self, error: KafkaError, reason: &str) {
         let reason = redact_values(reason, &self.secrets);
-        let code = error.rdkafka_error_code();
-        let fresh = code.is_none_or(|c| self.problems.record(c, &reason));
-        if !fresh {
-            return;
-        }
-        let error = redact_values(&error.to_string(), &self.secrets);
-        match code.and_then(|c| crate::problem::ProblemKind::of(c, &reason)) {
-            Some(kind) if kind.is_definite() => {
-                let problem = BrokerProblem::new(kind, &reason);
+        let verdict = match error.rdkafka_error_code() {
+            Some(code) => self.problems.record(code, &reason),
+            None => Verdict::Log(None),
+        };
+        match verdict {
+            Verdict::Quiet => {}
+            Verdict::Log(Some(problem)) if problem.kind.is_definite() => {
                 tracing::error!(%problem, "Kafka refuses walbox's connection; deliveries wait until this is fixed (nothing is confirmed past them)");
             }
-            _ => tracing::warn!(%error, %reason, "kafka client error"),
+            Verdict::Log(_) => {
+                let error = redact_values(&error.to_string(), &self.secrets);
+                tracing::warn!(%error, %reason, "kafka client error");
+            }
         }
     }
 
@@ -279,7 +280,8 @@ struct Inner<T: Send + Sync + 'static> {
     /// For creating topics: made on first use, from the producer's settings.
     admin_config: rdkafka::ClientConfig,
     admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
-    secrets: Vec<String>,
+    /// The same secrets as the client context's, for admin errors.
+    secrets: Arc<[String]>,
 }
 
 /// The refusal of a record whose topic the broker does not know.
@@ -357,6 +359,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let room = Arc::new(Notify::new());
         let problems = Arc::new(ProblemLog::default());
+        let secrets: Arc<[String]> = config.secret_values().into();
         let movement = Arc::new(Movement::new());
         let gap = Arc::new(Gap {
             gapless: config.gapless,
@@ -365,7 +368,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let context = SinkContext {
             tx: tx.clone(),
             room: Arc::clone(&room),
-            secrets: config.secret_values(),
+            secrets: Arc::clone(&secrets),
             problems: Arc::clone(&problems),
             gap: Arc::clone(&gap),
             movement: Arc::clone(&movement),
@@ -394,7 +397,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             create_topics: config.create_topics.clone(),
             admin_config: client_config.clone(),
             admin: Mutex::new(None),
-            secrets: config.secret_values(),
+            secrets,
         });
         Ok((
             Sink {
@@ -610,23 +613,18 @@ impl<T: Send + Sync + 'static> Sink<T> {
         // Found missing a moment ago: refused at once; found missing a while
         // ago: one more look, without the grace.
         let mut deadline = Instant::now() + MISSING_TOPIC_GRACE;
-        let missing_since = self
-            .inner
-            .missing_topics
-            .lock()
-            .expect("not poisoned")
-            .get(topic)
-            .copied();
-        if let Some(since) = missing_since {
-            if since.elapsed() < MISSING_TOPIC_MEMORY {
-                return Err(missing_topic(topic));
+        {
+            let mut missing = self.inner.missing_topics.lock().expect("not poisoned");
+            match missing.get(topic) {
+                Some(since) if since.elapsed() < MISSING_TOPIC_MEMORY => {
+                    return Err(missing_topic(topic))
+                }
+                Some(_) => {
+                    missing.remove(topic);
+                    deadline = Instant::now();
+                }
+                None => {}
             }
-            self.inner
-                .missing_topics
-                .lock()
-                .expect("not poisoned")
-                .remove(topic);
-            deadline = Instant::now();
         }
         let mut created = false;
         loop {

@@ -294,16 +294,24 @@ async fn a_tiny_producer_queue_blocks_and_resumes_without_loss() {
     assert_once_in_key_order(&got, n, 7);
 }
 
+/// A one-broker mock cluster that answers "unknown topic" for `topic`.
+fn mock_without(topic: &str) -> TestKafka {
+    let kafka = TestKafka::mock(1);
+    kafka
+        .mock_cluster()
+        .unwrap()
+        .topic_error(
+            topic,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+        )
+        .unwrap();
+    kafka
+}
+
 #[tokio::test]
 async fn an_unknown_topic_is_a_permanent_error_after_a_short_wait() {
-    let kafka = TestKafka::mock(1);
-    let mock = kafka.mock_cluster().unwrap();
     let topic = "walbox-no-such-topic";
-    mock.topic_error(
-        topic,
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
-    )
-    .unwrap();
+    let kafka = mock_without(topic);
     let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
     let started = std::time::Instant::now();
     let got = pump(
@@ -346,14 +354,9 @@ async fn an_unknown_topic_is_a_permanent_error_after_a_short_wait() {
 
 #[tokio::test]
 async fn a_topic_created_seconds_after_its_first_record_is_waited_for() {
-    let kafka = TestKafka::mock(1);
-    let mock = kafka.mock_cluster().unwrap();
     let topic = "walbox-late-topic";
-    mock.topic_error(
-        topic,
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
-    )
-    .unwrap();
+    let kafka = mock_without(topic);
+    let mock = kafka.mock_cluster().unwrap();
     let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
     let send = pump(
         &sink,

@@ -50,17 +50,32 @@ fn pki_for(names: &[&str]) -> Pki {
     }
 }
 
-/// A server that accepts only TLS connections.
-fn tls_server(pki: &Pki) -> PgServer {
+/// A server with `pki`'s certificate and key, TLS on; pg_hba still to say.
+fn tls_builder(pki: &Pki) -> walbox_test_harness::pg::PgServerBuilder {
     PgServer::builder()
         .file("server.crt", pki.cert_pem.as_bytes())
         .file("server.key", pki.key_pem.as_bytes())
         .setting("ssl", "on")
         .setting("ssl_cert_file", "server.crt")
         .setting("ssl_key_file", "server.key")
+}
+
+/// A server that accepts only TLS connections.
+fn tls_server(pki: &Pki) -> PgServer {
+    tls_builder(pki)
         .hba("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n")
         .start()
         .unwrap()
+}
+
+/// The superuser over the Unix socket (pg_hba's TCP rules vary by test).
+async fn superuser(server: &PgServer) -> tokio_postgres::Client {
+    let mut c = tokio_postgres::Config::new();
+    c.host_path(server.socket_dir())
+        .port(server.port())
+        .user("postgres")
+        .dbname("postgres");
+    walbox_test_harness::pg::connect(&c).await.unwrap()
 }
 
 fn config(server: &PgServer, host: &str, ssl: &str) -> PgConfig {
@@ -176,27 +191,13 @@ fn pki_with_client(user: &str) -> (Pki, String, String) {
 #[tokio::test]
 async fn a_client_certificate_authenticates_both_connections() {
     let (pki, client_cert, client_key) = pki_with_client("certuser");
-    let server = PgServer::builder()
-        .file("server.crt", pki.cert_pem.as_bytes())
-        .file("server.key", pki.key_pem.as_bytes())
+    let server = tls_builder(&pki)
         .file("ca.crt", pki.ca_pem.as_bytes())
-        .setting("ssl", "on")
-        .setting("ssl_cert_file", "server.crt")
-        .setting("ssl_key_file", "server.key")
         .setting("ssl_ca_file", "ca.crt")
         .hba("local all all trust\nhostssl all certuser 127.0.0.1/32 cert\nhost all all 127.0.0.1/32 reject\n")
         .start()
         .unwrap();
-    let admin = walbox_test_harness::pg::connect(&{
-        let mut c = tokio_postgres::Config::new();
-        c.host_path(server.socket_dir())
-            .port(server.port())
-            .user("postgres")
-            .dbname("postgres");
-        c
-    })
-    .await
-    .unwrap();
+    let admin = superuser(&server).await;
     admin
         .batch_execute("CREATE ROLE certuser LOGIN REPLICATION")
         .await
@@ -260,26 +261,12 @@ async fn a_client_certificate_authenticates_both_connections() {
 #[tokio::test]
 async fn channel_binding_is_used_over_tls_and_required_when_asked() {
     let pki = pki();
-    let server = PgServer::builder()
-        .file("server.crt", pki.cert_pem.as_bytes())
-        .file("server.key", pki.key_pem.as_bytes())
-        .setting("ssl", "on")
-        .setting("ssl_cert_file", "server.crt")
-        .setting("ssl_key_file", "server.key")
+    let server = tls_builder(&pki)
         .setting("password_encryption", "scram-sha-256")
         .hba("local all all trust\nhostssl all scramuser 127.0.0.1/32 scram-sha-256\nhost all trusted 127.0.0.1/32 trust\nhost all scramuser 127.0.0.1/32 scram-sha-256\n")
         .start()
         .unwrap();
-    let admin = walbox_test_harness::pg::connect(&{
-        let mut c = tokio_postgres::Config::new();
-        c.host_path(server.socket_dir())
-            .port(server.port())
-            .user("postgres")
-            .dbname("postgres");
-        c
-    })
-    .await
-    .unwrap();
+    let admin = superuser(&server).await;
     admin
         .batch_execute(
             "CREATE ROLE scramuser LOGIN REPLICATION PASSWORD 'bind me';
