@@ -279,7 +279,7 @@ impl Config {
         let pg = PgConfig::parse_with_env(pg_url, env)
             .map_err(|e| ConfigError(format!("pg_url: {e}")))?;
         let slot_ok = !r.slot.is_empty()
-            && r.slot.len() <= 63
+            && r.slot.len() <= slot_manager::MAX_NAME_BYTES
             && r.slot
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
