@@ -34,6 +34,9 @@ pub const CONTRACT_PINNED: &[&str] = &["acks", "enable.idempotence"];
 /// librdkafka's property for "a failed batch stops the producer".
 const GAPLESS: &str = "enable.gapless.guarantee";
 
+/// librdkafka's property that makes a producer transactional.
+const TRANSACTIONAL_ID: &str = "transactional.id";
+
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -61,6 +64,14 @@ pub struct SinkConfig {
     /// Create a topic the broker does not know, like this; `None`: a
     /// missing topic is waited for briefly, then refused.
     pub create_topics: Option<TopicSpec>,
+    /// Make the producer transactional with this `transactional.id` (see
+    /// `transaction.rs`). Records then carry no `message.timeout.ms` of
+    /// their own: librdkafka bounds them by `transaction.timeout.ms`, and a
+    /// record that times out aborts its transaction (to be written again)
+    /// rather than stalling it past the coordinator's patience.
+    /// [`SinkConfig::gapless`] does not apply: a failed record fails its
+    /// whole transaction.
+    pub transactional_id: Option<String>,
 }
 
 /// How the sink creates a missing topic.
@@ -84,6 +95,7 @@ impl SinkConfig {
             max_in_flight_bytes: 64 * 1024 * 1024,
             gapless: true,
             create_topics: None,
+            transactional_id: None,
         }
     }
 
@@ -141,6 +153,11 @@ impl SinkConfig {
                 "{GAPLESS} is set by walbox: on without a dead-letter topic, off with one"
             )));
         }
+        if self.properties.contains_key(TRANSACTIONAL_ID) {
+            return Err(crate::SinkError::Config(format!(
+                "{TRANSACTIONAL_ID} is set by walbox from its transactions settings"
+            )));
+        }
         if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
             return Err(crate::SinkError::Config(
                 "max in-flight records and bytes must be above 0".into(),
@@ -149,9 +166,20 @@ impl SinkConfig {
         let mut c = rdkafka::ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         for (k, v) in contract_defaults() {
+            if k == "message.timeout.ms" && self.transactional_id.is_some() {
+                continue;
+            }
             c.set(k, v);
         }
-        c.set(GAPLESS, if self.gapless { "true" } else { "false" });
+        match &self.transactional_id {
+            Some(id) => {
+                c.set(TRANSACTIONAL_ID, id);
+                c.set(GAPLESS, "false");
+            }
+            None => {
+                c.set(GAPLESS, if self.gapless { "true" } else { "false" });
+            }
+        }
         // Room for everything the sink lets into flight, twice over.
         c.set(
             "queue.buffering.max.messages",
@@ -219,6 +247,7 @@ impl fmt::Debug for SinkConfig {
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("gapless", &self.gapless)
             .field("create_topics", &self.create_topics)
+            .field("transactional_id", &self.transactional_id)
             .finish()
     }
 }

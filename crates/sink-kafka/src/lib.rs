@@ -18,21 +18,24 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Transactions (later)
+//! # Transactions
 //!
-//! Exactly-once delivery will use a transactional producer
-//! (`transactional.id`): begin, send, commit together with the source
-//! position. The token-based reports and the in-flight permits do not change
-//! for that; a transactional sink adds `begin`/`commit` around `send`.
+//! With [`SinkConfig::transactional_id`] the producer is transactional:
+//! [`Sink::init_transactions`] once, then `begin_transaction`, `send`s,
+//! `commit_transaction` (or `abort_transaction`). The token-based reports and
+//! the in-flight permits work as without; a record's report says it reached
+//! the broker, the commit says it became visible. See `transaction.rs`.
 
 mod config;
 mod error;
 mod problem;
 mod record;
 mod sink;
+mod transaction;
 
 pub use config::{contract_defaults, is_secret_property, SinkConfig, TopicSpec, CONTRACT_PINNED};
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};
 pub use sink::{shutdown, Delivered, Permit, Report, Reports, Sink};
+pub use transaction::{TxnError, TxnErrorKind};

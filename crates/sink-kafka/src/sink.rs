@@ -250,6 +250,14 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
     }
 }
 
+/// librdkafka's transactional calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxnCall {
+    Init,
+    Commit,
+    Abort,
+}
+
 /// In-flight capacity taken by [`Sink::reserve`] for one record; returned
 /// when the record's report is received (or when dropped unused).
 #[derive(Debug)]
@@ -279,6 +287,8 @@ struct Inner<T: Send + Sync + 'static> {
     create_topics: Option<TopicSpec>,
     /// For creating topics: made on first use, from the producer's settings.
     admin_config: rdkafka::ClientConfig,
+    /// Brokers and security only: for the consumer reading a topic back.
+    connection: rdkafka::ClientConfig,
     admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
     /// The same secrets as the client context's, for admin errors.
     secrets: Arc<[String]>,
@@ -362,7 +372,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let secrets: Arc<[String]> = config.secret_values().into();
         let movement = Arc::new(Movement::new());
         let gap = Arc::new(Gap {
-            gapless: config.gapless,
+            gapless: config.gapless && config.transactional_id.is_none(),
             failed: AtomicBool::new(false),
         });
         let context = SinkContext {
@@ -395,7 +405,14 @@ impl<T: Send + Sync + 'static> Sink<T> {
             gap,
             movement,
             create_topics: config.create_topics.clone(),
-            admin_config: client_config.clone(),
+            admin_config: {
+                // A second client with the same transactional.id would be a
+                // second transactional producer.
+                let mut c = client_config.clone();
+                c.remove("transactional.id");
+                c
+            },
+            connection: config.connection_config(),
             admin: Mutex::new(None),
             secrets,
         });
@@ -754,6 +771,50 @@ impl<T: Send + Sync + 'static> Sink<T> {
         self.inner
             .producer
             .purge(PurgeConfig::default().queue().inflight());
+    }
+}
+
+impl<T: Send + Sync + 'static> Sink<T> {
+    /// librdkafka's begin_transaction: local, it does not wait.
+    pub(crate) fn begin(&self) -> Result<(), KafkaError> {
+        self.inner.producer.begin_transaction()
+    }
+
+    /// Runs a transactional call on the blocking pool (they wait for the
+    /// broker).
+    pub(crate) async fn transactional(
+        &self,
+        call: TxnCall,
+        timeout: Duration,
+    ) -> Result<(), KafkaError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || match call {
+            TxnCall::Init => inner.producer.init_transactions(timeout),
+            TxnCall::Commit => inner.producer.commit_transaction(timeout),
+            TxnCall::Abort => inner.producer.abort_transaction(timeout),
+        })
+        .await
+        .expect("a producer call does not panic")
+    }
+
+    pub(crate) fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
+        self.inner.admin()
+    }
+
+    pub(crate) fn redact(&self, text: &str) -> String {
+        self.inner.redact(text)
+    }
+
+    pub(crate) fn secrets(&self) -> Arc<[String]> {
+        Arc::clone(&self.inner.secrets)
+    }
+
+    pub(crate) fn create_topics_spec(&self) -> Option<TopicSpec> {
+        self.inner.create_topics.clone()
+    }
+
+    pub(crate) fn consumer_config(&self) -> rdkafka::ClientConfig {
+        self.inner.connection.clone()
     }
 }
 

@@ -10,6 +10,8 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sink_kafka::{shutdown, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig};
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 
+mod transactions;
+
 /// Sends every record, collecting reports as they come (reports first, as a
 /// relay must), then waits for the rest. Returns the reports.
 async fn pump(

@@ -1,0 +1,352 @@
+//! Kafka transactions: a transactional sink ([`SinkConfig::transactional_id`])
+//! writes records that become visible to `read_committed` consumers only
+//! when [`Sink::commit_transaction`] succeeds, all together.
+//!
+//! ```text
+//! init_transactions ─► begin ─► send … send ─► commit ─► begin ─► …
+//!   (fences older                 │ a record fails, or the commit is
+//!    producers with               └─► abortable: abort ─► begin ─► …
+//!    the same id)           fenced (another producer took the id): stop
+//! ```
+//!
+//! The caller decides what a transaction holds and what to do after an
+//! abort; this module only drives librdkafka's state machine and says which
+//! kind of failure happened ([`TxnErrorKind`]).
+//!
+//! # Reading what was committed
+//!
+//! [`Sink::read_committed_last`] reads a compacted topic with a
+//! `read_committed` consumer up to its end and returns the last value
+//! written under a key: how a caller finds the progress it committed
+//! together with its records.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::sink::{Sink, TxnCall};
+use crate::SinkConfig;
+
+/// How a transactional call failed, which decides what the caller does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TxnErrorKind {
+    /// Another producer initialised the same `transactional.id`: this one
+    /// is fenced off for good. Stop; the other one carries on.
+    Fenced,
+    /// The transaction cannot commit (a record failed, the coordinator
+    /// aborted it after `transaction.timeout.ms`): abort it and write its
+    /// contents again in a new one.
+    Abortable,
+    /// It did not finish in time (a broker unreachable): the call may be
+    /// repeated, or the transaction aborted.
+    Retriable,
+    /// The broker does not support transactions, or does not let this
+    /// producer use them (authorization, `transaction.max.timeout.ms`).
+    Unsupported,
+    /// The producer is unusable.
+    Fatal,
+}
+
+/// A transactional call's failure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TxnError {
+    /// What to do about it.
+    pub kind: TxnErrorKind,
+    /// What happened.
+    pub message: String,
+}
+
+impl TxnError {
+    pub(crate) fn new(kind: TxnErrorKind, message: impl Into<String>) -> Self {
+        TxnError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Classifies an error of librdkafka's transactional API.
+    pub(crate) fn from_kafka(what: &str, e: &KafkaError) -> TxnError {
+        let message = format!("{what}: {e}");
+        let kind = match e {
+            KafkaError::Transaction(t) => match t.code() {
+                RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::InvalidProducerIdMapping
+                    if t.is_fatal() || t.code() == RDKafkaErrorCode::ProducerFenced =>
+                {
+                    TxnErrorKind::Fenced
+                }
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::InvalidTransactionTimeout
+                | RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedForMessageFormat => TxnErrorKind::Unsupported,
+                _ if t.is_fatal() => TxnErrorKind::Fatal,
+                _ if t.txn_requires_abort() => TxnErrorKind::Abortable,
+                RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::MessageTimedOut => {
+                    TxnErrorKind::Retriable
+                }
+                _ if t.is_retriable() => TxnErrorKind::Retriable,
+                // A call in the wrong state, and the like: a bug to stop on.
+                _ => TxnErrorKind::Fatal,
+            },
+            // commit_transaction flushes first; a flush that timed out.
+            KafkaError::Flush(_) => TxnErrorKind::Retriable,
+            _ => TxnErrorKind::Fatal,
+        };
+        TxnError::new(kind, message)
+    }
+}
+
+/// A topic a transactional sink reads back must keep the last value per
+/// key for good.
+const COMPACT: &str = "compact";
+
+impl<T: Send + Sync + 'static> Sink<T> {
+    /// Registers the `transactional.id` with the broker's transaction
+    /// coordinator, which fences every older producer with the same id and
+    /// completes (aborts) what such a producer left open. Call it once,
+    /// before the first [`Sink::begin_transaction`].
+    pub async fn init_transactions(&self, timeout: Duration) -> Result<(), TxnError> {
+        let result = self
+            .transactional(TxnCall::Init, timeout)
+            .await
+            .map_err(|e| TxnError::from_kafka("initialise transactions", &e));
+        match result {
+            // A broker without a transaction coordinator never answers
+            // FindCoordinator(transaction) usefully: librdkafka waits.
+            Err(e) if e.kind == TxnErrorKind::Retriable => Err(TxnError::new(
+                TxnErrorKind::Unsupported,
+                format!(
+                    "{} (no transaction coordinator answered within {timeout:?}: does the broker support transactions?)",
+                    e.message
+                ),
+            )),
+            other => other,
+        }
+    }
+
+    /// Starts a transaction: records sent from now on belong to it. Local
+    /// to librdkafka, no round trip.
+    pub fn begin_transaction(&self) -> Result<(), TxnError> {
+        self.begin()
+            .map_err(|e| TxnError::from_kafka("begin a transaction", &e))
+    }
+
+    /// Commits the transaction: waits until every record sent in it was
+    /// delivered, then makes them visible together. Fails
+    /// [`TxnErrorKind::Abortable`] when a record failed.
+    pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        self.transactional(TxnCall::Commit, timeout)
+            .await
+            .map_err(|e| TxnError::from_kafka("commit the transaction", &e))
+    }
+
+    /// Aborts the transaction: what was sent in it is never visible to a
+    /// `read_committed` consumer; records still queued are purged (and
+    /// reported as such).
+    pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        self.transactional(TxnCall::Abort, timeout)
+            .await
+            .map_err(|e| TxnError::from_kafka("abort the transaction", &e))
+    }
+
+    /// Makes sure `topic` exists and is compacted: created (one partition,
+    /// `cleanup.policy=compact`, the topic settings of
+    /// [`SinkConfig::create_topics`] otherwise) when missing; an existing
+    /// one with another `cleanup.policy` is refused, since deleting old
+    /// segments would delete the last value of a quiet key. A broker that
+    /// cannot describe topic configurations is let through with a warning.
+    pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), String> {
+        let admin = self.admin().map_err(|e| e.to_string())?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let described = tokio::time::timeout(
+            Duration::from_secs(15),
+            admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
+        )
+        .await;
+        let policy = match described {
+            Ok(Ok(results)) => match results.into_iter().next() {
+                Some(Ok(resource)) => resource
+                    .get("cleanup.policy")
+                    .and_then(|e| e.value.clone())
+                    .unwrap_or_else(|| "delete".into()),
+                Some(Err(RDKafkaErrorCode::UnknownTopicOrPartition)) => {
+                    return self.create_compacted_topic(topic).await
+                }
+                Some(Err(code)) => {
+                    tracing::warn!(topic, %code, "cannot read the topic's cleanup.policy; make sure it is compact");
+                    return Ok(());
+                }
+                None => return Ok(()),
+            },
+            Ok(Err(e)) => {
+                tracing::warn!(topic, error = %self.redact(&e.to_string()), "cannot read the topic's cleanup.policy (the broker does not describe configurations?); make sure it is compact");
+                return Ok(());
+            }
+            Err(_) => {
+                tracing::warn!(
+                    topic,
+                    "no answer describing the topic; make sure its cleanup.policy is compact"
+                );
+                return Ok(());
+            }
+        };
+        if policy.split(',').any(|p| p.trim() == COMPACT) {
+            Ok(())
+        } else {
+            Err(format!(
+                "topic {topic} has cleanup.policy={policy}: its old records would be deleted with the last value of a quiet key; set cleanup.policy=compact on it"
+            ))
+        }
+    }
+
+    async fn create_compacted_topic(&self, topic: &str) -> Result<(), String> {
+        let spec = self.create_topics_spec().unwrap_or_default();
+        let mut new = NewTopic::new(
+            topic,
+            1,
+            TopicReplication::Fixed(spec.replication_factor.unwrap_or(-1)),
+        );
+        let mut config: Vec<(String, String)> = spec.config.into_iter().collect();
+        config.retain(|(k, _)| k != "cleanup.policy" && k != "retention.ms");
+        config.push(("cleanup.policy".into(), COMPACT.into()));
+        for (k, v) in &config {
+            new = new.set(k, v);
+        }
+        let admin = self.admin().map_err(|e| e.to_string())?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        match admin.create_topics([&new], &options).await.as_deref() {
+            Ok([Ok(_)]) | Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
+                tracing::info!(topic, "created the compacted topic");
+                Ok(())
+            }
+            Ok([Err((_, code)), ..]) => Err(format!(
+                "topic {topic} does not exist and could not be created: {code} (create it with cleanup.policy=compact, or grant walbox CreateTopics)"
+            )),
+            Ok(_) => Err(format!("topic {topic}: no answer creating it")),
+            Err(e) => Err(format!(
+                "topic {topic} does not exist and could not be created: {}",
+                self.redact(&e.to_string())
+            )),
+        }
+    }
+
+    /// Reads `topic` from its start to its end with a `read_committed`
+    /// consumer and returns the last value written under `key` (`None`:
+    /// the key has no value; a deletion marker counts as none). Only what
+    /// committed transactions wrote is seen; the end is the last stable
+    /// offset, so call it after [`Sink::init_transactions`] has completed
+    /// whatever an older producer left open.
+    pub async fn read_committed_last(
+        &self,
+        topic: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Option<Bytes>, String> {
+        let config = self.consumer_config();
+        let (topic, key) = (topic.to_owned(), key.to_owned());
+        let secrets = self.secrets();
+        tokio::task::spawn_blocking(move || read_last_blocking(config, &topic, &key, timeout))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| crate::config::redact_values(&e, &secrets))
+    }
+}
+
+impl SinkConfig {
+    /// Connection settings only (brokers, security): for the clients a sink
+    /// uses beside its producer.
+    pub(crate) fn connection_config(&self) -> rdkafka::ClientConfig {
+        const CONNECTION: &[&str] = &[
+            "security.",
+            "sasl.",
+            "ssl.",
+            "ssl_",
+            "enable.ssl",
+            "socket.",
+            "client.",
+            "broker.",
+            "reconnect.",
+            "api.version",
+            "https.",
+            "topic.metadata",
+            "metadata.",
+            "debug",
+            "log_level",
+        ];
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.properties {
+            if CONNECTION.iter().any(|p| k.starts_with(p)) {
+                c.set(k, v);
+            }
+        }
+        c
+    }
+}
+
+fn read_last_blocking(
+    mut config: rdkafka::ClientConfig,
+    topic: &str,
+    key: &str,
+    timeout: Duration,
+) -> Result<Option<Bytes>, String> {
+    let deadline = Instant::now() + timeout;
+    let consumer: BaseConsumer = config
+        .set("group.id", "walbox-progress-reader")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| format!("create a consumer: {e}"))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("read topic {topic}: {e}"))?;
+    let partitions = match md.topics().iter().find(|t| t.name() == topic) {
+        Some(t) if t.error().is_none() => t.partitions().len() as i32,
+        _ => return Ok(None),
+    };
+    if partitions == 0 {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| format!("read topic {topic}: {e}"))?;
+    let mut at_end: HashMap<i32, bool> = (0..partitions).map(|p| (p, false)).collect();
+    let mut last: Option<Bytes> = None;
+    while at_end.values().any(|e| !e) {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "read topic {topic}: not at its end within {timeout:?}"
+            ));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if m.key() == Some(key.as_bytes()) {
+                    last = m.payload().map(Bytes::copy_from_slice);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p, true);
+            }
+            Some(Err(e)) => return Err(format!("read topic {topic}: {e}")),
+            None => {}
+        }
+    }
+    Ok(last)
+}
