@@ -336,11 +336,10 @@ fn read_last_blocking(
             ));
         }
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                if m.key() == Some(key.as_bytes()) {
-                    last = m.payload().map(Bytes::copy_from_slice);
-                }
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                last = m.payload().map(Bytes::copy_from_slice);
             }
+            Some(Ok(_)) => {}
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p, true);
             }
