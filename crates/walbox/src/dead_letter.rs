@@ -96,6 +96,11 @@ impl DeadLetters {
         DeadLetters { topic: None }
     }
 
+    /// The dead-letter topic, if any.
+    pub fn topic(&self) -> Option<&str> {
+        self.topic.as_deref()
+    }
+
     /// Publish undeliverable events to `topic`.
     pub fn to_topic(topic: impl Into<String>) -> Self {
         DeadLetters {

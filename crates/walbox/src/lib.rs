@@ -8,6 +8,7 @@
 pub mod commands;
 pub mod config;
 pub mod dead_letter;
+pub mod exactly_once;
 pub mod mapping;
 pub mod metrics;
 pub mod progress;

@@ -65,6 +65,10 @@ pub struct Metrics {
     pub failed: Family<KindLabels, Counter>,
     /// Events of replayed transactions not sent again.
     pub replays_skipped: Counter,
+    /// Exactly-once: Kafka transactions committed.
+    pub transactions_committed: Counter,
+    /// Exactly-once: Kafka transactions aborted (their events written again).
+    pub transactions_aborted: Counter,
     /// Events in flight.
     pub in_flight_events: Gauge,
     /// Bytes in flight.
@@ -162,6 +166,18 @@ impl Metrics {
             "Time from an event's transaction commit to the broker's acknowledgement",
             commit_to_ack.clone(),
         );
+        let (transactions_committed, transactions_aborted) =
+            (Counter::default(), Counter::default());
+        registry.register(
+            "walbox_transactions_committed",
+            "Exactly-once: Kafka transactions committed (their events became visible)",
+            transactions_committed.clone(),
+        );
+        registry.register(
+            "walbox_transactions_aborted",
+            "Exactly-once: Kafka transactions aborted (their events are written again)",
+            transactions_aborted.clone(),
+        );
         let delivery_stalled_seconds = Gauge::default();
         registry.register(
             "walbox_delivery_stalled_seconds",
@@ -173,6 +189,8 @@ impl Metrics {
             dead_lettered,
             failed,
             replays_skipped,
+            transactions_committed,
+            transactions_aborted,
             labelled_topics: std::sync::Mutex::new(std::collections::HashSet::new()),
             in_flight_events,
             in_flight_bytes,

@@ -338,6 +338,15 @@ impl Progress {
         Ok(Ack::Current(self.poll(now, false)))
     }
 
+    /// A token of this session that stands for no event (the exactly-once
+    /// progress record): never acked, recognised as stale after the session.
+    pub fn marker(&self) -> EventToken {
+        EventToken {
+            session: self.session,
+            tx: u64::MAX,
+        }
+    }
+
     /// True when `token` belongs to the current session.
     pub fn is_current(&self, token: EventToken) -> bool {
         token.session == self.session

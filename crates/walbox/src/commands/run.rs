@@ -135,6 +135,12 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             return Err(RunError::Broker { brokers, source }.into());
         }
     }
+    if let Some(eos) = &settings.exactly_once {
+        sink.ensure_compacted_topic(&eos.progress_topic)
+            .await
+            .map_err(RunError::Transactions)?;
+        tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
+    }
     let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
     let required_columns = mapping
         .required_columns()
@@ -154,6 +160,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         dead_letters: settings.dead_letters,
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
+        exactly_once: settings.exactly_once.clone(),
     };
     let urgency = shutdown.clone();
     let result =

@@ -29,6 +29,7 @@ use sink_kafka::{is_secret_property, SinkConfig, TopicSpec};
 use slot_manager::{PgConfig, TableName};
 
 use crate::dead_letter::DeadLetters;
+use crate::exactly_once::{Bounds, ExactlyOnce};
 use crate::mapping::OutboxMapping;
 
 pub use args::{ConnectionFlags, MappingFlags, RunFlags};
@@ -72,6 +73,8 @@ struct Raw {
     mapping: RawMapping,
     kafka: RawKafka,
     topics: RawTopics,
+    delivery: Delivery,
+    transactions: RawTransactions,
     dead_letter_topic: Option<String>,
     max_in_flight_events: u64,
     max_in_flight_bytes: u64,
@@ -91,6 +94,8 @@ impl Default for Raw {
             mapping: RawMapping::default(),
             kafka: RawKafka::default(),
             topics: RawTopics::default(),
+            delivery: Delivery::AtLeastOnce,
+            transactions: RawTransactions::default(),
             dead_letter_topic: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
@@ -135,6 +140,29 @@ struct RawTopics {
     config: BTreeMap<String, String>,
 }
 
+/// What walbox promises about each event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Every event at least once; duplicates only after a crash or reconnect.
+    #[default]
+    AtLeastOnce,
+    /// Every event once for `read_committed` consumers, through Kafka
+    /// transactions (see [`crate::exactly_once`]).
+    ExactlyOnce,
+}
+
+/// `[transactions]`: exactly-once mode's settings.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTransactions {
+    id: Option<String>,
+    progress_topic: Option<String>,
+    max_events: Option<u64>,
+    max_bytes: Option<u64>,
+    max_ms: Option<u64>,
+}
+
 /// Where Postgres is and what to stream: every command's settings.
 #[derive(Clone, Debug)]
 pub struct Connection {
@@ -161,6 +189,8 @@ pub struct RunSettings {
     pub shutdown_timeout: Duration,
     /// Where to serve metrics and health endpoints.
     pub metrics_addr: Option<SocketAddr>,
+    /// Exactly-once mode; `None`: at least once.
+    pub exactly_once: Option<ExactlyOnce>,
 }
 
 /// The loaded configuration.
@@ -434,13 +464,64 @@ impl Config {
         // Without a dead-letter topic an event that fails for good stops
         // walbox, and nothing after it may be written ahead of it.
         sink.gapless = r.dead_letter_topic.is_none();
+        let exactly_once = self.exactly_once()?;
+        sink.transactional_id = exactly_once.as_ref().map(|e| e.transactional_id.clone());
         Ok(RunSettings {
             sink,
             dead_letters,
             status_interval: Duration::from_millis(r.status_interval_ms),
             shutdown_timeout: Duration::from_secs(r.shutdown_timeout_secs),
             metrics_addr,
+            exactly_once,
         })
+    }
+
+    /// Exactly-once mode's settings, when `delivery = "exactly-once"`.
+    fn exactly_once(&self) -> Result<Option<ExactlyOnce>, ConfigError> {
+        let r = &self.raw;
+        let t = &r.transactions;
+        if r.delivery == Delivery::AtLeastOnce {
+            let set = t.id.is_some()
+                || t.progress_topic.is_some()
+                || t.max_events.is_some()
+                || t.max_bytes.is_some()
+                || t.max_ms.is_some();
+            if set {
+                return Err(ConfigError(
+                    "transactions.* apply to delivery = \"exactly-once\": set it, or remove them".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let text = |key: &str, v: &Option<String>, default: String| match v {
+            Some(v) if v.is_empty() => Err(ConfigError(format!("transactions.{key}: must not be empty"))),
+            Some(v) => Ok(v.clone()),
+            None => Ok(default),
+        };
+        let transactional_id = text("id", &t.id, format!("walbox-{}", r.slot))?;
+        let progress_topic = text("progress_topic", &t.progress_topic, "walbox.progress".into())?;
+        let d = Bounds::default();
+        let count = |key: &str, v: Option<u64>, default: usize, least: u64| -> Result<usize, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(n) if n < least => Err(ConfigError(format!("transactions.{key}: must be at least {least}"))),
+                Some(n) => usize::try_from(n).map_err(|_| ConfigError(format!("transactions.{key}: too large"))),
+            }
+        };
+        let max_ms = count("max_ms", t.max_ms, d.max_time.as_millis() as usize, 1)?;
+        if max_ms > 600_000 {
+            return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));
+        }
+        Ok(Some(ExactlyOnce {
+            progress_topic,
+            transactional_id,
+            slot: r.slot.clone(),
+            bounds: Bounds {
+                max_events: count("max_events", t.max_events, d.max_events, 1)?,
+                max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,
+                max_time: Duration::from_millis(max_ms as u64),
+            },
+        }))
     }
 
     /// Every setting's effective value, secrets redacted, with its source

@@ -1,8 +1,21 @@
 //! Where events go: records in, delivery reports out.
 
-use sink_kafka::{Permit, Record, Report, Reports, Sink};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sink_kafka::{Permit, Record, Report, Reports, Sink, TxnError};
 
 use super::Token;
+
+/// How long the transaction coordinator may take to register walbox (and
+/// complete what an older instance left open).
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a commit may take: its records' deliveries, then the markers.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an abort may take.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long reading the progress topic back may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Takes records, within bounds on what is in flight. Methods take `&self`
 /// so that reserving room and receiving reports ([`Deliveries`]) can wait in
@@ -23,6 +36,22 @@ pub trait Destination {
 
     /// Their bytes.
     fn in_flight_bytes(&self) -> usize;
+
+    /// Exactly-once: registers the transactional producer, fencing older
+    /// ones with the same id. Once, before the first [`Destination::begin`].
+    async fn init_transactions(&self) -> Result<(), TxnError>;
+
+    /// Exactly-once: the last committed value of `key` in `topic`.
+    async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String>;
+
+    /// Exactly-once: records sent from now on belong to a new transaction.
+    fn begin(&self) -> Result<(), TxnError>;
+
+    /// Exactly-once: makes the transaction's records visible, all of them.
+    async fn commit(&self) -> Result<(), TxnError>;
+
+    /// Exactly-once: discards the transaction's records.
+    async fn abort(&self) -> Result<(), TxnError>;
 }
 
 /// Each sent record's fate, once.
@@ -49,6 +78,26 @@ impl Destination for Sink<Token> {
 
     fn in_flight_bytes(&self) -> usize {
         Sink::in_flight_bytes(self)
+    }
+
+    async fn init_transactions(&self) -> Result<(), TxnError> {
+        Sink::init_transactions(self, INIT_TIMEOUT).await
+    }
+
+    async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String> {
+        self.read_committed_last(topic, key, READ_TIMEOUT).await
+    }
+
+    fn begin(&self) -> Result<(), TxnError> {
+        self.begin_transaction()
+    }
+
+    async fn commit(&self) -> Result<(), TxnError> {
+        self.commit_transaction(COMMIT_TIMEOUT).await
+    }
+
+    async fn abort(&self) -> Result<(), TxnError> {
+        self.abort_transaction(ABORT_TIMEOUT).await
     }
 }
 

@@ -2,12 +2,15 @@
 //! and a broker the test acknowledges by hand.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, BytesMut};
 use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
-use sink_kafka::{Delivered, DeliveryError, Record, Report};
+use bytes::Bytes;
+use sink_kafka::{
+    Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
+};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use slot_manager::Coverage;
@@ -362,12 +365,26 @@ impl ReplicationStream for FakeStream {
 struct InFlight {
     record: Record<Token>,
     permits: InFlightPermits,
+    /// The producer's epoch when sent in a transaction.
+    epoch: Option<u64>,
+    /// The handle whose reports channel gets its report.
+    reports: mpsc::UnboundedSender<(Report<Token>, InFlightPermits)>,
 }
 
 struct BrokerState {
     in_flight: VecDeque<InFlight>,
-    /// Every record acknowledged, in order.
+    /// Every record visible to a `read_committed` consumer, in order: acked
+    /// ones, and in transactions the committed ones.
     delivered: Vec<Record<()>>,
+    /// Kafka transactions: the transactional id's current epoch (0: never
+    /// initialised); a producer with an older one is fenced.
+    epoch: u64,
+    /// Records acked inside the open transaction: not visible yet.
+    open_txn: Vec<Record<()>>,
+    /// The next commit fails with this.
+    fail_next_commit: Option<TxnError>,
+    commits: usize,
+    aborts: usize,
 }
 
 /// The fake broker: bounded like the sink (events and KiB), reports by hand.
@@ -379,6 +396,9 @@ pub(super) struct Broker {
     kib: Arc<Semaphore>,
     kib_total: usize,
     reports: mpsc::UnboundedSender<(Report<Token>, InFlightPermits)>,
+    /// This producer's transactional epoch, and whether a transaction is open.
+    epoch: Arc<AtomicU64>,
+    in_txn: Arc<AtomicBool>,
 }
 
 type InFlightPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
@@ -397,15 +417,53 @@ impl Broker {
                 state: Arc::new(Mutex::new(BrokerState {
                     in_flight: VecDeque::new(),
                     delivered: Vec::new(),
+                    epoch: 0,
+                    open_txn: Vec::new(),
+                    fail_next_commit: None,
+                    commits: 0,
+                    aborts: 0,
                 })),
                 slots: Arc::new(Semaphore::new(events)),
                 slots_total: events,
                 kib: Arc::new(Semaphore::new(kib)),
                 kib_total: kib,
                 reports: tx,
+                epoch: Arc::new(AtomicU64::new(0)),
+                in_txn: Arc::new(AtomicBool::new(false)),
             },
             FakeReports { rx },
         )
+    }
+
+    /// Another producer on the same broker (a second walbox process): its
+    /// own bounds, reports and transactional epoch.
+    pub(super) fn another_producer(&self, events: usize, kib: usize) -> (Broker, FakeReports) {
+        let (mut broker, reports) = Broker::new(events, kib);
+        broker.state = Arc::clone(&self.state);
+        (broker, reports)
+    }
+
+    /// The next commit fails with `error`.
+    pub(super) fn fail_next_commit(&self, kind: TxnErrorKind) {
+        self.state.lock().unwrap().fail_next_commit = Some(TxnError {
+            kind,
+            message: format!("injected {kind:?}"),
+        });
+    }
+
+    /// Transactions committed and aborted so far.
+    pub(super) fn commits_and_aborts(&self) -> (usize, usize) {
+        let state = self.state.lock().unwrap();
+        (state.commits, state.aborts)
+    }
+
+    /// Records acked in the open transaction (not visible).
+    pub(super) fn uncommitted(&self) -> usize {
+        self.state.lock().unwrap().open_txn.len()
+    }
+
+    fn fenced(&self, state: &BrokerState) -> bool {
+        self.epoch.load(Ordering::SeqCst) != state.epoch
     }
 
     /// Records sent and not yet reported.
@@ -439,32 +497,64 @@ impl Broker {
         let Some(i) = state.in_flight.iter().position(|f| pick(&f.record)) else {
             return false;
         };
-        let InFlight { record, permits } = state.in_flight.remove(i).expect("found");
+        let f = state.in_flight.remove(i).expect("found");
+        Self::ack(&mut state, f);
+        true
+    }
+
+    fn ack(state: &mut BrokerState, f: InFlight) {
+        let InFlight {
+            record,
+            permits,
+            epoch,
+            reports,
+        } = f;
         let (copy, token) = record.split_token();
-        state.delivered.push(copy);
+        let result = match epoch {
+            Some(e) if e != state.epoch => Err(DeliveryError {
+                kind: DeliveryErrorKind::Fatal,
+                code: None,
+                message: "producer fenced".into(),
+            }),
+            Some(_) => {
+                state.open_txn.push(copy);
+                Ok(Delivered {
+                    partition: 0,
+                    offset: -1,
+                })
+            }
+            None => {
+                state.delivered.push(copy);
+                Ok(Delivered {
+                    partition: 0,
+                    offset: state.delivered.len() as i64 - 1,
+                })
+            }
+        };
         let report = Report {
             token,
-            result: Ok(Delivered {
-                partition: 0,
-                offset: state.delivered.len() as i64 - 1,
-            }),
+            result,
             returned: None,
         };
-        let _ = self.reports.send((report, permits));
-        true
+        let _ = reports.send((report, permits));
     }
 
     /// Refuses the oldest pending record with `error`, returning it whole.
     pub(super) fn refuse_oldest(&self, error: DeliveryError) {
         let mut state = self.state.lock().unwrap();
-        let InFlight { record, permits } = state.in_flight.pop_front().expect("a pending record");
+        let InFlight {
+            record,
+            permits,
+            reports,
+            ..
+        } = state.in_flight.pop_front().expect("a pending record");
         let (returned, token) = record.split_token();
         let report = Report {
             token,
             result: Err(error),
             returned: Some(returned),
         };
-        let _ = self.reports.send((report, permits));
+        let _ = reports.send((report, permits));
     }
 
     /// Every record acknowledged so far.
@@ -500,11 +590,16 @@ impl Destination for Broker {
     }
 
     async fn send(&self, permits: InFlightPermits, record: Record<Token>) {
-        self.state
-            .lock()
-            .unwrap()
-            .in_flight
-            .push_back(InFlight { record, permits });
+        let epoch = self
+            .in_txn
+            .load(Ordering::SeqCst)
+            .then(|| self.epoch.load(Ordering::SeqCst));
+        self.state.lock().unwrap().in_flight.push_back(InFlight {
+            record,
+            permits,
+            epoch,
+            reports: self.reports.clone(),
+        });
     }
 
     fn in_flight(&self) -> usize {
@@ -513,6 +608,98 @@ impl Destination for Broker {
 
     fn in_flight_bytes(&self) -> usize {
         (self.kib_total - self.kib.available_permits()) * 1024
+    }
+
+    async fn init_transactions(&self) -> Result<(), TxnError> {
+        let mut state = self.state.lock().unwrap();
+        // Completes (aborts) what an older producer left open, and fences it.
+        state.epoch += 1;
+        state.open_txn.clear();
+        self.epoch.store(state.epoch, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String> {
+        let state = self.state.lock().unwrap();
+        Ok(state
+            .delivered
+            .iter()
+            .rev()
+            .find(|r| r.topic == topic && r.key.as_deref() == Some(key.as_bytes()))
+            .and_then(|r| r.value.clone()))
+    }
+
+    fn begin(&self) -> Result<(), TxnError> {
+        let state = self.state.lock().unwrap();
+        if self.fenced(&state) {
+            return Err(TxnError {
+                kind: TxnErrorKind::Fenced,
+                message: "producer fenced".into(),
+            });
+        }
+        assert!(
+            !self.in_txn.swap(true, Ordering::SeqCst),
+            "begin inside a transaction"
+        );
+        Ok(())
+    }
+
+    async fn commit(&self) -> Result<(), TxnError> {
+        let mut state = self.state.lock().unwrap();
+        assert!(
+            self.in_txn.load(Ordering::SeqCst),
+            "commit without a transaction"
+        );
+        if self.fenced(&state) {
+            return Err(TxnError {
+                kind: TxnErrorKind::Fenced,
+                message: "producer fenced".into(),
+            });
+        }
+        // A commit flushes: the transaction's records are acked first.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        while let Some(i) = state.in_flight.iter().position(|f| f.epoch == Some(epoch)) {
+            let f = state.in_flight.remove(i).expect("found");
+            Self::ack(&mut state, f);
+        }
+        if let Some(e) = state.fail_next_commit.take() {
+            return Err(e);
+        }
+        let committed = std::mem::take(&mut state.open_txn);
+        state.delivered.extend(committed);
+        state.commits += 1;
+        self.in_txn.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn abort(&self) -> Result<(), TxnError> {
+        let mut state = self.state.lock().unwrap();
+        if self.fenced(&state) {
+            return Err(TxnError {
+                kind: TxnErrorKind::Fenced,
+                message: "producer fenced".into(),
+            });
+        }
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        // Queued records are purged (and reported as such).
+        while let Some(i) = state.in_flight.iter().position(|f| f.epoch == Some(epoch)) {
+            let f = state.in_flight.remove(i).expect("found");
+            let (_, token) = f.record.split_token();
+            let report = Report {
+                token,
+                result: Err(DeliveryError {
+                    kind: DeliveryErrorKind::Purged,
+                    code: None,
+                    message: "purged".into(),
+                }),
+                returned: None,
+            };
+            let _ = f.reports.send((report, f.permits));
+        }
+        state.open_txn.clear();
+        state.aborts += 1;
+        self.in_txn.store(false, Ordering::SeqCst);
+        Ok(())
     }
 }
 

@@ -23,6 +23,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         &mut self,
         report: Report<Token>,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        if self.transactions.is_some() {
+            return self.on_transactional_report(report).map(|()| None);
+        }
         let Report {
             token,
             result,
@@ -123,8 +126,14 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             LogicalMessage::Begin(b) => {
                 self.progress.begin(b.final_lsn())?;
                 self.commit_time = b.commit_time();
+                if let Some(t) = &mut self.transactions {
+                    t.begin(b.final_lsn());
+                }
             }
             LogicalMessage::Commit(c) => {
+                if let Some(t) = &mut self.transactions {
+                    t.commit(c.commit_lsn());
+                }
                 return Ok(self
                     .progress
                     .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?)
@@ -175,7 +184,13 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         tuple: &TupleData,
         lsn: Lsn,
     ) -> Result<(), RunError> {
-        if self.progress.replaying() {
+        // Exactly-once: rows of a replay that Kafka has already. Counted
+        // first, whether skipped or not: the count is the row's index.
+        let in_kafka = self
+            .transactions
+            .as_mut()
+            .is_some_and(|t| t.next_row_skipped());
+        if in_kafka || self.progress.replaying() {
             self.metrics.replays_skipped.inc();
             return Ok(());
         }
@@ -189,6 +204,28 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         match self.config.mapping.map(columns, tuple) {
             Ok(event) => {
                 tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
+                if let Some(error) = self.transactions.as_mut().and_then(|t| t.take_refused(lsn)) {
+                    // Refused for good before: straight to the dead-letter topic.
+                    let token = self.token(&event.topic, lsn, Some(DeadLetterKind::Refused))?;
+                    let returned = Record {
+                        topic: event.topic,
+                        key: Some(event.key),
+                        value: event.value,
+                        headers: event.headers,
+                        timestamp_ms: event.timestamp_ms,
+                        token: (),
+                    };
+                    if let Some(record) =
+                        self.config
+                            .dead_letters
+                            .refused(&error, Some(returned), lsn, token)
+                    {
+                        tracing::warn!(%error, %lsn, dead_letter_topic = %record.topic, "dead-lettering the event the broker refused");
+                        self.outgoing.push_back(record);
+                        return Ok(());
+                    }
+                    return Err(RunError::Delivery(error));
+                }
                 let token = self.token(&event.topic, lsn, None)?;
                 self.outgoing.push_back(Record {
                     topic: event.topic,
@@ -266,6 +303,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             commit_time: self.commit_time,
             topic,
             dead_letter,
+            progress_record: false,
         })
     }
 }

@@ -47,6 +47,7 @@ mod destination;
 mod handlers;
 mod session;
 mod source;
+mod transaction;
 
 #[cfg(test)]
 mod fakes;
@@ -64,6 +65,7 @@ use slot_manager::TableName;
 use tokio::sync::watch;
 
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
+use crate::exactly_once::ExactlyOnce;
 use crate::mapping::{MapError, OutboxMapping};
 use crate::metrics::Metrics;
 use crate::progress::{EventToken, ProgressError};
@@ -83,6 +85,9 @@ pub struct Token {
     topic: Arc<str>,
     /// Set on a dead-letter copy: why.
     dead_letter: Option<DeadLetterKind>,
+    /// Set on the progress record that closes a Kafka transaction
+    /// (exactly-once): it carries no event.
+    progress_record: bool,
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -113,6 +118,8 @@ pub struct RelayConfig {
     /// How long a shutdown may take to finish the open transaction and wait
     /// for in-flight deliveries.
     pub shutdown_timeout: Duration,
+    /// Exactly-once delivery through Kafka transactions; `None`: at least once.
+    pub exactly_once: Option<ExactlyOnce>,
 }
 
 /// Why the relay stopped with an error.
@@ -166,6 +173,22 @@ pub enum RunError {
     /// did: the message says what changed and what to do.
     #[error("{0}")]
     Drift(String),
+    /// Exactly-once: another instance with the same transactional id took
+    /// over; this one must stop.
+    #[error("another walbox instance with transactional id {id} took over (this one is fenced off: {detail}); stopping, the other one carries on")]
+    Fenced {
+        /// The transactional id.
+        id: String,
+        /// The broker's words.
+        detail: String,
+    },
+    /// Exactly-once: the Kafka transaction was aborted; a new session writes
+    /// its events again after the last committed progress.
+    #[error("{0}; the Kafka transaction was aborted and its events are written again from the last committed progress")]
+    Aborted(String),
+    /// Exactly-once cannot work with this broker or producer.
+    #[error("exactly-once delivery: {0}")]
+    Transactions(String),
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
@@ -174,7 +197,11 @@ pub enum RunError {
 impl RunError {
     /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
     pub fn is_transient(&self) -> bool {
-        matches!(self, RunError::Postgres(e) if e.is_transient())
+        match self {
+            RunError::Postgres(e) => e.is_transient(),
+            RunError::Aborted(_) => true,
+            _ => false,
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 
 use pgoutput_decoder::{Decoder, PgTimestamp};
@@ -18,6 +19,7 @@ use super::{
     Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Started,
     Stop, Token,
 };
+use super::transaction::Transactions;
 use crate::mapping::{ColumnIndexes, MapError};
 use crate::metrics::Metrics;
 use crate::progress::{History, Progress, EAGER_GAP};
@@ -58,7 +60,7 @@ enum Ending {
 /// The relay's state across sessions, and the current session's.
 pub(super) struct Session<'a, D, R> {
     pub(super) config: &'a RelayConfig,
-    destination: &'a D,
+    pub(super) destination: &'a D,
     reports: &'a mut R,
     pub(super) metrics: Arc<Metrics>,
     /// The one owner of what may be confirmed.
@@ -80,6 +82,8 @@ pub(super) struct Session<'a, D, R> {
     history: Option<String>,
     /// This session's domain types of the outbox table (OID → base OID).
     pub(super) domains: HashMap<u32, u32>,
+    /// Exactly-once mode's state; `None` in at-least-once mode.
+    pub(super) transactions: Option<Transactions>,
 }
 
 /// At most this many topic names are kept for sharing; past it the map
@@ -114,6 +118,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             coverage: None,
             history: None,
             domains: HashMap::new(),
+            transactions: config.exactly_once.clone().map(Transactions::new),
         }
     }
 
@@ -147,7 +152,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             }
             _ => History::Same,
         };
-        self.history = Some(history);
+        self.history = Some(history.clone());
         if same == History::New {
             // The last reading's WAL position belongs to the old history:
             // it verifies nothing here. Coverage starts over from a baseline.
@@ -159,6 +164,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         self.outgoing.clear();
         self.outbox.clear();
         self.domains = domains;
+        self.start_transactions(&history).await?;
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
         let result = async {
@@ -167,6 +173,12 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             self.stream(&mut stream, shutdown).await
         }
         .await;
+        // Exactly-once: what was sent in a transaction that did not commit
+        // is discarded, and written again by the next session.
+        let result = match (result, self.abort_open().await) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(ending), Ok(())) => Ok(ending),
+        };
         match result {
             Ok(ending) => {
                 if let Ending::Drain { deadline } = ending {
@@ -291,10 +303,31 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let mut heard = Instant::now();
         let silence = tokio::time::sleep_until(heard + RECEIVE_TIMEOUT);
         tokio::pin!(silence);
-        loop {
+        // Exactly-once: the commit of the closed Kafka transaction, and the
+        // open one's time bound.
+        let destination = self.destination;
+        let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_kafka::TxnError>>> = None;
+        let txn_due = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(txn_due);
+        let result = loop {
             if let Some(deadline) = finishing {
-                if !self.progress.in_transaction() {
-                    return Ok(Ending::Drain { deadline });
+                let idle = self.transactions.as_ref().is_none_or(|t| t.idle());
+                if !self.progress.in_transaction() && idle {
+                    break Ok(Ending::Drain { deadline });
+                }
+            }
+            if self.transactions.is_some() {
+                self.maybe_close(Instant::now(), finishing.is_some());
+                if committing.is_none() && self.ready_to_commit() {
+                    committing = Some(destination.commit().boxed_local());
+                }
+            }
+            let busy = self.transactions.as_ref().is_some_and(|t| t.busy());
+            let sending = !self.transactions.as_ref().is_some_and(|t| t.committing());
+            let open_until = self.transactions.as_ref().and_then(|t| t.due());
+            if let Some(due) = open_until {
+                if txn_due.deadline() != due {
+                    txn_due.as_mut().reset(due);
                 }
             }
             self.update_gauges();
@@ -303,19 +336,28 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 status_due.as_mut().reset(due);
             }
             let waiting = self.outgoing.front().map(Record::size);
-            if waiting.is_some() {
+            if waiting.is_some() || busy {
                 heard = Instant::now();
             }
             if silence.deadline() != heard + RECEIVE_TIMEOUT {
                 silence.as_mut().reset(heard + RECEIVE_TIMEOUT);
             }
-            tokio::select! {
+            let step: Result<(), RunError> = tokio::select! {
                 biased;
                 report = self.reports.next() => {
-                    let update = self.on_report(report.expect("the destination outlives the relay"))?;
-                    send_status(stream, update).await?;
+                    match self.on_report(report.expect("the destination outlives the relay")) {
+                        Ok(update) => send_status(stream, update).await,
+                        Err(e) => Err(e),
+                    }
                 }
-                () = &mut now => return Ok(Ending::Now),
+                committed = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
+                    committing = None;
+                    match self.on_committed(committed) {
+                        Ok(update) => send_status(stream, update).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                () = &mut now => break Ok(Ending::Now),
                 () = &mut stop, if finishing.is_none() => {
                     let deadline = Instant::now() + self.config.shutdown_timeout;
                     if self.progress.in_transaction() {
@@ -323,22 +365,25 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                         finish_by.as_mut().reset(deadline);
                     }
                     finishing = Some(deadline);
+                    Ok(())
                 }
                 () = &mut finish_by, if finishing.is_some() => {
                     tracing::warn!("shutdown timeout inside a transaction: its events are sent again after restart");
-                    return Ok(Ending::Drain { deadline: Instant::now() });
+                    break Ok(Ending::Drain { deadline: Instant::now() });
                 }
                 () = &mut status_due => {
                     let mut update = self.progress.tick(Instant::now());
                     if let Some(u) = &mut update {
                         u.reply_requested = heard.elapsed() >= REPLY_AFTER;
                     }
-                    send_status(stream, update).await?;
+                    send_status(stream, update).await
                 }
                 () = &mut coverage_due => {
                     coverage_due.as_mut().reset(Instant::now() + COVERAGE_INTERVAL);
-                    let update = self.check_coverage(stream).await?;
-                    send_status(stream, update).await?;
+                    match self.check_coverage(stream).await {
+                        Ok(update) => send_status(stream, update).await,
+                        Err(e) => Err(e),
+                    }
                 }
                 () = &mut sample => {
                     let next = sample.deadline() + SLOT_SAMPLE_INTERVAL;
@@ -346,42 +391,66 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     if let Some(bytes) = stream.retained_wal_bytes().await {
                         self.metrics.retained_wal_bytes.set(bytes);
                     }
+                    Ok(())
                 }
-                permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() => {
-                    self.send_front(permit).await;
+                () = &mut txn_due, if open_until.is_some() => Ok(()),
+                permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() && sending => {
+                    self.send_front(permit).await
                 }
                 // Read only while nothing waits for room: memory stays within
                 // the in-flight bounds plus one record.
-                message = stream.next(), if waiting.is_none() => {
+                message = stream.next(), if waiting.is_none() && !busy => {
                     heard = Instant::now();
-                    let update = self.on_message(&mut decoder, message?)?;
-                    send_status(stream, update).await?;
-                    self.send_while_room().await;
+                    match message.and_then(|m| self.on_message(&mut decoder, m)) {
+                        Ok(update) => match send_status(stream, update).await {
+                            Ok(()) => self.send_while_room().await,
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    }
                 }
                 // After the stream's branch: what is already received is read first.
-                () = &mut silence, if waiting.is_none() => {
-                    return Err(presumed_dead("the replication connection", RECEIVE_TIMEOUT));
+                () = &mut silence, if waiting.is_none() && !busy => {
+                    Err(presumed_dead("the replication connection", RECEIVE_TIMEOUT))
+                }
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+        };
+        // A commit under way finishes first (bounded by its timeout): its
+        // outcome decides what the abort at the session's end undoes.
+        if let Some(commit) = committing.take() {
+            let outcome = commit.await;
+            if let Ok(update) = self.on_committed(outcome) {
+                if let Some(update) = update {
+                    let _ = stream.send_status(update).await;
                 }
             }
         }
+        result
     }
 
     /// Sends waiting records while there is room right now: the common case
     /// costs no extra turn of the loop. Whatever must wait for room is left
     /// to the loop's `reserve` branch.
-    async fn send_while_room(&mut self) {
+    async fn send_while_room(&mut self) -> Result<(), RunError> {
         while let Some(size) = self.outgoing.front().map(Record::size) {
             let Some(permit) = self.destination.reserve(size).now_or_never() else {
-                return;
+                return Ok(());
             };
-            self.send_front(permit).await;
+            self.send_front(permit).await?;
         }
+        Ok(())
     }
 
-    /// Sends the first waiting record with the room reserved for it.
-    async fn send_front(&mut self, permit: D::Permit) {
+    /// Sends the first waiting record with the room reserved for it (in
+    /// exactly-once mode, inside the open Kafka transaction).
+    async fn send_front(&mut self, permit: D::Permit) -> Result<(), RunError> {
         let record = self.outgoing.pop_front().expect("a record is waiting");
+        self.before_send(&record)?;
         self.destination.send(permit, record).await;
+        Ok(())
     }
 
     /// Waits (until `deadline`, or an immediate shutdown) until every event
@@ -413,7 +482,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     return Ok(());
                 }
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() => {
-                    self.send_front(permit).await;
+                    self.send_front(permit).await?;
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::warn!(

@@ -29,6 +29,7 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
         dead_letters,
         status_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(30),
+        exactly_once: None,
     }
 }
 

@@ -1,0 +1,477 @@
+//! Exactly-once mode in the session: Kafka transactions around the events,
+//! each closed by a progress record (the rule is in
+//! [`crate::exactly_once`]).
+//!
+//! ```text
+//!  Idle ──first record sent──► Open ──bound reached, nothing waiting──► Closing
+//!   ▲                                   (progress record queued)           │ record sent
+//!   └──── acks the events to Progress ◄── commit ok ◄── Committing ◄───────┘
+//!         (the slot may move)             commit failed: abort, new session, replay
+//! ```
+//!
+//! An event's delivery report only says the broker has it; the event counts
+//! as delivered for [`Progress`](crate::progress::Progress) when its Kafka
+//! transaction committed. A failed record fails its transaction: the session
+//! ends, the transaction is aborted, and the new session's replay (Postgres
+//! re-sends from the slot's position) is cut at the last committed progress
+//! record, so nothing is written twice. An event the broker refused for
+//! good is remembered by its WAL position and, on the replay, goes to the
+//! dead-letter topic inside the new transaction (without a dead-letter
+//! topic it stops walbox, as in at-least-once mode).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
+use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind};
+use tokio::time::Instant;
+
+use super::session::Session;
+use super::{Deliveries, Destination, RunError, Token};
+use crate::exactly_once::{ExactlyOnce, Position, Skip};
+use crate::metrics::{KindLabels, TopicLabel};
+use crate::progress::Ack;
+
+/// At most this many refused events are remembered for their replay; more
+/// at once stops walbox (something is refusing everything).
+const MAX_REFUSED: usize = 10_000;
+
+/// The Kafka transaction's state.
+#[derive(Debug, Default)]
+pub(super) enum KafkaTxn {
+    /// None open.
+    #[default]
+    Idle,
+    /// Records are being sent into it.
+    Open {
+        since: Instant,
+        events: usize,
+        bytes: usize,
+        tokens: Vec<Token>,
+    },
+    /// Its progress record waits to be sent; then it commits.
+    Closing {
+        tokens: Vec<Token>,
+        position: Position,
+    },
+    /// Committing.
+    Committing {
+        tokens: Vec<Token>,
+        position: Position,
+    },
+}
+
+/// The exactly-once state of the relay, across sessions.
+#[derive(Debug)]
+pub(super) struct Transactions {
+    pub(super) config: ExactlyOnce,
+    /// `init_transactions` done (once per process, after the first session
+    /// acquired the slot: a standby waiting for the slot fences no one).
+    initialized: bool,
+    /// The last committed progress, when it belongs to this session's history.
+    committed: Option<Position>,
+    /// This session's server history.
+    history: String,
+    pub(super) txn: KafkaTxn,
+    /// The open Postgres transaction: its final LSN, what to skip of it, and
+    /// how many outbox rows were seen in it.
+    open_lsn: Lsn,
+    skip: Skip,
+    rows: u64,
+    /// The last Postgres transaction whose Commit was read.
+    last_commit: Option<Lsn>,
+    /// Events the broker refused for good, by WAL position: dead-lettered
+    /// on their replay.
+    refused: HashMap<Lsn, DeliveryError>,
+}
+
+impl Transactions {
+    pub(super) fn new(config: ExactlyOnce) -> Self {
+        Transactions {
+            config,
+            initialized: false,
+            committed: None,
+            history: String::new(),
+            txn: KafkaTxn::Idle,
+            open_lsn: Lsn::ZERO,
+            skip: Skip::Nothing,
+            rows: 0,
+            last_commit: None,
+            refused: HashMap::new(),
+        }
+    }
+
+    /// A Begin: what of this transaction Kafka has already.
+    pub(super) fn begin(&mut self, final_lsn: Lsn) {
+        self.open_lsn = final_lsn;
+        self.rows = 0;
+        self.skip = match &self.committed {
+            Some(p) => p.skip(&self.history, final_lsn),
+            None => Skip::Nothing,
+        };
+    }
+
+    /// A Commit.
+    pub(super) fn commit(&mut self, commit_lsn: Lsn) {
+        self.last_commit = Some(commit_lsn);
+        self.skip = Skip::Nothing;
+        self.rows = 0;
+    }
+
+    /// The next outbox row of the open transaction: true when Kafka has it.
+    pub(super) fn next_row_skipped(&mut self) -> bool {
+        let index = self.rows;
+        self.rows += 1;
+        self.skip.skips(index)
+    }
+
+    /// The refusal of the event at `lsn` in an aborted transaction, if it
+    /// was refused for good: its replay goes to the dead-letter topic.
+    pub(super) fn take_refused(&mut self, lsn: Lsn) -> Option<DeliveryError> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        self.refused.remove(&lsn)
+    }
+
+    /// True while records may not be sent (the transaction commits).
+    pub(super) fn committing(&self) -> bool {
+        matches!(self.txn, KafkaTxn::Committing { .. })
+    }
+
+    /// True while nothing new may be read: the transaction closes or commits.
+    pub(super) fn busy(&self) -> bool {
+        matches!(
+            self.txn,
+            KafkaTxn::Closing { .. } | KafkaTxn::Committing { .. }
+        )
+    }
+
+    /// When the open transaction reaches its time bound.
+    pub(super) fn due(&self) -> Option<Instant> {
+        match &self.txn {
+            KafkaTxn::Open { since, .. } => Some(*since + self.config.bounds.max_time),
+            _ => None,
+        }
+    }
+
+    /// True when no Kafka transaction is open.
+    pub(super) fn idle(&self) -> bool {
+        matches!(self.txn, KafkaTxn::Idle)
+    }
+
+    /// Where everything sent so far reaches: the open Postgres transaction's
+    /// rows so far, or the whole of the last one read.
+    fn position(&self, in_transaction: bool) -> Position {
+        let (commit_lsn, events) = if in_transaction {
+            (self.open_lsn, Some(self.rows))
+        } else {
+            (self.last_commit.unwrap_or(Lsn::ZERO), None)
+        };
+        Position {
+            history: self.history.clone(),
+            commit_lsn,
+            events,
+        }
+    }
+}
+
+impl<D: Destination, R: Deliveries> Session<'_, D, R> {
+    /// At a session's start: registers the producer (once) and reads the
+    /// last committed progress.
+    pub(super) async fn start_transactions(&mut self, history: &str) -> Result<(), RunError> {
+        let destination = self.destination;
+        let Some(eos) = self.transactions.as_mut() else {
+            return Ok(());
+        };
+        let new_history = !eos.history.is_empty() && eos.history != history;
+        eos.history = history.to_owned();
+        eos.txn = KafkaTxn::Idle;
+        if new_history {
+            tracing::warn!("the server's history changed: the committed progress no longer applies; events after the slot's position may be written again");
+            eos.committed = None;
+        }
+        if eos.initialized {
+            return Ok(());
+        }
+        let id = eos.config.transactional_id.clone();
+        destination
+            .init_transactions()
+            .await
+            .map_err(|e| txn_error(&id, e))?;
+        eos.initialized = true;
+        let topic = &eos.config.progress_topic;
+        let value = destination
+            .last_committed(topic, &id)
+            .await
+            .map_err(|e| RunError::Transactions(format!("read the progress topic {topic}: {e}")))?;
+        eos.committed = match value.map(|v| Position::decode(&v)) {
+            None => {
+                tracing::info!(%topic, transactional_id = %id, "exactly-once: no committed progress yet; starting from the slot's position");
+                None
+            }
+            Some(Ok(p)) if p.history != history => {
+                tracing::warn!(%topic, recorded = %p.history, now = %history, "exactly-once: the committed progress belongs to another server history (failover or restore); events after the slot's position may be written again");
+                None
+            }
+            Some(Ok(p)) => {
+                tracing::info!(%topic, transactional_id = %id, after = %p, "exactly-once: resuming after the committed progress");
+                Some(p)
+            }
+            Some(Err(e)) => {
+                return Err(RunError::Transactions(format!(
+                    "the last progress record of {id} in topic {topic} is unreadable ({e}); see docs/guarantees.md, \"Resetting the progress\""
+                )))
+            }
+        };
+        Ok(())
+    }
+
+    /// Before a record is sent: a transaction must be open.
+    pub(super) fn before_send(&mut self, record: &Record<Token>) -> Result<(), RunError> {
+        let destination = self.destination;
+        let Some(eos) = self.transactions.as_mut() else {
+            return Ok(());
+        };
+        if let KafkaTxn::Idle = eos.txn {
+            destination
+                .begin()
+                .map_err(|e| txn_error(&eos.config.transactional_id, e))?;
+            eos.txn = KafkaTxn::Open {
+                since: Instant::now(),
+                events: 0,
+                bytes: 0,
+                tokens: Vec::new(),
+            };
+        }
+        match &mut eos.txn {
+            KafkaTxn::Open {
+                events,
+                bytes,
+                tokens,
+                ..
+            } => {
+                *events += 1;
+                *bytes += record.size();
+                tokens.push(record.token.clone());
+            }
+            KafkaTxn::Closing { .. } if record.token.progress_record => {}
+            other => unreachable!("a record sent while the transaction is {other:?}"),
+        }
+        Ok(())
+    }
+
+    /// Closes the open transaction when a bound is reached (or `finishing`
+    /// once no Postgres transaction is open) and nothing waits to be sent:
+    /// queues its progress record.
+    pub(super) fn maybe_close(&mut self, now: Instant, finishing: bool) {
+        let in_transaction = self.progress.in_transaction();
+        let Some(eos) = self.transactions.as_mut() else {
+            return;
+        };
+        let KafkaTxn::Open {
+            since,
+            events,
+            bytes,
+            ..
+        } = &eos.txn
+        else {
+            return;
+        };
+        let b = eos.config.bounds;
+        let due = *events >= b.max_events
+            || *bytes >= b.max_bytes
+            || now >= *since + b.max_time
+            || (finishing && !in_transaction);
+        if !due || !self.outgoing.is_empty() {
+            return;
+        }
+        let position = eos.position(in_transaction);
+        let KafkaTxn::Open { tokens, .. } = std::mem::take(&mut eos.txn) else {
+            unreachable!("matched above")
+        };
+        let record = Record {
+            topic: eos.config.progress_topic.clone(),
+            key: Some(Bytes::from(eos.config.transactional_id.clone())),
+            value: Some(Bytes::from(position.encode(&eos.config.slot))),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            token: Token {
+                event: self.progress.marker(),
+                lsn: position.commit_lsn,
+                commit_time: PgTimestamp::default(),
+                topic: Arc::from(""),
+                dead_letter: None,
+                progress_record: true,
+            },
+        };
+        self.outgoing.push_back(record);
+        eos.txn = KafkaTxn::Closing { tokens, position };
+    }
+
+    /// True when the progress record is sent: the commit may start.
+    pub(super) fn ready_to_commit(&mut self) -> bool {
+        let Some(eos) = self.transactions.as_mut() else {
+            return false;
+        };
+        if !matches!(eos.txn, KafkaTxn::Closing { .. }) || !self.outgoing.is_empty() {
+            return false;
+        }
+        let KafkaTxn::Closing { tokens, position } = std::mem::take(&mut eos.txn) else {
+            unreachable!("matched above")
+        };
+        eos.txn = KafkaTxn::Committing { tokens, position };
+        true
+    }
+
+    /// The commit's outcome: the events are delivered (acked to the
+    /// progress, which may make a status update due), or the session ends.
+    pub(super) fn on_committed(
+        &mut self,
+        result: Result<(), TxnError>,
+    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        let Some(eos) = self.transactions.as_mut() else {
+            return Ok(None);
+        };
+        let KafkaTxn::Committing { tokens, position } = std::mem::take(&mut eos.txn) else {
+            return Ok(None);
+        };
+        if let Err(e) = result {
+            // The records are still in the transaction: abort it.
+            eos.txn = KafkaTxn::Closing {
+                tokens: Vec::new(),
+                position,
+            };
+            self.metrics.transactions_aborted.inc();
+            return Err(match e.kind {
+                TxnErrorKind::Abortable | TxnErrorKind::Retriable => {
+                    RunError::Aborted(format!("the commit failed: {e}"))
+                }
+                _ => txn_error(&eos.config.transactional_id, e),
+            });
+        }
+        eos.committed = Some(position);
+        self.metrics.transactions_committed.inc();
+        let now = Instant::now();
+        let mut update = None;
+        for token in tokens {
+            if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
+                update = Some(u);
+            }
+            self.count_visible(&token);
+        }
+        Ok(update)
+    }
+
+    /// Metrics of an event made visible by a commit.
+    fn count_visible(&self, token: &Token) {
+        let topic = self.metrics.topic_label(&token.topic);
+        match token.dead_letter {
+            Some(kind) => {
+                self.metrics
+                    .dead_lettered
+                    .get_or_create(&KindLabels {
+                        topic,
+                        kind: kind.as_str(),
+                    })
+                    .inc();
+            }
+            None => {
+                self.metrics
+                    .published
+                    .get_or_create(&TopicLabel { topic })
+                    .inc();
+                let micros =
+                    PgTimestamp::now().as_unix_micros() - token.commit_time.as_unix_micros();
+                self.metrics
+                    .commit_to_ack
+                    .observe(micros.max(0) as f64 / 1e6);
+            }
+        }
+    }
+
+    /// A delivery report in exactly-once mode: success waits for the
+    /// commit; a failure fails the transaction.
+    pub(super) fn on_transactional_report(&mut self, report: Report<Token>) -> Result<(), RunError> {
+        let Report { token, result, .. } = report;
+        let Err(error) = result else {
+            return Ok(());
+        };
+        if !self.progress.is_current(token.event) || error.kind == DeliveryErrorKind::Purged {
+            // An aborted transaction's record: its events are written again.
+            return Ok(());
+        }
+        if token.dead_letter.is_some() {
+            tracing::error!(%error, lsn = %token.lsn, "the dead-letter copy failed");
+            return Err(RunError::DeadLetter(error));
+        }
+        let eos = self
+            .transactions
+            .as_mut()
+            .expect("reports are transactional in exactly-once mode");
+        let to_dead_letter = error.kind == DeliveryErrorKind::Permanent
+            && !token.progress_record
+            && self.config.dead_letters.topic().is_some();
+        if to_dead_letter && eos.refused.len() < MAX_REFUSED {
+            tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
+            eos.refused.insert(token.lsn, error.clone());
+            return Err(RunError::Aborted(format!(
+                "the broker refused an event for good ({error})"
+            )));
+        }
+        if error.kind == DeliveryErrorKind::Permanent || error.kind == DeliveryErrorKind::Fatal {
+            self.metrics
+                .failed
+                .get_or_create(&KindLabels {
+                    topic: self.metrics.topic_label(&token.topic),
+                    kind: crate::dead_letter::failure_kind(error.kind),
+                })
+                .inc();
+            tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
+            return Err(RunError::Delivery(error));
+        }
+        Err(RunError::Aborted(format!("a record failed: {error}")))
+    }
+
+    /// At a session's end: aborts a transaction left open, so the next
+    /// session starts a new one (its events are written again then).
+    pub(super) async fn abort_open(&mut self) -> Result<(), RunError> {
+        let destination = self.destination;
+        let Some(eos) = self.transactions.as_mut() else {
+            return Ok(());
+        };
+        if eos.idle() {
+            return Ok(());
+        }
+        eos.txn = KafkaTxn::Idle;
+        self.outgoing.retain(|r| !r.token.progress_record);
+        match destination.abort().await {
+            Ok(()) => {
+                tracing::info!("aborted the open Kafka transaction");
+                Ok(())
+            }
+            Err(e) if e.kind == TxnErrorKind::Fenced => {
+                Err(txn_error(&eos.config.transactional_id, e))
+            }
+            Err(e) => Err(RunError::Transactions(format!(
+                "could not abort the open Kafka transaction: {e}"
+            ))),
+        }
+    }
+}
+
+/// A transactional failure as the relay reports it.
+fn txn_error(id: &str, e: TxnError) -> RunError {
+    match e.kind {
+        TxnErrorKind::Fenced => RunError::Fenced {
+            id: id.to_owned(),
+            detail: e.message,
+        },
+        TxnErrorKind::Unsupported => RunError::Transactions(format!(
+            "{e}: the brokers must support Kafka transactions (Apache Kafka 0.11 or later, with the transaction state topic available) and grant walbox Write on transactional id {id}; use delivery = \"at-least-once\" otherwise"
+        )),
+        TxnErrorKind::Abortable | TxnErrorKind::Retriable => RunError::Aborted(e.to_string()),
+        _ => RunError::Transactions(e.to_string()),
+    }
+}
