@@ -61,7 +61,10 @@ async fn a_transaction_commits_its_records_and_the_last_value_per_key_reads_back
         .read_committed_last("no-such-progress-topic", "walbox-test-commit", T)
         .await
         .unwrap();
-    assert_eq!(missing, None, "a topic that does not exist holds no progress");
+    assert_eq!(
+        missing, None,
+        "a topic that does not exist holds no progress"
+    );
     // The mock keeps partition order: the last progress record is the newest.
     let all = consume_n(&kafka, &progress, 6, T).await.unwrap();
     assert_eq!(all.last().unwrap().payload(), Some(&b"theirs"[..]));

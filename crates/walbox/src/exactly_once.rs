@@ -223,12 +223,16 @@ mod tests {
         assert!(text.contains("\"commit_lsn\":\"0/16B3748\""), "{text}");
         assert!(text.contains("\"slot\":\"walbox\""), "{text}");
         assert_eq!(Position::decode(&value).unwrap(), p);
-        assert!(Position::decode(b"{}").unwrap_err().contains("not a progress record"));
+        assert!(Position::decode(b"{}")
+            .unwrap_err()
+            .contains("not a progress record"));
         let future = text.replace("\"version\":1", "\"version\":9");
         assert!(Position::decode(future.as_bytes())
             .unwrap_err()
             .contains("version 9"));
         let bad = text.replace("0/16B3748", "nope");
-        assert!(Position::decode(bad.as_bytes()).unwrap_err().contains("nope"));
+        assert!(Position::decode(bad.as_bytes())
+            .unwrap_err()
+            .contains("nope"));
     }
 }

@@ -488,26 +488,37 @@ impl Config {
                 || t.max_ms.is_some();
             if set {
                 return Err(ConfigError(
-                    "transactions.* apply to delivery = \"exactly-once\": set it, or remove them".into(),
+                    "transactions.* apply to delivery = \"exactly-once\": set it, or remove them"
+                        .into(),
                 ));
             }
             return Ok(None);
         }
         let text = |key: &str, v: &Option<String>, default: String| match v {
-            Some(v) if v.is_empty() => Err(ConfigError(format!("transactions.{key}: must not be empty"))),
+            Some(v) if v.is_empty() => Err(ConfigError(format!(
+                "transactions.{key}: must not be empty"
+            ))),
             Some(v) => Ok(v.clone()),
             None => Ok(default),
         };
         let transactional_id = text("id", &t.id, format!("walbox-{}", r.slot))?;
-        let progress_topic = text("progress_topic", &t.progress_topic, "walbox.progress".into())?;
+        let progress_topic = text(
+            "progress_topic",
+            &t.progress_topic,
+            "walbox.progress".into(),
+        )?;
         let d = Bounds::default();
-        let count = |key: &str, v: Option<u64>, default: usize, least: u64| -> Result<usize, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(n) if n < least => Err(ConfigError(format!("transactions.{key}: must be at least {least}"))),
-                Some(n) => usize::try_from(n).map_err(|_| ConfigError(format!("transactions.{key}: too large"))),
-            }
-        };
+        let count =
+            |key: &str, v: Option<u64>, default: usize, least: u64| -> Result<usize, ConfigError> {
+                match v {
+                    None => Ok(default),
+                    Some(n) if n < least => Err(ConfigError(format!(
+                        "transactions.{key}: must be at least {least}"
+                    ))),
+                    Some(n) => usize::try_from(n)
+                        .map_err(|_| ConfigError(format!("transactions.{key}: too large"))),
+                }
+            };
         let max_ms = count("max_ms", t.max_ms, d.max_time.as_millis() as usize, 1)?;
         if max_ms > 600_000 {
             return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));

@@ -5,9 +5,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use bytes::{BufMut, BytesMut};
 use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
-use bytes::Bytes;
 use sink_kafka::{
     Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
 };

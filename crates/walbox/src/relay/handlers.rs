@@ -136,7 +136,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 }
                 return Ok(self
                     .progress
-                    .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?)
+                    .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?);
             }
             LogicalMessage::Relation(r) => {
                 // The outbox is the configured name or the table's OID: a

@@ -54,6 +54,8 @@ mod fakes;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_exactly_once;
+#[cfg(test)]
 mod tests_no_loss;
 
 use std::sync::Arc;

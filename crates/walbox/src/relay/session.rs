@@ -15,11 +15,11 @@ use tokio::time::Instant;
 
 use slot_manager::{describe_change, Coverage};
 
+use super::transaction::Transactions;
 use super::{
     Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Started,
     Stop, Token,
 };
-use super::transaction::Transactions;
 use crate::mapping::{ColumnIndexes, MapError};
 use crate::metrics::Metrics;
 use crate::progress::{History, Progress, EAGER_GAP};
@@ -422,10 +422,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         // outcome decides what the abort at the session's end undoes.
         if let Some(commit) = committing.take() {
             let outcome = commit.await;
-            if let Ok(update) = self.on_committed(outcome) {
-                if let Some(update) = update {
-                    let _ = stream.send_status(update).await;
-                }
+            if let Ok(Some(update)) = self.on_committed(outcome) {
+                let _ = stream.send_status(update).await;
             }
         }
         result

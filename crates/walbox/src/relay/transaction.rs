@@ -393,7 +393,10 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
 
     /// A delivery report in exactly-once mode: success waits for the
     /// commit; a failure fails the transaction.
-    pub(super) fn on_transactional_report(&mut self, report: Report<Token>) -> Result<(), RunError> {
+    pub(super) fn on_transactional_report(
+        &mut self,
+        report: Report<Token>,
+    ) -> Result<(), RunError> {
         let Report { token, result, .. } = report;
         let Err(error) = result else {
             return Ok(());

@@ -1,0 +1,351 @@
+//! Exactly-once mode against the fakes. The fake broker keeps Kafka's
+//! transactional promises (a transaction's records become visible at its
+//! commit, all together; an abort or a new producer with the same id
+//! discards them; a fenced producer can neither write nor commit), so these
+//! tests check what a `read_committed` consumer would see: every event
+//! once, in order, across crashes, aborts, splits and takeovers.
+
+use std::time::Duration;
+
+use sink_kafka::{DeliveryError, DeliveryErrorKind, TxnErrorKind};
+use tokio::sync::watch;
+
+use super::fakes::{header, relation, Broker, FakeSource};
+use super::tests::{until, Fixture};
+use super::{run, RelayConfig, RunError, Stop};
+use crate::dead_letter::DeadLetters;
+use crate::exactly_once::{Bounds, ExactlyOnce, Position};
+use crate::metrics::Metrics;
+
+fn exactly_once(max_events: usize) -> Option<ExactlyOnce> {
+    Some(ExactlyOnce {
+        progress_topic: "progress".into(),
+        transactional_id: "walbox-test".into(),
+        slot: "walbox".into(),
+        bounds: Bounds {
+            max_events,
+            max_bytes: 1 << 20,
+            max_time: Duration::from_millis(20),
+        },
+    })
+}
+
+fn fixture(dead_letters: DeadLetters, max_events: usize) -> Fixture {
+    let mut fx = Fixture::new(dead_letters, 1000, 1 << 16);
+    fx.config.exactly_once = exactly_once(max_events);
+    fx
+}
+
+/// The ids of the visible records of `topic`, in order.
+fn visible(broker: &Broker, topic: &str) -> Vec<String> {
+    broker
+        .delivered()
+        .iter()
+        .filter(|r| r.topic == topic)
+        .map(|r| header(r, "id").unwrap().to_owned())
+        .collect()
+}
+
+/// The last committed progress record.
+fn committed(broker: &Broker) -> Option<Position> {
+    broker
+        .delivered()
+        .iter()
+        .rev()
+        .find(|r| r.topic == "progress")
+        .map(|r| Position::decode(r.value.as_ref().unwrap()).unwrap())
+}
+
+/// `n` events named `{prefix}{i}`, one aggregate each of 3.
+fn events(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| (format!("{prefix}{i}"), format!("agg-{}", i % 3)))
+        .collect()
+}
+
+fn refs(events: &[(String, String)]) -> Vec<(&str, Option<&str>)> {
+    events
+        .iter()
+        .map(|(id, key)| (id.as_str(), Some(key.as_str())))
+        .collect()
+}
+
+/// A second walbox process: its own relay on `source`, a producer of its
+/// own on the shared broker. Runs until `until_done` holds, then is killed
+/// (dropped, as kill -9 would), or returns the relay's result if it ended.
+async fn process(
+    config: &RelayConfig,
+    source: &mut FakeSource,
+    broker: &Broker,
+    mut until_done: impl FnMut() -> bool,
+) -> Option<Result<(), RunError>> {
+    let (producer, mut reports) = broker.another_producer(1000, 1 << 16);
+    let (_stop, stopped) = watch::channel(Stop::No);
+    let relay = run(
+        config,
+        source,
+        &producer,
+        &mut reports,
+        stopped,
+        Metrics::new(),
+    );
+    tokio::pin!(relay);
+    loop {
+        tokio::select! {
+            result = &mut relay => return Some(result),
+            () = tokio::time::sleep(Duration::from_millis(5)) => {
+                if until_done() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_become_visible_at_the_commit_and_only_then_is_the_slot_confirmed() {
+    let mut fx = fixture(DeadLetters::halt(), 100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            // The broker has them; Kafka shows nothing, Postgres keeps them.
+            b.ack_all();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(visible(&b, "events"), Vec::<String>::new());
+            assert!(server.confirmed() < 200, "confirmed before the commit");
+            until("committed", || b.commits_and_aborts().0 == 1).await;
+            assert_eq!(visible(&b, "events"), ["e1", "e2"]);
+            until("confirmed", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    let p = committed(&fx.broker).unwrap();
+    assert_eq!((p.commit_lsn.as_u64(), p.events), (190, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_mid_transaction_then_a_restart_writes_each_event_once() {
+    let fx = fixture(DeadLetters::halt(), 100);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    // The first process commits T1, sends T2 into a transaction, dies.
+    let mut first = FakeSource::default();
+    let s1 = first.session(10);
+    s1.send(relation());
+    s1.transaction(190, &refs(&events("a", 3)));
+    let b = broker.clone();
+    let mut sent = false;
+    let killed = process(&config, &mut first, &broker, || {
+        if !sent && b.commits_and_aborts().0 == 1 {
+            s1.transaction(290, &refs(&events("b", 3)));
+            sent = true;
+        }
+        sent && b.pending() == 3
+    })
+    .await;
+    assert!(killed.is_none(), "killed with T2 in an open transaction");
+    assert_eq!(visible(&broker, "events"), ["a0", "a1", "a2"]);
+    // Postgres never saw a confirmation past T1 (or even T1's): it re-sends all.
+    let mut second = FakeSource::default();
+    let s2 = second.session(10);
+    s2.send(relation());
+    s2.transaction(190, &refs(&events("a", 3)));
+    s2.transaction(290, &refs(&events("b", 3)));
+    s2.transaction(390, &refs(&events("c", 2)));
+    let b = broker.clone();
+    let killed = process(&config, &mut second, &broker, || {
+        visible(&b, "events").len() >= 8 && s2.confirmed() == 400
+    })
+    .await;
+    assert!(killed.is_none());
+    assert_eq!(
+        visible(&broker, "events"),
+        ["a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1"],
+        "each event once, in commit order"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_postgres_transaction_larger_than_the_bound_is_split_and_resumed_inside() {
+    let fx = fixture(DeadLetters::halt(), 10);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    let big = events("x", 25);
+    let mut first = FakeSource::default();
+    let s1 = first.session(10);
+    s1.send(relation());
+    s1.transaction(10_000, &refs(&big));
+    let b = broker.clone();
+    let mut most_pending = 0;
+    let killed = process(&config, &mut first, &broker, || {
+        most_pending = most_pending.max(b.pending());
+        b.commits_and_aborts().0 == 2
+    })
+    .await;
+    assert!(killed.is_none());
+    assert!(
+        most_pending <= 11,
+        "{most_pending} records in one transaction"
+    );
+    let p = committed(&broker).unwrap();
+    assert_eq!((p.commit_lsn.as_u64(), p.events), (10_000, Some(20)));
+    assert_eq!(
+        s1.confirmed(),
+        10,
+        "the slot cannot move inside a transaction"
+    );
+    // The restart re-sends the whole transaction; its first 20 rows are in Kafka.
+    let mut second = FakeSource::default();
+    let s2 = second.session(10);
+    s2.send(relation());
+    s2.transaction(10_000, &refs(&big));
+    let killed = process(&config, &mut second, &broker, || s2.confirmed() == 10_010).await;
+    assert!(killed.is_none());
+    let want: Vec<String> = big.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(visible(&broker, "events"), want, "each row once, in order");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zombie_that_wakes_up_after_the_takeover_writes_nothing_visible() {
+    let fx = fixture(DeadLetters::halt(), 100);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    // The old instance: T1 committed, T2 sent into a transaction, then it stalls.
+    let mut old_source = FakeSource::default();
+    let s1 = old_source.session(10);
+    s1.send(relation());
+    s1.transaction(190, &refs(&events("a", 2)));
+    let (old_producer, mut old_reports) = broker.another_producer(1000, 1 << 16);
+    let (_stop, stopped) = watch::channel(Stop::No);
+    let old = run(
+        &config,
+        &mut old_source,
+        &old_producer,
+        &mut old_reports,
+        stopped,
+        Metrics::new(),
+    );
+    tokio::pin!(old);
+    let b = broker.clone();
+    tokio::select! {
+        r = &mut old => panic!("the old instance ended: {r:?}"),
+        () = until("T1 committed", || b.commits_and_aborts().0 == 1) => {}
+    }
+    s1.transaction(290, &refs(&events("b", 2)));
+    tokio::select! {
+        r = &mut old => panic!("the old instance ended: {r:?}"),
+        () = until("T2 sent", || b.pending() == 2) => {}
+    }
+    // SIGSTOP: the old instance is not polled any more; the broker has T2
+    // in its open transaction.
+    b.ack_all();
+    assert_eq!(b.uncommitted(), 2);
+    // The standby takes over the slot (the walsender dropped the stalled one).
+    let mut new_source = FakeSource::default();
+    let s2 = new_source.session(10);
+    s2.send(relation());
+    s2.transaction(190, &refs(&events("a", 2)));
+    s2.transaction(290, &refs(&events("b", 2)));
+    s2.transaction(390, &refs(&events("c", 1)));
+    let b = broker.clone();
+    let killed = process(&config, &mut new_source, &broker, || {
+        visible(&b, "events").len() >= 5 && s2.confirmed() == 400
+    })
+    .await;
+    assert!(killed.is_none());
+    // The old one wakes up: its commit is refused, it stops, nothing shows.
+    s1.transaction(390, &refs(&events("c", 1)));
+    let result = tokio::time::timeout(Duration::from_secs(60), &mut old)
+        .await
+        .expect("the zombie stops");
+    let e = result.unwrap_err();
+    assert!(matches!(e, RunError::Fenced { .. }), "{e}");
+    assert!(e.to_string().contains("took over"), "{e}");
+    assert_eq!(
+        visible(&broker, "events"),
+        ["a0", "a1", "b0", "b1", "c0"],
+        "the zombie's late writes never become visible"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_commit_aborts_and_the_replay_writes_each_event_once() {
+    let mut fx = fixture(DeadLetters::halt(), 100);
+    let first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    b.fail_next_commit(TxnErrorKind::Abortable);
+    let metrics = fx.metrics.clone();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("aborted", || b.commits_and_aborts().1 == 1).await;
+            second.send(relation());
+            second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            second.transaction(290, &[("e3", Some("a"))]);
+            until("confirmed", || second.confirmed() == 300).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(visible(&fx.broker, "events"), ["e1", "e2", "e3"]);
+    assert!(metrics
+        .encode()
+        .contains("walbox_transactions_aborted_total 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
+    let mut fx = fixture(DeadLetters::to_topic("dlq"), 100);
+    let first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            b.refuse_oldest(DeliveryError {
+                kind: DeliveryErrorKind::Permanent,
+                code: None,
+                message: "record too large".into(),
+            });
+            until("aborted", || b.commits_and_aborts().1 == 1).await;
+            second.send(relation());
+            second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("confirmed", || second.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(visible(&fx.broker, "events"), ["e2"]);
+    assert_eq!(visible(&fx.broker, "dlq"), ["e1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
+    let mut fx = fixture(DeadLetters::halt(), 100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            b.refuse_oldest(DeliveryError {
+                kind: DeliveryErrorKind::Permanent,
+                code: None,
+                message: "record too large".into(),
+            });
+            std::future::pending::<()>().await;
+        })
+        .await;
+    assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
+    assert_eq!(visible(&fx.broker, "events"), Vec::<String>::new());
+}
