@@ -4,6 +4,7 @@
 
 mod bad_inputs;
 mod config;
+mod exactly_once;
 mod failover;
 mod migrate;
 mod privileges;

@@ -38,4 +38,4 @@ pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};
 pub use sink::{shutdown, Delivered, Permit, Report, Reports, Sink};
-pub use transaction::{TxnError, TxnErrorKind};
+pub use transaction::{probe_transactions, TxnError, TxnErrorKind};

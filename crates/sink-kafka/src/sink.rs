@@ -304,7 +304,7 @@ fn missing_topic(topic: &str) -> DeliveryError {
 }
 
 /// What a topic check found.
-enum TopicVerdict {
+pub(crate) enum TopicVerdict {
     Known,
     /// The broker does not know the topic (yet).
     Missing(DeliveryError),
@@ -683,7 +683,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     }
 
     /// What the broker's metadata says about `topic`.
-    async fn topic_verdict(&self, topic: &str) -> TopicVerdict {
+    pub(crate) async fn topic_verdict(&self, topic: &str) -> TopicVerdict {
         let inner = Arc::clone(&self.inner);
         let name = topic.to_owned();
         tokio::task::spawn_blocking(move || {

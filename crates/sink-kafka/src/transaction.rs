@@ -21,16 +21,17 @@
 //! together with its records.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::sink::{Sink, TxnCall};
+use crate::sink::{Sink, TopicVerdict, TxnCall};
 use crate::SinkConfig;
 
 /// How a transactional call failed, which decides what the caller does.
@@ -88,6 +89,7 @@ impl TxnError {
                 | RDKafkaErrorCode::ClusterAuthorizationFailed
                 | RDKafkaErrorCode::InvalidTransactionTimeout
                 | RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedFeature
                 | RDKafkaErrorCode::UnsupportedForMessageFormat => TxnErrorKind::Unsupported,
                 _ if t.is_fatal() => TxnErrorKind::Fatal,
                 _ if t.txn_requires_abort() => TxnErrorKind::Abortable,
@@ -166,6 +168,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// segments would delete the last value of a quiet key. A broker that
     /// cannot describe topic configurations is let through with a warning.
     pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), String> {
+        match self.topic_verdict(topic).await {
+            TopicVerdict::Missing(_) => return self.create_compacted_topic(topic).await,
+            TopicVerdict::Refused(e) => return Err(e.message),
+            TopicVerdict::NoBroker => {
+                return Err(format!(
+                    "topic {topic}: no broker answered a metadata request"
+                ))
+            }
+            TopicVerdict::Known | TopicVerdict::Unsure => {}
+        }
         let admin = self.admin().map_err(|e| e.to_string())?;
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         let described = tokio::time::timeout(
@@ -175,10 +187,15 @@ impl<T: Send + Sync + 'static> Sink<T> {
         .await;
         let policy = match described {
             Ok(Ok(results)) => match results.into_iter().next() {
-                Some(Ok(resource)) => resource
-                    .get("cleanup.policy")
-                    .and_then(|e| e.value.clone())
-                    .unwrap_or_else(|| "delete".into()),
+                Some(Ok(resource)) => {
+                    match resource.get("cleanup.policy").and_then(|e| e.value.clone()) {
+                        Some(policy) => policy,
+                        None => {
+                            tracing::warn!(topic, "the broker did not say the topic's cleanup.policy; make sure it is compact");
+                            return Ok(());
+                        }
+                    }
+                }
                 Some(Err(RDKafkaErrorCode::UnknownTopicOrPartition)) => {
                     return self.create_compacted_topic(topic).await
                 }
@@ -255,11 +272,69 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let config = self.consumer_config();
         let (topic, key) = (topic.to_owned(), key.to_owned());
         let secrets = self.secrets();
-        tokio::task::spawn_blocking(move || read_last_blocking(config, &topic, &key, timeout))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| crate::config::redact_values(&e, &secrets))
+        let context = ReaderContext {
+            secrets: Arc::clone(&secrets),
+        };
+        tokio::task::spawn_blocking(move || {
+            read_last_blocking(config, context, &topic, &key, timeout)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::config::redact_values(&e, &secrets))
     }
+}
+
+/// Checks, before anything is written, that the brokers run transactions
+/// end to end for this producer's settings: a separate producer (with
+/// `transactional.id` `<id>.probe`, so it fences no running instance)
+/// initialises, writes a deletion marker for key `<id>.probe` to `topic`
+/// in a transaction, and commits it. A broker that accepts the first steps
+/// but not the commit (Tansu answers InitProducerId but not EndTxn) is
+/// caught here, not after the first events were written.
+pub async fn probe_transactions(
+    config: &SinkConfig,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(), TxnError> {
+    let id = format!(
+        "{}.probe",
+        config.transactional_id.as_deref().unwrap_or("walbox")
+    );
+    let mut client = config.connection_config();
+    client.set("transactional.id", &id).set("linger.ms", "0");
+    let secrets: Arc<[String]> = config.secret_values().into();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        let producer: ThreadedProducer<DefaultProducerContext> = client
+            .create()
+            .map_err(|e| TxnError::new(TxnErrorKind::Fatal, e.to_string()))?;
+        producer
+            .init_transactions(timeout)
+            .map_err(|e| TxnError::from_kafka("initialise transactions", &e))
+            .map_err(|e| match e.kind {
+                TxnErrorKind::Retriable => TxnError::new(
+                    TxnErrorKind::Unsupported,
+                    format!(
+                        "{} (no transaction coordinator answered within {timeout:?})",
+                        e.message
+                    ),
+                ),
+                _ => e,
+            })?;
+        producer
+            .begin_transaction()
+            .map_err(|e| TxnError::from_kafka("begin a transaction", &e))?;
+        producer
+            .send::<[u8], [u8]>(BaseRecord::to(&topic).key(id.as_bytes()))
+            .map_err(|(e, _)| TxnError::from_kafka("write in a transaction", &e))?;
+        producer
+            .commit_transaction(timeout)
+            .map_err(|e| TxnError::from_kafka("commit a transaction", &e))
+    })
+    .await
+    .map_err(|e| TxnError::new(TxnErrorKind::Fatal, e.to_string()))?
+    .map_err(|e| TxnError::new(e.kind, crate::config::redact_values(&e.message, &secrets)))
 }
 
 impl SinkConfig {
@@ -294,20 +369,39 @@ impl SinkConfig {
     }
 }
 
+/// The reading consumer's client context: the end of a partition is what
+/// it reads for, not an error to log; other errors are logged scrubbed.
+struct ReaderContext {
+    secrets: Arc<[String]>,
+}
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
+        let reason = crate::config::redact_values(reason, &self.secrets);
+        tracing::warn!(%reason, "kafka client error while reading a topic back");
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
 fn read_last_blocking(
     mut config: rdkafka::ClientConfig,
+    context: ReaderContext,
     topic: &str,
     key: &str,
     timeout: Duration,
 ) -> Result<Option<Bytes>, String> {
     let deadline = Instant::now() + timeout;
-    let consumer: BaseConsumer = config
+    let consumer: BaseConsumer<ReaderContext> = config
         .set("group.id", "walbox-progress-reader")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .create()
+        .create_with_context(context)
         .map_err(|e| format!("create a consumer: {e}"))?;
     let md = consumer
         .fetch_metadata(Some(topic), timeout)

@@ -20,6 +20,8 @@ pub struct RunArgs {
 
 /// How long the brokers may take to answer at startup.
 const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the check that the brokers run transactions may take.
+const TXN_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the producer may take to flush after the relay stopped.
 const SINK_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -139,6 +141,9 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await
             .map_err(RunError::Transactions)?;
+        sink_kafka::probe_transactions(&settings.sink, &eos.progress_topic, TXN_PROBE_TIMEOUT)
+            .await
+            .map_err(|e| RunError::from_txn(&eos.transactional_id, e))?;
         tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
     }
     let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));

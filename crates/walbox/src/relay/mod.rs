@@ -197,6 +197,11 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// A transactional failure of the producer with `transactional_id`.
+    pub fn from_txn(transactional_id: &str, e: sink_kafka::TxnError) -> RunError {
+        transaction::txn_error(transactional_id, e)
+    }
+
     /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
     pub fn is_transient(&self) -> bool {
         match self {

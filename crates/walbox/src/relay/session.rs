@@ -176,8 +176,12 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         // Exactly-once: what was sent in a transaction that did not commit
         // is discarded, and written again by the next session.
         let result = match (result, self.abort_open().await) {
-            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
             (Ok(ending), Ok(())) => Ok(ending),
+            (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+            // A producer that could not abort cannot start the next
+            // session's transaction: that outranks a transient error.
+            (Err(e), Err(abort)) if e.is_transient() => Err(abort),
+            (Err(e), Err(_)) => Err(e),
         };
         match result {
             Ok(ending) => {

@@ -37,6 +37,9 @@ use crate::progress::Ack;
 /// at once stops walbox (something is refusing everything).
 const MAX_REFUSED: usize = 10_000;
 
+/// How many times an abort that timed out is called again.
+const ABORT_ATTEMPTS: u32 = 3;
+
 /// The Kafka transaction's state.
 #[derive(Debug, Default)]
 pub(super) enum KafkaTxn {
@@ -338,6 +341,13 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             return Ok(None);
         };
         if let Err(e) = result {
+            if e.kind == TxnErrorKind::Retriable {
+                // librdkafka's rule: a commit that timed out is called again
+                // (the records are still in it; another call would conflict).
+                tracing::warn!(error = %e, "the commit did not finish in time; committing again");
+                eos.txn = KafkaTxn::Closing { tokens, position };
+                return Ok(None);
+            }
             // The records are still in the transaction: abort it.
             eos.txn = KafkaTxn::Closing {
                 tokens: Vec::new(),
@@ -345,9 +355,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             };
             self.metrics.transactions_aborted.inc();
             return Err(match e.kind {
-                TxnErrorKind::Abortable | TxnErrorKind::Retriable => {
-                    RunError::Aborted(format!("the commit failed: {e}"))
-                }
+                TxnErrorKind::Abortable => RunError::Aborted(format!("the commit failed: {e}")),
                 _ => txn_error(&eos.config.transactional_id, e),
             });
         }
@@ -449,23 +457,35 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         }
         eos.txn = KafkaTxn::Idle;
         self.outgoing.retain(|r| !r.token.progress_record);
-        match destination.abort().await {
-            Ok(()) => {
-                tracing::info!("aborted the open Kafka transaction");
-                Ok(())
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match destination.abort().await {
+                Ok(()) => {
+                    tracing::info!("aborted the open Kafka transaction");
+                    return Ok(());
+                }
+                // Timed out: called again, as librdkafka asks.
+                Err(e) if e.kind == TxnErrorKind::Retriable && attempts < ABORT_ATTEMPTS => {
+                    tracing::warn!(error = %e, "the abort did not finish in time; aborting again");
+                }
+                Err(e) if e.kind == TxnErrorKind::Fenced => {
+                    return Err(txn_error(&eos.config.transactional_id, e))
+                }
+                // The producer cannot go on: a restart starts a new one
+                // (and its init completes what is open).
+                Err(e) => {
+                    return Err(RunError::Transactions(format!(
+                        "could not abort the open Kafka transaction: {e}"
+                    )))
+                }
             }
-            Err(e) if e.kind == TxnErrorKind::Fenced => {
-                Err(txn_error(&eos.config.transactional_id, e))
-            }
-            Err(e) => Err(RunError::Transactions(format!(
-                "could not abort the open Kafka transaction: {e}"
-            ))),
         }
     }
 }
 
 /// A transactional failure as the relay reports it.
-fn txn_error(id: &str, e: TxnError) -> RunError {
+pub(super) fn txn_error(id: &str, e: TxnError) -> RunError {
     match e.kind {
         TxnErrorKind::Fenced => RunError::Fenced {
             id: id.to_owned(),

@@ -1,0 +1,196 @@
+//! `delivery = "exactly-once"` end to end: the walbox binary, a private
+//! Postgres, and librdkafka's MockCluster (transactions) or Tansu (none).
+//!
+//! The MockCluster speaks the transaction protocol but keeps no
+//! transaction state in its logs: it writes no commit or abort markers and
+//! serves what an aborted transaction wrote to every consumer. So these
+//! tests prove what does not depend on the broker's isolation: that walbox
+//! runs the protocol, that its progress record cuts what Postgres re-sends
+//! (nothing committed is written twice, even when the slot went back), and
+//! how much a kill -9 leaves in aborted transactions. What a
+//! `read_committed` consumer sees across aborts and takeovers is proven
+//! against the relay's fake broker, which keeps Kafka's promises
+//! (`crates/walbox/src/relay/tests_exactly_once.rs`).
+
+use std::process::Command;
+use std::time::Duration;
+
+use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::migrations::apply_migrations;
+use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least};
+use walbox_test_harness::tansu::Tansu;
+
+use crate::support::*;
+
+/// The flags of an exactly-once run writing to `topic`, progress to `progress`.
+fn exactly_once_flags<'a>(topic: &'a str, progress: &'a str) -> Vec<&'a str> {
+    vec![
+        "--mapping-topic-template",
+        topic,
+        "--delivery",
+        "exactly-once",
+        "--transactions-progress-topic",
+        progress,
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
+    let mut server = walbox_test_harness::pg::PgServer::start_default().unwrap();
+    let admin = server.config("postgres");
+    let url = format!(
+        "{} sslmode=disable",
+        walbox_test_harness::pg::conninfo(&admin)
+    );
+    let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
+    apply_migrations(&client).await;
+    let mut cmd = Command::new(walbox_e2e::walbox_bin());
+    cmd.args(["init-slot", "--pg-url", &url]);
+    assert!(cmd.status().unwrap().success());
+    client.batch_execute("CHECKPOINT").await.unwrap();
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(3).await;
+    let progress = kafka.create_topic(1).await;
+    let flags = exactly_once_flags(&topic, &progress);
+    let run = |kafka: &TestKafka| {
+        let mut command = Command::new(walbox_e2e::walbox_bin());
+        command.env("WALBOX_PG_URL", &url).env("WALBOX_LOG", "info");
+        spawn_run_with(command, kafka, &flags)
+    };
+
+    let mut relay = run(&kafka);
+    insert_events(&client, 0, 300, |k| 1 + k % 20, 7).await;
+    assert_eq!(expect_all(&kafka, &topic, 300).await, 0);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("delivery: exactly-once"), "{log}");
+
+    // A crash of Postgres: the slot goes back to the last checkpoint, and
+    // Postgres will send all 300 events again.
+    drop(client);
+    server = tokio::task::spawn_blocking(move || {
+        server.stop_immediate();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
+    assert!(
+        slot < head,
+        "the slot went back to {slot}, before {head} (else this test proves nothing)"
+    );
+
+    let mut relay = run(&kafka);
+    insert_events(&client, 300, 400, |k| 1 + k % 20, 7).await;
+    let duplicates = expect_all(&kafka, &topic, 400).await;
+    let log = relay.log();
+    assert!(
+        log.contains("resuming after the committed progress"),
+        "{log}"
+    );
+    assert_eq!(
+        duplicates, 0,
+        "Postgres re-sent what Kafka had committed; walbox skipped it\n{log}"
+    );
+    assert!(!log.contains("ERROR"), "{log}");
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions() {
+    const TOTAL: usize = 50_000;
+    const MAX_EVENTS: usize = 500;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(3).await;
+    let progress = kafka.create_topic(1).await;
+    let max_events = MAX_EVENTS.to_string();
+    let mut flags = exactly_once_flags(&topic, &progress);
+    flags.extend(["--transactions-max-events", &max_events]);
+
+    let writer = {
+        let db_client = db.connect().await;
+        tokio::spawn(async move {
+            for chunk in 0..50 {
+                let from = chunk * (TOTAL / 50);
+                insert_events(&db_client, from, from + TOTAL / 50, |k| 1 + k % 50, 97).await;
+                tokio::time::sleep(Duration::from_millis(100)).await; // spread the writes over the kills
+            }
+        })
+    };
+    let mut kills = 0;
+    while kills < 5 {
+        let mut relay = spawn_run(&db, &kafka, &flags);
+        wait_log(&relay, "streaming from the slot").await;
+        tokio::time::sleep(Duration::from_millis(700)).await; // let it stream a while
+        signal(&relay, "-KILL");
+        wait_exit(&mut relay).await;
+        kills += 1;
+    }
+    writer.await.unwrap();
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    eprintln!(
+        "{TOTAL} events through {kills} kill -9s in exactly-once mode: {duplicates} records of aborted transactions (visible on the MockCluster, which keeps no markers)"
+    );
+    // Each kill leaves at most one open transaction behind; a broker with
+    // markers hides it from read_committed consumers.
+    assert!(
+        duplicates <= kills * MAX_EVENTS,
+        "{duplicates} repeated records: more than {kills} open transactions of {MAX_EVENTS}"
+    );
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_without_transactions_is_refused_in_one_line() {
+    let Some(bin) = Tansu::bin_from_env() else {
+        eprintln!("WALBOX_TANSU_BIN is not set (scripts/test sets it): no broker without transactions here, test not run");
+        return;
+    };
+    let tansu = Tansu::start(&bin);
+    let kafka = TestKafka::External {
+        bootstrap: tansu.bootstrap(),
+    };
+    wait_broker(&kafka).await;
+    let topic = kafka.create_topic(1).await;
+    // walbox creates it, compacted.
+    let progress = format!("{topic}-progress");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    insert_events(&client, 0, 10, |_| 10, 1).await;
+    let started = std::time::Instant::now();
+    let mut relay = spawn_run(&db, &kafka, &exactly_once_flags(&topic, &progress));
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(!status.success(), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("exactly-once") && last.contains("transactions"),
+        "one line naming the problem, got: {last}\n{log}"
+    );
+    assert!(
+        last.contains("at-least-once"),
+        "says what to do instead: {last}"
+    );
+    eprintln!("refused in {:?}: {last}", started.elapsed());
+    assert!(
+        !log.contains("streaming from the slot"),
+        "refused before streaming a single event\n{log}"
+    );
+    let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
+    let head = current_wal_lsn(&client).await;
+    assert!(slot < head, "nothing confirmed: the slot is at {slot}");
+}
