@@ -485,3 +485,69 @@ fn libpq_variables_fill_in_or_replace_pg_url() {
     let e = load(None, &[], &[]).unwrap().connection().unwrap_err();
     assert!(e.to_string().contains("pg_url is required"), "{e}");
 }
+
+#[test]
+fn exactly_once_settings() {
+    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "k:9092");
+    // At least once by default: no transactional producer.
+    let run = load(None, &[PG, BROKERS], &[]).unwrap().run().unwrap();
+    assert!(run.exactly_once.is_none());
+    assert_eq!(run.sink.transactional_id, None);
+
+    let run = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_SLOT", "orders")],
+        &[("delivery", &["exactly-once"])],
+    )
+    .unwrap()
+    .run()
+    .unwrap();
+    let eos = run.exactly_once.expect("exactly-once");
+    assert_eq!(eos.transactional_id, "walbox-orders");
+    assert_eq!(eos.progress_topic, "walbox.progress");
+    assert_eq!(eos.bounds, crate::exactly_once::Bounds::default());
+    assert_eq!(run.sink.transactional_id.as_deref(), Some("walbox-orders"));
+
+    let (_d, path) = file(
+        "delivery = \"exactly-once\"\n[transactions]\nid = \"billing-eu\"\nprogress_topic = \"ops.walbox\"\nmax_events = 500\nmax_bytes = 65536\nmax_ms = 50\n",
+    );
+    let eos = load(Some(&path), &[PG, BROKERS], &[])
+        .unwrap()
+        .run()
+        .unwrap()
+        .exactly_once
+        .unwrap();
+    assert_eq!(
+        (eos.transactional_id.as_str(), eos.progress_topic.as_str()),
+        ("billing-eu", "ops.walbox")
+    );
+    assert_eq!(eos.bounds.max_events, 500);
+    assert_eq!(eos.bounds.max_bytes, 65536);
+    assert_eq!(eos.bounds.max_time, Duration::from_millis(50));
+
+    let refused = |vars: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(vars);
+        load(None, &all, &[])
+            .and_then(|c| c.run())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = refused(&[("WALBOX_TRANSACTIONS_ID", "x")]);
+    assert!(e.contains("apply to delivery = \"exactly-once\""), "{e}");
+    let e = refused(&[("WALBOX_DELIVERY", "exactly-twice")]);
+    assert!(
+        e.contains("WALBOX_DELIVERY") && e.contains("exactly-once"),
+        "{e}"
+    );
+    let eos = ("WALBOX_DELIVERY", "exactly-once");
+    let e = refused(&[eos, ("WALBOX_TRANSACTIONS_MAX_EVENTS", "0")]);
+    assert!(
+        e.contains("transactions.max_events: must be at least 1"),
+        "{e}"
+    );
+    let e = refused(&[eos, ("WALBOX_TRANSACTIONS_MAX_MS", "3600000")]);
+    assert!(e.contains("transactions.max_ms"), "{e}");
+    let e = refused(&[eos, ("WALBOX_TRANSACTIONS_ID", "")]);
+    assert!(e.contains("transactions.id: must not be empty"), "{e}");
+}
