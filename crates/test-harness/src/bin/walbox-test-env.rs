@@ -43,6 +43,9 @@ enum Cmd {
         /// Number of brokers.
         #[arg(long, default_value_t = 3)]
         brokers: i32,
+        /// A topic to create, NAME:PARTITIONS (repeatable).
+        #[arg(long = "topic", value_name = "NAME:PARTITIONS")]
+        topics: Vec<String>,
     },
     /// Print the first COUNT messages of a topic (partition, offset, key, headers, value).
     Consume {
@@ -210,9 +213,20 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::MockKafka { brokers } => {
+        Cmd::MockKafka { brokers, topics } => {
             let hold = Hold::install();
             let kafka = TestKafka::mock(brokers);
+            let cluster = kafka.mock_cluster().expect("a mock cluster");
+            for t in &topics {
+                let (name, partitions) = match t.split_once(':') {
+                    Some((n, p)) => (n, p.parse().unwrap_or(1)),
+                    None => (t.as_str(), 1),
+                };
+                if let Err(e) = cluster.create_topic(name, partitions, 1) {
+                    eprintln!("walbox-test-env: create topic {name}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
             println!("{}", kafka.bootstrap());
             hold.wait().await;
             ExitCode::SUCCESS
