@@ -16,7 +16,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use walbox_test_harness::kafka::TestKafka;
-use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least};
 use walbox_test_harness::tansu::Tansu;
@@ -37,18 +36,7 @@ fn exactly_once_flags<'a>(topic: &'a str, progress: &'a str) -> Vec<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
-    let mut server = walbox_test_harness::pg::PgServer::start_default().unwrap();
-    let admin = server.config("postgres");
-    let url = format!(
-        "{} sslmode=disable",
-        walbox_test_harness::pg::conninfo(&admin)
-    );
-    let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
-    apply_migrations(&client).await;
-    let mut cmd = Command::new(walbox_e2e::walbox_bin());
-    cmd.args(["init-slot", "--pg-url", &url]);
-    assert!(cmd.status().unwrap().success());
-    client.batch_execute("CHECKPOINT").await.unwrap();
+    let (mut server, url, client) = private_outbox().await;
     let kafka = TestKafka::mock(3);
     let topic = kafka.create_topic(3).await;
     let progress = kafka.create_topic(1).await;

@@ -319,20 +319,7 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
 /// running, skips them. Then a crash (immediate stop) the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn walbox_reconnects_after_postgres_restarts_and_sends_nothing_twice() {
-    let mut server = walbox_test_harness::pg::PgServer::start_default().unwrap();
-    let admin = server.config("postgres");
-    let url = format!(
-        "{} sslmode=disable",
-        walbox_test_harness::pg::conninfo(&admin)
-    );
-    let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
-    apply_migrations(&client).await;
-    let mut cmd = Command::new(walbox_e2e::walbox_bin());
-    cmd.args(["init-slot", "--pg-url", &url]);
-    assert!(cmd.status().unwrap().success());
-    // A checkpoint now, so the restart below has only confirmed positions
-    // to lose.
-    client.batch_execute("CHECKPOINT").await.unwrap();
+    let (mut server, url, client) = private_outbox().await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
     let mut command = Command::new(walbox_e2e::walbox_bin());

@@ -9,7 +9,7 @@ use rdkafka::message::Message;
 use tokio_postgres::Client;
 use walbox_test_harness::kafka::{consume_until_quiet, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
-use walbox_test_harness::pg::TestDb;
+use walbox_test_harness::pg::{PgServer, TestDb};
 use walbox_test_harness::wait::wait_for;
 
 pub(crate) fn walbox(db: &TestDb, args: &[&str]) -> Command {
@@ -139,6 +139,26 @@ pub(crate) async fn wait_log(relay: &Relay, needle: &str) {
         },
     )
     .await;
+}
+
+/// A private Postgres server (for tests that stop and start it) with the
+/// outbox, walbox's slot, and a checkpoint taken just after: a crash restart
+/// then loses only positions confirmed since. Returns the server, walbox's
+/// `pg_url` for it, and a client.
+pub(crate) async fn private_outbox() -> (PgServer, String, Client) {
+    let server = PgServer::start_default().unwrap();
+    let admin = server.config("postgres");
+    let url = format!(
+        "{} sslmode=disable",
+        walbox_test_harness::pg::conninfo(&admin)
+    );
+    let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
+    apply_migrations(&client).await;
+    let mut cmd = Command::new(walbox_e2e::walbox_bin());
+    cmd.args(["init-slot", "--pg-url", &url]);
+    assert!(cmd.status().unwrap().success());
+    client.batch_execute("CHECKPOINT").await.unwrap();
+    (server, url, client)
 }
 
 pub(crate) async fn init(db: &TestDb) -> Client {

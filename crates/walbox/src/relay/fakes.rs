@@ -462,8 +462,25 @@ impl Broker {
         self.state.lock().unwrap().open_txn.len()
     }
 
-    fn fenced(&self, state: &BrokerState) -> bool {
-        self.epoch.load(Ordering::SeqCst) != state.epoch
+    /// A producer whose epoch is not the id's current one is fenced.
+    fn check_epoch(&self, state: &BrokerState) -> Result<(), TxnError> {
+        if self.epoch.load(Ordering::SeqCst) == state.epoch {
+            return Ok(());
+        }
+        Err(TxnError {
+            kind: TxnErrorKind::Fenced,
+            message: "producer fenced".into(),
+        })
+    }
+
+    /// Takes this producer's records of its open transaction off the wire.
+    fn take_own(&self, state: &mut BrokerState) -> Vec<InFlight> {
+        let epoch = Some(self.epoch.load(Ordering::SeqCst));
+        let (own, rest): (Vec<InFlight>, Vec<InFlight>) = std::mem::take(&mut state.in_flight)
+            .into_iter()
+            .partition(|f| f.epoch == epoch);
+        state.in_flight = rest.into();
+        own
     }
 
     /// Records sent and not yet reported.
@@ -631,12 +648,8 @@ impl Destination for Broker {
 
     fn begin(&self) -> Result<(), TxnError> {
         let state = self.state.lock().unwrap();
-        if self.fenced(&state) {
-            return Err(TxnError {
-                kind: TxnErrorKind::Fenced,
-                message: "producer fenced".into(),
-            });
-        }
+        self.check_epoch(&state)?;
+        drop(state);
         assert!(
             !self.in_txn.swap(true, Ordering::SeqCst),
             "begin inside a transaction"
@@ -650,16 +663,9 @@ impl Destination for Broker {
             self.in_txn.load(Ordering::SeqCst),
             "commit without a transaction"
         );
-        if self.fenced(&state) {
-            return Err(TxnError {
-                kind: TxnErrorKind::Fenced,
-                message: "producer fenced".into(),
-            });
-        }
+        self.check_epoch(&state)?;
         // A commit flushes: the transaction's records are acked first.
-        let epoch = self.epoch.load(Ordering::SeqCst);
-        while let Some(i) = state.in_flight.iter().position(|f| f.epoch == Some(epoch)) {
-            let f = state.in_flight.remove(i).expect("found");
+        for f in self.take_own(&mut state) {
             Self::ack(&mut state, f);
         }
         if let Some(e) = state.fail_next_commit.take() {
@@ -674,16 +680,9 @@ impl Destination for Broker {
 
     async fn abort(&self) -> Result<(), TxnError> {
         let mut state = self.state.lock().unwrap();
-        if self.fenced(&state) {
-            return Err(TxnError {
-                kind: TxnErrorKind::Fenced,
-                message: "producer fenced".into(),
-            });
-        }
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        self.check_epoch(&state)?;
         // Queued records are purged (and reported as such).
-        while let Some(i) = state.in_flight.iter().position(|f| f.epoch == Some(epoch)) {
-            let f = state.in_flight.remove(i).expect("found");
+        for f in self.take_own(&mut state) {
             let (_, token) = f.record.split_token();
             let report = Report {
                 token,
