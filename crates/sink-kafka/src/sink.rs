@@ -790,7 +790,20 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || match call {
             TxnCall::Init => inner.producer.init_transactions(timeout),
-            TxnCall::Commit => inner.producer.commit_transaction(timeout),
+            TxnCall::Commit => {
+                // rust-rdkafka's commit flushes first, polling in slices of
+                // 100 ms that the producer's own polling thread leaves empty:
+                // every commit took 100 ms. Waiting here for the deliveries
+                // (the polling thread serves them) makes that flush a no-op.
+                let deadline = Instant::now() + timeout;
+                while inner.producer.in_flight_count() > 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                inner
+                    .producer
+                    .commit_transaction(left.max(Duration::from_millis(1)))
+            }
             TxnCall::Abort => inner.producer.abort_transaction(timeout),
         })
         .await

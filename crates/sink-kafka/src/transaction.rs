@@ -112,6 +112,9 @@ impl TxnError {
 /// key for good.
 const COMPACT: &str = "compact";
 
+/// How long a topic's configuration may take to be described.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 impl<T: Send + Sync + 'static> Sink<T> {
     /// Registers the `transactional.id` with the broker's transaction
     /// coordinator, which fences every older producer with the same id and
@@ -179,9 +182,13 @@ impl<T: Send + Sync + 'static> Sink<T> {
             TopicVerdict::Known | TopicVerdict::Unsure => {}
         }
         let admin = self.admin().map_err(|e| e.to_string())?;
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        // A broker that does not implement DescribeConfigs (librdkafka's
+        // MockCluster) never answers: a short wait, then a warning.
+        let options = AdminOptions::new()
+            .request_timeout(Some(DESCRIBE_TIMEOUT))
+            .operation_timeout(Some(DESCRIBE_TIMEOUT));
         let described = tokio::time::timeout(
-            Duration::from_secs(15),
+            DESCRIBE_TIMEOUT + Duration::from_secs(1),
             admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
         )
         .await;

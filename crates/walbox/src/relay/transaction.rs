@@ -310,6 +310,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             },
         };
         self.outgoing.push_back(record);
+        tracing::debug!(events = tokens.len(), %position, "closing the Kafka transaction");
         eos.txn = KafkaTxn::Closing { tokens, position };
     }
 
@@ -324,6 +325,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         let KafkaTxn::Closing { tokens, position } = std::mem::take(&mut eos.txn) else {
             unreachable!("matched above")
         };
+        tracing::debug!(events = tokens.len(), "committing the Kafka transaction");
         eos.txn = KafkaTxn::Committing { tokens, position };
         true
     }
