@@ -182,3 +182,78 @@ async fn a_broker_without_transactions_is_refused_in_one_line() {
     let head = current_wal_lsn(&client).await;
     assert!(slot < head, "nothing confirmed: the slot is at {slot}");
 }
+
+/// The value of the metric line starting with `name ` in `metrics`.
+fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_errors_inside_a_transaction_abort_it_and_the_stream_goes_on() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(3).await;
+    let progress = kafka.create_topic(1).await;
+    let dead = kafka.create_topic(1).await;
+    let addr = free_addr();
+    let mut flags = exactly_once_flags(&topic, &progress);
+    flags.extend(["--metrics-addr", &addr, "--dead-letter-topic", &dead]);
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    insert_events(&client, 0, 100, |k| 1 + k % 10, 5).await;
+    assert_eq!(expect_all(&kafka, &topic, 100).await, 0);
+    let mock = kafka.mock_cluster().expect("a mock");
+
+    // The coordinator loses the producer id at a commit: the transaction
+    // must be aborted (librdkafka bumps the epoch), then written again.
+    mock.request_errors(
+        RDKafkaApiKey::EndTxn,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID],
+    );
+    insert_events(&client, 100, 200, |k| 1 + k % 10, 5).await;
+    expect_all(&kafka, &topic, 200).await;
+    let (_, metrics) = http_get(&addr, "/metrics").expect("metrics");
+    assert!(
+        metric(&metrics, "walbox_transactions_aborted_total") >= 1.0,
+        "{metrics}\n{}",
+        relay.log()
+    );
+
+    // A produce request refused for good inside a transaction: aborted, and
+    // on the replay its events go to the dead-letter topic.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    insert_events(&client, 200, 300, |k| 1 + k % 10, 5).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let (_, metrics) = http_get(&addr, "/metrics").expect("metrics");
+    let dead_lettered: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("walbox_events_dead_lettered_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(dead_lettered >= 1.0, "{metrics}\n{}", relay.log());
+    assert!(
+        metric(&metrics, "walbox_transactions_aborted_total") >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "walbox kept streaming\n{}",
+        relay.log()
+    );
+    eprintln!(
+        "exactly-once under injected broker errors: {} transactions committed, {} aborted, {dead_lettered} events dead-lettered",
+        metric(&metrics, "walbox_transactions_committed_total"),
+        metric(&metrics, "walbox_transactions_aborted_total"),
+    );
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
