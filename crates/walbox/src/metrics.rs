@@ -69,6 +69,9 @@ pub struct Metrics {
     pub transactions_committed: Counter,
     /// Exactly-once: Kafka transactions aborted (their events written again).
     pub transactions_aborted: Counter,
+    /// Exactly-once: how long commits took (the records' deliveries, then
+    /// the coordinator's markers).
+    pub transaction_commit: Histogram,
     /// Events in flight.
     pub in_flight_events: Gauge,
     /// Bytes in flight.
@@ -178,6 +181,12 @@ impl Metrics {
             "Exactly-once: Kafka transactions aborted (their events are written again)",
             transactions_aborted.clone(),
         );
+        let transaction_commit = Histogram::new(COMMIT_TO_ACK_BUCKETS.iter().copied());
+        registry.register(
+            "walbox_transaction_commit_seconds",
+            "Exactly-once: time a Kafka transaction's commit took (its records' deliveries, then the markers)",
+            transaction_commit.clone(),
+        );
         let delivery_stalled_seconds = Gauge::default();
         registry.register(
             "walbox_delivery_stalled_seconds",
@@ -191,6 +200,7 @@ impl Metrics {
             replays_skipped,
             transactions_committed,
             transactions_aborted,
+            transaction_commit,
             labelled_topics: std::sync::Mutex::new(std::collections::HashSet::new()),
             in_flight_events,
             in_flight_bytes,

@@ -58,10 +58,11 @@ pub(super) enum KafkaTxn {
         tokens: Vec<Token>,
         position: Position,
     },
-    /// Committing.
+    /// Committing since `since`.
     Committing {
         tokens: Vec<Token>,
         position: Position,
+        since: Instant,
     },
 }
 
@@ -326,7 +327,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             unreachable!("matched above")
         };
         tracing::debug!(events = tokens.len(), "committing the Kafka transaction");
-        eos.txn = KafkaTxn::Committing { tokens, position };
+        eos.txn = KafkaTxn::Committing {
+            tokens,
+            position,
+            since: Instant::now(),
+        };
         true
     }
 
@@ -339,9 +344,17 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         let Some(eos) = self.transactions.as_mut() else {
             return Ok(None);
         };
-        let KafkaTxn::Committing { tokens, position } = std::mem::take(&mut eos.txn) else {
+        let KafkaTxn::Committing {
+            tokens,
+            position,
+            since,
+        } = std::mem::take(&mut eos.txn)
+        else {
             return Ok(None);
         };
+        self.metrics
+            .transaction_commit
+            .observe(since.elapsed().as_secs_f64());
         if let Err(e) = result {
             if e.kind == TxnErrorKind::Retriable {
                 // librdkafka's rule: a commit that timed out is called again
