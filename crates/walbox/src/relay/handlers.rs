@@ -204,7 +204,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         match self.config.mapping.map(columns, tuple) {
             Ok(event) => {
                 tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
-                if let Some(error) = self.transactions.as_mut().and_then(|t| t.take_refused(lsn)) {
+                if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
                     // Refused for good before: straight to the dead-letter topic.
                     let token = self.token(&event.topic, lsn, Some(DeadLetterKind::Refused))?;
                     let returned = Record {

@@ -321,6 +321,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
             }
             if self.transactions.is_some() {
+                if let Some(e) = self.doomed_and_heard() {
+                    break Err(e);
+                }
                 self.maybe_close(Instant::now(), finishing.is_some());
                 if committing.is_none() && self.ready_to_commit() {
                     committing = Some(destination.commit().boxed_local());

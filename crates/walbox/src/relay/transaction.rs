@@ -37,6 +37,10 @@ use crate::progress::Ack;
 /// at once stops walbox (something is refusing everything).
 const MAX_REFUSED: usize = 10_000;
 
+/// How long a failed transaction's other records may take to report before
+/// the session ends anyway.
+const DOOMED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How many times an abort that timed out is called again.
 const ABORT_ATTEMPTS: u32 = 3;
 
@@ -88,6 +92,9 @@ pub(super) struct Transactions {
     /// Events the broker refused for good, by WAL position: dead-lettered
     /// on their replay.
     refused: HashMap<Lsn, DeliveryError>,
+    /// The open transaction failed (why, since when): nothing more is sent
+    /// or read, and the session ends once its records have reported.
+    doomed: Option<(String, Instant)>,
 }
 
 impl Transactions {
@@ -103,6 +110,14 @@ impl Transactions {
             rows: 0,
             last_commit: None,
             refused: HashMap::new(),
+            doomed: None,
+        }
+    }
+
+    /// The open transaction failed; the first reason is kept.
+    fn doom(&mut self, why: String) {
+        if self.doomed.is_none() {
+            self.doomed = Some((why, Instant::now()));
         }
     }
 
@@ -131,29 +146,35 @@ impl Transactions {
     }
 
     /// The refusal of the event at `lsn` in an aborted transaction, if it
-    /// was refused for good: its replay goes to the dead-letter topic.
-    pub(super) fn take_refused(&mut self, lsn: Lsn) -> Option<DeliveryError> {
+    /// was refused for good: its replay goes to the dead-letter topic. Kept
+    /// until the transaction holding the dead-letter copy commits (if that
+    /// one aborts too, the next replay dead-letters it again).
+    pub(super) fn refusal(&self, lsn: Lsn) -> Option<DeliveryError> {
         if self.refused.is_empty() {
             return None;
         }
-        self.refused.remove(&lsn)
+        self.refused.get(&lsn).cloned()
     }
 
-    /// True while records may not be sent (the transaction commits).
+    /// True while records may not be sent (the transaction commits, or failed).
     pub(super) fn committing(&self) -> bool {
-        matches!(self.txn, KafkaTxn::Committing { .. })
+        matches!(self.txn, KafkaTxn::Committing { .. }) || self.doomed.is_some()
     }
 
-    /// True while nothing new may be read: the transaction closes or commits.
+    /// True while nothing new may be read: the transaction closes, commits
+    /// or failed.
     pub(super) fn busy(&self) -> bool {
         matches!(
             self.txn,
             KafkaTxn::Closing { .. } | KafkaTxn::Committing { .. }
-        )
+        ) || self.doomed.is_some()
     }
 
     /// When the open transaction reaches its time bound.
     pub(super) fn due(&self) -> Option<Instant> {
+        if self.doomed.is_some() {
+            return None;
+        }
         match &self.txn {
             KafkaTxn::Open { since, .. } => Some(*since + self.config.bounds.max_time),
             _ => None,
@@ -192,6 +213,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         let new_history = !eos.history.is_empty() && eos.history != history;
         eos.history = history.to_owned();
         eos.txn = KafkaTxn::Idle;
+        eos.doomed = None;
         if new_history {
             tracing::warn!("the server's history changed: the committed progress no longer applies; events after the slot's position may be written again");
             eos.committed = None;
@@ -274,6 +296,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         let Some(eos) = self.transactions.as_mut() else {
             return;
         };
+        if eos.doomed.is_some() {
+            return;
+        }
         let KafkaTxn::Open {
             since,
             events,
@@ -368,13 +393,17 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 tokens: Vec::new(),
                 position,
             };
-            self.metrics.transactions_aborted.inc();
             return Err(match e.kind {
                 TxnErrorKind::Abortable => RunError::Aborted(format!("the commit failed: {e}")),
                 _ => txn_error(&eos.config.transactional_id, e),
             });
         }
         eos.committed = Some(position);
+        if !eos.refused.is_empty() {
+            for t in tokens.iter().filter(|t| t.dead_letter.is_some()) {
+                eos.refused.remove(&t.lsn);
+            }
+        }
         self.metrics.transactions_committed.inc();
         let now = Instant::now();
         let mut update = None;
@@ -442,9 +471,8 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
             tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
             eos.refused.insert(token.lsn, error.clone());
-            return Err(RunError::Aborted(format!(
-                "the broker refused an event for good ({error})"
-            )));
+            eos.doom(format!("the broker refused an event for good ({error})"));
+            return Ok(());
         }
         if error.kind == DeliveryErrorKind::Permanent || error.kind == DeliveryErrorKind::Fatal {
             self.metrics
@@ -457,7 +485,19 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
             return Err(RunError::Delivery(error));
         }
-        Err(RunError::Aborted(format!("a record failed: {error}")))
+        // The other records of the transaction fail too, each with its
+        // reason: all are heard before the session ends, so an event refused
+        // for good is known as such, whichever report comes first.
+        eos.doom(format!("a record failed: {error}"));
+        Ok(())
+    }
+
+    /// Exactly-once: a failed transaction ends the session once every record
+    /// sent in it has reported (or [`DOOMED_WAIT`] passed).
+    pub(super) fn doomed_and_heard(&self) -> Option<RunError> {
+        let (why, since) = self.transactions.as_ref()?.doomed.as_ref()?;
+        let heard = self.destination.in_flight() == 0 || since.elapsed() >= DOOMED_WAIT;
+        heard.then(|| RunError::Aborted(why.clone()))
     }
 
     /// At a session's end: aborts a transaction left open, so the next
@@ -478,6 +518,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             match destination.abort().await {
                 Ok(()) => {
                     tracing::info!("aborted the open Kafka transaction");
+                    self.metrics.transactions_aborted.inc();
                     return Ok(());
                 }
                 // Timed out: called again, as librdkafka asks.
