@@ -56,6 +56,15 @@ fn committed(broker: &Broker) -> Option<Position> {
         .map(|r| Position::decode(r.value.as_ref().unwrap()).unwrap())
 }
 
+/// The broker's refusal of a record for good.
+fn too_large() -> DeliveryError {
+    DeliveryError {
+        kind: DeliveryErrorKind::Permanent,
+        code: None,
+        message: "record too large".into(),
+    }
+}
+
 /// `n` events named `{prefix}{i}`, one aggregate each of 3.
 fn events(prefix: &str, n: usize) -> Vec<(String, String)> {
     (0..n)
@@ -311,11 +320,7 @@ async fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction(
             first.send(relation());
             first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
             until("2 in flight", || b.pending() == 2).await;
-            b.refuse_oldest(DeliveryError {
-                kind: DeliveryErrorKind::Permanent,
-                code: None,
-                message: "record too large".into(),
-            });
+            b.refuse_oldest(too_large());
             until("aborted", || b.commits_and_aborts().1 == 1).await;
             second.send(relation());
             second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
@@ -338,11 +343,7 @@ async fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
             server.send(relation());
             server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
             until("2 in flight", || b.pending() == 2).await;
-            b.refuse_oldest(DeliveryError {
-                kind: DeliveryErrorKind::Permanent,
-                code: None,
-                message: "record too large".into(),
-            });
+            b.refuse_oldest(too_large());
             std::future::pending::<()>().await;
         })
         .await;
