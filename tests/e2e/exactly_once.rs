@@ -71,11 +71,7 @@ async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
         .await
         .unwrap();
     let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version = walbox_test_harness::pg::server_version_num(&client).await;
     // Postgres 17 saves the slot when its walsender exits (walbox stopped
     // first): there the slot stays, and this checks only that nothing repeats.
     if version < 170_000 {

@@ -28,11 +28,7 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let admin = connect(&primary.config("postgres")).await.unwrap();
-    let version: i32 = admin
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version = walbox_test_harness::pg::server_version_num(&admin).await;
     if version < 170_000 {
         eprintln!(
             "Postgres {version} has no failover slots: test not run (scripts/test runs it on 17)"

@@ -356,11 +356,7 @@ async fn walbox_reconnects_after_postgres_restarts_and_sends_nothing_twice() {
     );
     let log = relay.log();
     assert!(log.contains("will retry"), "{log}");
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version = walbox_test_harness::pg::server_version_num(&client).await;
     if version < 170_000 {
         assert!(
             log.contains("the slot resumed before what walbox confirmed"),

@@ -716,7 +716,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
 
     /// Creates `topic` as `spec` says. An existing topic is fine (another
     /// process made it first); a refusal is permanent for this record.
-    async fn create_topic(&self, topic: &str, spec: &TopicSpec) -> Result<(), DeliveryError> {
+    pub(crate) async fn create_topic(
+        &self,
+        topic: &str,
+        spec: &TopicSpec,
+    ) -> Result<(), DeliveryError> {
         let refused = |why: String| {
             DeliveryError::new(
                 DeliveryErrorKind::Permanent,

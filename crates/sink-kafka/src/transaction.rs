@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -233,35 +233,17 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
     }
 
+    /// Creates `topic` with one partition and `cleanup.policy=compact`
+    /// (the replication factor and other settings of
+    /// [`SinkConfig::create_topics`], if any), as the sink creates any topic.
     async fn create_compacted_topic(&self, topic: &str) -> Result<(), String> {
-        let spec = self.create_topics_spec().unwrap_or_default();
-        let mut new = NewTopic::new(
-            topic,
-            1,
-            TopicReplication::Fixed(spec.replication_factor.unwrap_or(-1)),
-        );
-        let mut config: Vec<(String, String)> = spec.config.into_iter().collect();
-        config.retain(|(k, _)| k != "cleanup.policy" && k != "retention.ms");
-        config.push(("cleanup.policy".into(), COMPACT.into()));
-        for (k, v) in &config {
-            new = new.set(k, v);
-        }
-        let admin = self.admin().map_err(|e| e.to_string())?;
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        match admin.create_topics([&new], &options).await.as_deref() {
-            Ok([Ok(_)]) | Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
-                tracing::info!(topic, "created the compacted topic");
-                Ok(())
-            }
-            Ok([Err((_, code)), ..]) => Err(format!(
-                "topic {topic} does not exist and could not be created: {code} (create it with cleanup.policy=compact, or grant walbox CreateTopics)"
-            )),
-            Ok(_) => Err(format!("topic {topic}: no answer creating it")),
-            Err(e) => Err(format!(
-                "topic {topic} does not exist and could not be created: {}",
-                self.redact(&e.to_string())
-            )),
-        }
+        let mut spec = self.create_topics_spec().unwrap_or_default();
+        spec.partitions = Some(1);
+        spec.config.remove("retention.ms");
+        spec.config.insert("cleanup.policy".into(), COMPACT.into());
+        self.create_topic(topic, &spec)
+            .await
+            .map_err(|e| format!("{} (it must have cleanup.policy=compact)", e.message))
     }
 
     /// Reads `topic` from its start to its end with a `read_committed`

@@ -104,7 +104,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         "altered and restored is still a change"
     );
 
-    if server_version(&client).await >= 150_000 {
+    if walbox_test_harness::pg::server_version_num(&client).await >= 150_000 {
         let g = gap_after(
             &client,
             "ALTER PUBLICATION walbox_outbox SET TABLE outbox_events WHERE (aggregate_type = 'order')",
@@ -162,12 +162,4 @@ async fn a_missing_publication_is_a_gap() {
         g.contains("publication walbox_outbox no longer exists"),
         "{g}"
     );
-}
-
-async fn server_version(client: &Client) -> i32 {
-    client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0)
 }

@@ -404,11 +404,7 @@ async fn an_idle_outbox_slot_releases_wal_when_keepalives_are_confirmed() {
     // Before Postgres 15, pgoutput sends the other table's transactions as
     // empty Begin/Commit pairs, and confirming those moves even the holding
     // slot: the contrast only shows from 15 on.
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version = walbox_test_harness::pg::server_version_num(&client).await;
     if version >= 150_000 {
         assert!(
             holding_retained > 100 * MB,

@@ -773,6 +773,20 @@ pub fn describe(config: &Config) -> String {
     )
 }
 
+/// The server's `server_version_num` (e.g. 170004), for tests whose
+/// expectations depend on the Postgres version.
+///
+/// # Panics
+///
+/// When the query fails.
+pub async fn server_version_num(client: &Client) -> i32 {
+    client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .expect("read server_version_num")
+        .get(0)
+}
+
 /// Connects and spawns the connection task on the current tokio runtime.
 pub async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
     let (client, connection) = config.connect(NoTls).await?;

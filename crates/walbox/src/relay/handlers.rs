@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pgoutput_decoder::{
     Decoder, LogicalMessage, Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
-use sink_kafka::{Record, Report};
+use sink_kafka::{DeliveryError, Record, Report};
 use tokio::time::Instant;
 
 use super::session::{Session, MAX_SHARED_TOPICS};
@@ -37,30 +37,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                     Ack::Current(update) => update,
                     Ack::Stale => return Ok(None),
                 };
-                match token.dead_letter {
-                    Some(kind) => {
-                        self.metrics
-                            .dead_lettered
-                            .get_or_create(&KindLabels {
-                                topic: self.metrics.topic_label(&token.topic),
-                                kind: kind.as_str(),
-                            })
-                            .inc();
-                    }
-                    None => {
-                        self.metrics
-                            .published
-                            .get_or_create(&TopicLabel {
-                                topic: self.metrics.topic_label(&token.topic),
-                            })
-                            .inc();
-                        let micros = PgTimestamp::now().as_unix_micros()
-                            - token.commit_time.as_unix_micros();
-                        self.metrics
-                            .commit_to_ack
-                            .observe(micros.max(0) as f64 / 1e6);
-                    }
-                }
+                self.count_delivered(&token);
                 Ok(update)
             }
             Err(error) => {
@@ -87,20 +64,51 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                         self.outgoing.push_back(record);
                         Ok(None)
                     }
-                    None => {
-                        self.metrics
-                            .failed
-                            .get_or_create(&KindLabels {
-                                topic: self.metrics.topic_label(&token.topic),
-                                kind: failure_kind(error.kind),
-                            })
-                            .inc();
-                        tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
-                        Err(RunError::Delivery(error))
-                    }
+                    None => Err(self.delivery_failed(&token, error)),
                 }
             }
         }
+    }
+
+    /// Metrics of an event delivered (at least once: acknowledged;
+    /// exactly once: its transaction committed).
+    pub(super) fn count_delivered(&self, token: &Token) {
+        let topic = self.metrics.topic_label(&token.topic);
+        match token.dead_letter {
+            Some(kind) => {
+                self.metrics
+                    .dead_lettered
+                    .get_or_create(&KindLabels {
+                        topic,
+                        kind: kind.as_str(),
+                    })
+                    .inc();
+            }
+            None => {
+                self.metrics
+                    .published
+                    .get_or_create(&TopicLabel { topic })
+                    .inc();
+                let micros =
+                    PgTimestamp::now().as_unix_micros() - token.commit_time.as_unix_micros();
+                self.metrics
+                    .commit_to_ack
+                    .observe(micros.max(0) as f64 / 1e6);
+            }
+        }
+    }
+
+    /// A delivery that failed and stops walbox: counted, logged, returned.
+    pub(super) fn delivery_failed(&self, token: &Token, error: DeliveryError) -> RunError {
+        self.metrics
+            .failed
+            .get_or_create(&KindLabels {
+                topic: self.metrics.topic_label(&token.topic),
+                kind: failure_kind(error.kind),
+            })
+            .inc();
+        tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
+        RunError::Delivery(error)
     }
 
     /// Handles one frame; returns the status update due, if any.

@@ -30,7 +30,6 @@ use tokio::time::Instant;
 use super::session::Session;
 use super::{Deliveries, Destination, RunError, Token};
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
-use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
 
 /// At most this many refused events are remembered for their replay; more
@@ -411,36 +410,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
                 update = Some(u);
             }
-            self.count_visible(&token);
+            self.count_delivered(&token);
         }
         Ok(update)
-    }
-
-    /// Metrics of an event made visible by a commit.
-    fn count_visible(&self, token: &Token) {
-        let topic = self.metrics.topic_label(&token.topic);
-        match token.dead_letter {
-            Some(kind) => {
-                self.metrics
-                    .dead_lettered
-                    .get_or_create(&KindLabels {
-                        topic,
-                        kind: kind.as_str(),
-                    })
-                    .inc();
-            }
-            None => {
-                self.metrics
-                    .published
-                    .get_or_create(&TopicLabel { topic })
-                    .inc();
-                let micros =
-                    PgTimestamp::now().as_unix_micros() - token.commit_time.as_unix_micros();
-                self.metrics
-                    .commit_to_ack
-                    .observe(micros.max(0) as f64 / 1e6);
-            }
-        }
     }
 
     /// A delivery report in exactly-once mode: success waits for the
@@ -475,15 +447,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             return Ok(());
         }
         if error.kind == DeliveryErrorKind::Permanent || error.kind == DeliveryErrorKind::Fatal {
-            self.metrics
-                .failed
-                .get_or_create(&KindLabels {
-                    topic: self.metrics.topic_label(&token.topic),
-                    kind: crate::dead_letter::failure_kind(error.kind),
-                })
-                .inc();
-            tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
-            return Err(RunError::Delivery(error));
+            return Err(self.delivery_failed(&token, error));
         }
         // The other records of the transaction fail too, each with its
         // reason: all are heard before the session ends, so an event refused
