@@ -12,7 +12,9 @@ use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
 use walbox_test_harness::proxy::Proxy;
-use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn};
+use walbox_test_harness::slot::{
+    confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn, try_current_wal_lsn,
+};
 use walbox_test_harness::tansu::{free_port, Tansu};
 
 /// The broker of a scenario.
@@ -389,8 +391,15 @@ impl Load {
                 );
                 match c.batch_execute(&sql).await {
                     Ok(()) => {
-                        let upper = current_wal_lsn(c).await;
-                        written.extend((n..n + shape.tx_size as i64).map(|n| Written { n, upper }));
+                        // Committed. Postgres may go down before the
+                        // position is read: the rows are then found in
+                        // the table at the end, with no position known.
+                        match try_current_wal_lsn(c).await {
+                            Ok(upper) => written.extend(
+                                (n..n + shape.tx_size as i64).map(|n| Written { n, upper }),
+                            ),
+                            Err(_) => client = None,
+                        }
                         n += shape.tx_size as i64;
                     }
                     // Postgres restarting, the table gone: try again later.

@@ -46,11 +46,18 @@ pub async fn retained_wal_bytes(client: &Client, slot: &str) -> Option<i64> {
 
 /// The server's current WAL insert position.
 pub async fn current_wal_lsn(client: &Client) -> Lsn {
+    try_current_wal_lsn(client)
+        .await
+        .expect("query pg_current_wal_lsn")
+}
+
+/// The server's current WAL insert position, or the error of a server that
+/// went away (a load running across a Postgres restart).
+pub async fn try_current_wal_lsn(client: &Client) -> Result<Lsn, tokio_postgres::Error> {
     let row = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .expect("query pg_current_wal_lsn");
-    row.get::<_, String>(0).parse().expect("valid LSN")
+        .await?;
+    Ok(row.get::<_, String>(0).parse().expect("valid LSN"))
 }
 
 /// Waits until the slot's `confirmed_flush_lsn` is at least `lsn`.
