@@ -71,6 +71,33 @@ pub struct RelationBody {
 const MIN_COLUMN_BYTES: usize = 1 + 1 + 4 + 4;
 
 impl RelationBody {
+    /// A relation described from the catalog rather than the stream (a
+    /// snapshot backfill reads rows with SQL): `columns` are `(name, type
+    /// OID)` in the order of the tuples that go with it.
+    pub fn from_catalog(
+        oid: u32,
+        namespace: &str,
+        name: &str,
+        columns: impl IntoIterator<Item = (String, u32)>,
+    ) -> RelationBody {
+        RelationBody {
+            xid: None,
+            oid,
+            namespace: Text::from(namespace.to_owned()),
+            name: Text::from(name.to_owned()),
+            replica_identity: ReplicaIdentity::Default,
+            columns: columns
+                .into_iter()
+                .map(|(name, type_oid)| RelationColumn {
+                    flags: 0,
+                    name: Text::from(name),
+                    type_oid,
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
     pub(crate) fn decode(r: &mut Reader, xid: Option<u32>) -> Result<Self, DecodeError> {
         let oid = r.u32("relation OID")?;
         let namespace = r.cstr("namespace")?;

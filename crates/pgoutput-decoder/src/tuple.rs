@@ -73,6 +73,31 @@ impl TupleData {
         })
     }
 
+    /// A tuple of text values (`None` for NULL), laid out as pgoutput sends
+    /// an inserted row: for rows read with SQL (a snapshot backfill) that
+    /// must map exactly like streamed ones. `None` when there are more than
+    /// 65,535 columns or a value longer than 4 GiB.
+    pub fn from_text<'v>(values: impl IntoIterator<Item = Option<&'v [u8]>>) -> Option<TupleData> {
+        use bytes::BufMut;
+        let mut data = bytes::BytesMut::new();
+        let mut count: u16 = 0;
+        for v in values {
+            count = count.checked_add(1)?;
+            match v {
+                None => data.put_u8(b'n'),
+                Some(v) => {
+                    data.put_u8(b't');
+                    data.put_u32(u32::try_from(v.len()).ok()?);
+                    data.put_slice(v);
+                }
+            }
+        }
+        Some(TupleData {
+            count,
+            data: data.freeze(),
+        })
+    }
+
     /// Number of columns.
     pub fn len(&self) -> usize {
         usize::from(self.count)

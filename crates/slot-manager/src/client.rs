@@ -75,3 +75,90 @@ impl ReplicationClient {
         })
     }
 }
+
+/// A slot made by [`ReplicationClient::create_slot_exporting_snapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportedSlot {
+    /// Where streaming from the slot starts: every transaction that commits
+    /// after it is streamed, every earlier one is in the snapshot.
+    pub consistent_point: Lsn,
+    /// The snapshot's name, for `SET TRANSACTION SNAPSHOT` in another
+    /// session. It exists only while this connection stays open and runs
+    /// no other command.
+    pub snapshot: String,
+}
+
+impl ReplicationClient {
+    /// Creates the pgoutput slot `slot` and exports the snapshot of its
+    /// consistent point: what a reader of the snapshot sees and what the
+    /// slot streams meet exactly, with no gap and no overlap.
+    ///
+    /// `slot` must be a valid slot name (lower-case letters, digits,
+    /// underscores). `failover` needs Postgres 17.
+    pub async fn create_slot_exporting_snapshot(
+        &mut self,
+        slot: &str,
+        failover: bool,
+    ) -> Result<ExportedSlot, Error> {
+        if slot.is_empty()
+            || !slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(Error::Config(format!(
+                "slot {slot:?}: slot names are lower-case letters, digits and underscores"
+            )));
+        }
+        let version = self.server_version_num();
+        if failover && version < 170_000 {
+            return Err(Error::Precondition(format!(
+                "failover slots need Postgres 17 or later; this server is {}",
+                version / 10_000
+            )));
+        }
+        // The option list arrived in Postgres 15; the keyword form is the
+        // only one before it.
+        let command = match (version >= 150_000, failover) {
+            (true, true) => format!(
+                "CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)"
+            ),
+            (true, false) => {
+                format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+            }
+            (false, _) => {
+                format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            }
+        };
+        let rows = self.simple_query(&command).await?;
+        // slot_name, consistent_point, snapshot_name, output_plugin
+        let row = rows
+            .first()
+            .filter(|r| r.len() >= 3)
+            .ok_or_else(|| unexpected("answer", "CREATE_REPLICATION_SLOT"))?;
+        let consistent_point = row[1]
+            .as_deref()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| unexpected("consistent_point", "CREATE_REPLICATION_SLOT"))?;
+        let snapshot = row[2]
+            .clone()
+            .ok_or_else(|| unexpected("snapshot_name", "CREATE_REPLICATION_SLOT"))?;
+        Ok(ExportedSlot {
+            consistent_point,
+            snapshot,
+        })
+    }
+
+    /// `server_version` as a number (`150004`); 0 when unknown.
+    fn server_version_num(&self) -> i32 {
+        let Some(v) = self.server_version() else {
+            return 0;
+        };
+        let mut parts = v
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty())
+            .map(|p| p.parse::<i32>().unwrap_or(0));
+        let major = parts.next().unwrap_or(0);
+        let minor = parts.next().unwrap_or(0);
+        major * 10_000 + minor
+    }
+}

@@ -229,7 +229,8 @@ impl Error {
         self
     }
 
-    pub(crate) fn sql(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
+    /// Wraps a tokio-postgres error with what was being done.
+    pub fn sql(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
         let context = context.into();
         move |source| Error::Sql { context, source }
     }

@@ -41,7 +41,7 @@ mod stream;
 mod tls;
 mod wire;
 
-pub use client::{IdentifySystem, ReplicationClient};
+pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
     connect_control, domain_base_types, drop_slot, ensure_publication, ensure_slot, preflight,

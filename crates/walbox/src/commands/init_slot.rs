@@ -1,18 +1,35 @@
-//! `walbox init-slot`: the publication and the slot, idempotently.
+//! `walbox init-slot`: the publication and the slot, idempotently; with
+//! `--backfill`, the slot is made with a snapshot whose matching rows are
+//! published first ([`crate::backfill`]).
 
-use slot_manager::{connect_control, ensure_publication, ensure_slot, preflight, Ensured};
+use slot_manager::{
+    connect_control, ensure_publication, ensure_slot, preflight, quote_ident, Ensured,
+};
 
 use super::{loaded, CliError};
-use crate::config::MappingFlags;
+use crate::backfill::{backfill, Outcome, Plan, Request};
+use crate::config::RunFlags;
 
 /// Arguments of `walbox init-slot`.
 #[derive(Debug, clap::Args)]
 pub struct InitSlotArgs {
     #[command(flatten)]
-    settings: MappingFlags,
+    settings: RunFlags,
     /// Create a failover slot, synchronized to standbys (Postgres 17+).
     #[arg(long)]
     failover: bool,
+    /// Publish the outbox rows matching this SQL condition as they are in
+    /// the new slot's snapshot, before `walbox run` streams what commits
+    /// after it (e.g. "published_at IS NULL" when switching over from a
+    /// polling relay). Needs the Kafka settings of `run`. Rerun the same
+    /// command to finish an interrupted backfill.
+    #[arg(long, value_name = "SQL_CONDITION")]
+    backfill: Option<String>,
+    /// The order backfilled rows are published in, as SQL (e.g.
+    /// "created_at, id" or "seq"); the event id breaks ties. Default: the
+    /// timestamp column, else the event id.
+    #[arg(long, value_name = "SQL_ORDER", requires = "backfill")]
+    backfill_order: Option<String>,
 }
 
 fn say(what: &str, name: &str, e: Ensured) {
@@ -22,22 +39,66 @@ fn say(what: &str, name: &str, e: Ensured) {
     }
 }
 
-/// Checks the server and table, then ensures the publication and the slot.
+/// Checks the server and table, then ensures the publication and the slot
+/// (and backfills, when asked).
 pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
     let c = config.connection()?;
     let mapping = config.mapping()?;
-    let client = connect_control(&c.pg).await?;
+    let mut client = connect_control(&c.pg).await?;
     preflight(&client, &c.table, &mapping.required_columns()).await?;
     say(
         "publication",
         &c.publication,
         ensure_publication(&client, &c.publication, &c.table).await?,
     );
-    say(
-        "slot",
-        &c.slot,
-        ensure_slot(&client, &c.slot, args.failover).await?,
-    );
+    let Some(condition) = args.backfill else {
+        say(
+            "slot",
+            &c.slot,
+            ensure_slot(&client, &c.slot, args.failover).await?,
+        );
+        return Ok(());
+    };
+    let settings = config.run()?;
+    let order_by = args
+        .backfill_order
+        .unwrap_or_else(|| quote_ident(mapping.timestamp.as_deref().unwrap_or(&mapping.id)));
+    let plan = Plan {
+        pg: &c.pg,
+        slot: &c.slot,
+        failover: args.failover,
+        table: &c.table,
+        mapping: &mapping,
+        settings: &settings,
+    };
+    let request = Request {
+        condition,
+        order_by,
+    };
+    match backfill(plan, &mut client, &request).await? {
+        Outcome::AlreadyDone { total } => {
+            println!(
+                "slot {:?}: already present, its backfill done ({total} events)",
+                c.slot
+            );
+        }
+        Outcome::Published {
+            total,
+            published,
+            dead_lettered,
+            resumed,
+        } => {
+            let how = if resumed {
+                "resumed and finished"
+            } else {
+                "created"
+            };
+            println!(
+                "slot {:?}: {how}; backfill published {published} of {total} events ({dead_lettered} to the dead-letter topic); `walbox run` streams from here",
+                c.slot
+            );
+        }
+    }
     Ok(())
 }

@@ -29,6 +29,9 @@ pub enum CliError {
     /// The relay.
     #[error(transparent)]
     Run(#[from] crate::relay::RunError),
+    /// A backfill.
+    #[error(transparent)]
+    Backfill(#[from] crate::backfill::BackfillError),
     /// No such slot.
     #[error("replication slot {0:?} does not exist; create it with `walbox init-slot`")]
     NoSlot(String),

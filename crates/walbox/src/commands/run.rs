@@ -98,6 +98,27 @@ async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
     }
 }
 
+/// Fails fast on brokers that are not there at all, or refuse walbox;
+/// once running, an outage only stalls deliveries (the outbox in Postgres
+/// is the buffer).
+pub(crate) async fn check_brokers<T: Send + Sync + 'static>(
+    sink: &Sink<T>,
+    brokers: &str,
+) -> Result<(), RunError> {
+    let brokers = brokers.to_owned();
+    match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(sink_kafka::SinkError::Refused(problem)) => {
+            let problem = Box::new(problem);
+            Err(RunError::BrokerRefused { brokers, problem })
+        }
+        Err(source) => {
+            let source = Box::new(source);
+            Err(RunError::Broker { brokers, source })
+        }
+    }
+}
+
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
@@ -123,20 +144,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
 
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink).map_err(RunError::from)?;
-    // Fail fast on a broker that is not there at all; once running, an
-    // outage only stalls deliveries (the outbox in Postgres is the buffer).
-    let brokers = settings.sink.bootstrap_servers.clone();
-    match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
-        Ok(()) => {}
-        Err(sink_kafka::SinkError::Refused(problem)) => {
-            let problem = Box::new(problem);
-            return Err(RunError::BrokerRefused { brokers, problem }.into());
-        }
-        Err(source) => {
-            let source = Box::new(source);
-            return Err(RunError::Broker { brokers, source }.into());
-        }
-    }
+    check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await

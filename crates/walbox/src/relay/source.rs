@@ -107,6 +107,13 @@ impl Source for PostgresSource {
         let control = connect_control(&self.pg).await?;
         let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
         preflight(&control, &self.table, &columns).await?;
+        if let Some((published, total)) = crate::backfill::unfinished(&control, &self.slot).await? {
+            return Err(slot_manager::Error::Precondition(format!(
+                "slot {:?} has an unfinished backfill ({published} of {total} events published);                  finish it by rerunning the same `walbox init-slot --backfill …` first                  (streaming before it would put an aggregate's new events before its old ones)",
+                self.slot
+            ))
+            .into());
+        }
         let domains = domain_base_types(&control, &self.table).await?;
         let started =
             start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;

@@ -1,0 +1,349 @@
+//! A backfill's state, kept in Postgres next to the outbox (schema
+//! `walbox`), so that an interrupted backfill resumes where it stopped:
+//!
+//! - `walbox.backfills`: one row per slot: the condition and order, the
+//!   state (`snapshot` → `publishing` → `done`), how many rows there are and
+//!   how many were delivered;
+//! - `walbox.backfill_rows`: the rows to publish, copied from the slot's
+//!   snapshot as text and numbered in publishing order. Copying them once
+//!   fixes the set: a rerun publishes exactly what the snapshot held, even
+//!   though the snapshot itself is gone. Deleted when the backfill is done.
+
+use pgoutput_decoder::Lsn;
+use slot_manager::{quote_ident, quote_literal, Error, ExportedSlot, TableName};
+use tokio_postgres::Client;
+
+/// The tables, created on first use.
+const SCHEMA: &str = "
+CREATE SCHEMA IF NOT EXISTS walbox;
+CREATE TABLE IF NOT EXISTS walbox.backfills (
+    slot text PRIMARY KEY,
+    outbox_table text NOT NULL,
+    condition text NOT NULL,
+    order_by text NOT NULL,
+    state text NOT NULL CHECK (state IN ('snapshot', 'publishing', 'done')),
+    consistent_point pg_lsn,
+    columns text[],
+    type_oids oid[],
+    total bigint,
+    published bigint NOT NULL DEFAULT 0,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS walbox.backfill_rows (
+    slot text NOT NULL,
+    n bigint NOT NULL,
+    row_values text[] NOT NULL,
+    PRIMARY KEY (slot, n)
+);";
+
+/// What a backfill is doing, from `walbox.backfills`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Recorded, but its snapshot was not copied: the slot, if it exists,
+    /// was made by this backfill and never streamed.
+    Snapshot,
+    /// Rows copied; `published` of `total` delivered.
+    Publishing(Publishing),
+    /// Finished.
+    Done {
+        /// Rows published.
+        total: u64,
+    },
+}
+
+/// A backfill whose rows are copied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publishing {
+    /// Rows to publish.
+    pub total: u64,
+    /// Rows 1..=published were delivered.
+    pub published: u64,
+    /// The slot's consistent point: these rows committed before it.
+    pub consistent_point: Lsn,
+    /// The copied columns, with their type OIDs, in `row_values` order.
+    pub columns: Vec<(String, u32)>,
+}
+
+/// What was asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The SQL condition (`published_at IS NULL`).
+    pub condition: String,
+    /// The SQL ordering (`created_at, id`).
+    pub order_by: String,
+}
+
+fn sql(context: &str) -> impl FnOnce(tokio_postgres::Error) -> Error + '_ {
+    move |source| Error::Sql {
+        context: context.to_owned(),
+        source,
+    }
+}
+
+/// Creates the schema and tables if missing.
+pub async fn prepare(client: &Client) -> Result<(), Error> {
+    client.batch_execute(SCHEMA).await.map_err(|e| {
+        let context = if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+            "create schema walbox for the backfill's bookkeeping (grant CREATE on the database to walbox's role, or create the schema for it)"
+        } else {
+            "create schema walbox for the backfill's bookkeeping"
+        };
+        sql(context)(e)
+    })
+}
+
+/// Holds the lock that keeps two backfills of one slot apart, for the
+/// session's lifetime (released when the connection closes, kill -9 too).
+pub async fn lock(client: &Client, slot: &str) -> Result<bool, Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtext('walbox.backfill.' || $1))",
+            &[&slot],
+        )
+        .await
+        .map_err(sql("take the backfill lock"))?;
+    Ok(row.get(0))
+}
+
+/// The recorded backfill of `slot`, with its request; `None` if there is
+/// none (or no bookkeeping tables at all).
+pub async fn load(client: &Client, slot: &str) -> Result<Option<(Request, State)>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.backfills') IS NOT NULL", &[])
+        .await
+        .map_err(sql("look for walbox.backfills"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let Some(row) = client
+        .query_opt(
+            "SELECT condition, order_by, state, total, published, consistent_point::text,
+                    columns, type_oids::int8[]
+               FROM walbox.backfills WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(sql("read walbox.backfills"))?
+    else {
+        return Ok(None);
+    };
+    let request = Request {
+        condition: row.get(0),
+        order_by: row.get(1),
+    };
+    let count = |i: usize| row.get::<_, Option<i64>>(i).unwrap_or(0).max(0) as u64;
+    let state = match row.get::<_, &str>(2) {
+        "snapshot" => State::Snapshot,
+        "done" => State::Done { total: count(3) },
+        _ => {
+            let names: Vec<String> = row.get::<_, Option<_>>(6).unwrap_or_default();
+            let oids: Vec<i64> = row.get::<_, Option<_>>(7).unwrap_or_default();
+            let consistent_point = row
+                .get::<_, Option<String>>(5)
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(Lsn::ZERO);
+            State::Publishing(Publishing {
+                total: count(3),
+                published: count(4),
+                consistent_point,
+                columns: names
+                    .into_iter()
+                    .zip(oids.into_iter().map(|o| o as u32))
+                    .collect(),
+            })
+        }
+    };
+    Ok(Some((request, state)))
+}
+
+/// Records a new backfill of `slot` in state `snapshot`, replacing any
+/// earlier record.
+pub async fn begin(
+    client: &Client,
+    slot: &str,
+    table: &TableName,
+    request: &Request,
+) -> Result<(), Error> {
+    client
+        .execute(
+            "INSERT INTO walbox.backfills (slot, outbox_table, condition, order_by, state)
+             VALUES ($1, $2, $3, $4, 'snapshot')
+             ON CONFLICT (slot) DO UPDATE SET outbox_table = $2, condition = $3, order_by = $4,
+                 state = 'snapshot', consistent_point = NULL, columns = NULL, type_oids = NULL,
+                 total = NULL, published = 0, started_at = now(), finished_at = NULL",
+            &[
+                &slot,
+                &table.to_string(),
+                &request.condition,
+                &request.order_by,
+            ],
+        )
+        .await
+        .map_err(sql("record the backfill in walbox.backfills"))?;
+    client
+        .execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
+        .await
+        .map_err(sql("clear walbox.backfill_rows"))?;
+    Ok(())
+}
+
+/// The outbox table's columns that `names` lists, with their type OIDs, in
+/// the table's order.
+pub async fn columns(
+    client: &Client,
+    table: &TableName,
+    names: &[&str],
+) -> Result<Vec<(String, u32)>, Error> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid::int8 FROM pg_attribute a
+               JOIN pg_class c ON c.oid = a.attrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0
+                AND NOT a.attisdropped AND a.attname = ANY($3)
+              ORDER BY a.attnum",
+            &[&table.schema(), &table.name(), &names],
+        )
+        .await
+        .map_err(sql("read the outbox table's columns"))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
+        .collect())
+}
+
+/// Copies the rows matching the request from the exported `snapshot` into
+/// `walbox.backfill_rows`, numbered in publishing order, and moves the
+/// backfill to `publishing`. Returns how many rows there are.
+///
+/// The condition and order are the operator's SQL; they run in one
+/// statement of the extended protocol, so a `;` is refused by Postgres
+/// rather than run. The event id orders rows the given order leaves tied.
+pub async fn copy_snapshot(
+    client: &mut Client,
+    slot: &str,
+    table: &TableName,
+    request: &Request,
+    exported: &ExportedSlot,
+    columns: &[(String, u32)],
+    id_column: &str,
+) -> Result<u64, Error> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .map_err(sql("start the snapshot transaction"))?;
+    tx.batch_execute(&format!(
+        "SET TRANSACTION SNAPSHOT {}; SET LOCAL DateStyle = 'ISO'",
+        quote_literal(&exported.snapshot)
+    ))
+    .await
+    .map_err(sql("import the slot's snapshot"))?;
+    let values = columns
+        .iter()
+        .map(|(c, _)| format!("{}::text", quote_ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let copy = format!(
+        "INSERT INTO walbox.backfill_rows (slot, n, row_values)
+         SELECT $1, row_number() OVER (ORDER BY {order}, {id}), ARRAY[{values}]
+           FROM {table} WHERE ({condition})",
+        order = request.order_by,
+        id = quote_ident(id_column),
+        table = table.quoted(),
+        condition = request.condition,
+    );
+    let total = tx.execute(&copy, &[&slot]).await.map_err(sql(
+        "select the rows to backfill (check --backfill and --backfill-order)",
+    ))?;
+    let names: Vec<&str> = columns.iter().map(|(c, _)| c.as_str()).collect();
+    let oids: Vec<i64> = columns.iter().map(|(_, o)| i64::from(*o)).collect();
+    tx.execute(
+        "UPDATE walbox.backfills SET state = 'publishing', total = $2, published = 0,
+                consistent_point = $3::text::pg_lsn, columns = $4, type_oids = $5::int8[]::oid[]
+          WHERE slot = $1",
+        &[
+            &slot,
+            &(total as i64),
+            &exported.consistent_point.to_string(),
+            &names,
+            &oids,
+        ],
+    )
+    .await
+    .map_err(sql("record the backfill's snapshot"))?;
+    tx.commit()
+        .await
+        .map_err(sql("commit the backfill's snapshot copy"))?;
+    Ok(total)
+}
+
+/// Up to `limit` rows after row `after`, in order: `(n, values)`.
+pub async fn rows_after(
+    client: &Client,
+    slot: &str,
+    after: u64,
+    limit: i64,
+) -> Result<Vec<(u64, Vec<Option<String>>)>, Error> {
+    let rows = client
+        .query(
+            "SELECT n, row_values FROM walbox.backfill_rows
+              WHERE slot = $1 AND n > $2 ORDER BY n LIMIT $3",
+            &[&slot, &(after as i64), &limit],
+        )
+        .await
+        .map_err(sql("read walbox.backfill_rows"))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+        .collect())
+}
+
+/// Saves how far the deliveries got.
+pub async fn save(client: &Client, slot: &str, published: u64) -> Result<(), Error> {
+    client
+        .execute(
+            "UPDATE walbox.backfills SET published = $2 WHERE slot = $1 AND published < $2",
+            &[&slot, &(published as i64)],
+        )
+        .await
+        .map_err(sql("save the backfill's progress"))?;
+    Ok(())
+}
+
+/// Marks the backfill done and drops its copied rows.
+pub async fn finish(client: &mut Client, slot: &str) -> Result<(), Error> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(sql("finish the backfill"))?;
+    tx.execute(
+        "UPDATE walbox.backfills SET state = 'done', published = total, finished_at = now()
+          WHERE slot = $1",
+        &[&slot],
+    )
+    .await
+    .map_err(sql("finish the backfill"))?;
+    tx.execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
+        .await
+        .map_err(sql("drop the backfill's copied rows"))?;
+    tx.commit().await.map_err(sql("finish the backfill"))
+}
+
+/// Forgets the backfill of `slot` (when its slot is dropped).
+pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
+    if load(client, slot).await?.is_none() {
+        return Ok(());
+    }
+    client
+        .batch_execute(&format!(
+            "DELETE FROM walbox.backfill_rows WHERE slot = {s}; DELETE FROM walbox.backfills WHERE slot = {s}",
+            s = quote_literal(slot)
+        ))
+        .await
+        .map_err(sql("forget the slot's backfill"))
+}
