@@ -189,6 +189,7 @@ async fn switch_over_from_a_polling_relay_publishes_each_unpublished_row_once() 
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("backfill published"), "{stdout}");
+    eprintln!("{stderr}");
 
     let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -298,6 +299,15 @@ async fn a_backfill_killed_half_way_is_finished_by_a_rerun_and_loses_nothing() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(stderr.contains("unfinished backfill"), "{stderr}");
+
+    let status = walbox(&db, &["status"]).output().unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!(
+            "backfill:            unfinished: {published} of 60000"
+        )),
+        "{status}"
+    );
 
     let out = init_slot_backfill(&db, &kafka, &topic).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

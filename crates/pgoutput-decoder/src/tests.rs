@@ -750,3 +750,30 @@ proptest! {
         prop_assert_eq!(Lsn::new(raw).to_string().parse::<Lsn>().unwrap(), Lsn::new(raw));
     }
 }
+
+#[test]
+fn a_tuple_from_text_is_laid_out_like_a_streamed_one() {
+    let values: [Option<&[u8]>; 3] = [Some(b"7"), None, Some(b"{\"a\": 1}")];
+    let built = crate::TupleData::from_text(values).unwrap();
+    let streamed = tuple(&[
+        Value::Text(b"7".to_vec()),
+        Value::Null,
+        Value::Text(b"{\"a\": 1}".to_vec()),
+    ]);
+    assert_eq!(built, streamed);
+    assert_eq!(built.get(2).and_then(|c| c.as_str()), Some("{\"a\": 1}"));
+    assert!(built.get(1).is_some_and(|c| c.as_str().is_none()));
+}
+
+#[test]
+fn a_relation_from_the_catalog_finds_columns_by_name() {
+    let r = RelationBody::from_catalog(
+        0,
+        "public",
+        "outbox",
+        [("id".to_owned(), 2950), ("payload".to_owned(), 3802)],
+    );
+    assert_eq!(r.column_index("payload"), Some(1));
+    assert_eq!(r.columns()[0].type_oid(), 2950);
+    assert_eq!((r.namespace(), r.name()), ("public", "outbox"));
+}

@@ -414,3 +414,18 @@ pub async fn unfinished(
         _ => None,
     })
 }
+
+/// The slot's backfill in a few words, for `walbox status`.
+pub async fn describe(client: &Client, slot: &str) -> Result<Option<String>, slot_manager::Error> {
+    Ok(store::load(client, slot).await?.map(|(request, state)| {
+        let what = format!("{:?} ordered by {:?}", request.condition, request.order_by);
+        match state {
+            State::Snapshot => format!("interrupted before its snapshot was copied ({what}); rerun `walbox init-slot --backfill`"),
+            State::Publishing(p) => format!(
+                "unfinished: {} of {} events published ({what}); rerun `walbox init-slot --backfill` to finish, `walbox run` waits for it",
+                p.published, p.total
+            ),
+            State::Done { total } => format!("done: {total} events ({what})"),
+        }
+    }))
+}

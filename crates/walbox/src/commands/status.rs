@@ -45,5 +45,8 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         st.safe_wal_size
             .map_or_else(|| "unlimited".into(), |b| b.to_string())
     );
+    if let Some(backfill) = crate::backfill::describe(&client, &c.slot).await? {
+        println!("backfill:            {backfill}");
+    }
     Ok(())
 }
