@@ -344,3 +344,46 @@ async fn a_backfill_killed_half_way_is_finished_by_a_rerun_and_loses_nothing() {
     let (status, log) = wait_exit(&mut relay).await;
     assert!(status.success(), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_condition_is_one_clear_line_and_the_corrected_rerun_backfills() {
+    let db = fresh_db().await;
+    let client = legacy_outbox(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    insert(&client, 0, 100, 10, false).await;
+
+    let bad = init_slot_backfill(&db, &kafka, &topic);
+    let args: Vec<String> = bad
+        .get_args()
+        .map(|a| {
+            a.to_string_lossy()
+                .replace("published_at IS NULL", "publishd_at IS NULL")
+        })
+        .collect();
+    let mut bad_cmd = walbox(&db, &[]);
+    bad_cmd.args(&args);
+    let out = bad_cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("select the rows to backfill") && last.contains("publishd_at"),
+        "{stderr}"
+    );
+
+    // The slot it made never streamed: the rerun makes it again.
+    let out = init_slot_backfill(&db, &kafka, &topic).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("backfill published 100 of 100 events"),
+        "{stdout}"
+    );
+    let expected: HashSet<i64> = (0..100).collect();
+    assert_eq!(expect_exactly(&kafka, &topic, &expected).await, 0);
+}

@@ -72,7 +72,12 @@ fn one_line(e: &CliError) -> String {
         }
         source = cause.source();
     }
-    line
+    // Postgres adds HINT and DETAIL on lines of their own.
+    line.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn main() -> ExitCode {
