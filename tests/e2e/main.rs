@@ -7,6 +7,7 @@ mod bad_inputs;
 mod config;
 mod exactly_once;
 mod failover;
+mod lost_slot;
 mod migrate;
 mod privileges;
 mod run;

@@ -74,8 +74,8 @@ pub enum Error {
     /// The replication slot lost WAL it needed and can no longer stream.
     #[error(
         "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was removed. \
-         Events written meanwhile may be missing; drop it (`walbox drop-slot`), re-create it (`walbox init-slot`) \
-         and reconcile from the outbox table"
+         Events written meanwhile may be missing: set on_slot_invalidated = \"recreate\" to let walbox recreate it and \
+         republish from the outbox table, or republish from a time you know with `walbox resync --since TIME`"
     )]
     SlotInvalidated {
         /// The slot's name.

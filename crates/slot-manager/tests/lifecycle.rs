@@ -330,5 +330,5 @@ async fn an_invalidated_slot_is_a_definite_error() {
     .unwrap_err();
     assert!(matches!(e, Error::SlotInvalidated { .. }), "{e}");
     assert!(!e.is_transient());
-    assert!(e.to_string().contains("walbox drop-slot"), "{e}");
+    assert!(e.to_string().contains("on_slot_invalidated"), "{e}");
 }

@@ -34,7 +34,9 @@ enum Command {
     /// Creates the publication (inserts of the outbox table) and the pgoutput
     /// replication slot, after checking wal_level, the role's REPLICATION
     /// privilege and the table's columns. Idempotent: says what it created
-    /// and what already existed.
+    /// and what already existed. With --backfill, first publishes the rows
+    /// that match in the new slot's snapshot (switching over from a polling
+    /// relay).
     InitSlot(commands::init_slot::InitSlotArgs),
     /// Streams the outbox to Kafka until SIGINT/SIGTERM, then drains in-flight
     /// deliveries, confirms what was delivered, and exits 0.
@@ -42,8 +44,13 @@ enum Command {
     /// Drops the replication slot. Refused while a process streams from it,
     /// unless --force (which terminates that process first).
     DropSlot(commands::drop_slot::DropSlotArgs),
-    /// Shows the slot: active and by whom, confirmed position, retained WAL.
+    /// Shows the slot: active and by whom, confirmed position, retained WAL,
+    /// and its backfill.
     Status(commands::status::StatusArgs),
+    /// Recreates the slot and republishes the outbox rows whose timestamp is
+    /// at or after --since: for events a lost, dropped or restored slot
+    /// never streamed. Stop `walbox run` first (or --force).
+    Resync(commands::resync::ResyncArgs),
     /// Checks the configuration as `run` would and prints the effective
     /// settings (secrets redacted) with where each came from. Exits 2 on any
     /// configuration error.
@@ -57,6 +64,7 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
         Command::Run(args) => commands::run::run(args).await,
         Command::DropSlot(args) => commands::drop_slot::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
+        Command::Resync(args) => commands::resync::run(args).await,
         Command::Config(args) => commands::config::run(args),
     }
 }

@@ -153,6 +153,8 @@ struct Tx {
     end_lsn: Option<Lsn>,
     /// Events issued and not yet acked.
     unacked: u32,
+    /// The commit timestamp (the newest, for folded transactions).
+    commit_time: PgTimestamp,
 }
 
 /// When status updates are due.
@@ -179,6 +181,9 @@ pub struct Progress {
     /// Everything below was delivered (acked); kept across sessions of the
     /// same history.
     delivered: Lsn,
+    /// The commit timestamp of the newest transaction below `delivered`
+    /// this process saw delivered.
+    delivered_commit_time: Option<PgTimestamp>,
     /// The publication is known to have covered the outbox table up to here
     /// (see [`Progress::covered`]).
     covered: Lsn,
@@ -197,6 +202,7 @@ impl Progress {
             open: None,
             replaying: false,
             delivered: Lsn::ZERO,
+            delivered_commit_time: None,
             covered: Lsn::ZERO,
             received: Lsn::ZERO,
             unacked_events: 0,
@@ -245,8 +251,17 @@ impl Progress {
         self.received = self.received.max(wal_end);
     }
 
-    /// A Begin message.
+    /// A Begin message whose commit timestamp is not known.
     pub fn begin(&mut self, final_lsn: Lsn) -> Result<(), ProgressError> {
+        self.begin_at(final_lsn, PgTimestamp::default())
+    }
+
+    /// A Begin message, with the transaction's commit timestamp.
+    pub fn begin_at(
+        &mut self,
+        final_lsn: Lsn,
+        commit_time: PgTimestamp,
+    ) -> Result<(), ProgressError> {
         if let Some(open) = self.open {
             return Err(ProgressError::NestedBegin {
                 open,
@@ -256,6 +271,7 @@ impl Progress {
         self.txs.push_back(Tx {
             end_lsn: None,
             unacked: 0,
+            commit_time,
         });
         self.open = Some(final_lsn);
         self.replaying = final_lsn < self.delivered;
@@ -310,12 +326,21 @@ impl Progress {
         if tx.unacked == 0 && self.txs.len() >= 2 {
             let before = self.txs.len() - 2;
             if self.txs[before].end_lsn.is_some() {
-                self.txs.pop_back();
-                self.txs[before].end_lsn = Some(end_lsn);
+                let folded = self.txs.pop_back().map(|t| t.commit_time);
+                let into = &mut self.txs[before];
+                into.end_lsn = Some(end_lsn);
+                into.commit_time = into.commit_time.max(folded.unwrap_or_default());
             }
         }
         self.advance();
         Ok(self.poll(now, false))
+    }
+
+    /// The commit timestamp of the newest transaction this process saw
+    /// delivered, with every one before it: every later transaction
+    /// committed after it (give or take clock steps on the server).
+    pub fn delivered_commit_time(&self) -> Option<(Lsn, PgTimestamp)> {
+        self.delivered_commit_time.map(|t| (self.delivered, t))
     }
 
     /// The broker acknowledged the event (or its dead-letter copy).
@@ -459,9 +484,11 @@ impl Progress {
         while let Some(Tx {
             end_lsn: Some(end),
             unacked: 0,
+            commit_time,
         }) = self.txs.front().copied()
         {
             self.delivered = self.delivered.max(end);
+            self.delivered_commit_time = self.delivered_commit_time.max(Some(commit_time));
             self.txs.pop_front();
             self.front_seq += 1;
         }

@@ -95,6 +95,15 @@ pub enum BackfillError {
     /// The producer.
     #[error(transparent)]
     Run(#[from] crate::relay::RunError),
+    /// A lost slot, and no saved position to republish from.
+    #[error("replication slot {0:?} is invalidated and walbox saved no position to republish from (it saves one every 10 s while streaming with on_slot_invalidated = \"recreate\"); republish from a time you know with `walbox resync --since TIME`")]
+    NoSavedPosition(String),
+    /// Republishing by time needs the timestamp column.
+    #[error("republishing from the outbox table by time needs the timestamp column (mapping.timestamp); with none, use `walbox init-slot --backfill` with a condition of your own after dropping the slot")]
+    NoTimestamp,
+    /// `--since` is not a time Postgres reads.
+    #[error("--since {0:?} is not a timestamp Postgres reads (e.g. '2026-11-22 08:00:00+00')")]
+    BadTime(String),
 }
 
 /// What [`backfill`] did.
@@ -400,6 +409,81 @@ impl Rows<'_> {
             }
         }
     }
+}
+
+/// The request of `slot`'s interrupted backfill whose rows were copied
+/// (`walbox run` finishes it before streaming), if any.
+pub async fn resumable(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<Request>, slot_manager::Error> {
+    Ok(match store::load(client, slot).await? {
+        Some((request, State::Publishing(_))) => Some(request),
+        _ => None,
+    })
+}
+
+/// Recreates the invalidated `slot` and republishes the outbox rows whose
+/// timestamp is at or after the commit time walbox last saved, less
+/// `margin` (see [`store::save_position`]).
+///
+/// Every transaction after the saved position committed after the saved
+/// commit time; its rows carry a timestamp taken before their commit (the
+/// column's `now()` is the transaction's start), so the margin covers
+/// transactions that ran for less than it. Duplicates: what was delivered
+/// after the saved position, and the margin's rows.
+pub async fn heal(
+    plan: Plan<'_>,
+    control: &mut Client,
+    margin: Duration,
+) -> Result<Outcome, BackfillError> {
+    let since = store::saved_commit_time(control, plan.slot, margin)
+        .await?
+        .ok_or_else(|| BackfillError::NoSavedPosition(plan.slot.to_owned()))?;
+    tracing::warn!(
+        slot = plan.slot,
+        since = %since,
+        "the slot is invalidated (it lost WAL it needed): recreating it and republishing the outbox rows from the saved position's commit time less the margin"
+    );
+    republish_since(plan, control, &since).await
+}
+
+/// Drops `slot` (if it exists) and makes it again with a backfill of the
+/// outbox rows whose timestamp column is at or after `since`.
+pub async fn republish_since(
+    plan: Plan<'_>,
+    control: &mut Client,
+    since: &str,
+) -> Result<Outcome, BackfillError> {
+    let ts = plan
+        .mapping
+        .timestamp
+        .as_deref()
+        .ok_or(BackfillError::NoTimestamp)?;
+    if control
+        .query_one("SELECT $1::text::timestamptz", &[&since])
+        .await
+        .is_err()
+    {
+        return Err(BackfillError::BadTime(since.to_owned()));
+    }
+    store::prepare(control).await?;
+    if !store::lock(control, plan.slot).await? {
+        return Err(BackfillError::Busy(plan.slot.to_owned()));
+    }
+    if slot_status(control, plan.slot).await?.is_some() {
+        slot_manager::drop_slot(control, plan.slot, false, None).await?;
+    }
+    store::forget(control, plan.slot).await?;
+    let column = slot_manager::quote_ident(ts);
+    let request = Request {
+        condition: format!(
+            "{column} >= {}::timestamptz",
+            slot_manager::quote_literal(since)
+        ),
+        order_by: column,
+    };
+    backfill(plan, control, &request).await
 }
 
 /// Whether `slot` has a backfill that is not done (then `walbox run` must

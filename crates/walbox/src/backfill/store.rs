@@ -9,7 +9,7 @@
 //!   fixes the set: a rerun publishes exactly what the snapshot held, even
 //!   though the snapshot itself is gone. Deleted when the backfill is done.
 
-use pgoutput_decoder::Lsn;
+use pgoutput_decoder::{Lsn, PgTimestamp};
 use slot_manager::{quote_ident, quote_literal, Error, ExportedSlot, TableName};
 use tokio_postgres::Client;
 
@@ -346,4 +346,74 @@ pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
         ))
         .await
         .map_err(sql("forget the slot's backfill"))
+}
+
+/// Where `walbox run` saves its delivered position (`on_slot_invalidated =
+/// "recreate"`).
+const POSITIONS: &str = "
+CREATE SCHEMA IF NOT EXISTS walbox;
+CREATE TABLE IF NOT EXISTS walbox.positions (
+    slot text PRIMARY KEY,
+    delivered_lsn pg_lsn NOT NULL,
+    committed_at timestamptz NOT NULL,
+    saved_at timestamptz NOT NULL DEFAULT now()
+);";
+
+/// Saves `slot`'s delivered position and the commit time of the newest
+/// transaction below it; creates the table on first use.
+pub async fn save_position(
+    client: &Client,
+    slot: &str,
+    delivered: Lsn,
+    committed: PgTimestamp,
+) -> Result<(), Error> {
+    let upsert = "INSERT INTO walbox.positions (slot, delivered_lsn, committed_at, saved_at)
+                  VALUES ($1, $2::text::pg_lsn, to_timestamp($3::int8 / 1000000.0), now())
+                  ON CONFLICT (slot) DO UPDATE SET delivered_lsn = EXCLUDED.delivered_lsn,
+                      committed_at = EXCLUDED.committed_at, saved_at = now()";
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&slot, &delivered.to_string(), &committed.as_unix_micros()];
+    match client.execute(upsert, &params).await {
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            client
+                .batch_execute(POSITIONS)
+                .await
+                .map_err(sql("create walbox.positions"))?;
+            client
+                .execute(upsert, &params)
+                .await
+                .map_err(sql("save the delivered position"))?;
+        }
+        other => {
+            other.map_err(sql("save the delivered position"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The commit time `slot` last saved, less `margin`, as a timestamptz
+/// literal; `None` if it saved none.
+pub async fn saved_commit_time(
+    client: &Client,
+    slot: &str,
+    margin: std::time::Duration,
+) -> Result<Option<String>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
+        .await
+        .map_err(sql("look for walbox.positions"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD HH24:MI:SS.US') || '+00'
+               FROM walbox.positions WHERE slot = $1",
+            &[&slot, &margin.as_secs_f64()],
+        )
+        .await
+        .map_err(sql("read walbox.positions"))?;
+    Ok(row.map(|r| r.get(0)))
 }

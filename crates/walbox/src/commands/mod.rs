@@ -6,6 +6,7 @@ pub mod config;
 pub mod drop_slot;
 pub mod init_slot;
 pub mod migrate;
+pub mod resync;
 pub mod run;
 pub mod status;
 

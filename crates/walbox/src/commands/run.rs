@@ -6,8 +6,12 @@ use std::time::Duration;
 use sink_kafka::Sink;
 use tokio::sync::watch;
 
+use slot_manager::connect_control;
+
 use super::{loaded, CliError};
-use crate::config::RunFlags;
+use crate::backfill::Plan;
+use crate::config::{Connection, RunFlags, RunSettings};
+use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
 use crate::relay::{PostgresSource, RelayConfig, RunError, Stop, Token};
 
@@ -143,7 +147,78 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         });
     }
 
-    let (sink, mut reports) = Sink::<Token>::new(&settings.sink).map_err(RunError::from)?;
+    loop {
+        prepare_slot(&c, &mapping, &settings).await?;
+        match stream(
+            &c,
+            &mapping,
+            &settings,
+            shutdown.clone(),
+            Arc::clone(&metrics),
+        )
+        .await
+        {
+            Err(RunError::Postgres(slot_manager::Error::SlotInvalidated { .. }))
+                if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
+            {
+                tracing::warn!("the slot was invalidated while streaming; recreating it");
+            }
+            result => {
+                result?;
+                tracing::info!("stopped");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Before streaming: finishes an interrupted backfill, and recreates an
+/// invalidated slot when `on_slot_invalidated = "recreate"`. With Postgres
+/// unreachable it does nothing: the relay retries, and its checks stop it
+/// on either condition.
+async fn prepare_slot(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+) -> Result<(), CliError> {
+    let mut control = match connect_control(&c.pg).await {
+        Ok(control) => control,
+        Err(e) if e.is_transient() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let plan = Plan {
+        pg: &c.pg,
+        slot: &c.slot,
+        failover: false,
+        table: &c.table,
+        mapping,
+        settings,
+    };
+    if let Some(request) = crate::backfill::resumable(&control, &c.slot).await? {
+        tracing::info!(slot = %c.slot, "finishing the interrupted backfill before streaming");
+        crate::backfill::backfill(plan, &mut control, &request).await?;
+    }
+    if let Some(margin) = settings.recreate_margin {
+        let lost = slot_manager::slot_status(&control, &c.slot)
+            .await?
+            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"));
+        if lost {
+            crate::backfill::heal(plan, &mut control, margin).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One run of the relay on a producer of its own, until a signal or a
+/// definite error.
+async fn stream(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    shutdown: watch::Receiver<Stop>,
+    metrics: Arc<Metrics>,
+) -> Result<(), RunError> {
+    let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
     check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
@@ -161,19 +236,20 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         .map(str::to_owned)
         .collect();
     let mut source = PostgresSource::new(
-        c.pg,
-        c.slot,
-        c.publication,
+        c.pg.clone(),
+        c.slot.clone(),
+        c.publication.clone(),
         c.table.clone(),
         required_columns,
     );
     let relay = RelayConfig {
-        table: c.table,
-        mapping,
-        dead_letters: settings.dead_letters,
+        table: c.table.clone(),
+        mapping: mapping.clone(),
+        dead_letters: settings.dead_letters.clone(),
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
+        save_positions: settings.recreate_margin.is_some(),
     };
     let urgency = shutdown.clone();
     let result =
@@ -192,7 +268,5 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             "deliveries finished during shutdown (not confirmed; resent after restart)"
         );
     }
-    result?;
-    tracing::info!("stopped");
-    Ok(())
+    result
 }

@@ -76,6 +76,8 @@ struct Raw {
     delivery: Delivery,
     transactions: RawTransactions,
     dead_letter_topic: Option<String>,
+    on_slot_invalidated: OnSlotInvalidated,
+    slot_recreate_margin_secs: u64,
     max_in_flight_events: u64,
     max_in_flight_bytes: u64,
     status_interval_ms: u64,
@@ -97,6 +99,8 @@ impl Default for Raw {
             delivery: Delivery::AtLeastOnce,
             transactions: RawTransactions::default(),
             dead_letter_topic: None,
+            on_slot_invalidated: OnSlotInvalidated::Fail,
+            slot_recreate_margin_secs: 600,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             status_interval_ms: 1000,
@@ -138,6 +142,18 @@ struct RawTopics {
     partitions: Option<u64>,
     replication_factor: Option<u64>,
     config: BTreeMap<String, String>,
+}
+
+/// What `walbox run` does with a slot that lost WAL it needed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnSlotInvalidated {
+    /// Stop, saying what to do.
+    #[default]
+    Fail,
+    /// Recreate the slot and republish from the outbox table (see
+    /// [`crate::backfill::heal`]).
+    Recreate,
 }
 
 /// What walbox promises about each event.
@@ -191,6 +207,9 @@ pub struct RunSettings {
     pub metrics_addr: Option<SocketAddr>,
     /// Exactly-once mode; `None`: at least once.
     pub exactly_once: Option<ExactlyOnce>,
+    /// Recreating an invalidated slot: `None` to stop instead; else how far
+    /// before the last delivered commit the republishing starts.
+    pub recreate_margin: Option<Duration>,
 }
 
 /// The loaded configuration.
@@ -473,6 +492,8 @@ impl Config {
             shutdown_timeout: Duration::from_secs(r.shutdown_timeout_secs),
             metrics_addr,
             exactly_once,
+            recreate_margin: (r.on_slot_invalidated == OnSlotInvalidated::Recreate)
+                .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
         })
     }
 

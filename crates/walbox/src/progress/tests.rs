@@ -409,3 +409,28 @@ fn nothing_is_confirmed_past_the_verified_coverage() {
     p.start_session(l(10), History::New);
     assert_eq!(p.confirmable(), l(10));
 }
+
+#[test]
+fn the_delivered_commit_time_is_that_of_the_newest_delivered_prefix() {
+    let t = Instant::now();
+    let mut p = started(10, t);
+    let at = |s: i64| PgTimestamp::from_pg_micros(s * 1_000_000);
+    assert_eq!(p.delivered_commit_time(), None);
+    p.begin_at(l(90), at(1)).unwrap();
+    let a = p.event().unwrap();
+    p.commit(l(90), l(100), t).unwrap();
+    p.begin_at(l(190), at(2)).unwrap();
+    let b = p.event().unwrap();
+    p.commit(l(190), l(200), t).unwrap();
+    // A transaction without events folds into the one before it.
+    p.begin_at(l(290), at(3)).unwrap();
+    p.commit(l(290), l(300), t).unwrap();
+    acked(p.ack(b, t).unwrap());
+    assert_eq!(
+        p.delivered_commit_time(),
+        None,
+        "the first transaction waits: nothing after it counts"
+    );
+    acked(p.ack(a, t).unwrap());
+    assert_eq!(p.delivered_commit_time(), Some((l(300), at(3))));
+}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use bytes::{BufMut, BytesMut};
-use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
+use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use sink_kafka::{
     Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
 };
@@ -47,12 +47,13 @@ fn cstr(b: &mut BytesMut, s: &str) {
     b.put_u8(0);
 }
 
-/// `Begin` of the transaction committing at `final_lsn`.
+/// `Begin` of the transaction committing at `final_lsn`, at the time
+/// `final_lsn` microseconds after the Postgres epoch.
 pub(super) fn begin(final_lsn: u64) -> ReplicationMessage {
     let mut b = BytesMut::new();
     b.put_u8(b'B');
     b.put_u64(final_lsn);
-    b.put_i64(0);
+    b.put_i64(final_lsn as i64);
     b.put_u32(1000);
     xlog(final_lsn.saturating_sub(50), b)
 }
@@ -168,6 +169,8 @@ pub(super) struct Database {
     pub(super) catalog: Arc<Mutex<Coverage>>,
     /// The newest WAL position sent by any session.
     head: Arc<AtomicU64>,
+    /// Positions saved by the relay: (delivered, commit time).
+    pub(super) positions: Arc<Mutex<Vec<(Lsn, PgTimestamp)>>>,
 }
 
 impl Database {
@@ -192,6 +195,7 @@ impl Default for FakeSource {
                     fingerprint: "covered".into(),
                 })),
                 head: Arc::new(AtomicU64::new(0)),
+                positions: Arc::default(),
             },
         }
     }
@@ -352,6 +356,19 @@ impl ReplicationStream for FakeStream {
 
     async fn retained_wal_bytes(&mut self) -> Option<i64> {
         Some(0)
+    }
+
+    async fn save_position(
+        &mut self,
+        delivered: Lsn,
+        committed: PgTimestamp,
+    ) -> Result<(), String> {
+        self.database
+            .positions
+            .lock()
+            .unwrap()
+            .push((delivered, committed));
+        Ok(())
     }
 
     async fn close(self) {

@@ -132,7 +132,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         let lsn = xlog.wal_start();
         match decoder.decode(xlog.into_data())? {
             LogicalMessage::Begin(b) => {
-                self.progress.begin(b.final_lsn())?;
+                self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
                 if let Some(t) = &mut self.transactions {
                     t.begin(b.final_lsn());

@@ -122,6 +122,9 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// Exactly-once delivery through Kafka transactions; `None`: at least once.
     pub exactly_once: Option<ExactlyOnce>,
+    /// Save the delivered position and its commit time every 10 s, for
+    /// recreating a lost slot ([`crate::backfill::heal`]).
+    pub save_positions: bool,
 }
 
 /// Why the relay stopped with an error.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 
-use pgoutput_decoder::{Decoder, PgTimestamp};
+use pgoutput_decoder::{Decoder, Lsn, PgTimestamp};
 use sink_kafka::Record;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -84,6 +84,10 @@ pub(super) struct Session<'a, D, R> {
     pub(super) domains: HashMap<u32, u32>,
     /// Exactly-once mode's state; `None` in at-least-once mode.
     pub(super) transactions: Option<Transactions>,
+    /// The position last saved (`config.save_positions`), and whether a
+    /// failure to save was reported.
+    saved_position: Option<Lsn>,
+    save_failure_reported: bool,
 }
 
 /// At most this many topic names are kept for sharing; past it the map
@@ -119,6 +123,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             history: None,
             domains: HashMap::new(),
             transactions: config.exactly_once.clone().map(Transactions::new),
+            saved_position: None,
+            save_failure_reported: false,
         }
     }
 
@@ -398,6 +404,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     if let Some(bytes) = stream.retained_wal_bytes().await {
                         self.metrics.retained_wal_bytes.set(bytes);
                     }
+                    self.save_position(stream).await;
                     Ok(())
                 }
                 () = &mut txn_due, if open_until.is_some() => Ok(()),
@@ -510,6 +517,36 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             .set(self.progress.received_lsn().as_u64() as i64);
         m.confirmed_lsn
             .set(self.progress.confirmable().as_u64() as i64);
+    }
+
+    /// Saves the delivered position and its commit time when it moved
+    /// (`save_positions`). A failure is reported once and does not stop
+    /// streaming: it only leaves the saved position older (more events
+    /// republished if the slot is ever lost, never fewer).
+    async fn save_position<S: ReplicationStream>(&mut self, stream: &mut S) {
+        if !self.config.save_positions {
+            return;
+        }
+        let Some((delivered, committed)) = self.progress.delivered_commit_time() else {
+            return;
+        };
+        if self.saved_position == Some(delivered) {
+            return;
+        }
+        match stream.save_position(delivered, committed).await {
+            Ok(()) => {
+                self.saved_position = Some(delivered);
+                if self.save_failure_reported {
+                    tracing::info!("saving the delivered position in walbox.positions again");
+                    self.save_failure_reported = false;
+                }
+            }
+            Err(e) if !self.save_failure_reported => {
+                self.save_failure_reported = true;
+                tracing::warn!(error = %e, "cannot save the delivered position in walbox.positions: should the slot be lost, walbox republishes from the last position saved, or cannot recreate it (grant walbox's role INSERT and UPDATE on walbox.positions, or CREATE on the database)");
+            }
+            Err(_) => {}
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use pgoutput_decoder::{Lsn, ReplicationMessage, StandbyStatusUpdate};
+use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
     connect_control, coverage, domain_base_types, preflight, start_streaming, Coverage,
     LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
@@ -52,6 +52,11 @@ pub trait ReplicationStream {
 
     /// The WAL the slot retains, for the metrics; `None` if unknown.
     async fn retained_wal_bytes(&mut self) -> Option<i64>;
+
+    /// Saves the delivered position and the commit time of the newest
+    /// transaction below it, where a restart finds them.
+    async fn save_position(&mut self, delivered: Lsn, committed: PgTimestamp)
+        -> Result<(), String>;
 
     /// Ends the session cleanly.
     async fn close(self);
@@ -154,6 +159,19 @@ impl ReplicationStream for PostgresStream {
         match tokio::time::timeout(std::time::Duration::from_secs(5), sample).await {
             Ok(Ok(Some(status))) => status.retained_wal_bytes,
             _ => None,
+        }
+    }
+
+    async fn save_position(
+        &mut self,
+        delivered: Lsn,
+        committed: PgTimestamp,
+    ) -> Result<(), String> {
+        let save =
+            crate::backfill::store::save_position(&self.control, &self.slot, delivered, committed);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), save).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 5 s".into()),
         }
     }
 

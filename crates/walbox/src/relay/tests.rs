@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 
 fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
+        save_positions: true,
         table: TableName::new("public", "outbox_events"),
         mapping: OutboxMapping {
             headers: None,
@@ -505,4 +506,49 @@ async fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() 
         .metrics
         .encode()
         .contains("walbox_events_failed_total{topic=\"events\",kind=\"permanent\"} 1"));
+}
+
+/// `on_slot_invalidated = "recreate"` republishes from the saved commit
+/// time: it must never be past a transaction whose events wait for acks.
+#[tokio::test(start_paused = true)]
+async fn the_saved_position_never_passes_an_undelivered_transaction() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let db = fx.source.database();
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(100, "e1", Some("a"), "{}"));
+            server.send(commit(190, 200));
+            server.send(begin(290));
+            server.send(insert(200, "e2", Some("b"), "{}"));
+            server.send(commit(290, 300));
+            until("2 sent", || b.pending() == 2).await;
+            assert!(b.ack_key("b"));
+            tokio::time::sleep(Duration::from_secs(25)).await;
+            assert!(
+                db.positions.lock().unwrap().is_empty(),
+                "the first transaction waits: no position is saved past it"
+            );
+            assert!(b.ack_key("a"));
+            until("the position saved", || {
+                !db.positions.lock().unwrap().is_empty()
+            })
+            .await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let saved = fx.source.database().positions.lock().unwrap().clone();
+    assert_eq!(saved.len(), 1, "saved once, when it moved: {saved:?}");
+    let (lsn, at) = saved[0];
+    assert_eq!(lsn, pgoutput_decoder::Lsn::new(300));
+    assert_eq!(
+        at.as_pg_micros(),
+        290,
+        "the commit time of the newest delivered transaction"
+    );
 }

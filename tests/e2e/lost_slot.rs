@@ -1,0 +1,151 @@
+//! A slot invalidated for real (`max_slot_wal_keep_size` exceeded while
+//! walbox was stopped): with the default policy walbox stops with a clear
+//! line; with `on_slot_invalidated = "recreate"` it recreates the slot and
+//! republishes from the outbox table what the lost WAL held.
+
+use std::process::Command;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::migrations::apply_migrations;
+use walbox_test_harness::pg::{self, PgServer};
+use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
+use walbox_test_harness::wait::wait_for;
+
+use crate::support::*;
+
+/// Writes and checkpoints WAL until the slot keeps more than
+/// `max_slot_wal_keep_size` and the server invalidates it.
+async fn invalidate(client: &Client) {
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS busy (v text)")
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        client
+            .batch_execute(
+                "INSERT INTO busy SELECT md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g;
+                 SELECT pg_switch_wal();",
+            )
+            .await
+            .unwrap();
+        client.batch_execute("CHECKPOINT").await.unwrap();
+    }
+    let status: Option<String> = client
+        .query_one(
+            "SELECT wal_status::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status.as_deref(), Some("lost"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
+    let server = PgServer::builder()
+        .setting("max_slot_wal_keep_size", "32MB")
+        .setting("max_wal_size", "64MB")
+        .setting("min_wal_size", "32MB")
+        .start()
+        .unwrap();
+    let admin = server.config("postgres");
+    let url = format!("{} sslmode=disable", pg::conninfo(&admin));
+    let client = pg::connect(&admin).await.unwrap();
+    apply_migrations(&client).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let walbox = |args: &[&str]| {
+        let mut c = Command::new(walbox_e2e::walbox_bin());
+        c.env("WALBOX_PG_URL", &url)
+            .env("WALBOX_LOG", "info")
+            .args(args);
+        c
+    };
+    assert!(walbox(&["init-slot"]).status().unwrap().success());
+    let recreate = [
+        "--mapping-topic-template",
+        topic.as_str(),
+        "--on-slot-invalidated",
+        "recreate",
+        "--slot-recreate-margin-secs",
+        "2",
+    ];
+
+    // Streaming, walbox saves its delivered position.
+    let mut relay = spawn_run_with(walbox(&[]), &kafka, &recreate);
+    insert_events(&client, 0, 200, |k| 1 + k % 5, 7).await;
+    // Older than the margin before the last delivered commit: never
+    // republished.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    insert_events(&client, 200, 260, |k| 1 + k % 5, 7).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    wait_for(
+        "the delivered position saved",
+        Duration::from_secs(30),
+        || {
+            let client = &client;
+            async move {
+                let row = client
+                    .query_opt(
+                        "SELECT delivered_lsn::text FROM walbox.positions WHERE slot = 'walbox'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match row.map(|r| r.get::<_, String>(0).parse::<pgoutput_decoder::Lsn>()) {
+                    Some(Ok(saved)) if saved >= head => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+
+    // Stopped: 500 events are written, then the WAL holding them is gone.
+    insert_events(&client, 260, 760, |k| 1 + k % 5, 7).await;
+    invalidate(&client).await;
+
+    // The default policy: one clear line, exit 1.
+    let out = walbox(&[
+        "run",
+        "--kafka-brokers",
+        &kafka.bootstrap(),
+        "--mapping-topic-template",
+        &topic,
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("is invalidated") && last.contains("on_slot_invalidated"),
+        "{stderr}"
+    );
+
+    // Recreate: the missed events are republished, then streaming goes on.
+    let mut relay = spawn_run_with(walbox(&[]), &kafka, &recreate);
+    wait_log(&relay, "backfill published").await;
+    insert_events(&client, 760, 860, |k| 1 + k % 5, 7).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let duplicates = expect_all(&kafka, &topic, 860).await;
+    eprintln!("after the slot was recreated: {duplicates} duplicates");
+    // Republished from the saved commit time less 2 s: the last 60
+    // delivered events at most, not the 200 written 3 s before them.
+    assert!(
+        duplicates <= 60,
+        "only events within the margin before the saved position repeat ({duplicates})"
+    );
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("the slot is invalidated"), "{log}");
+}
