@@ -10,6 +10,7 @@ mod failover;
 mod lost_slot;
 mod migrate;
 mod privileges;
+mod retention;
 mod run;
 mod secured_kafka;
 mod support;

@@ -14,5 +14,6 @@ pub mod mapping;
 pub mod metrics;
 pub mod progress;
 pub mod relay;
+pub mod retention;
 pub mod stall;
 pub mod timestamp;

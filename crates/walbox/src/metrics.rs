@@ -11,6 +11,9 @@
 //! | `walbox_confirmed_lsn` | gauge | last position confirmed to Postgres |
 //! | `walbox_slot_retained_wal_bytes` | gauge | WAL the slot keeps (`pg_current_wal_lsn() - restart_lsn`), every 10 s |
 //! | `walbox_commit_to_ack_seconds` | histogram | from the transaction's commit to the broker's acknowledgement |
+//! | `walbox_retention_rows_deleted_total` | counter | outbox rows deleted by `retention` |
+//! | `walbox_retention_partitions_dropped_total` | counter | outbox partitions dropped by `retention` (partitioned outbox) |
+//! | `walbox_retention_partitions_created_total` | counter | outbox partitions created ahead by `retention` |
 //! | `walbox_delivery_stalled_seconds` | gauge | how long events have waited without any delivery report (0 when nothing waits or reports keep coming) |
 //!
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
@@ -86,6 +89,12 @@ pub struct Metrics {
     pub commit_to_ack: Histogram,
     /// Seconds without a delivery report while events wait.
     pub delivery_stalled_seconds: Gauge,
+    /// Outbox rows deleted by retention.
+    pub retention_rows_deleted: Counter,
+    /// Outbox partitions dropped by retention.
+    pub retention_partitions_dropped: Counter,
+    /// Outbox partitions created ahead by retention.
+    pub retention_partitions_created: Counter,
     streaming: AtomicBool,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
@@ -193,8 +202,23 @@ impl Metrics {
             "Seconds events have waited without any delivery report (the broker retries without end)",
             delivery_stalled_seconds.clone(),
         );
+        let retention = [
+            ("walbox_retention_rows_deleted", "Outbox rows deleted by retention (older than it, and delivered)"),
+            ("walbox_retention_partitions_dropped", "Outbox partitions dropped by retention (all their rows older than it, and delivered)"),
+            ("walbox_retention_partitions_created", "Outbox partitions created ahead by retention"),
+        ]
+        .map(|(name, help)| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        });
+        let [retention_rows_deleted, retention_partitions_dropped, retention_partitions_created] =
+            retention;
         Arc::new(Metrics {
             published,
+            retention_rows_deleted,
+            retention_partitions_dropped,
+            retention_partitions_created,
             dead_lettered,
             failed,
             replays_skipped,

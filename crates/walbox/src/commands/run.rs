@@ -147,17 +147,46 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         });
     }
 
+    let retention = match (settings.retention, &mapping.timestamp) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(crate::config::ConfigError(
+                "retention needs the timestamp column (mapping.timestamp) to tell old rows".into(),
+            )
+            .into())
+        }
+        (Some(keep), Some(column)) => {
+            let r = crate::retention::Retention {
+                pg: c.pg.clone(),
+                slot: c.slot.clone(),
+                table: c.table.clone(),
+                column: column.clone(),
+                keep,
+                margin: settings.margin,
+            };
+            tracing::info!(retention = ?keep, "retention: deleting outbox rows older than this once delivered");
+            Some(tokio::spawn(r.run(Arc::clone(&metrics))))
+        }
+    };
+    let result = stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics).await;
+    if let Some(task) = retention {
+        task.abort();
+    }
+    result
+}
+
+/// Streams, recreating the slot when it is found invalidated (with
+/// `on_slot_invalidated = "recreate"`), until a signal or a definite error.
+async fn stream_until_stopped(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    shutdown: &watch::Receiver<Stop>,
+    metrics: &Arc<Metrics>,
+) -> Result<(), CliError> {
     loop {
-        prepare_slot(&c, &mapping, &settings).await?;
-        match stream(
-            &c,
-            &mapping,
-            &settings,
-            shutdown.clone(),
-            Arc::clone(&metrics),
-        )
-        .await
-        {
+        prepare_slot(c, mapping, settings).await?;
+        match stream(c, mapping, settings, shutdown.clone(), Arc::clone(metrics)).await {
             Err(RunError::Postgres(slot_manager::Error::SlotInvalidated { .. }))
                 if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
             {
@@ -249,7 +278,7 @@ async fn stream(
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
-        save_positions: settings.recreate_margin.is_some(),
+        save_positions: settings.recreate_margin.is_some() || settings.retention.is_some(),
     };
     let urgency = shutdown.clone();
     let result =

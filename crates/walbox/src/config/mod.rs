@@ -78,6 +78,7 @@ struct Raw {
     dead_letter_topic: Option<String>,
     on_slot_invalidated: OnSlotInvalidated,
     slot_recreate_margin_secs: u64,
+    retention: Option<String>,
     max_in_flight_events: u64,
     max_in_flight_bytes: u64,
     status_interval_ms: u64,
@@ -101,6 +102,7 @@ impl Default for Raw {
             dead_letter_topic: None,
             on_slot_invalidated: OnSlotInvalidated::Fail,
             slot_recreate_margin_secs: 600,
+            retention: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             status_interval_ms: 1000,
@@ -210,6 +212,11 @@ pub struct RunSettings {
     /// Recreating an invalidated slot: `None` to stop instead; else how far
     /// before the last delivered commit the republishing starts.
     pub recreate_margin: Option<Duration>,
+    /// How far before the last delivered commit rows stay (retention and
+    /// recreating alike).
+    pub margin: Duration,
+    /// Delete outbox rows older than this; `None`: keep them.
+    pub retention: Option<Duration>,
 }
 
 /// The loaded configuration.
@@ -494,6 +501,21 @@ impl Config {
             exactly_once,
             recreate_margin: (r.on_slot_invalidated == OnSlotInvalidated::Recreate)
                 .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
+            margin: Duration::from_secs(r.slot_recreate_margin_secs),
+            retention: match &r.retention {
+                None => None,
+                Some(text) => {
+                    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                        ConfigError(format!(
+                            "retention {text:?}: {e}; expected a duration such as 7d, 12h or 30m"
+                        ))
+                    })?;
+                    if d < Duration::from_secs(1) {
+                        return Err(ConfigError("retention: must be at least 1s".into()));
+                    }
+                    Some(d)
+                }
+            },
         })
     }
 

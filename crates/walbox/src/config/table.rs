@@ -156,6 +156,8 @@ pub const SETTINGS: &[Setting] = &[
       "When the slot lost WAL it needed (max_slot_wal_keep_size): stop and say what to do, or recreate it and republish from the outbox table the rows whose timestamp column is at most slot_recreate_margin_secs before the last delivered transaction's commit (saved every 10 s in walbox.positions). Duplicates possible, loss not (docs/operations.md)."),
     s("slot_recreate_margin_secs", Number, Run, "600",
       "on_slot_invalidated = recreate: how far before the last delivered commit the republishing starts; covers transactions that ran longer than this between their timestamp and their commit."),
+    s("retention", Text, Run, "—",
+      "Delete outbox rows older than this (e.g. 7d, 12h) once delivered: older than the last delivered commit less slot_recreate_margin_secs too; in small paced chunks, or by dropping whole partitions of a table partitioned by range on the timestamp column (and creating them ahead). Off by default (docs/operations.md)."),
     s("max_in_flight_events", Number, Run, "10000",
       "Most events sent and not yet acknowledged; when reached, walbox stops reading the slot."),
     s("max_in_flight_bytes", Number, Run, "67108864", "The same bound in bytes (at least 1024)."),
