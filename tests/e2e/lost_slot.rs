@@ -104,6 +104,9 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
         },
     )
     .await;
+    let shown = walbox(&["status"]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("saved position:"), "{shown}");
     sigterm(&relay);
     let (status, log) = wait_exit(&mut relay).await;
     assert!(status.success(), "{log}");

@@ -417,3 +417,28 @@ pub async fn saved_commit_time(
         .map_err(sql("read walbox.positions"))?;
     Ok(row.map(|r| r.get(0)))
 }
+
+/// What `slot` last saved in `walbox.positions`, for `walbox status`:
+/// `(delivered_lsn, committed_at, saved_at)` as text.
+pub async fn saved_position(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<(String, String, String)>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
+        .await
+        .map_err(sql("look for walbox.positions"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT delivered_lsn::text, committed_at::text, saved_at::text
+               FROM walbox.positions WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(sql("read walbox.positions"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+}
