@@ -123,3 +123,59 @@ async fn a_role_the_server_refuses_replication_gets_one_line_with_the_grant() {
         "{last}"
     );
 }
+
+/// A DBA switches over with a backfill (it needs `CREATE` for walbox's
+/// bookkeeping schema); walbox then runs with REPLICATION only, reading
+/// that the backfill is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_dbas_backfill_run_still_needs_replication_only() {
+    let db = fresh_db().await;
+    let dba = db.connect().await;
+    walbox_test_harness::migrations::apply_migrations(&dba).await;
+    insert_events(&dba, 0, 50, |_| 10, 10).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let mut backfill = Command::new(walbox_e2e::walbox_bin());
+    backfill
+        .args([
+            "init-slot",
+            "--backfill",
+            "true",
+            "--kafka-brokers",
+            &kafka.bootstrap(),
+        ])
+        .args(["--mapping-topic-template", &topic])
+        .env(
+            "WALBOX_PG_URL",
+            format!("{} sslmode=disable", conninfo(db.config())),
+        );
+    let out = backfill.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let relay = format!("relay_{}", db.name());
+    dba.batch_execute(&format!(
+        "CREATE ROLE {relay} LOGIN REPLICATION;
+         REVOKE ALL ON outbox_events FROM PUBLIC"
+    ))
+    .await
+    .unwrap();
+    let mut run = spawn_run_with(
+        walbox_as(&db, &relay, &[]),
+        &kafka,
+        &["--mapping-topic-template", &topic],
+    );
+    insert_events(&dba, 50, 100, |_| 10, 10).await;
+    assert_eq!(expect_all(&kafka, &topic, 100).await, 0);
+    let status = walbox_as(&db, &relay, &["status"]).output().unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains("backfill:            done: 50 events"),
+        "{shown}"
+    );
+    sigterm(&run);
+    let (exit, log) = wait_exit(&mut run).await;
+    assert!(exit.success(), "{log}");
+}

@@ -15,7 +15,16 @@ use tokio_postgres::Client;
 
 /// The tables, created on first use.
 const SCHEMA: &str = "
-CREATE SCHEMA IF NOT EXISTS walbox;
+DO $$ BEGIN
+  -- The schema only if missing: CREATE SCHEMA IF NOT EXISTS still needs
+  -- the right to create one.
+  IF to_regnamespace('walbox') IS NULL THEN
+    CREATE SCHEMA walbox;
+    -- Whoever runs `walbox run` or `walbox status` may read where a
+    -- backfill stands (a condition and counts, nothing secret).
+    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
+  END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS walbox.backfills (
     slot text PRIMARY KEY,
     outbox_table text NOT NULL,
@@ -35,7 +44,8 @@ CREATE TABLE IF NOT EXISTS walbox.backfill_rows (
     n bigint NOT NULL,
     row_values text[] NOT NULL,
     PRIMARY KEY (slot, n)
-);";
+);
+GRANT SELECT ON walbox.backfills TO PUBLIC;";
 
 /// What a backfill is doing, from `walbox.backfills`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,8 +91,21 @@ fn sql(context: &str) -> impl FnOnce(tokio_postgres::Error) -> Error + '_ {
     }
 }
 
-/// Creates the schema and tables if missing.
+/// Creates the schema and tables if missing (only then: a role that may
+/// use them need not be allowed to create them).
 pub async fn prepare(client: &Client) -> Result<(), Error> {
+    let present: bool = client
+        .query_one(
+            "SELECT to_regclass('walbox.backfills') IS NOT NULL
+                AND to_regclass('walbox.backfill_rows') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(sql("look for walbox.backfills"))?
+        .get(0);
+    if present {
+        return Ok(());
+    }
     client.batch_execute(SCHEMA).await.map_err(|e| {
         let context = if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
             "create schema walbox for the backfill's bookkeeping (grant CREATE on the database to walbox's role, or create the schema for it)"
@@ -351,13 +374,19 @@ pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
 /// Where `walbox run` saves its delivered position (`on_slot_invalidated =
 /// "recreate"`).
 const POSITIONS: &str = "
-CREATE SCHEMA IF NOT EXISTS walbox;
+DO $$ BEGIN
+  IF to_regnamespace('walbox') IS NULL THEN
+    CREATE SCHEMA walbox;
+    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
+  END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS walbox.positions (
     slot text PRIMARY KEY,
     delivered_lsn pg_lsn NOT NULL,
     committed_at timestamptz NOT NULL,
     saved_at timestamptz NOT NULL DEFAULT now()
-);";
+);
+GRANT SELECT ON walbox.positions TO PUBLIC;";
 
 /// Saves `slot`'s delivered position and the commit time of the newest
 /// transaction below it; creates the table on first use.
