@@ -12,6 +12,7 @@ pub mod dead_letter;
 pub mod exactly_once;
 pub mod mapping;
 pub mod metrics;
+pub mod positions;
 pub mod progress;
 pub mod relay;
 pub mod retention;

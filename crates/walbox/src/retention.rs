@@ -7,7 +7,7 @@
 //! once it is older than the retention **and** its transaction was
 //! delivered: its timestamp is before the commit time of the newest
 //! delivered transaction (saved in `walbox.positions`, see
-//! [`crate::backfill::store::save_position`]) less the recreate margin.
+//! [`crate::positions`]) less the recreate margin.
 //! Until walbox saved a position, nothing is removed.
 //!
 //! Two ways, chosen by the table:
@@ -59,10 +59,6 @@ pub fn interval(keep: Duration) -> Duration {
     (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-fn sql(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
-    Error::sql(context)
-}
-
 impl Retention {
     /// Runs rounds until the task is aborted. Failures are logged once per
     /// streak and never stop walbox.
@@ -106,7 +102,7 @@ impl Retention {
         client
             .batch_execute("SET statement_timeout = '5s'; SET lock_timeout = '1s'")
             .await
-            .map_err(sql("set the retention session's timeouts"))?;
+            .map_err(Error::sql("set the retention session's timeouts"))?;
         Ok(client)
     }
 
@@ -120,7 +116,7 @@ impl Retention {
                 &[&self.table.schema(), &self.table.name()],
             )
             .await
-            .map_err(sql("look up the outbox table"))?
+            .map_err(Error::sql("look up the outbox table"))?
             .and_then(|r| r.get(0));
         let cutoff = self.cutoff(client).await?;
         match partitioned {
@@ -153,7 +149,7 @@ impl Retention {
         let exists: bool = client
             .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
             .await
-            .map_err(sql("look for walbox.positions"))?
+            .map_err(Error::sql("look for walbox.positions"))?
             .get(0);
         if !exists {
             return Ok(None);
@@ -165,7 +161,7 @@ impl Retention {
                 &[&self.slot, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],
             )
             .await
-            .map_err(sql("read walbox.positions"))?;
+            .map_err(Error::sql("read walbox.positions"))?;
         Ok(row.map(|r| r.get(0)))
     }
 
@@ -181,7 +177,7 @@ impl Retention {
             let n = client
                 .execute(&statement, &[&cutoff])
                 .await
-                .map_err(sql("delete old outbox rows"))?;
+                .map_err(Error::sql("delete old outbox rows"))?;
             metrics.retention_rows_deleted.inc_by(n);
             total += n;
             if n < CHUNK as u64 {
@@ -209,7 +205,7 @@ impl Retention {
                 &[&self.table.quoted()],
             )
             .await
-            .map_err(sql("list the outbox partitions"))?;
+            .map_err(Error::sql("list the outbox partitions"))?;
         Ok(rows
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
@@ -229,7 +225,7 @@ impl Retention {
                     &[&to, &cutoff],
                 )
                 .await
-                .map_err(sql("compare a partition's bound"))?
+                .map_err(Error::sql("compare a partition's bound"))?
                 .get(0);
             if !past {
                 break;
@@ -238,7 +234,7 @@ impl Retention {
             client
                 .batch_execute(&format!("DROP TABLE {name}"))
                 .await
-                .map_err(sql("drop an old outbox partition"))?;
+                .map_err(Error::sql("drop an old outbox partition"))?;
             metrics.retention_partitions_dropped.inc();
             tracing::info!(partition = %name, upper_bound = %to, "retention dropped an outbox partition");
         }
@@ -260,7 +256,7 @@ impl Retention {
                     &[&from, &to, &AHEAD],
                 )
                 .await
-                .map_err(sql("plan the next outbox partition"))?;
+                .map_err(Error::sql("plan the next outbox partition"))?;
             let (needed, upper, suffix): (bool, String, String) =
                 (next.get(0), next.get(1), next.get(2));
             if !needed {
@@ -282,7 +278,7 @@ impl Retention {
                     upper = slot_manager::quote_literal(&upper),
                 ))
                 .await
-                .map_err(sql("create an outbox partition ahead"))?;
+                .map_err(Error::sql("create an outbox partition ahead"))?;
             metrics.retention_partitions_created.inc();
             tracing::info!(partition = %name, from = %to, to = %upper, "retention created an outbox partition ahead");
         }

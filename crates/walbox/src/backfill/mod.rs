@@ -19,20 +19,19 @@
 //! included: its rows carry their event ids for deduplication.
 
 pub mod cursor;
+mod heal;
+mod publish;
 pub mod store;
 
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pgoutput_decoder::{Lsn, RelationBody, TupleData};
-use sink_kafka::{DeliveryError, Record, Sink};
-use slot_manager::{domain_base_types, slot_status, PgConfig, ReplicationClient, TableName};
+use sink_kafka::DeliveryError;
+use slot_manager::{slot_status, PgConfig, ReplicationClient, TableName};
 use tokio_postgres::Client;
 
 use crate::config::RunSettings;
-use crate::dead_letter::{DeadLetters, Origin};
-use crate::mapping::{ColumnIndexes, MapError, OutboxMapping};
-use cursor::Cursor;
+use crate::mapping::{MapError, OutboxMapping};
+pub use heal::{heal, republish_since};
 pub use store::Request;
 use store::{Publishing, State};
 
@@ -194,7 +193,7 @@ pub async fn backfill(
         // No record, or one of a slot since dropped: a new backfill.
         _ => (start(plan, control, request).await?, false),
     };
-    let outcome = publish(plan, control, &publishing, resumed).await?;
+    let outcome = publish::publish(plan, control, &publishing, resumed).await?;
     store::finish(control, slot).await?;
     Ok(outcome)
 }
@@ -241,176 +240,6 @@ async fn start(
     })
 }
 
-/// A record's token: its row, and whether it is the dead-letter copy.
-type Token = (u64, bool);
-
-/// Publishes rows after `p.published`, saving the cursor as deliveries
-/// arrive.
-async fn publish(
-    plan: Plan<'_>,
-    control: &Client,
-    p: &Publishing,
-    resumed: bool,
-) -> Result<Outcome, BackfillError> {
-    let relation = RelationBody::from_catalog(
-        0,
-        plan.table.schema(),
-        plan.table.name(),
-        p.columns.iter().cloned(),
-    );
-    let domains = domain_base_types(control, plan.table).await?;
-    let indexes = plan
-        .mapping
-        .resolve_with(&relation, &domains)
-        .map_err(BackfillError::Mapping)?;
-    let mut sink_config = plan.settings.sink.clone();
-    // Not in a Kafka transaction: see the module's documentation.
-    sink_config.transactional_id = None;
-    let (sink, mut reports) =
-        Sink::<Token>::new(&sink_config).map_err(crate::relay::RunError::from)?;
-    crate::commands::run::check_brokers(&sink, &sink_config.bootstrap_servers).await?;
-
-    let rows = Rows {
-        mapping: plan.mapping,
-        indexes: &indexes,
-        dead_letters: &plan.settings.dead_letters,
-        consistent_point: p.consistent_point,
-    };
-    let mut cursor = Cursor::after(p.published);
-    let mut read_up_to = p.published;
-    let mut outgoing: VecDeque<Record<Token>> = VecDeque::new();
-    let mut dead_lettered = 0u64;
-    let mut saved = p.published;
-    let started = Instant::now();
-    let mut save = tokio::time::interval(SAVE_EVERY);
-    save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut report = tokio::time::interval(REPORT_EVERY);
-    report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    report.tick().await;
-    while cursor.done() < p.total {
-        if outgoing.is_empty() && read_up_to < p.total && sink.in_flight() < BATCH as usize {
-            for (n, values) in store::rows_after(control, plan.slot, read_up_to, BATCH).await? {
-                read_up_to = n;
-                outgoing.push_back(rows.record(n, &values)?);
-            }
-            if outgoing.is_empty() {
-                // Fewer rows than recorded (deleted by hand): nothing more.
-                read_up_to = p.total;
-                for n in cursor.done() + 1..=p.total {
-                    cursor.delivered(n);
-                }
-                continue;
-            }
-        }
-        let size = outgoing.front().map_or(0, Record::size);
-        tokio::select! {
-            biased;
-            Some(r) = reports.next() => {
-                let (n, is_copy) = r.token;
-                match r.result {
-                    Ok(_) => {
-                        dead_lettered += u64::from(is_copy);
-                        cursor.delivered(n);
-                    }
-                    Err(error) => {
-                        let copy = if is_copy { None } else { plan.settings.dead_letters.refused(&error, r.returned, p.consistent_point, (n, true)) };
-                        match copy {
-                            Some(copy) => {
-                                tracing::warn!(%error, row = n, dead_letter_topic = %copy.topic, "dead-lettering the backfill row the broker refused");
-                                outgoing.push_front(copy);
-                            }
-                            None => {
-                                let resume_after = cursor.done();
-                                let _ = store::save(control, plan.slot, resume_after).await;
-                                return Err(BackfillError::Delivery { n, error, resume_after });
-                            }
-                        }
-                    }
-                }
-            }
-            permit = sink.reserve(size), if !outgoing.is_empty() => {
-                if let Some(record) = outgoing.pop_front() {
-                    sink.send(permit, record).await;
-                }
-            }
-            _ = save.tick() => {
-                if cursor.done() > saved {
-                    store::save(control, plan.slot, cursor.done()).await?;
-                    saved = cursor.done();
-                }
-            }
-            _ = report.tick() => {
-                let done = cursor.done();
-                tracing::info!(
-                    published = done,
-                    total = p.total,
-                    percent = format!("{:.1}", 100.0 * done as f64 / p.total.max(1) as f64),
-                    "backfill progress"
-                );
-            }
-        }
-    }
-    tracing::info!(
-        slot = plan.slot,
-        published = p.total - p.published,
-        dead_lettered,
-        elapsed = ?started.elapsed(),
-        "backfill published"
-    );
-    drop(sink);
-    Ok(Outcome::Published {
-        total: p.total,
-        published: p.total - p.published,
-        dead_lettered,
-        resumed,
-    })
-}
-
-/// Turns copied rows into records, exactly as streamed rows.
-struct Rows<'a> {
-    mapping: &'a OutboxMapping,
-    indexes: &'a ColumnIndexes,
-    dead_letters: &'a DeadLetters,
-    consistent_point: Lsn,
-}
-
-impl Rows<'_> {
-    fn record(&self, n: u64, values: &[Option<String>]) -> Result<Record<Token>, BackfillError> {
-        let tuple = TupleData::from_text(values.iter().map(|v| v.as_deref().map(str::as_bytes)))
-            .ok_or(BackfillError::RowTooLarge(n))?;
-        match self.mapping.map(self.indexes, &tuple) {
-            Ok(event) => Ok(Record {
-                topic: event.topic,
-                key: Some(event.key),
-                value: event.value,
-                headers: event.headers,
-                timestamp_ms: event.timestamp_ms,
-                token: (n, false),
-            }),
-            Err(error) => {
-                let topic = self.mapping.topic_of(self.indexes, &tuple);
-                let event_id = self.mapping.event_id_of(self.indexes, &tuple);
-                let payload = tuple.value_bytes(self.indexes.payload_index());
-                let origin = Origin {
-                    topic: topic.as_deref(),
-                    lsn: self.consistent_point,
-                    event_id: event_id.as_deref(),
-                };
-                match self
-                    .dead_letters
-                    .unmappable(&error, payload, origin, (n, true))
-                {
-                    Some(copy) => {
-                        tracing::warn!(%error, row = n, dead_letter_topic = %copy.topic, "dead-lettering the backfill row that cannot be mapped");
-                        Ok(copy)
-                    }
-                    None => Err(BackfillError::Unmappable { n, error }),
-                }
-            }
-        }
-    }
-}
-
 /// The request of `slot`'s interrupted backfill whose rows were copied
 /// (`walbox run` finishes it before streaming), if any.
 pub async fn resumable(
@@ -421,69 +250,6 @@ pub async fn resumable(
         Some((request, State::Publishing(_))) => Some(request),
         _ => None,
     })
-}
-
-/// Recreates the invalidated `slot` and republishes the outbox rows whose
-/// timestamp is at or after the commit time walbox last saved, less
-/// `margin` (see [`store::save_position`]).
-///
-/// Every transaction after the saved position committed after the saved
-/// commit time; its rows carry a timestamp taken before their commit (the
-/// column's `now()` is the transaction's start), so the margin covers
-/// transactions that ran for less than it. Duplicates: what was delivered
-/// after the saved position, and the margin's rows.
-pub async fn heal(
-    plan: Plan<'_>,
-    control: &mut Client,
-    margin: Duration,
-) -> Result<Outcome, BackfillError> {
-    let since = store::saved_commit_time(control, plan.slot, margin)
-        .await?
-        .ok_or_else(|| BackfillError::NoSavedPosition(plan.slot.to_owned()))?;
-    tracing::warn!(
-        slot = plan.slot,
-        since = %since,
-        "the slot is invalidated (it lost WAL it needed): recreating it and republishing the outbox rows from the saved position's commit time less the margin"
-    );
-    republish_since(plan, control, &since).await
-}
-
-/// Drops `slot` (if it exists) and makes it again with a backfill of the
-/// outbox rows whose timestamp column is at or after `since`.
-pub async fn republish_since(
-    plan: Plan<'_>,
-    control: &mut Client,
-    since: &str,
-) -> Result<Outcome, BackfillError> {
-    let ts = plan
-        .mapping
-        .timestamp
-        .as_deref()
-        .ok_or(BackfillError::NoTimestamp)?;
-    if control
-        .query_one("SELECT $1::text::timestamptz", &[&since])
-        .await
-        .is_err()
-    {
-        return Err(BackfillError::BadTime(since.to_owned()));
-    }
-    store::prepare(control).await?;
-    if !store::lock(control, plan.slot).await? {
-        return Err(BackfillError::Busy(plan.slot.to_owned()));
-    }
-    if slot_status(control, plan.slot).await?.is_some() {
-        slot_manager::drop_slot(control, plan.slot, false, None).await?;
-    }
-    store::forget(control, plan.slot).await?;
-    let column = slot_manager::quote_ident(ts);
-    let request = Request {
-        condition: format!(
-            "{column} >= {}::timestamptz",
-            slot_manager::quote_literal(since)
-        ),
-        order_by: column,
-    };
-    backfill(plan, control, &request).await
 }
 
 /// Whether `slot` has a backfill that is not done (then `walbox run` must

@@ -9,7 +9,7 @@
 //!   fixes the set: a rerun publishes exactly what the snapshot held, even
 //!   though the snapshot itself is gone. Deleted when the backfill is done.
 
-use pgoutput_decoder::{Lsn, PgTimestamp};
+use pgoutput_decoder::Lsn;
 use slot_manager::{quote_ident, quote_literal, Error, ExportedSlot, TableName};
 use tokio_postgres::Client;
 
@@ -84,13 +84,6 @@ pub struct Request {
     pub order_by: String,
 }
 
-fn sql(context: &str) -> impl FnOnce(tokio_postgres::Error) -> Error + '_ {
-    move |source| Error::Sql {
-        context: context.to_owned(),
-        source,
-    }
-}
-
 /// Creates the schema and tables if missing (only then: a role that may
 /// use them need not be allowed to create them).
 pub async fn prepare(client: &Client) -> Result<(), Error> {
@@ -101,7 +94,7 @@ pub async fn prepare(client: &Client) -> Result<(), Error> {
             &[],
         )
         .await
-        .map_err(sql("look for walbox.backfills"))?
+        .map_err(Error::sql("look for walbox.backfills"))?
         .get(0);
     if present {
         return Ok(());
@@ -112,7 +105,7 @@ pub async fn prepare(client: &Client) -> Result<(), Error> {
         } else {
             "create schema walbox for the backfill's bookkeeping"
         };
-        sql(context)(e)
+        Error::sql(context)(e)
     })
 }
 
@@ -125,7 +118,7 @@ pub async fn lock(client: &Client, slot: &str) -> Result<bool, Error> {
             &[&slot],
         )
         .await
-        .map_err(sql("take the backfill lock"))?;
+        .map_err(Error::sql("take the backfill lock"))?;
     Ok(row.get(0))
 }
 
@@ -135,7 +128,7 @@ pub async fn load(client: &Client, slot: &str) -> Result<Option<(Request, State)
     let exists: bool = client
         .query_one("SELECT to_regclass('walbox.backfills') IS NOT NULL", &[])
         .await
-        .map_err(sql("look for walbox.backfills"))?
+        .map_err(Error::sql("look for walbox.backfills"))?
         .get(0);
     if !exists {
         return Ok(None);
@@ -148,7 +141,7 @@ pub async fn load(client: &Client, slot: &str) -> Result<Option<(Request, State)
             &[&slot],
         )
         .await
-        .map_err(sql("read walbox.backfills"))?
+        .map_err(Error::sql("read walbox.backfills"))?
     else {
         return Ok(None);
     };
@@ -204,11 +197,11 @@ pub async fn begin(
             ],
         )
         .await
-        .map_err(sql("record the backfill in walbox.backfills"))?;
+        .map_err(Error::sql("record the backfill in walbox.backfills"))?;
     client
         .execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
         .await
-        .map_err(sql("clear walbox.backfill_rows"))?;
+        .map_err(Error::sql("clear walbox.backfill_rows"))?;
     Ok(())
 }
 
@@ -231,7 +224,7 @@ pub async fn columns(
             &[&table.schema(), &table.name(), &names],
         )
         .await
-        .map_err(sql("read the outbox table's columns"))?;
+        .map_err(Error::sql("read the outbox table's columns"))?;
     Ok(rows
         .iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
@@ -259,13 +252,13 @@ pub async fn copy_snapshot(
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .start()
         .await
-        .map_err(sql("start the snapshot transaction"))?;
+        .map_err(Error::sql("start the snapshot transaction"))?;
     tx.batch_execute(&format!(
         "SET TRANSACTION SNAPSHOT {}; SET LOCAL DateStyle = 'ISO'",
         quote_literal(&exported.snapshot)
     ))
     .await
-    .map_err(sql("import the slot's snapshot"))?;
+    .map_err(Error::sql("import the slot's snapshot"))?;
     let values = columns
         .iter()
         .map(|(c, _)| format!("{}::text", quote_ident(c)))
@@ -280,7 +273,7 @@ pub async fn copy_snapshot(
         table = table.quoted(),
         condition = request.condition,
     );
-    let total = tx.execute(&copy, &[&slot]).await.map_err(sql(
+    let total = tx.execute(&copy, &[&slot]).await.map_err(Error::sql(
         "select the rows to backfill (check --backfill and --backfill-order)",
     ))?;
     let names: Vec<&str> = columns.iter().map(|(c, _)| c.as_str()).collect();
@@ -298,10 +291,10 @@ pub async fn copy_snapshot(
         ],
     )
     .await
-    .map_err(sql("record the backfill's snapshot"))?;
+    .map_err(Error::sql("record the backfill's snapshot"))?;
     tx.commit()
         .await
-        .map_err(sql("commit the backfill's snapshot copy"))?;
+        .map_err(Error::sql("commit the backfill's snapshot copy"))?;
     Ok(total)
 }
 
@@ -319,7 +312,7 @@ pub async fn rows_after(
             &[&slot, &(after as i64), &limit],
         )
         .await
-        .map_err(sql("read walbox.backfill_rows"))?;
+        .map_err(Error::sql("read walbox.backfill_rows"))?;
     Ok(rows
         .iter()
         .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
@@ -334,7 +327,7 @@ pub async fn save(client: &Client, slot: &str, published: u64) -> Result<(), Err
             &[&slot, &(published as i64)],
         )
         .await
-        .map_err(sql("save the backfill's progress"))?;
+        .map_err(Error::sql("save the backfill's progress"))?;
     Ok(())
 }
 
@@ -343,18 +336,18 @@ pub async fn finish(client: &mut Client, slot: &str) -> Result<(), Error> {
     let tx = client
         .transaction()
         .await
-        .map_err(sql("finish the backfill"))?;
+        .map_err(Error::sql("finish the backfill"))?;
     tx.execute(
         "UPDATE walbox.backfills SET state = 'done', published = total, finished_at = now()
           WHERE slot = $1",
         &[&slot],
     )
     .await
-    .map_err(sql("finish the backfill"))?;
+    .map_err(Error::sql("finish the backfill"))?;
     tx.execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
         .await
-        .map_err(sql("drop the backfill's copied rows"))?;
-    tx.commit().await.map_err(sql("finish the backfill"))
+        .map_err(Error::sql("drop the backfill's copied rows"))?;
+    tx.commit().await.map_err(Error::sql("finish the backfill"))
 }
 
 /// Forgets the backfill of `slot` (when its slot is dropped).
@@ -368,106 +361,5 @@ pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
             s = quote_literal(slot)
         ))
         .await
-        .map_err(sql("forget the slot's backfill"))
-}
-
-/// Where `walbox run` saves its delivered position (`on_slot_invalidated =
-/// "recreate"`).
-const POSITIONS: &str = "
-DO $$ BEGIN
-  IF to_regnamespace('walbox') IS NULL THEN
-    CREATE SCHEMA walbox;
-    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
-  END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS walbox.positions (
-    slot text PRIMARY KEY,
-    delivered_lsn pg_lsn NOT NULL,
-    committed_at timestamptz NOT NULL,
-    saved_at timestamptz NOT NULL DEFAULT now()
-);
-GRANT SELECT ON walbox.positions TO PUBLIC;";
-
-/// Saves `slot`'s delivered position and the commit time of the newest
-/// transaction below it; creates the table on first use.
-pub async fn save_position(
-    client: &Client,
-    slot: &str,
-    delivered: Lsn,
-    committed: PgTimestamp,
-) -> Result<(), Error> {
-    let upsert = "INSERT INTO walbox.positions (slot, delivered_lsn, committed_at, saved_at)
-                  VALUES ($1, $2::text::pg_lsn, to_timestamp($3::int8 / 1000000.0), now())
-                  ON CONFLICT (slot) DO UPDATE SET delivered_lsn = EXCLUDED.delivered_lsn,
-                      committed_at = EXCLUDED.committed_at, saved_at = now()";
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-        [&slot, &delivered.to_string(), &committed.as_unix_micros()];
-    match client.execute(upsert, &params).await {
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-            client
-                .batch_execute(POSITIONS)
-                .await
-                .map_err(sql("create walbox.positions"))?;
-            client
-                .execute(upsert, &params)
-                .await
-                .map_err(sql("save the delivered position"))?;
-        }
-        other => {
-            other.map_err(sql("save the delivered position"))?;
-        }
-    }
-    Ok(())
-}
-
-/// The commit time `slot` last saved, less `margin`, as a timestamptz
-/// literal; `None` if it saved none.
-pub async fn saved_commit_time(
-    client: &Client,
-    slot: &str,
-    margin: std::time::Duration,
-) -> Result<Option<String>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-        .await
-        .map_err(sql("look for walbox.positions"))?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD HH24:MI:SS.US') || '+00'
-               FROM walbox.positions WHERE slot = $1",
-            &[&slot, &margin.as_secs_f64()],
-        )
-        .await
-        .map_err(sql("read walbox.positions"))?;
-    Ok(row.map(|r| r.get(0)))
-}
-
-/// What `slot` last saved in `walbox.positions`, for `walbox status`:
-/// `(delivered_lsn, committed_at, saved_at)` as text.
-pub async fn saved_position(
-    client: &Client,
-    slot: &str,
-) -> Result<Option<(String, String, String)>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-        .await
-        .map_err(sql("look for walbox.positions"))?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT delivered_lsn::text, committed_at::text, saved_at::text
-               FROM walbox.positions WHERE slot = $1",
-            &[&slot],
-        )
-        .await
-        .map_err(sql("read walbox.positions"))?;
-    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+        .map_err(Error::sql("forget the slot's backfill"))
 }

@@ -22,8 +22,6 @@ pub struct RunArgs {
     settings: RunFlags,
 }
 
-/// How long the brokers may take to answer at startup.
-const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the check that the brokers run transactions may take.
 const TXN_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the producer may take to flush after the relay stopped.
@@ -102,27 +100,6 @@ async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
     }
 }
 
-/// Fails fast on brokers that are not there at all, or refuse walbox;
-/// once running, an outage only stalls deliveries (the outbox in Postgres
-/// is the buffer).
-pub(crate) async fn check_brokers<T: Send + Sync + 'static>(
-    sink: &Sink<T>,
-    brokers: &str,
-) -> Result<(), RunError> {
-    let brokers = brokers.to_owned();
-    match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
-        Ok(()) => Ok(()),
-        Err(sink_kafka::SinkError::Refused(problem)) => {
-            let problem = Box::new(problem);
-            Err(RunError::BrokerRefused { brokers, problem })
-        }
-        Err(source) => {
-            let source = Box::new(source);
-            Err(RunError::Broker { brokers, source })
-        }
-    }
-}
-
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
@@ -185,7 +162,16 @@ async fn stream_until_stopped(
     metrics: &Arc<Metrics>,
 ) -> Result<(), CliError> {
     loop {
-        prepare_slot(c, mapping, settings).await?;
+        // A backfill to finish or a slot to recreate may take long: a
+        // signal stops it (its progress is saved; the next start resumes).
+        let mut signalled = shutdown.clone();
+        tokio::select! {
+            prepared = prepare_slot(c, mapping, settings) => prepared?,
+            _ = signalled.wait_for(|s| *s != Stop::No) => {
+                tracing::info!("stopped before streaming; what the backfill did not finish, the next start does");
+                return Ok(());
+            }
+        }
         match stream(c, mapping, settings, shutdown.clone(), Arc::clone(metrics)).await {
             Err(RunError::Postgres(slot_manager::Error::SlotInvalidated { .. }))
                 if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
@@ -248,7 +234,7 @@ async fn stream(
     metrics: Arc<Metrics>,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
-    check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
+    crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await

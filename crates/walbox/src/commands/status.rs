@@ -45,9 +45,7 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         st.safe_wal_size
             .map_or_else(|| "unlimited".into(), |b| b.to_string())
     );
-    if let Some((lsn, committed, saved)) =
-        crate::backfill::store::saved_position(&client, &c.slot).await?
-    {
+    if let Some((lsn, committed, saved)) = crate::positions::saved(&client, &c.slot).await? {
         println!("saved position:      {lsn} (commit {committed}, saved {saved})");
     }
     if let Some(backfill) = crate::backfill::describe(&client, &c.slot).await? {

@@ -97,6 +97,7 @@ fn every_setting_can_come_from_the_environment() {
             ("table", _) => "app.events".to_owned(),
             ("metrics_addr", _) => "127.0.0.1:9187".to_owned(),
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
+            ("retention", _) => "7d".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),
@@ -122,6 +123,8 @@ fn every_setting_can_come_from_the_environment() {
     let run = c.run().unwrap();
     assert_eq!(run.sink.max_in_flight, 4096);
     assert_eq!(run.status_interval, Duration::from_millis(4096));
+    assert_eq!(run.retention, Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(run.recreate_margin, Some(Duration::from_secs(4096)));
     assert_eq!(c.log_format(), LogFormat::Json);
     assert_eq!(c.mapping().unwrap().id, "mapping_id_env");
 }
@@ -264,6 +267,12 @@ fn bad_input_names_the_key_and_its_source() {
             "the only placeholder",
         ),
         ("WALBOX_MAPPING_ID", "", "mapping.id: must not be empty"),
+        (
+            "WALBOX_RETENTION",
+            "7 dayz",
+            "retention \"7 dayz\": unknown time unit",
+        ),
+        ("WALBOX_RETENTION", "0s", "retention: must be at least 1s"),
     ] {
         let c = load(
             None,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sink_kafka::{Permit, Record, Report, Reports, Sink, TxnError};
 
-use super::Token;
+use super::{RunError, Token};
 
 /// How long the transaction coordinator may take to register walbox (and
 /// complete what an older instance left open).
@@ -16,6 +16,30 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long reading the progress topic back may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the brokers may take to answer at startup.
+const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Fails fast on brokers that are not there at all, or refuse walbox;
+/// once running, an outage only stalls deliveries (the outbox in Postgres
+/// is the buffer).
+pub async fn check_brokers<T: Send + Sync + 'static>(
+    sink: &Sink<T>,
+    brokers: &str,
+) -> Result<(), RunError> {
+    let brokers = brokers.to_owned();
+    match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(sink_kafka::SinkError::Refused(problem)) => {
+            let problem = Box::new(problem);
+            Err(RunError::BrokerRefused { brokers, problem })
+        }
+        Err(source) => {
+            let source = Box::new(source);
+            Err(RunError::Broker { brokers, source })
+        }
+    }
+}
 
 /// Takes records, within bounds on what is in flight. Methods take `&self`
 /// so that reserving room and receiving reports ([`Deliveries`]) can wait in

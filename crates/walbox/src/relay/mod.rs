@@ -73,7 +73,7 @@ use crate::metrics::Metrics;
 use crate::progress::{EventToken, ProgressError};
 
 pub use backoff::Backoff;
-pub use destination::{Deliveries, Destination};
+pub use destination::{check_brokers, Deliveries, Destination};
 pub use source::{PostgresSource, ReplicationStream, Source, Started};
 
 /// What travels with an event to the broker and back.

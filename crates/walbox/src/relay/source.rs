@@ -167,8 +167,7 @@ impl ReplicationStream for PostgresStream {
         delivered: Lsn,
         committed: PgTimestamp,
     ) -> Result<(), String> {
-        let save =
-            crate::backfill::store::save_position(&self.control, &self.slot, delivered, committed);
+        let save = crate::positions::save(&self.control, &self.slot, delivered, committed);
         match tokio::time::timeout(std::time::Duration::from_secs(5), save).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err("no answer within 5 s".into()),

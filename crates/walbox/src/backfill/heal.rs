@@ -1,0 +1,72 @@
+//! A lost slot healed from the outbox table, by time.
+
+use std::time::Duration;
+
+use slot_manager::slot_status;
+use tokio_postgres::Client;
+
+use super::store::{self, Request};
+use super::{backfill, BackfillError, Outcome, Plan};
+
+/// Recreates the invalidated `slot` and republishes the outbox rows whose
+/// timestamp is at or after the commit time walbox last saved, less
+/// `margin` (see [`crate::positions`]).
+///
+/// Every transaction after the saved position committed after the saved
+/// commit time; its rows carry a timestamp taken before their commit (the
+/// column's `now()` is the transaction's start), so the margin covers
+/// transactions that ran for less than it. Duplicates: what was delivered
+/// after the saved position, and the margin's rows.
+pub async fn heal(
+    plan: Plan<'_>,
+    control: &mut Client,
+    margin: Duration,
+) -> Result<Outcome, BackfillError> {
+    let since = crate::positions::saved_commit_time(control, plan.slot, margin)
+        .await?
+        .ok_or_else(|| BackfillError::NoSavedPosition(plan.slot.to_owned()))?;
+    tracing::warn!(
+        slot = plan.slot,
+        since = %since,
+        "the slot is invalidated (it lost WAL it needed): recreating it and republishing the outbox rows from the saved position's commit time less the margin"
+    );
+    republish_since(plan, control, &since).await
+}
+
+/// Drops `slot` (if it exists) and makes it again with a backfill of the
+/// outbox rows whose timestamp column is at or after `since`.
+pub async fn republish_since(
+    plan: Plan<'_>,
+    control: &mut Client,
+    since: &str,
+) -> Result<Outcome, BackfillError> {
+    let ts = plan
+        .mapping
+        .timestamp
+        .as_deref()
+        .ok_or(BackfillError::NoTimestamp)?;
+    if control
+        .query_one("SELECT $1::text::timestamptz", &[&since])
+        .await
+        .is_err()
+    {
+        return Err(BackfillError::BadTime(since.to_owned()));
+    }
+    store::prepare(control).await?;
+    if !store::lock(control, plan.slot).await? {
+        return Err(BackfillError::Busy(plan.slot.to_owned()));
+    }
+    if slot_status(control, plan.slot).await?.is_some() {
+        slot_manager::drop_slot(control, plan.slot, false, None).await?;
+    }
+    store::forget(control, plan.slot).await?;
+    let column = slot_manager::quote_ident(ts);
+    let request = Request {
+        condition: format!(
+            "{column} >= {}::timestamptz",
+            slot_manager::quote_literal(since)
+        ),
+        order_by: column,
+    };
+    backfill(plan, control, &request).await
+}

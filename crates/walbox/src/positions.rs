@@ -1,0 +1,110 @@
+//! The delivered position walbox saves in Postgres (`walbox.positions`),
+//! with the commit time of the newest transaction below it: where a lost
+//! slot is republished from ([`crate::backfill::heal`]), and how far
+//! retention may delete ([`crate::retention`]). Written every 10 s while
+//! streaming, only with `on_slot_invalidated = "recreate"` or `retention`.
+//!
+//! The saved time can only lag: every transaction after the saved position
+//! committed after it, so republishing from it (less a margin) loses
+//! nothing, and deleting before it removes only delivered rows.
+
+use pgoutput_decoder::{Lsn, PgTimestamp};
+use slot_manager::Error;
+use tokio_postgres::Client;
+
+/// The table, created on first use.
+const POSITIONS: &str = "
+DO $$ BEGIN
+  IF to_regnamespace('walbox') IS NULL THEN
+    CREATE SCHEMA walbox;
+    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
+  END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS walbox.positions (
+    slot text PRIMARY KEY,
+    delivered_lsn pg_lsn NOT NULL,
+    committed_at timestamptz NOT NULL,
+    saved_at timestamptz NOT NULL DEFAULT now()
+);
+GRANT SELECT ON walbox.positions TO PUBLIC;";
+
+/// Saves `slot`'s delivered position and the commit time of the newest
+/// transaction below it; creates the table on first use.
+pub async fn save(
+    client: &Client,
+    slot: &str,
+    delivered: Lsn,
+    committed: PgTimestamp,
+) -> Result<(), Error> {
+    let upsert = "INSERT INTO walbox.positions (slot, delivered_lsn, committed_at, saved_at)
+                  VALUES ($1, $2::text::pg_lsn, to_timestamp($3::int8 / 1000000.0), now())
+                  ON CONFLICT (slot) DO UPDATE SET delivered_lsn = EXCLUDED.delivered_lsn,
+                      committed_at = EXCLUDED.committed_at, saved_at = now()";
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&slot, &delivered.to_string(), &committed.as_unix_micros()];
+    match client.execute(upsert, &params).await {
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            client
+                .batch_execute(POSITIONS)
+                .await
+                .map_err(Error::sql("create walbox.positions"))?;
+            client
+                .execute(upsert, &params)
+                .await
+                .map_err(Error::sql("save the delivered position"))?;
+        }
+        other => {
+            other.map_err(Error::sql("save the delivered position"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The commit time `slot` last saved, less `margin`, as a timestamptz
+/// literal; `None` if it saved none.
+pub async fn saved_commit_time(
+    client: &Client,
+    slot: &str,
+    margin: std::time::Duration,
+) -> Result<Option<String>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
+        .await
+        .map_err(Error::sql("look for walbox.positions"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD HH24:MI:SS.US') || '+00'
+               FROM walbox.positions WHERE slot = $1",
+            &[&slot, &margin.as_secs_f64()],
+        )
+        .await
+        .map_err(Error::sql("read walbox.positions"))?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// What `slot` last saved in `walbox.positions`, for `walbox status`:
+/// `(delivered_lsn, committed_at, saved_at)` as text.
+pub async fn saved(client: &Client, slot: &str) -> Result<Option<(String, String, String)>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
+        .await
+        .map_err(Error::sql("look for walbox.positions"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT delivered_lsn::text, committed_at::text, saved_at::text
+               FROM walbox.positions WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(Error::sql("read walbox.positions"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+}
