@@ -6,42 +6,15 @@
 use std::process::Command;
 use std::time::Duration;
 
-use tokio_postgres::Client;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
-use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
+use walbox_test_harness::slot::{
+    current_wal_lsn, wait_confirmed_at_least, write_wal_past_the_slot,
+};
 use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
-
-/// Writes and checkpoints WAL until the slot keeps more than
-/// `max_slot_wal_keep_size` and the server invalidates it.
-async fn invalidate(client: &Client) {
-    client
-        .batch_execute("CREATE TABLE IF NOT EXISTS busy (v text)")
-        .await
-        .unwrap();
-    for _ in 0..8 {
-        client
-            .batch_execute(
-                "INSERT INTO busy SELECT md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g;
-                 SELECT pg_switch_wal();",
-            )
-            .await
-            .unwrap();
-        client.batch_execute("CHECKPOINT").await.unwrap();
-    }
-    let status: Option<String> = client
-        .query_one(
-            "SELECT wal_status::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(status.as_deref(), Some("lost"));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
@@ -113,7 +86,10 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
 
     // Stopped: 500 events are written, then the WAL holding them is gone.
     insert_events(&client, 260, 760, |k| 1 + k % 5, 7).await;
-    invalidate(&client).await;
+    assert_eq!(
+        write_wal_past_the_slot(&client, "walbox").await.as_deref(),
+        Some("lost")
+    );
 
     // The default policy: one clear line, exit 1.
     let out = walbox(&[

@@ -302,20 +302,7 @@ async fn an_invalidated_slot_is_a_definite_error() {
         .await
         .unwrap();
     ensure_slot(&client, "walbox", false).await.unwrap();
-    client
-        .batch_execute("CREATE TABLE busy (v text)")
-        .await
-        .unwrap();
-    for _ in 0..8 {
-        client
-            .batch_execute(
-                "INSERT INTO busy SELECT md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g;
-                 SELECT pg_switch_wal();",
-            )
-            .await
-            .unwrap();
-        client.batch_execute("CHECKPOINT").await.unwrap();
-    }
+    walbox_test_harness::slot::write_wal_past_the_slot(&client, "walbox").await;
     let status = slot_status(&client, "walbox").await.unwrap().unwrap();
     assert_eq!(status.wal_status.as_deref(), Some("lost"), "{status:?}");
 

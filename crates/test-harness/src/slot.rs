@@ -128,3 +128,34 @@ pub async fn wait_retained_below(
     )
     .await
 }
+
+/// Writes and checkpoints WAL (80 MB in 8 segments' switches) so that a
+/// slot keeping more than `max_slot_wal_keep_size` (the tests use 32 MB) is
+/// invalidated; returns the slot's `wal_status` afterwards.
+pub async fn write_wal_past_the_slot(client: &Client, slot: &str) -> Option<String> {
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS walbox_test_busy (v text)")
+        .await
+        .expect("create the busy table");
+    for _ in 0..8 {
+        client
+            .batch_execute(
+                "INSERT INTO walbox_test_busy SELECT md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g;
+                 SELECT pg_switch_wal();",
+            )
+            .await
+            .expect("write WAL");
+        client
+            .batch_execute("CHECKPOINT")
+            .await
+            .expect("checkpoint");
+    }
+    client
+        .query_one(
+            "SELECT wal_status::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read the slot")
+        .get(0)
+}

@@ -60,6 +60,31 @@ pub async fn save(
     Ok(())
 }
 
+/// `SELECT columns FROM walbox.positions WHERE slot = $1`, with `params`
+/// (`params[0]` is the slot); `None` when the slot saved nothing or the
+/// table does not exist.
+pub async fn select(
+    client: &Client,
+    columns: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
+        .await
+        .map_err(Error::sql("look for walbox.positions"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    client
+        .query_opt(
+            &format!("SELECT {columns} FROM walbox.positions WHERE slot = $1"),
+            params,
+        )
+        .await
+        .map_err(Error::sql("read walbox.positions"))
+}
+
 /// The commit time `slot` last saved, less `margin`, as a timestamptz
 /// literal; `None` if it saved none.
 pub async fn saved_commit_time(
@@ -67,44 +92,23 @@ pub async fn saved_commit_time(
     slot: &str,
     margin: std::time::Duration,
 ) -> Result<Option<String>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-        .await
-        .map_err(Error::sql("look for walbox.positions"))?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD HH24:MI:SS.US') || '+00'
-               FROM walbox.positions WHERE slot = $1",
-            &[&slot, &margin.as_secs_f64()],
-        )
-        .await
-        .map_err(Error::sql("read walbox.positions"))?;
+    let row = select(
+        client,
+        "to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
+        &[&slot, &margin.as_secs_f64()],
+    )
+    .await?;
     Ok(row.map(|r| r.get(0)))
 }
 
-/// What `slot` last saved in `walbox.positions`, for `walbox status`:
-/// `(delivered_lsn, committed_at, saved_at)` as text.
+/// What `slot` last saved, for `walbox status`: `(delivered_lsn,
+/// committed_at, saved_at)` as text.
 pub async fn saved(client: &Client, slot: &str) -> Result<Option<(String, String, String)>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-        .await
-        .map_err(Error::sql("look for walbox.positions"))?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT delivered_lsn::text, committed_at::text, saved_at::text
-               FROM walbox.positions WHERE slot = $1",
-            &[&slot],
-        )
-        .await
-        .map_err(Error::sql("read walbox.positions"))?;
+    let row = select(
+        client,
+        "delivered_lsn::text, committed_at::text, saved_at::text",
+        &[&slot],
+    )
+    .await?;
     Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }

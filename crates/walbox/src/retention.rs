@@ -146,22 +146,12 @@ impl Retention {
     /// The newest timestamp that may go, as text; `None` before walbox
     /// saved a delivered position.
     async fn cutoff(&self, client: &Client) -> Result<Option<String>, Error> {
-        let exists: bool = client
-            .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-            .await
-            .map_err(Error::sql("look for walbox.positions"))?
-            .get(0);
-        if !exists {
-            return Ok(None);
-        }
-        let row = client
-            .query_opt(
-                "SELECT least(now() - make_interval(secs => $2), committed_at - make_interval(secs => $3))::text
-                   FROM walbox.positions WHERE slot = $1",
-                &[&self.slot, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],
-            )
-            .await
-            .map_err(Error::sql("read walbox.positions"))?;
+        let row = crate::positions::select(
+            client,
+            "least(now() - make_interval(secs => $2), committed_at - make_interval(secs => $3))::text",
+            &[&self.slot, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],
+        )
+        .await?;
         Ok(row.map(|r| r.get(0)))
     }
 
