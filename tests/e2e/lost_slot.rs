@@ -128,3 +128,66 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
     assert!(status.success(), "{log}");
     assert!(log.contains("the slot is invalidated"), "{log}");
 }
+
+/// `walbox resync --since`: refused while walbox streams from the slot;
+/// once stopped, it recreates the slot and republishes from that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
+    let db = walbox_test_harness::pg::fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let flags = ["--mapping-topic-template", topic.as_str()];
+    insert_events(&client, 0, 50, |_| 5, 7).await;
+    let since: String = client
+        .query_one("SELECT (now() - interval '1 hour')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    let resync = |force: bool| {
+        let mut c = walbox(
+            &db,
+            &[
+                "resync",
+                "--since",
+                &since,
+                "--kafka-brokers",
+                &kafka.bootstrap(),
+            ],
+        );
+        c.args(flags);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    let refused = resync(false);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is in use by process"), "{stderr}");
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+
+    let out = resync(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("recreated; republished 50 events"),
+        "{stdout}"
+    );
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    insert_events(&client, 50, 60, |_| 5, 7).await;
+    // The 50 events twice (streamed, then republished), the next 10 once.
+    assert_eq!(expect_all(&kafka, &topic, 60).await, 50);
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+}
