@@ -6,6 +6,7 @@
 //! everything it runs is here, so it can be tested without processes.
 
 pub mod backfill;
+pub mod bookkeeping;
 pub mod commands;
 pub mod config;
 pub mod dead_letter;

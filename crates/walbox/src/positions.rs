@@ -12,14 +12,10 @@ use pgoutput_decoder::{Lsn, PgTimestamp};
 use slot_manager::Error;
 use tokio_postgres::Client;
 
-/// The table, created on first use.
-const POSITIONS: &str = "
-DO $$ BEGIN
-  IF to_regnamespace('walbox') IS NULL THEN
-    CREATE SCHEMA walbox;
-    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
-  END IF;
-END $$;
+use crate::bookkeeping;
+
+/// The table, created on first use (see [`crate::bookkeeping`]).
+const TABLE: &str = "
 CREATE TABLE IF NOT EXISTS walbox.positions (
     slot text PRIMARY KEY,
     delivered_lsn pg_lsn NOT NULL,
@@ -44,10 +40,7 @@ pub async fn save(
         [&slot, &delivered.to_string(), &committed.as_unix_micros()];
     match client.execute(upsert, &params).await {
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-            client
-                .batch_execute(POSITIONS)
-                .await
-                .map_err(Error::sql("create walbox.positions"))?;
+            bookkeeping::create(client, TABLE, "create walbox.positions").await?;
             client
                 .execute(upsert, &params)
                 .await
@@ -68,12 +61,7 @@ pub async fn select(
     columns: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<tokio_postgres::Row>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.positions') IS NOT NULL", &[])
-        .await
-        .map_err(Error::sql("look for walbox.positions"))?
-        .get(0);
-    if !exists {
+    if !bookkeeping::exist(client, &["walbox.positions"]).await? {
         return Ok(None);
     }
     client

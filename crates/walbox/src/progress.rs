@@ -251,8 +251,9 @@ impl Progress {
         self.received = self.received.max(wal_end);
     }
 
-    /// A Begin message whose commit timestamp is not known.
-    pub fn begin(&mut self, final_lsn: Lsn) -> Result<(), ProgressError> {
+    /// A Begin message whose commit timestamp does not matter (tests).
+    #[cfg(test)]
+    pub(crate) fn begin(&mut self, final_lsn: Lsn) -> Result<(), ProgressError> {
         self.begin_at(final_lsn, PgTimestamp::default())
     }
 

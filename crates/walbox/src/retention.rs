@@ -69,18 +69,7 @@ impl Retention {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let result = match &client {
-                Some(c) if !c.is_closed() => self.round(c, &metrics).await,
-                _ => match self.connect().await {
-                    Ok(c) => {
-                        let r = self.round(&c, &metrics).await;
-                        client = Some(c);
-                        r
-                    }
-                    Err(e) => Err(e),
-                },
-            };
-            match result {
+            match self.connected_round(&mut client, &metrics).await {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("retention works again");
@@ -97,13 +86,23 @@ impl Retention {
         }
     }
 
-    async fn connect(&self) -> Result<Client, Error> {
-        let client = connect_control(&self.pg).await?;
-        client
-            .batch_execute("SET statement_timeout = '5s'; SET lock_timeout = '1s'")
-            .await
-            .map_err(Error::sql("set the retention session's timeouts"))?;
-        Ok(client)
+    /// A round on `client`, connected first when it is not.
+    async fn connected_round(
+        &self,
+        client: &mut Option<Client>,
+        metrics: &Metrics,
+    ) -> Result<(), Error> {
+        if client.as_ref().is_none_or(Client::is_closed) {
+            let c = connect_control(&self.pg).await?;
+            c.batch_execute("SET statement_timeout = '5s'; SET lock_timeout = '1s'")
+                .await
+                .map_err(Error::sql("set the retention session's timeouts"))?;
+            *client = Some(c);
+        }
+        match client {
+            Some(c) => self.round(c, metrics).await,
+            None => Ok(()),
+        }
     }
 
     /// One round: deletes or drops what is past the cutoff.

@@ -272,7 +272,7 @@ pub async fn describe(client: &Client, slot: &str) -> Result<Option<String>, slo
         match state {
             State::Snapshot => format!("interrupted before its snapshot was copied ({what}); rerun `walbox init-slot --backfill`"),
             State::Publishing(p) => format!(
-                "unfinished: {} of {} events published ({what}); rerun `walbox init-slot --backfill` to finish, `walbox run` waits for it",
+                "unfinished: {} of {} events published ({what}); `walbox run` or a rerun of `walbox init-slot --backfill` finishes it",
                 p.published, p.total
             ),
             State::Done { total } => format!("done: {total} events ({what})"),

@@ -11,20 +11,12 @@
 
 use pgoutput_decoder::Lsn;
 use slot_manager::{quote_ident, quote_literal, Error, ExportedSlot, TableName};
+
+use crate::bookkeeping;
 use tokio_postgres::Client;
 
-/// The tables, created on first use.
-const SCHEMA: &str = "
-DO $$ BEGIN
-  -- The schema only if missing: CREATE SCHEMA IF NOT EXISTS still needs
-  -- the right to create one.
-  IF to_regnamespace('walbox') IS NULL THEN
-    CREATE SCHEMA walbox;
-    -- Whoever runs `walbox run` or `walbox status` may read where a
-    -- backfill stands (a condition and counts, nothing secret).
-    GRANT USAGE ON SCHEMA walbox TO PUBLIC;
-  END IF;
-END $$;
+/// The tables, created on first use (see [`crate::bookkeeping`]).
+const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS walbox.backfills (
     slot text PRIMARY KEY,
     outbox_table text NOT NULL,
@@ -87,26 +79,15 @@ pub struct Request {
 /// Creates the schema and tables if missing (only then: a role that may
 /// use them need not be allowed to create them).
 pub async fn prepare(client: &Client) -> Result<(), Error> {
-    let present: bool = client
-        .query_one(
-            "SELECT to_regclass('walbox.backfills') IS NOT NULL
-                AND to_regclass('walbox.backfill_rows') IS NOT NULL",
-            &[],
-        )
-        .await
-        .map_err(Error::sql("look for walbox.backfills"))?
-        .get(0);
-    if present {
+    if bookkeeping::exist(client, &["walbox.backfills", "walbox.backfill_rows"]).await? {
         return Ok(());
     }
-    client.batch_execute(SCHEMA).await.map_err(|e| {
-        let context = if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
-            "create schema walbox for the backfill's bookkeeping (grant CREATE on the database to walbox's role, or create the schema for it)"
-        } else {
-            "create schema walbox for the backfill's bookkeeping"
-        };
-        Error::sql(context)(e)
-    })
+    bookkeeping::create(
+        client,
+        TABLES,
+        "create walbox.backfills for the backfill's bookkeeping",
+    )
+    .await
 }
 
 /// Holds the lock that keeps two backfills of one slot apart, for the
@@ -125,12 +106,7 @@ pub async fn lock(client: &Client, slot: &str) -> Result<bool, Error> {
 /// The recorded backfill of `slot`, with its request; `None` if there is
 /// none (or no bookkeeping tables at all).
 pub async fn load(client: &Client, slot: &str) -> Result<Option<(Request, State)>, Error> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('walbox.backfills') IS NOT NULL", &[])
-        .await
-        .map_err(Error::sql("look for walbox.backfills"))?
-        .get(0);
-    if !exists {
+    if !bookkeeping::exist(client, &["walbox.backfills"]).await? {
         return Ok(None);
     }
     let Some(row) = client
@@ -352,14 +328,14 @@ pub async fn finish(client: &mut Client, slot: &str) -> Result<(), Error> {
 
 /// Forgets the backfill of `slot` (when its slot is dropped).
 pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
-    if load(client, slot).await?.is_none() {
+    if !bookkeeping::exist(client, &["walbox.backfills", "walbox.backfill_rows"]).await? {
         return Ok(());
     }
-    client
-        .batch_execute(&format!(
-            "DELETE FROM walbox.backfill_rows WHERE slot = {s}; DELETE FROM walbox.backfills WHERE slot = {s}",
-            s = quote_literal(slot)
-        ))
-        .await
-        .map_err(Error::sql("forget the slot's backfill"))
+    for table in ["walbox.backfill_rows", "walbox.backfills"] {
+        client
+            .execute(&format!("DELETE FROM {table} WHERE slot = $1"), &[&slot])
+            .await
+            .map_err(Error::sql("forget the slot's backfill"))?;
+    }
+    Ok(())
 }
