@@ -177,7 +177,7 @@ async fn switch_over_from_a_polling_relay_publishes_each_unpublished_row_once() 
     insert(&client, -2000, 0, 50, true).await;
     insert(&client, 0, 3000, 50, false).await;
 
-    let (stop, writing) = writer(&db, 3000);
+    let (stop_writing, writing) = writer(&db, 3000);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let out = tokio::task::spawn_blocking({
         let mut c = init_slot_backfill(&db, &kafka, &topic);
@@ -193,7 +193,7 @@ async fn switch_over_from_a_polling_relay_publishes_each_unpublished_row_once() 
 
     let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.send(true).unwrap();
+    stop_writing.send(true).unwrap();
     let end = writing.await.unwrap();
     assert!(
         end > 3100,
@@ -208,9 +208,7 @@ async fn switch_over_from_a_polling_relay_publishes_each_unpublished_row_once() 
         duplicates, 0,
         "nothing is sent by both the backfill and the stream"
     );
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     // Done once: a rerun changes nothing.
     let again = init_slot_backfill(&db, &kafka, &topic).output().unwrap();
@@ -322,9 +320,7 @@ async fn a_backfill_killed_half_way_is_finished_by_run_and_loses_nothing() {
         rows_left, 0,
         "the copied rows are dropped when the backfill is done"
     );
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,12 +352,7 @@ async fn a_bad_condition_is_one_clear_line_and_the_corrected_rerun_backfills() {
 
     // The slot it made never streamed: the rerun makes it again.
     let out = init_slot_backfill(&db, &kafka, &topic).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("backfill published 100 of 100 events"),
         "{stdout}"

@@ -52,9 +52,7 @@ async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
     assert_eq!(expect_all(&kafka, &topic, 300).await, 0);
     let head = current_wal_lsn(&client).await;
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    let log = stop(&mut relay).await;
     assert!(log.contains("delivery: exactly-once"), "{log}");
 
     // A crash of Postgres: the slot goes back to the last checkpoint, and

@@ -12,7 +12,7 @@ use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{connect, PgServer};
 use walbox_test_harness::wait::wait_for;
 
-use crate::support::{expect_all, insert_events, sigterm, spawn_run_with, wait_exit};
+use crate::support::{expect_all, insert_events, spawn_run_with, stop, succeeded, wait_exit};
 
 fn walbox_to(url: &str, args: &[&str]) -> Command {
     let mut c = Command::new(walbox_e2e::walbox_bin());
@@ -50,11 +50,7 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
     let init = walbox_to(&one(primary.port()), &["init-slot", "--failover"])
         .output()
         .unwrap();
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+    succeeded(&init);
 
     let standby = PgServer::standby_of(&primary, "walbox_standby")
         .await
@@ -103,7 +99,5 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
     insert_events(&on_standby, 200, 400, |k| 1 + k % 7, 10).await;
     let duplicates = expect_all(&kafka, &topic, 400).await;
     eprintln!("after promotion: all 400 events, {duplicates} duplicates");
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 }

@@ -10,7 +10,7 @@ use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
 use walbox_test_harness::slot::{
-    current_wal_lsn, wait_confirmed_at_least, write_wal_past_the_slot,
+    current_wal_lsn, server_that_loses_slots, wait_confirmed_at_least, write_wal_past_the_slot,
 };
 use walbox_test_harness::wait::wait_for;
 
@@ -18,12 +18,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
-    let server = PgServer::builder()
-        .setting("max_slot_wal_keep_size", "32MB")
-        .setting("max_wal_size", "64MB")
-        .setting("min_wal_size", "32MB")
-        .start()
-        .unwrap();
+    let server = server_that_loses_slots();
     let admin = server.config("postgres");
     let url = format!("{} sslmode=disable", pg::conninfo(&admin));
     let client = pg::connect(&admin).await.unwrap();
@@ -80,9 +75,7 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
     let shown = walbox(&["status"]).output().unwrap();
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("saved position:"), "{shown}");
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     // Stopped: 500 events are written, then the WAL holding them is gone.
     insert_events(&client, 260, 760, |k| 1 + k % 5, 7).await;
@@ -123,9 +116,7 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
         duplicates <= 60,
         "only events within the margin before the saved position repeat ({duplicates})"
     );
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    let log = stop(&mut relay).await;
     assert!(log.contains("the slot is invalidated"), "{log}");
 }
 
@@ -168,17 +159,10 @@ async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is in use by process"), "{stderr}");
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     let out = resync(false);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("recreated; republished 50 events"),
         "{stdout}"
@@ -187,7 +171,5 @@ async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
     insert_events(&client, 50, 60, |_| 5, 7).await;
     // The 50 events twice (streamed, then republished), the next 10 once.
     assert_eq!(expect_all(&kafka, &topic, 60).await, 50);
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 }

@@ -4,6 +4,8 @@ use std::process::{Command, Output};
 
 use walbox_test_harness::pg::fresh_db;
 
+use crate::support::succeeded;
+
 fn walbox(args: &[&str]) -> Output {
     Command::new(walbox_e2e::walbox_bin())
         .args(args)
@@ -18,12 +20,7 @@ async fn migrate_creates_the_outbox_schema_once() {
     let url = db.conninfo();
 
     let first = walbox(&["migrate", "--pg-url", &url]);
-    let stdout = String::from_utf8_lossy(&first.stdout);
-    assert!(
-        first.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    let stdout = succeeded(&first);
     assert!(
         stdout.contains("0001_outbox_events.sql: applied"),
         "{stdout}"

@@ -7,7 +7,7 @@ use std::process::Command;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::pg::{conninfo, fresh_db, TestDb};
 
-use crate::support::{expect_all, init, insert_events, sigterm, spawn_run_with, wait_exit};
+use crate::support::{expect_all, init, insert_events, spawn_run_with, stop, succeeded, wait_exit};
 
 /// `walbox` connecting as `user` (no password: the test server trusts local TCP).
 fn walbox_as(db: &TestDb, user: &str, args: &[&str]) -> Command {
@@ -23,11 +23,8 @@ fn walbox_as(db: &TestDb, user: &str, args: &[&str]) -> Command {
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_needs_replication_and_nothing_else() {
-    let db = fresh_db().await;
-    // The DBA: the table (migrations), the publication and the slot.
-    let dba = init(&db).await;
+/// A role with LOGIN and REPLICATION, and nothing on the outbox.
+async fn replication_only_role(db: &TestDb, dba: &tokio_postgres::Client) -> String {
     let relay = format!("relay_{}", db.name());
     dba.batch_execute(&format!(
         "CREATE ROLE {relay} LOGIN REPLICATION;
@@ -35,6 +32,15 @@ async fn run_needs_replication_and_nothing_else() {
     ))
     .await
     .unwrap();
+    relay
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_needs_replication_and_nothing_else() {
+    let db = fresh_db().await;
+    // The DBA: the table (migrations), the publication and the slot.
+    let dba = init(&db).await;
+    let relay = replication_only_role(&db, &dba).await;
     // Not superuser, not the owner, and no SELECT on the outbox.
     let mut config = db.config().clone();
     config.user(&relay);
@@ -74,15 +80,9 @@ async fn run_needs_replication_and_nothing_else() {
 
     // `status` needs no more either.
     let status = walbox_as(&db, &relay, &["status"]).output().unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    succeeded(&status);
     assert!(String::from_utf8_lossy(&status.stdout).contains("active"));
-    sigterm(&run);
-    let (exit, log) = wait_exit(&mut run).await;
-    assert!(exit.success(), "{log}");
+    stop(&mut run).await;
 
     // `drop-slot` needs REPLICATION; dropping the publication too needs its
     // owner (the DBA), and says so.
@@ -93,11 +93,7 @@ async fn run_needs_replication_and_nothing_else() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("must be owner of publication"), "{text}");
     let out = walbox_as(&db, &relay, &["drop-slot"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,18 +146,8 @@ async fn after_a_dbas_backfill_run_still_needs_replication_only() {
             format!("{} sslmode=disable", conninfo(db.config())),
         );
     let out = backfill.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let relay = format!("relay_{}", db.name());
-    dba.batch_execute(&format!(
-        "CREATE ROLE {relay} LOGIN REPLICATION;
-         REVOKE ALL ON outbox_events FROM PUBLIC"
-    ))
-    .await
-    .unwrap();
+    succeeded(&out);
+    let relay = replication_only_role(&db, &dba).await;
     let mut run = spawn_run_with(
         walbox_as(&db, &relay, &[]),
         &kafka,
@@ -175,7 +161,5 @@ async fn after_a_dbas_backfill_run_still_needs_replication_only() {
         shown.contains("backfill:            done: 50 events"),
         "{shown}"
     );
-    sigterm(&run);
-    let (exit, log) = wait_exit(&mut run).await;
-    assert!(exit.success(), "{log}");
+    stop(&mut run).await;
 }

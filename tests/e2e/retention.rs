@@ -90,9 +90,7 @@ async fn rows_older_than_the_retention_go_only_once_delivered() {
     wait_rows(&client, "outbox_events", 0).await;
     assert_eq!(expect_all(&kafka, &topic, 400).await, 0);
     assert_eq!(metric(&addr, "walbox_retention_rows_deleted_total"), 400.0);
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,11 +116,7 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
     let out = walbox(&db, &["init-slot", table[0], table[1]])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     // Partitions 2 s wide, from 10 s ago to 6 s from now (walbox makes the
     // later ones); made once the walbox binary is built.
     client
@@ -202,7 +196,5 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
         .get(0);
     assert_eq!(first_six, 0, "the partitions made by hand are gone");
     assert!(count(&client, "outbox_parted").await < n as i64);
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 }

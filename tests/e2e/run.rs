@@ -27,12 +27,7 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     let topic = kafka.create_topic(3).await;
 
     let out = walbox(&db, &["init-slot"]).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert_eq!(
         stdout,
         "publication \"walbox_outbox\": created\nslot \"walbox\": created\n"
@@ -268,9 +263,7 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
         0,
         "the standby took over without duplicates"
     );
-    sigterm(&second);
-    let (status, log) = wait_exit(&mut second).await;
-    assert!(status.success(), "{log}");
+    stop(&mut second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

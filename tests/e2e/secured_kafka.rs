@@ -18,7 +18,7 @@ use walbox_test_harness::tansu::{free_port, Tansu, MEMORY, SQLITE};
 use walbox_test_harness::tls::{Certificates, CLIENT_KEY_PASSWORD};
 
 use crate::support::{
-    expect_all, init, insert_events, sigterm, spawn_run_with, wait_broker, wait_exit, walbox,
+    expect_all, init, insert_events, spawn_run_with, stop, wait_broker, wait_exit, walbox,
 };
 
 /// The Tansu binary, or `None` (the test says it did not run).
@@ -127,9 +127,7 @@ async fn tls_delivers_every_event_and_an_untrusted_broker_is_one_line() {
     insert_events(&client, 0, 200, |k| 1 + k % 7, 10).await;
     let duplicates = expect_all(kafka, &topic, 200).await;
     assert_eq!(duplicates, 0, "a clean run sends nothing twice");
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     // A CA that did not sign the broker's certificate: one line that names
     // the certificate problem and the setting to check, at once.
@@ -194,9 +192,7 @@ async fn mutual_tls_with_an_encrypted_client_key_delivers_every_event() {
     let mut relay = spawn_run_with(command, kafka, &flag_refs);
     insert_events(&client, 0, 100, |_| 10, 5).await;
     expect_all(kafka, &topic, 100).await;
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    let log = stop(&mut relay).await;
     assert!(!log.contains(CLIENT_KEY_PASSWORD), "{log}");
 
     // Without a client certificate the listener refuses walbox.
@@ -285,9 +281,7 @@ async fn sasl_scram_over_tls_is_checked_by_the_broker() {
     let mut relay = spawn_run_with(command, kafka, &flag_refs);
     insert_events(&client, 0, 100, |k| 1 + k % 5, 10).await;
     expect_all(kafka, &topic, 100).await;
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     // SCRAM-SHA-256, another user, continuing from the same slot.
     let flags = scram("SCRAM-SHA-256", "walbox256");
@@ -301,9 +295,7 @@ async fn sasl_scram_over_tls_is_checked_by_the_broker() {
         duplicates, 0,
         "the second run starts where the first stopped"
     );
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    stop(&mut relay).await;
 
     // A wrong password: refused at once, in one line, without the password.
     let (status, log) = run_until_exit(

@@ -57,6 +57,28 @@ pub(crate) fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&
     }
 }
 
+/// Asserts that a command succeeded (showing its output otherwise) and
+/// returns its stdout.
+pub(crate) fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// SIGTERM, then asserts a clean exit (showing the log otherwise); returns
+/// the log.
+pub(crate) async fn stop(relay: &mut Relay) -> String {
+    sigterm(relay);
+    let (status, log) = wait_exit(relay).await;
+    assert!(status.success(), "{log}");
+    log
+}
+
 pub(crate) fn signal(relay: &Relay, signal: &str) {
     let sent = Command::new("kill")
         .args([signal, &relay.child.id().to_string()])
@@ -165,11 +187,7 @@ pub(crate) async fn init(db: &TestDb) -> Client {
     let client = db.connect().await;
     apply_migrations(&client).await;
     let out = walbox(db, &["init-slot"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     client
 }
 

@@ -9,7 +9,7 @@ use walbox_test_harness::kafka::{consume_n, headers_of, TestKafka};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::tansu::{Tansu, MEMORY};
 
-use crate::support::{expect_all, init, insert_events, sigterm, spawn_run, wait_broker, wait_exit};
+use crate::support::{expect_all, init, insert_events, spawn_run, stop, wait_broker, wait_exit};
 
 fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
     let c: BaseConsumer = kafka.client_config().create().unwrap();
@@ -72,8 +72,6 @@ async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
         .await
         .unwrap();
     assert_eq!(headers_of(&dead[0])["walbox.error.kind"], "unmappable");
-    sigterm(&relay);
-    let (status, log) = wait_exit(&mut relay).await;
-    assert!(status.success(), "{log}");
+    let log = stop(&mut relay).await;
     assert!(log.contains("created topic"), "{log}");
 }

@@ -285,12 +285,7 @@ async fn a_missing_slot_says_to_run_init_slot() {
 async fn an_invalidated_slot_is_a_definite_error() {
     // A slot may keep at most 32 MB of WAL; then 80 MB are written and
     // checkpointed, so the server invalidates it (wal_status = lost).
-    let server = PgServer::builder()
-        .setting("max_slot_wal_keep_size", "32MB")
-        .setting("max_wal_size", "64MB")
-        .setting("min_wal_size", "32MB")
-        .start()
-        .unwrap();
+    let server = walbox_test_harness::slot::server_that_loses_slots();
     let admin = server.config("postgres");
     let client = pg::connect(&admin).await.unwrap();
     apply_migrations(&client).await;

@@ -129,9 +129,21 @@ pub async fn wait_retained_below(
     .await
 }
 
+/// A private server whose slots may keep at most 32 MB of WAL
+/// (`max_slot_wal_keep_size`): [`write_wal_past_the_slot`] invalidates them.
+pub fn server_that_loses_slots() -> crate::pg::PgServer {
+    crate::pg::PgServer::builder()
+        .setting("max_slot_wal_keep_size", "32MB")
+        .setting("max_wal_size", "64MB")
+        .setting("min_wal_size", "32MB")
+        .start()
+        .expect("start a Postgres server")
+}
+
 /// Writes and checkpoints WAL (80 MB in 8 segments' switches) so that a
-/// slot keeping more than `max_slot_wal_keep_size` (the tests use 32 MB) is
-/// invalidated; returns the slot's `wal_status` afterwards.
+/// slot keeping more than `max_slot_wal_keep_size` (32 MB on
+/// [`server_that_loses_slots`]) is invalidated; returns the slot's
+/// `wal_status` afterwards.
 pub async fn write_wal_past_the_slot(client: &Client, slot: &str) -> Option<String> {
     client
         .batch_execute("CREATE TABLE IF NOT EXISTS walbox_test_busy (v text)")
