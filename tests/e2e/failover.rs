@@ -12,7 +12,7 @@ use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{connect, PgServer};
 use walbox_test_harness::wait::wait_for;
 
-use crate::support::{expect_all, insert_events, spawn_run_with, stop, succeeded, wait_exit};
+use crate::support::{expect_all, insert_events, spawn_run_with, stop, succeeded};
 
 fn walbox_to(url: &str, args: &[&str]) -> Command {
     let mut c = Command::new(walbox_e2e::walbox_bin());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
-use walbox_test_harness::pg::{self, PgServer};
+use walbox_test_harness::pg;
 use walbox_test_harness::slot::{
     current_wal_lsn, server_that_loses_slots, wait_confirmed_at_least, write_wal_past_the_slot,
 };

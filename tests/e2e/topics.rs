@@ -9,7 +9,7 @@ use walbox_test_harness::kafka::{consume_n, headers_of, TestKafka};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::tansu::{Tansu, MEMORY};
 
-use crate::support::{expect_all, init, insert_events, spawn_run, stop, wait_broker, wait_exit};
+use crate::support::{expect_all, init, insert_events, spawn_run, stop, wait_broker};
 
 fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
     let c: BaseConsumer = kafka.client_config().create().unwrap();
