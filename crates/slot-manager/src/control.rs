@@ -56,6 +56,14 @@ pub async fn preflight(
     table: &TableName,
     required_columns: &[&str],
 ) -> Result<(), Error> {
+    check_server(client, 130_000, "walbox needs 13 or later").await?;
+    check_table(client, table, required_columns).await
+}
+
+/// Checks the server settings [`preflight`] checks, with `least_version`
+/// (`server_version_num`) and what to say when the server is older: 13 for
+/// everything, 14 for logical decoding messages as events.
+pub async fn check_server(client: &Client, least_version: i32, why: &str) -> Result<(), Error> {
     let row = client
         .query_one(
             "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
@@ -78,9 +86,9 @@ pub async fn preflight(
              (ALTER SYSTEM SET wal_level = logical; then restart Postgres)"
         )));
     }
-    if server_version_num < 130_000 {
+    if server_version_num < least_version {
         return Err(Error::Precondition(format!(
-            "Postgres {} is too old; walbox needs 13 or later",
+            "Postgres {} is too old; {why}",
             server_version_num / 10_000
         )));
     }
@@ -95,6 +103,15 @@ pub async fn preflight(
             "max_replication_slots is 0; set it to at least 1 and restart Postgres".into(),
         ));
     }
+    Ok(())
+}
+
+/// Checks that `table` exists and has `required_columns`.
+async fn check_table(
+    client: &Client,
+    table: &TableName,
+    required_columns: &[&str],
+) -> Result<(), Error> {
     let columns: Option<Vec<String>> = client
         .query_opt(
             "SELECT array_agg(a.attname::text ORDER BY a.attnum)
@@ -210,6 +227,29 @@ pub async fn ensure_publication(
             quote_ident(publication),
             table.quoted()
         ))
+        .await
+        .map_err(Error::sql(format!("create publication {publication:?}")))?;
+    Ok(Ensured::Created)
+}
+
+/// Makes sure `publication` exists, for a slot that streams logical decoding
+/// messages only (they belong to no table). A missing one is created empty;
+/// an existing one is used as it is (its tables' changes are not events in
+/// that mode).
+pub async fn ensure_message_publication(
+    client: &Client,
+    publication: &str,
+) -> Result<Ensured, Error> {
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
+        .await
+        .map_err(Error::sql("look up the publication"))?
+        .is_some();
+    if exists {
+        return Ok(Ensured::AlreadyPresent);
+    }
+    client
+        .batch_execute(&format!("CREATE PUBLICATION {}", quote_ident(publication)))
         .await
         .map_err(Error::sql(format!("create publication {publication:?}")))?;
     Ok(Ensured::Created)

@@ -30,12 +30,8 @@ pub struct Coverage {
     pub fingerprint: String,
 }
 
-/// Reads the coverage of `table` by `publication`.
-pub async fn coverage(
-    client: &Client,
-    publication: &str,
-    table: &TableName,
-) -> Result<Coverage, Error> {
+/// The server's WAL position now (the replay position on a standby).
+async fn wal_position(client: &Client) -> Result<(Lsn, i32), Error> {
     let position = client
         .query_one(
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
@@ -49,7 +45,40 @@ pub async fn coverage(
         .get::<_, String>(0)
         .parse()
         .map_err(|_| Error::Protocol("pg_current_wal_lsn() is not an LSN".into()))?;
-    let version: i32 = position.get(1);
+    Ok((wal_lsn, position.get(1)))
+}
+
+/// Reads what a slot that streams logical decoding messages only depends on:
+/// that `publication` exists (the walsender needs it, though messages
+/// belong to no table). Its identity is the fingerprint, so a publication
+/// dropped and recreated between two readings is a change too.
+pub async fn message_coverage(client: &Client, publication: &str) -> Result<Coverage, Error> {
+    let (wal_lsn, _) = wal_position(client).await?;
+    let oid: Option<i64> = client
+        .query_opt(
+            "SELECT oid::int8 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(Error::sql("look up the publication"))?
+        .map(|r| r.get(0));
+    Ok(Coverage {
+        wal_lsn,
+        table_oid: None,
+        gap: oid.is_none().then(|| {
+            format!("publication {publication:?} does not exist (walbox init-slot creates it)")
+        }),
+        fingerprint: format!("publication {}", oid.unwrap_or(0)),
+    })
+}
+
+/// Reads the coverage of `table` by `publication`.
+pub async fn coverage(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<Coverage, Error> {
+    let (wal_lsn, version) = wal_position(client).await?;
     // PG 15 added schema publications, row filters and column lists.
     let (schema_entry, filters) = if version >= 150_000 {
         (

@@ -44,10 +44,10 @@ mod wire;
 pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
-    connect_control, domain_base_types, drop_slot, ensure_publication, ensure_slot, preflight,
-    slot_status, Dropped, Ensured, SlotStatus,
+    check_server, connect_control, domain_base_types, drop_slot, ensure_message_publication,
+    ensure_publication, ensure_slot, preflight, slot_status, Dropped, Ensured, SlotStatus,
 };
-pub use coverage::{coverage, describe_change, Coverage};
+pub use coverage::{coverage, describe_change, message_coverage, Coverage};
 pub use error::Error;
 pub use sql::{
     quote_ident, quote_literal, quote_replication_literal, ParseTableNameError, TableName,

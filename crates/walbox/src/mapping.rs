@@ -23,6 +23,7 @@ use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
 use sink_kafka::Header;
 
+use crate::format::{Attributes, EventFormat};
 use crate::timestamp::parse_timestamp_ms;
 
 /// Type OIDs the payload column may have.
@@ -52,6 +53,8 @@ pub struct OutboxMapping {
     pub topic_template: String,
     /// Extra `(column, header name)` pairs copied into headers.
     pub header_columns: Vec<(String, String)>,
+    /// How the event becomes a record.
+    pub format: EventFormat,
 }
 
 impl Default for OutboxMapping {
@@ -66,6 +69,7 @@ impl Default for OutboxMapping {
             timestamp: Some("created_at".into()),
             topic_template: "outbox.event.{aggregate_type}".into(),
             header_columns: Vec::new(),
+            format: EventFormat::AsStored,
         }
     }
 }
@@ -132,6 +136,15 @@ pub enum MapError {
         event_id: String,
         /// The header name.
         name: String,
+    },
+    /// A logical decoding message with the events' prefix that is not an
+    /// event envelope walbox can read.
+    #[error("event message at {lsn}: {reason}")]
+    Envelope {
+        /// The message's WAL position.
+        lsn: String,
+        /// What is wrong, and for a known event, its id.
+        reason: String,
     },
     /// The timestamp column could not be read.
     #[error("event {event_id}: timestamp {value:?} is not a Postgres timestamp")]
@@ -231,6 +244,7 @@ impl OutboxMapping {
             timestamp: None,
             topic_template: "outbox.event.{aggregate_type}".into(),
             header_columns: Vec::new(),
+            format: EventFormat::AsStored,
         }
     }
 
@@ -343,10 +357,41 @@ impl OutboxMapping {
             "aggregate type",
         )?;
         let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
+        self.event(Fields {
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type: columns.event_type.and_then(text),
+            value: tuple.value_bytes(columns.payload),
+            value_unchecked: columns.payload_is_text,
+            extra_headers: columns
+                .header_columns
+                .iter()
+                .filter_map(|(i, name)| Some((name.as_str(), text(*i)?)))
+                .collect(),
+            headers_json: columns.headers.and_then(text),
+            timestamp: columns.timestamp.and_then(text),
+        })
+    }
+
+    /// Builds the record of an event, whichever source its fields came from:
+    /// the topic, the key, the value, the headers, the timestamp, in
+    /// [`OutboxMapping::format`].
+    pub(crate) fn event(&self, f: Fields<'_>) -> Result<MappedEvent, MapError> {
+        let Fields {
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            value,
+            value_unchecked,
+            extra_headers,
+            headers_json,
+            timestamp,
+        } = f;
         if aggregate_id.is_empty() {
             return Err(MapError::EmptyAggregateId { event_id: id });
         }
-
         let topic = self.topic_for(aggregate_type);
         if !is_valid_topic(&topic) {
             return Err(MapError::InvalidTopic {
@@ -354,8 +399,7 @@ impl OutboxMapping {
                 topic,
             });
         }
-        let value = tuple.value_bytes(columns.payload);
-        if let (Some(v), true) = (&value, columns.payload_is_text) {
+        if let (Some(v), true) = (&value, value_unchecked) {
             if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(v) {
                 return Err(MapError::PayloadNotJson {
                     event_id: id,
@@ -368,21 +412,19 @@ impl OutboxMapping {
             name: "id".into(),
             value: Bytes::copy_from_slice(id.as_bytes()),
         }];
-        if let Some(t) = columns.event_type.and_then(text) {
+        if let Some(t) = event_type {
             headers.push(Header {
                 name: "event_type".into(),
                 value: Bytes::copy_from_slice(t.as_bytes()),
             });
         }
-        for (i, name) in &columns.header_columns {
-            if let Some(v) = text(*i) {
-                headers.push(Header {
-                    name: name.clone(),
-                    value: Bytes::copy_from_slice(v.as_bytes()),
-                });
-            }
+        for (name, v) in extra_headers {
+            headers.push(Header {
+                name: name.to_owned(),
+                value: Bytes::copy_from_slice(v.as_bytes()),
+            });
         }
-        if let Some(json) = columns.headers.and_then(text) {
+        if let Some(json) = headers_json {
             match serde_json::from_str::<serde_json::Value>(json) {
                 Ok(serde_json::Value::Object(map)) => {
                     for (name, v) in map {
@@ -399,14 +441,14 @@ impl OutboxMapping {
                 _ => return Err(MapError::HeadersNotObject { event_id: id }),
             }
         }
-        let timestamp_ms = match columns.timestamp.and_then(text) {
+        let timestamp_ms = match timestamp {
             None => None,
             Some(t) => Some(parse_timestamp_ms(t).ok_or_else(|| MapError::BadTimestamp {
                 event_id: id.clone(),
                 value: t.to_owned(),
             })?),
         };
-        Ok(MappedEvent {
+        let mut event = MappedEvent {
             topic,
             key: Bytes::copy_from_slice(aggregate_id.as_bytes()),
             value,
@@ -414,8 +456,33 @@ impl OutboxMapping {
             timestamp_ms,
             aggregate_id: aggregate_id.to_owned(),
             event_id: id,
-        })
+        };
+        let attributes = Attributes {
+            aggregate_type,
+            event_type,
+        };
+        self.format.apply(&mut event, &attributes);
+        Ok(event)
     }
+}
+
+/// An event's fields, as a source read them.
+pub(crate) struct Fields<'a> {
+    /// The event id.
+    pub(crate) id: String,
+    pub(crate) aggregate_type: &'a str,
+    pub(crate) aggregate_id: &'a str,
+    pub(crate) event_type: Option<&'a str>,
+    /// The payload: JSON, unless `value_unchecked`.
+    pub(crate) value: Option<Bytes>,
+    /// The payload is text that must be checked as JSON.
+    pub(crate) value_unchecked: bool,
+    /// `(header, value)` pairs.
+    pub(crate) extra_headers: Vec<(&'a str, &'a str)>,
+    /// A JSON object of headers.
+    pub(crate) headers_json: Option<&'a str>,
+    /// Postgres or RFC 3339 text.
+    pub(crate) timestamp: Option<&'a str>,
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 /// Parses Postgres' text output of `timestamptz` (`2026-11-21 17:00:00.123456+00`,
-/// `…+05:30`, `…-03`) or `timestamp` (no offset: UTC) into Unix milliseconds.
+/// `…+05:30`, `…-03`), RFC 3339 (`2026-11-21T17:00:00Z`) or `timestamp` (no
+/// offset: UTC) into Unix milliseconds.
 /// `infinity` and BC dates are not representable: `None`.
 pub fn parse_timestamp_ms(s: &str) -> Option<i64> {
     let b = s.as_bytes();
@@ -59,7 +60,9 @@ pub fn parse_timestamp_ms(s: &str) -> Option<i64> {
         i = end;
     }
     let mut offset_secs = 0i64;
-    if let Some(&sign) = b.get(i) {
+    if b.get(i) == Some(&b'Z') && b.len() == i + 1 {
+        // RFC 3339's UTC (an envelope written outside Postgres).
+    } else if let Some(&sign) = b.get(i) {
         let sign = match sign {
             b'+' => 1,
             b'-' => -1,

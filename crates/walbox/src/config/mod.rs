@@ -30,6 +30,7 @@ use slot_manager::{PgConfig, TableName};
 
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce};
+use crate::format::EventFormat;
 use crate::mapping::OutboxMapping;
 
 pub use args::{ConnectionFlags, MappingFlags, RunFlags};
@@ -61,6 +62,43 @@ pub enum MappingPreset {
     Debezium,
 }
 
+/// Where events come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventSource {
+    /// Rows inserted into the outbox table.
+    #[default]
+    Table,
+    /// Transactional logical decoding messages with the configured prefix
+    /// (`walbox.emit`, `pg_logical_emit_message`; Postgres 14+).
+    Messages,
+    /// Both, in commit order.
+    Both,
+}
+
+impl EventSource {
+    /// Rows of the outbox table are events.
+    pub fn table(self) -> bool {
+        self != EventSource::Messages
+    }
+
+    /// Logical decoding messages are events.
+    pub fn messages(self) -> bool {
+        self != EventSource::Table
+    }
+}
+
+/// How an event becomes a Kafka record's value and headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum RawFormat {
+    #[default]
+    AsStored,
+    CloudeventsBinary,
+    CloudeventsStructured,
+    Debezium,
+}
+
 /// The merged settings, as the file spells them (see [`table::SETTINGS`]).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -69,7 +107,11 @@ struct Raw {
     slot: String,
     publication: String,
     table: String,
+    source: EventSource,
+    message_prefix: String,
     log_format: LogFormat,
+    format: RawFormat,
+    cloudevents_source: Option<String>,
     mapping: RawMapping,
     kafka: RawKafka,
     topics: RawTopics,
@@ -93,7 +135,11 @@ impl Default for Raw {
             slot: "walbox".into(),
             publication: "walbox_outbox".into(),
             table: "public.outbox_events".into(),
+            source: EventSource::Table,
+            message_prefix: "walbox".into(),
             log_format: LogFormat::Text,
+            format: RawFormat::AsStored,
+            cloudevents_source: None,
             mapping: RawMapping::default(),
             kafka: RawKafka::default(),
             topics: RawTopics::default(),
@@ -192,6 +238,8 @@ pub struct Connection {
     pub publication: String,
     /// Outbox table.
     pub table: TableName,
+    /// Where events come from.
+    pub source: EventSource,
 }
 
 /// What `walbox run` needs beyond the connection and mapping.
@@ -217,6 +265,8 @@ pub struct RunSettings {
     pub margin: Duration,
     /// Delete outbox rows older than this; `None`: keep them.
     pub retention: Option<Duration>,
+    /// The prefix of the logical decoding messages that are events.
+    pub message_prefix: String,
 }
 
 /// The loaded configuration.
@@ -362,6 +412,7 @@ impl Config {
             slot: r.slot.clone(),
             publication: r.publication.clone(),
             table,
+            source: r.source,
         })
     }
 
@@ -412,6 +463,25 @@ impl Config {
             .iter()
             .map(|(c, h)| (c.clone(), h.clone()))
             .collect();
+        let r = &self.raw;
+        let source = match &r.cloudevents_source {
+            Some(s) if s.is_empty() => {
+                return Err(ConfigError("cloudevents_source: must not be empty".into()))
+            }
+            Some(s) if !matches!(r.format, RawFormat::CloudeventsBinary | RawFormat::CloudeventsStructured) => {
+                return Err(ConfigError(format!(
+                    "cloudevents_source {s:?} applies to format = \"cloudevents-binary\" or \"cloudevents-structured\": set one, or remove it"
+                )))
+            }
+            Some(s) => s.clone(),
+            None => format!("/walbox/{}", r.slot),
+        };
+        mapping.format = match r.format {
+            RawFormat::AsStored => EventFormat::AsStored,
+            RawFormat::CloudeventsBinary => EventFormat::CloudEventsBinary { source },
+            RawFormat::CloudeventsStructured => EventFormat::CloudEventsStructured { source },
+            RawFormat::Debezium => EventFormat::Debezium,
+        };
         Ok(mapping)
     }
 
@@ -492,7 +562,11 @@ impl Config {
         sink.gapless = r.dead_letter_topic.is_none();
         let exactly_once = self.exactly_once()?;
         sink.transactional_id = exactly_once.as_ref().map(|e| e.transactional_id.clone());
+        if r.message_prefix.is_empty() {
+            return Err(ConfigError("message_prefix: must not be empty".into()));
+        }
         Ok(RunSettings {
+            message_prefix: r.message_prefix.clone(),
             sink,
             dead_letters,
             status_interval: Duration::from_millis(r.status_interval_ms),

@@ -100,6 +100,8 @@ pub const SETTINGS: &[Setting] = &[
     s("publication", Text, Connection, "walbox_outbox", "Publication on the outbox table."),
     s("table", Text, Connection, "public.outbox_events",
       "The outbox table, schema.table; parts may be \"quoted\"."),
+    s("source", Choice(&["table", "messages", "both"]), Connection, "table",
+      "Where events come from: rows inserted into the outbox table; transactional logical decoding messages written with walbox.emit() or pg_logical_emit_message(true, message_prefix, envelope) (Postgres 14+, no table: docs/configuration.md, \"Choosing a source\"); or both."),
     s("log_format", Choice(&["text", "json"]), Connection, "text",
       "Log lines as text or JSON; verbosity from WALBOX_LOG (e.g. info, walbox=debug)."),
     s("mapping.preset", Choice(&["walbox", "debezium"]), Mapping, "walbox",
@@ -122,12 +124,18 @@ pub const SETTINGS: &[Setting] = &[
         ..s("mapping.header_columns", Map, Mapping, "—",
             "Extra columns copied into headers: COLUMN=HEADER.")
     },
+    s("format", Choice(&["as-stored", "cloudevents-binary", "cloudevents-structured", "debezium"]), Mapping, "as-stored",
+      "The record: the payload as stored with headers id and event_type; CloudEvents 1.0 in binary mode (ce_* headers, the payload as data) or structured mode (a JSON CloudEvent as the value); or as Debezium's EventRouter with table.expand.json.payload and the JSON key converter wrote it (the key a JSON string). docs/configuration.md, \"Record formats\"."),
+    s("cloudevents_source", Text, Mapping, "/walbox/{slot}",
+      "CloudEvents formats: the events' source attribute (a URI reference)."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
     Setting {
         flag_name: Some("kafka-property"),
         ..s("kafka.properties", Map, Run, "—",
             "librdkafka producer properties, KEY=VALUE: security.protocol, sasl.*, ssl.*, linger.ms, … Secret values are never printed; in the environment also one variable each, WALBOX_KAFKA_PROPERTY_SASL_PASSWORD for sasl.password.")
     },
+    s("message_prefix", Text, Run, "walbox",
+      "source = messages or both: the prefix of the logical decoding messages that are events; messages with other prefixes are ignored."),
     s("dead_letter_topic", Text, Run, "—",
       "Topic for events that cannot be mapped or that the broker refuses for good; without it such an event stops walbox."),
     s("topics.create", Bool, Run, "false",

@@ -1,0 +1,168 @@
+//! Record formats: what a mapped event's key, value and headers look like
+//! on the wire, beyond the payload as stored.
+//!
+//! | format | key | value | headers added |
+//! |---|---|---|---|
+//! | as stored (default) | aggregate id | the payload | — |
+//! | CloudEvents binary | aggregate id | the payload (the event's `data`) | `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`, `content-type` |
+//! | CloudEvents structured | aggregate id | a JSON CloudEvent, the payload as `data` | `content-type: application/cloudevents+json` |
+//! | Debezium | aggregate id as a JSON string (`"42"`) | the payload | — |
+//!
+//! walbox's own headers (`id`, `event_type`, the headers column's) stay in
+//! every format, so consumers that deduplicate on `id` keep working.
+//! CloudEvents' `type` is the event type, else the aggregate type; `subject`
+//! is the aggregate id; `time` is the event's timestamp when it has one. The
+//! Debezium format is the record Debezium's EventRouter wrote with
+//! `table.expand.json.payload = true` and the JSON key converter: the same
+//! key bytes hash to the same partition, so a topic keeps each aggregate on
+//! its partition across a switch-over from Debezium.
+
+use bytes::Bytes;
+use sink_kafka::Header;
+
+use crate::mapping::MappedEvent;
+
+/// How an event becomes a record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum EventFormat {
+    /// The payload as stored; headers `id` and `event_type`.
+    #[default]
+    AsStored,
+    /// CloudEvents 1.0, Kafka protocol binding, binary content mode.
+    CloudEventsBinary {
+        /// The `source` attribute.
+        source: String,
+    },
+    /// CloudEvents 1.0, Kafka protocol binding, structured content mode (JSON).
+    CloudEventsStructured {
+        /// The `source` attribute.
+        source: String,
+    },
+    /// Debezium EventRouter's record with the JSON key converter.
+    Debezium,
+}
+
+/// What a format reads of the event besides the record.
+pub(crate) struct Attributes<'a> {
+    pub(crate) aggregate_type: &'a str,
+    pub(crate) event_type: Option<&'a str>,
+}
+
+fn header(name: &str, value: impl Into<Bytes>) -> Header {
+    Header {
+        name: name.into(),
+        value: value.into(),
+    }
+}
+
+impl EventFormat {
+    /// Rewrites `event`'s record in this format.
+    pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
+        match self {
+            EventFormat::AsStored => {}
+            EventFormat::Debezium => {
+                let quoted = serde_json::Value::String(event.aggregate_id.clone()).to_string();
+                event.key = Bytes::from(quoted);
+            }
+            EventFormat::CloudEventsBinary { source } => {
+                let mut added = vec![
+                    header("ce_specversion", "1.0"),
+                    header("ce_id", event.event_id.clone()),
+                    header("ce_source", source.clone()),
+                    header(
+                        "ce_type",
+                        attributes
+                            .event_type
+                            .unwrap_or(attributes.aggregate_type)
+                            .to_owned(),
+                    ),
+                    header("ce_subject", event.aggregate_id.clone()),
+                ];
+                if let Some(ms) = event.timestamp_ms {
+                    added.push(header("ce_time", rfc3339_ms(ms)));
+                }
+                if event.value.is_some() {
+                    added.push(header("content-type", "application/json"));
+                }
+                event.headers.extend(added);
+            }
+            EventFormat::CloudEventsStructured { source } => {
+                let mut ce = serde_json::Map::new();
+                let mut put = |k: &str, v: &str| {
+                    ce.insert(k.into(), serde_json::Value::String(v.into()));
+                };
+                put("specversion", "1.0");
+                put("id", &event.event_id);
+                put("source", source);
+                put(
+                    "type",
+                    attributes.event_type.unwrap_or(attributes.aggregate_type),
+                );
+                put("subject", &event.aggregate_id);
+                if let Some(ms) = event.timestamp_ms {
+                    put("time", &rfc3339_ms(ms));
+                }
+                // The distributed tracing extension's attributes.
+                for h in &event.headers {
+                    if h.name == "traceparent" || h.name == "tracestate" {
+                        if let Ok(v) = std::str::from_utf8(&h.value) {
+                            put(&h.name, v);
+                        }
+                    }
+                }
+                let mut json = serde_json::Value::Object(ce).to_string();
+                if let Some(data) = &event.value {
+                    // The payload is JSON already (json, jsonb, or text
+                    // checked as JSON): spliced in, not parsed again.
+                    json.pop();
+                    json.push_str(r#","datacontenttype":"application/json","data":"#);
+                    json.push_str(&String::from_utf8_lossy(data));
+                    json.push('}');
+                }
+                event.value = Some(Bytes::from(json));
+                event
+                    .headers
+                    .push(header("content-type", "application/cloudevents+json"));
+            }
+        }
+    }
+}
+
+/// Unix milliseconds as RFC 3339 in UTC: `2026-11-22T15:30:00.123Z`.
+pub fn rfc3339_ms(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timestamp::parse_timestamp_ms;
+
+    #[test]
+    fn formats_times_as_rfc3339() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_795_280_400_123), "2026-11-21T17:00:00.123Z");
+        assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        for ms in [0, 1, 86_399_999, 951_782_400_000, 4_102_444_799_999] {
+            assert_eq!(parse_timestamp_ms(&rfc3339_ms(ms)), Some(ms), "{ms}");
+        }
+    }
+}
