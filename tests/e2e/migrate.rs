@@ -29,6 +29,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         stdout.contains("0002_processed_events.sql: applied"),
         "{stdout}"
     );
+    assert!(stdout.contains("0003_emit.sql: applied"), "{stdout}");
 
     let second = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&second.stdout);
@@ -53,7 +54,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
     // The defaults of the mapping table: id, headers and created_at fill themselves.
     let row = client
         .query_one(

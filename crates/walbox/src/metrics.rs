@@ -68,6 +68,9 @@ pub struct Metrics {
     pub failed: Family<KindLabels, Counter>,
     /// Events of replayed transactions not sent again.
     pub replays_skipped: Counter,
+    /// Non-transactional logical decoding messages with the events' prefix
+    /// (not published).
+    pub nontransactional_messages: Counter,
     /// Exactly-once: Kafka transactions committed.
     pub transactions_committed: Counter,
     /// Exactly-once: Kafka transactions aborted (their events written again).
@@ -124,6 +127,7 @@ impl Metrics {
         let dead_lettered = Family::<KindLabels, Counter>::default();
         let failed = Family::<KindLabels, Counter>::default();
         let replays_skipped = Counter::default();
+        let nontransactional_messages = Counter::default();
         let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
         let (received_lsn, confirmed_lsn, retained_wal_bytes) =
             (Gauge::default(), Gauge::default(), Gauge::default());
@@ -147,6 +151,11 @@ impl Metrics {
             "walbox_events_replay_skipped",
             "Events Postgres re-sent after a reconnect that walbox had already delivered (not sent again)",
             replays_skipped.clone(),
+        );
+        registry.register(
+            "walbox_nontransactional_messages",
+            "Non-transactional logical decoding messages with the events' prefix: not published, since they are sent even when their transaction rolls back",
+            nontransactional_messages.clone(),
         );
         registry.register(
             "walbox_events_in_flight",
@@ -222,6 +231,7 @@ impl Metrics {
             dead_lettered,
             failed,
             replays_skipped,
+            nontransactional_messages,
             transactions_committed,
             transactions_aborted,
             transaction_commit,

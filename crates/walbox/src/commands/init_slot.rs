@@ -3,12 +3,14 @@
 //! published first ([`crate::backfill`]).
 
 use slot_manager::{
-    connect_control, ensure_publication, ensure_slot, preflight, quote_ident, Ensured,
+    check_server, connect_control, ensure_message_publication, ensure_publication, ensure_slot,
+    preflight, quote_ident, Ensured,
 };
 
 use super::{loaded, CliError};
 use crate::backfill::{backfill, Outcome, Plan, Request};
-use crate::config::RunFlags;
+use crate::config::{ConfigError, RunFlags};
+use crate::relay::MESSAGES_NEED;
 
 /// Arguments of `walbox init-slot`.
 #[derive(Debug, clap::Args)]
@@ -45,13 +47,23 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
     let c = config.connection()?;
     let mapping = config.mapping()?;
+    if !c.source.table() && args.backfill.is_some() {
+        return Err(ConfigError(
+            "--backfill publishes rows of the outbox table; with source = messages there is none (use source = both to stream messages and backfill the table)".into(),
+        )
+        .into());
+    }
     let mut client = connect_control(&c.pg).await?;
-    preflight(&client, &c.table, &mapping.required_columns()).await?;
-    say(
-        "publication",
-        &c.publication,
-        ensure_publication(&client, &c.publication, &c.table).await?,
-    );
+    if c.source.messages() {
+        check_server(&client, MESSAGES_NEED.0, MESSAGES_NEED.1).await?;
+    }
+    let publication = if c.source.table() {
+        preflight(&client, &c.table, &mapping.required_columns()).await?;
+        ensure_publication(&client, &c.publication, &c.table).await?
+    } else {
+        ensure_message_publication(&client, &c.publication).await?
+    };
+    say("publication", &c.publication, publication);
     let Some(condition) = args.backfill else {
         say(
             "slot",

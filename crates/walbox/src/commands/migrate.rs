@@ -17,6 +17,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0002_processed_events.sql",
         include_str!("../../../../migrations/0002_processed_events.sql"),
     ),
+    (
+        3,
+        "0003_emit.sql",
+        include_str!("../../../../migrations/0003_emit.sql"),
+    ),
 ];
 
 /// Arguments of `walbox migrate`.

@@ -8,7 +8,7 @@ use slot_manager::{connect_control, ensure_publication, preflight, slot_status};
 
 use super::{loaded, CliError};
 use crate::backfill::{republish_since, Outcome, Plan};
-use crate::config::RunFlags;
+use crate::config::{ConfigError, EventSource, RunFlags};
 
 /// Arguments of `walbox resync`.
 #[derive(Debug, clap::Args)]
@@ -32,6 +32,12 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
     let c = config.connection()?;
     let mapping = config.mapping()?;
     let settings = config.run()?;
+    if c.source != EventSource::Table {
+        return Err(ConfigError(
+            "resync republishes rows of the outbox table; events written as logical decoding messages (source = messages or both) are in no table, so those lost with the slot cannot be republished".into(),
+        )
+        .into());
+    }
     let mut client = connect_control(&c.pg).await?;
     preflight(&client, &c.table, &mapping.required_columns()).await?;
     ensure_publication(&client, &c.publication, &c.table).await?;

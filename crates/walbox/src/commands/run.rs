@@ -256,10 +256,13 @@ async fn stream(
         c.publication.clone(),
         c.table.clone(),
         required_columns,
+        c.source,
     );
     let relay = RelayConfig {
         table: c.table.clone(),
         mapping: mapping.clone(),
+        source: c.source,
+        message_prefix: settings.message_prefix.clone(),
         dead_letters: settings.dead_letters.clone(),
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,

@@ -565,6 +565,16 @@ impl Config {
         if r.message_prefix.is_empty() {
             return Err(ConfigError("message_prefix: must not be empty".into()));
         }
+        if r.source != EventSource::Table && r.on_slot_invalidated == OnSlotInvalidated::Recreate {
+            return Err(ConfigError(
+                "on_slot_invalidated = \"recreate\" republishes rows of the outbox table; events written as messages (source = messages or both) are in no table and would be lost: use fail".into(),
+            ));
+        }
+        if r.source == EventSource::Messages && r.retention.is_some() {
+            return Err(ConfigError(
+                "retention deletes rows of the outbox table; with source = messages there is none: remove it".into(),
+            ));
+        }
         Ok(RunSettings {
             message_prefix: r.message_prefix.clone(),
             sink,

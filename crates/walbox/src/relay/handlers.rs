@@ -13,9 +13,19 @@ use tokio::time::Instant;
 use super::session::{Session, MAX_SHARED_TOPICS};
 use super::{Deliveries, Destination, RunError, Token};
 use crate::dead_letter::{failure_kind, DeadLetterKind, Origin};
-use crate::mapping::{ColumnIndexes, MapError};
+use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
 use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
+
+/// What is known of an event that cannot be mapped, for its dead-letter copy.
+#[derive(Default)]
+struct Unmapped {
+    /// The topic it was meant for, if it named one.
+    topic: Option<String>,
+    event_id: Option<String>,
+    /// The payload (a row's) or the whole envelope (a message's).
+    payload: Option<bytes::Bytes>,
+}
 
 impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     /// A delivery report: ack the event, dead-letter it, or stop.
@@ -168,16 +178,34 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 let Some(columns) = self.outbox.get(&insert.relation_oid()) else {
                     return Ok(None); // another table (publication changed by hand)
                 };
+                if !self.config.source.table() {
+                    return Ok(None); // source = messages: rows are not events
+                }
                 let columns = Arc::clone(columns);
                 self.on_insert(&columns, insert.tuple(), lsn)?;
+            }
+            LogicalMessage::Message(m) => {
+                if !self.config.source.messages() || m.prefix() != self.config.message_prefix {
+                    return Ok(None); // another application's message
+                }
+                if !m.transactional() {
+                    // Sent at once, whether its transaction commits or not:
+                    // not an event. Said once per process, counted always.
+                    self.metrics.nontransactional_messages.inc();
+                    if !self.nontransactional_reported {
+                        self.nontransactional_reported = true;
+                        tracing::error!(%lsn, prefix = %m.prefix(), "a non-transactional logical decoding message has the events' prefix: it is not published (it would be sent even if its transaction rolled back); emit events with pg_logical_emit_message(true, …) or walbox.emit()");
+                    }
+                    return Ok(None);
+                }
+                self.on_event_message(m.content(), lsn)?;
             }
             // Only INSERTs are events; the app may delete rows freely.
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
             | LogicalMessage::Truncate(_)
             | LogicalMessage::Type(_)
-            | LogicalMessage::Origin(_)
-            | LogicalMessage::Message(_) => {}
+            | LogicalMessage::Origin(_) => {}
             other => return Err(RunError::Unexpected(other.tag() as char)),
         }
         Ok(None)
@@ -192,14 +220,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         tuple: &TupleData,
         lsn: Lsn,
     ) -> Result<(), RunError> {
-        // Exactly-once: rows of a replay that Kafka has already. Counted
-        // first, whether skipped or not: the count is the row's index.
-        let in_kafka = self
-            .transactions
-            .as_mut()
-            .is_some_and(|t| t.next_row_skipped());
-        if in_kafka || self.progress.replaying() {
-            self.metrics.replays_skipped.inc();
+        if self.skip_replayed() {
             return Ok(());
         }
         let columns = match columns {
@@ -207,60 +228,105 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 columns.check_width(tuple)?;
                 columns
             }
-            Err(e) => return self.on_unmappable(e.clone(), None, tuple, lsn),
+            Err(e) => return self.on_unmappable(e.clone(), Unmapped::default(), lsn),
         };
         match self.config.mapping.map(columns, tuple) {
-            Ok(event) => {
-                tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
-                if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
-                    // Refused for good before: straight to the dead-letter topic.
-                    let token = self.token(&event.topic, lsn, Some(DeadLetterKind::Refused))?;
-                    let returned = Record {
-                        topic: event.topic,
-                        key: Some(event.key),
-                        value: event.value,
-                        headers: event.headers,
-                        timestamp_ms: event.timestamp_ms,
-                        token: (),
-                    };
-                    if let Some(record) =
-                        self.config
-                            .dead_letters
-                            .refused(&error, Some(returned), lsn, token)
-                    {
-                        tracing::warn!(%error, %lsn, dead_letter_topic = %record.topic, "dead-lettering the event the broker refused");
-                        self.outgoing.push_back(record);
-                        return Ok(());
-                    }
-                    return Err(RunError::Delivery(error));
-                }
-                let token = self.token(&event.topic, lsn, None)?;
-                self.outgoing.push_back(Record {
-                    topic: event.topic,
-                    key: Some(event.key),
-                    value: event.value,
-                    headers: event.headers,
-                    timestamp_ms: event.timestamp_ms,
-                    token,
-                });
+            Ok(event) => self.queue(event, lsn),
+            Err(e) => {
+                let mapping = &self.config.mapping;
+                let unmapped = Unmapped {
+                    topic: mapping.topic_of(columns, tuple),
+                    event_id: mapping.event_id_of(columns, tuple),
+                    payload: tuple.value_bytes(columns.payload_index()),
+                };
+                self.on_unmappable(e, unmapped, lsn)
             }
-            Err(e) => self.on_unmappable(e, Some(columns), tuple, lsn)?,
         }
+    }
+
+    /// An event message's envelope: mapped and queued like a row, or
+    /// dead-lettered whole.
+    fn on_event_message(&mut self, content: &bytes::Bytes, lsn: Lsn) -> Result<(), RunError> {
+        if self.skip_replayed() {
+            return Ok(());
+        }
+        match crate::envelope::map(&self.config.mapping, content, lsn) {
+            Ok(event) => self.queue(event, lsn),
+            Err(e) => {
+                let unmapped = Unmapped {
+                    topic: None,
+                    event_id: crate::envelope::event_id_of(content),
+                    payload: Some(content.clone()),
+                };
+                self.on_unmappable(e, unmapped, lsn)
+            }
+        }
+    }
+
+    /// True when the next event of the open transaction is one a replay
+    /// re-sent and Kafka has already (exactly-once: counted first, whether
+    /// skipped or not, since the count is the event's index).
+    fn skip_replayed(&mut self) -> bool {
+        let in_kafka = self
+            .transactions
+            .as_mut()
+            .is_some_and(|t| t.next_row_skipped());
+        if in_kafka || self.progress.replaying() {
+            self.metrics.replays_skipped.inc();
+            return true;
+        }
+        false
+    }
+
+    /// Queues a mapped event's record (or, when the broker refused it for
+    /// good before, its dead-letter copy).
+    fn queue(&mut self, event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
+        tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
+        if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
+            // Refused for good before: straight to the dead-letter topic.
+            let token = self.token(&event.topic, lsn, Some(DeadLetterKind::Refused))?;
+            let returned = Record {
+                topic: event.topic,
+                key: Some(event.key),
+                value: event.value,
+                headers: event.headers,
+                timestamp_ms: event.timestamp_ms,
+                token: (),
+            };
+            if let Some(record) = self
+                .config
+                .dead_letters
+                .refused(&error, Some(returned), lsn, token)
+            {
+                tracing::warn!(%error, %lsn, dead_letter_topic = %record.topic, "dead-lettering the event the broker refused");
+                self.outgoing.push_back(record);
+                return Ok(());
+            }
+            return Err(RunError::Delivery(error));
+        }
+        let token = self.token(&event.topic, lsn, None)?;
+        self.outgoing.push_back(Record {
+            topic: event.topic,
+            key: Some(event.key),
+            value: event.value,
+            headers: event.headers,
+            timestamp_ms: event.timestamp_ms,
+            token,
+        });
         Ok(())
     }
 
-    /// A row that cannot be mapped: its dead-letter copy, or stop.
+    /// An event that cannot be mapped: its dead-letter copy, or stop.
     fn on_unmappable(
         &mut self,
         e: MapError,
-        columns: Option<&ColumnIndexes>,
-        tuple: &TupleData,
+        Unmapped {
+            topic,
+            event_id,
+            payload,
+        }: Unmapped,
         lsn: Lsn,
     ) -> Result<(), RunError> {
-        let mapping = &self.config.mapping;
-        let topic = columns.and_then(|c| mapping.topic_of(c, tuple));
-        let event_id = columns.and_then(|c| mapping.event_id_of(c, tuple));
-        let payload = columns.and_then(|c| tuple.value_bytes(c.payload_index()));
         let token = self.token(
             topic.as_deref().unwrap_or(""),
             lsn,

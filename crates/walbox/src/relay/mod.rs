@@ -66,6 +66,7 @@ use sink_kafka::DeliveryError;
 use slot_manager::TableName;
 use tokio::sync::watch;
 
+use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
 use crate::exactly_once::ExactlyOnce;
 use crate::mapping::{MapError, OutboxMapping};
@@ -74,7 +75,7 @@ use crate::progress::{EventToken, ProgressError};
 
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
-pub use source::{PostgresSource, ReplicationStream, Source, Started};
+pub use source::{PostgresSource, ReplicationStream, Source, Started, MESSAGES_NEED};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]
@@ -113,6 +114,10 @@ pub struct RelayConfig {
     pub table: TableName,
     /// Which columns hold what.
     pub mapping: OutboxMapping,
+    /// Where events come from: table rows, messages, or both.
+    pub source: EventSource,
+    /// The prefix of the logical decoding messages that are events.
+    pub message_prefix: String,
     /// What happens to undeliverable events.
     pub dead_letters: DeadLetters,
     /// Status update interval.

@@ -88,6 +88,8 @@ pub(super) struct Session<'a, D, R> {
     /// failure to save was reported.
     saved_position: Option<Lsn>,
     save_failure_reported: bool,
+    /// A non-transactional message with the events' prefix was reported.
+    pub(super) nontransactional_reported: bool,
 }
 
 /// At most this many topic names are kept for sharing; past it the map
@@ -125,6 +127,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             transactions: config.exactly_once.clone().map(Transactions::new),
             saved_position: None,
             save_failure_reported: false,
+            nontransactional_reported: false,
         }
     }
 

@@ -4,12 +4,19 @@ use std::collections::HashMap;
 
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
-    connect_control, coverage, domain_base_types, preflight, start_streaming, Coverage,
-    LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
+    check_server, connect_control, coverage, domain_base_types, message_coverage, preflight,
+    start_streaming, Coverage, LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
 };
 use tokio_postgres::Client;
 
 use super::RunError;
+use crate::config::EventSource;
+
+/// What a server needs for logical decoding messages as events, and why.
+pub const MESSAGES_NEED: (i32, &str) = (
+    140_000,
+    "logical decoding messages as events (source = messages or both) need Postgres 14 or later (pgoutput's messages option); use source = table",
+);
 
 /// Opens replication sessions. The relay runs on one task, so these futures
 /// need not be `Send`.
@@ -71,25 +78,31 @@ pub struct PostgresSource {
     table: TableName,
     required_columns: Vec<String>,
     options: ReplicationOptions,
+    source: EventSource,
 }
 
 impl PostgresSource {
     /// Streams `slot` through `publication`; every session first checks that
-    /// `table` has `required_columns`.
+    /// `table` has `required_columns` (when its rows are events, per
+    /// `source`), and asks for logical decoding messages when they are.
     pub fn new(
         pg: PgConfig,
         slot: String,
         publication: String,
         table: TableName,
         required_columns: Vec<String>,
+        source: EventSource,
     ) -> Self {
+        let mut options = ReplicationOptions::new(publication.clone());
+        options.messages = source.messages();
         PostgresSource {
             pg,
             slot,
-            options: ReplicationOptions::new(publication.clone()),
+            options,
             publication,
             table,
             required_columns,
+            source,
         }
     }
 }
@@ -102,7 +115,8 @@ pub struct PostgresStream {
     control: Client,
     slot: String,
     publication: String,
-    table: TableName,
+    /// The outbox table, when its rows are events.
+    table: Option<TableName>,
 }
 
 impl Source for PostgresSource {
@@ -110,8 +124,13 @@ impl Source for PostgresSource {
 
     async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
         let control = connect_control(&self.pg).await?;
-        let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
-        preflight(&control, &self.table, &columns).await?;
+        if self.source.table() {
+            let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
+            preflight(&control, &self.table, &columns).await?;
+        }
+        if self.source.messages() {
+            check_server(&control, MESSAGES_NEED.0, MESSAGES_NEED.1).await?;
+        }
         if let Some((published, total)) = crate::backfill::unfinished(&control, &self.slot).await? {
             return Err(slot_manager::Error::Precondition(format!(
                 "slot {:?} has an unfinished backfill ({published} of {total} events published);                  finish it by rerunning the same `walbox init-slot --backfill …` first                  (streaming before it would put an aggregate's new events before its old ones)",
@@ -119,7 +138,11 @@ impl Source for PostgresSource {
             ))
             .into());
         }
-        let domains = domain_base_types(&control, &self.table).await?;
+        let domains = if self.source.table() {
+            domain_base_types(&control, &self.table).await?
+        } else {
+            HashMap::new()
+        };
         let started =
             start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
         Ok(Started {
@@ -128,7 +151,7 @@ impl Source for PostgresSource {
                 control,
                 slot: self.slot.clone(),
                 publication: self.publication.clone(),
-                table: self.table.clone(),
+                table: self.source.table().then(|| self.table.clone()),
             },
             confirmed: started.slot.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
             history: format!(
@@ -150,7 +173,10 @@ impl ReplicationStream for PostgresStream {
     }
 
     async fn coverage(&mut self) -> Result<Coverage, RunError> {
-        Ok(coverage(&self.control, &self.publication, &self.table).await?)
+        Ok(match &self.table {
+            Some(table) => coverage(&self.control, &self.publication, table).await?,
+            None => message_coverage(&self.control, &self.publication).await?,
+        })
     }
 
     async fn retained_wal_bytes(&mut self) -> Option<i64> {
