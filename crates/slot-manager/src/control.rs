@@ -241,7 +241,10 @@ pub async fn ensure_message_publication(
     publication: &str,
 ) -> Result<Ensured, Error> {
     let exists = client
-        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
         .await
         .map_err(Error::sql("look up the publication"))?
         .is_some();

@@ -200,23 +200,63 @@ mod tests {
             (b"", "not an event envelope"),
             (b"\xff\xfe", "not an event envelope"),
             (b"[1,2]", "not an event envelope"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":7}"#, "not an event envelope"),
-            (br#"{"id":"e","aggregate_type":"o","aggregate_id":"7"}"#, "event e: the envelope has no version"),
-            (br#"{"v":2,"id":"e","aggregate_type":"o","aggregate_id":"7"}"#, "event e: envelope version 2; this walbox reads version 1"),
-            (br#"{"v":1,"aggregate_type":"o","aggregate_id":"7"}"#, "the envelope has no \"id\""),
-            (br#"{"v":1,"id":"e","aggregate_id":"7"}"#, "event e: the envelope has no \"aggregate_type\""),
-            (br#"{"v":1,"id":"e","aggregate_type":"o"}"#, "event e: the envelope has no \"aggregate_id\""),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":""}"#, "the aggregate id is empty"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o o","aggregate_id":"7"}"#, "is not a valid Kafka topic name"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","headers":[1]}"#, "headers column is not a JSON object"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","headers":{"id":"x"}}"#, "a header walbox sets itself"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","created_at":"soon"}"#, "is not a Postgres timestamp"),
-            (br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","payload":{"a":}"#, "not an event envelope"),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":7}"#,
+                "not an event envelope",
+            ),
+            (
+                br#"{"id":"e","aggregate_type":"o","aggregate_id":"7"}"#,
+                "event e: the envelope has no version",
+            ),
+            (
+                br#"{"v":2,"id":"e","aggregate_type":"o","aggregate_id":"7"}"#,
+                "event e: envelope version 2; this walbox reads version 1",
+            ),
+            (
+                br#"{"v":1,"aggregate_type":"o","aggregate_id":"7"}"#,
+                "the envelope has no \"id\"",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_id":"7"}"#,
+                "event e: the envelope has no \"aggregate_type\"",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o"}"#,
+                "event e: the envelope has no \"aggregate_id\"",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":""}"#,
+                "the aggregate id is empty",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o o","aggregate_id":"7"}"#,
+                "is not a valid Kafka topic name",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","headers":[1]}"#,
+                "headers column is not a JSON object",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","headers":{"id":"x"}}"#,
+                "a header walbox sets itself",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","created_at":"soon"}"#,
+                "is not a Postgres timestamp",
+            ),
+            (
+                br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","payload":{"a":}"#,
+                "not an event envelope",
+            ),
         ];
         for (content, expected) in cases {
-            let e = map(&OutboxMapping::default(), &Bytes::copy_from_slice(content), lsn())
-                .unwrap_err()
-                .to_string();
+            let e = map(
+                &OutboxMapping::default(),
+                &Bytes::copy_from_slice(content),
+                lsn(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains(expected), "{e:?} should say {expected:?}");
             assert!(!e.contains('\n'), "{e:?}");
         }
@@ -227,7 +267,11 @@ mod tests {
         // Every prefix of a valid envelope, and byte flips of it.
         let valid = br#"{"v":1,"id":"e","aggregate_type":"o","aggregate_id":"7","payload":{"a":[1,"x"]},"headers":{"h":"v"}}"#;
         for end in 0..=valid.len() {
-            let _ = map(&OutboxMapping::default(), &Bytes::copy_from_slice(&valid[..end]), lsn());
+            let _ = map(
+                &OutboxMapping::default(),
+                &Bytes::copy_from_slice(&valid[..end]),
+                lsn(),
+            );
         }
         for i in 0..valid.len() {
             for b in [0u8, b'"', b'{', b'}', b'\\', 0xff] {

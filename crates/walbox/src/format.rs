@@ -155,6 +155,108 @@ mod tests {
     use super::*;
     use crate::timestamp::parse_timestamp_ms;
 
+    fn event() -> MappedEvent {
+        MappedEvent {
+            topic: "outbox.event.order".into(),
+            key: Bytes::from_static(b"42"),
+            value: Some(Bytes::from_static(br#"{"total":12.5}"#)),
+            headers: vec![
+                header("id", "e-1"),
+                header("event_type", "OrderPlaced"),
+                header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                ),
+            ],
+            timestamp_ms: Some(1_795_280_400_123),
+            event_id: "e-1".into(),
+            aggregate_id: "42".into(),
+        }
+    }
+
+    fn get<'a>(e: &'a MappedEvent, name: &str) -> Option<&'a str> {
+        e.headers
+            .iter()
+            .find(|h| h.name == name)
+            .map(|h| std::str::from_utf8(&h.value).unwrap())
+    }
+
+    const ATTRS: Attributes<'static> = Attributes {
+        aggregate_type: "order",
+        event_type: Some("OrderPlaced"),
+    };
+
+    #[test]
+    fn binary_mode_adds_the_ce_headers_and_keeps_the_value() {
+        let mut e = event();
+        EventFormat::CloudEventsBinary {
+            source: "/walbox/s".into(),
+        }
+        .apply(&mut e, &ATTRS);
+        for (name, value) in [
+            ("ce_specversion", "1.0"),
+            ("ce_id", "e-1"),
+            ("ce_source", "/walbox/s"),
+            ("ce_type", "OrderPlaced"),
+            ("ce_subject", "42"),
+            ("ce_time", "2026-11-21T17:00:00.123Z"),
+            ("content-type", "application/json"),
+            ("id", "e-1"),
+        ] {
+            assert_eq!(get(&e, name), Some(value), "{name}");
+        }
+        assert_eq!(e.value.as_deref(), Some(&br#"{"total":12.5}"#[..]));
+        assert_eq!(&e.key[..], b"42");
+        // No event type: the aggregate type; no value: no content type.
+        let mut e = event();
+        e.value = None;
+        let attrs = Attributes {
+            event_type: None,
+            ..ATTRS
+        };
+        EventFormat::CloudEventsBinary { source: "s".into() }.apply(&mut e, &attrs);
+        assert_eq!(get(&e, "ce_type"), Some("order"));
+        assert_eq!(get(&e, "content-type"), None);
+    }
+
+    #[test]
+    fn structured_mode_is_one_json_cloudevent() {
+        let mut e = event();
+        EventFormat::CloudEventsStructured {
+            source: "/walbox/s".into(),
+        }
+        .apply(&mut e, &ATTRS);
+        let v: serde_json::Value = serde_json::from_slice(e.value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "specversion": "1.0", "id": "e-1", "source": "/walbox/s", "type": "OrderPlaced",
+                "subject": "42", "time": "2026-11-21T17:00:00.123Z",
+                "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "datacontenttype": "application/json", "data": {"total": 12.5}
+            })
+        );
+        assert_eq!(
+            get(&e, "content-type"),
+            Some("application/cloudevents+json")
+        );
+        let mut e = event();
+        e.value = None;
+        e.timestamp_ms = None;
+        EventFormat::CloudEventsStructured { source: "s".into() }.apply(&mut e, &ATTRS);
+        let v: serde_json::Value = serde_json::from_slice(e.value.as_deref().unwrap()).unwrap();
+        assert!(v.get("data").is_none() && v.get("time").is_none(), "{v}");
+    }
+
+    #[test]
+    fn debezium_keys_are_json_strings() {
+        let mut e = event();
+        e.aggregate_id = "a\"b".into();
+        EventFormat::Debezium.apply(&mut e, &ATTRS);
+        assert_eq!(&e.key[..], br#""a\"b""#);
+        assert_eq!(e.value.as_deref(), Some(&br#"{"total":12.5}"#[..]));
+    }
+
     #[test]
     fn formats_times_as_rfc3339() {
         assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");

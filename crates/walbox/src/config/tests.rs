@@ -98,6 +98,8 @@ fn every_setting_can_come_from_the_environment() {
             ("metrics_addr", _) => "127.0.0.1:9187".to_owned(),
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
+            // Recreating and retention need the table's rows.
+            ("source", _) => "table".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),
@@ -559,4 +561,95 @@ fn exactly_once_settings() {
     assert!(e.contains("transactions.max_ms"), "{e}");
     let e = refused(&[eos, ("WALBOX_TRANSACTIONS_ID", "")]);
     assert!(e.contains("transactions.id: must not be empty"), "{e}");
+}
+
+#[test]
+fn sources_and_formats() {
+    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "b:9092");
+    let c = load(None, &[PG, BROKERS], &[]).unwrap();
+    assert_eq!(c.connection().unwrap().source, EventSource::Table);
+    assert_eq!(c.mapping().unwrap().format, EventFormat::AsStored);
+    assert_eq!(c.run().unwrap().message_prefix, "walbox");
+
+    let c = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_SLOT", "orders")],
+        &[
+            ("source", &["both"]),
+            ("format", &["cloudevents-structured"]),
+            ("message_prefix", &["app.events"]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.connection().unwrap().source, EventSource::Both);
+    assert_eq!(
+        c.mapping().unwrap().format,
+        EventFormat::CloudEventsStructured {
+            source: "/walbox/orders".into()
+        },
+        "the source attribute defaults to the slot's"
+    );
+    assert_eq!(c.run().unwrap().message_prefix, "app.events");
+
+    let c = load(
+        None,
+        &[
+            PG,
+            ("WALBOX_FORMAT", "cloudevents-binary"),
+            ("WALBOX_CLOUDEVENTS_SOURCE", "urn:shop:orders"),
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.mapping().unwrap().format,
+        EventFormat::CloudEventsBinary {
+            source: "urn:shop:orders".into()
+        }
+    );
+
+    for (vars, expected) in [
+        (
+            vec![("WALBOX_CLOUDEVENTS_SOURCE", "urn:x")],
+            "cloudevents_source \"urn:x\" applies to format = \"cloudevents-binary\"",
+        ),
+        (
+            vec![("WALBOX_FORMAT", "avro")],
+            "WALBOX_FORMAT: expected one of as-stored",
+        ),
+    ] {
+        let mut all = vec![PG];
+        all.extend(vars);
+        let e = load(None, &all, &[])
+            .and_then(|c| c.mapping())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expected), "{e}");
+    }
+    for (vars, expected) in [
+        (
+            vec![
+                ("WALBOX_SOURCE", "both"),
+                ("WALBOX_ON_SLOT_INVALIDATED", "recreate"),
+            ],
+            "on_slot_invalidated = \"recreate\" republishes rows of the outbox table",
+        ),
+        (
+            vec![("WALBOX_SOURCE", "messages"), ("WALBOX_RETENTION", "7d")],
+            "retention deletes rows of the outbox table",
+        ),
+        (
+            vec![("WALBOX_MESSAGE_PREFIX", "")],
+            "message_prefix: must not be empty",
+        ),
+    ] {
+        let mut all = vec![PG, BROKERS];
+        all.extend(vars);
+        let e = load(None, &all, &[])
+            .unwrap()
+            .run()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expected), "{e}");
+    }
 }

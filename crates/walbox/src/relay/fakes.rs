@@ -141,6 +141,30 @@ pub(super) fn insert_row(lsn: u64, oid: u32, values: &[Option<&str>]) -> Replica
     xlog(lsn, b)
 }
 
+/// A logical decoding message at `lsn` (`Message`, protocol 1).
+pub(super) fn message(
+    lsn: u64,
+    transactional: bool,
+    prefix: &str,
+    content: &str,
+) -> ReplicationMessage {
+    let mut b = BytesMut::new();
+    b.put_u8(b'M');
+    b.put_u8(u8::from(transactional));
+    b.put_u64(lsn);
+    cstr(&mut b, prefix);
+    b.put_u32(content.len() as u32);
+    b.put_slice(content.as_bytes());
+    xlog(lsn, b)
+}
+
+/// A version 1 event envelope.
+pub(super) fn envelope(id: &str, aggregate_id: &str, payload: &str) -> String {
+    format!(
+        r#"{{"v":1,"id":"{id}","aggregate_type":"order","aggregate_id":"{aggregate_id}","event_type":"Created","payload":{payload}}}"#
+    )
+}
+
 /// A primary keepalive.
 pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
     let mut b = BytesMut::new();

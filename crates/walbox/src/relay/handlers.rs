@@ -293,10 +293,10 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 timestamp_ms: event.timestamp_ms,
                 token: (),
             };
-            if let Some(record) = self
-                .config
-                .dead_letters
-                .refused(&error, Some(returned), lsn, token)
+            if let Some(record) =
+                self.config
+                    .dead_letters
+                    .refused(&error, Some(returned), lsn, token)
             {
                 tracing::warn!(%error, %lsn, dead_letter_topic = %record.topic, "dead-lettering the event the broker refused");
                 self.outgoing.push_back(record);

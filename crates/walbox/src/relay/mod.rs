@@ -56,6 +56,8 @@ mod tests;
 #[cfg(test)]
 mod tests_exactly_once;
 #[cfg(test)]
+mod tests_messages;
+#[cfg(test)]
 mod tests_no_loss;
 
 use std::sync::Arc;

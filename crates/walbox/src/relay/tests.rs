@@ -13,6 +13,7 @@ use super::fakes::{
     self, begin, commit, header, insert, keepalive, key_of, relation, Broker, FakeSource,
 };
 use super::{run, RelayConfig, RunError, Stop};
+use crate::config::EventSource;
 use crate::dead_letter::{headers, DeadLetters};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
@@ -27,6 +28,8 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
             topic_template: "events".into(),
             ..OutboxMapping::default()
         },
+        source: EventSource::Table,
+        message_prefix: "walbox".into(),
         dead_letters,
         status_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(30),
