@@ -8,6 +8,7 @@ mod config;
 mod exactly_once;
 mod failover;
 mod lost_slot;
+mod messages;
 mod migrate;
 mod privileges;
 mod retention;
