@@ -7,6 +7,7 @@ mod bad_inputs;
 mod config;
 mod exactly_once;
 mod failover;
+mod formats;
 mod lost_slot;
 mod messages;
 mod migrate;
