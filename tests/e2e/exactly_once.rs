@@ -96,6 +96,57 @@ async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
     assert!(wait_exit(&mut relay).await.0.success());
 }
 
+/// The progress record counts rows and messages alike: after a Postgres
+/// crash re-sends transactions that mix them, split across Kafka
+/// transactions of 7 events, nothing Kafka committed is written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_committed_are_not_written_twice_when_postgres_restarts() {
+    use crate::messages::{write_events, Writes};
+    let (mut server, url, client) = private_outbox_with(&["--source", "both"]).await;
+    let kafka = TestKafka::mock(3);
+    let topic = kafka.create_topic(3).await;
+    let progress = kafka.create_topic(1).await;
+    let mut flags = exactly_once_flags(&topic, &progress);
+    flags.extend(["--source", "both", "--transactions-max-events", "7"]);
+    let run = |kafka: &TestKafka| {
+        let mut command = Command::new(walbox_e2e::walbox_bin());
+        command.env("WALBOX_PG_URL", &url).env("WALBOX_LOG", "info");
+        spawn_run_with(command, kafka, &flags)
+    };
+    let mut relay = run(&kafka);
+    write_events(&client, 0, 300, |k| 1 + k % 20, 7, Writes::Both).await;
+    assert_eq!(expect_all(&kafka, &topic, 300).await, 0);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    stop(&mut relay).await;
+
+    drop(client);
+    server = tokio::task::spawn_blocking(move || {
+        server.stop_immediate();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
+    if walbox_test_harness::pg::server_version_num(&client).await < 170_000 {
+        assert!(slot < head, "the slot went back to {slot}, before {head}");
+    }
+    let mut relay = run(&kafka);
+    write_events(&client, 300, 400, |k| 1 + k % 20, 7, Writes::Both).await;
+    let duplicates = expect_all(&kafka, &topic, 400).await;
+    let log = relay.log();
+    assert!(
+        log.contains("resuming after the committed progress"),
+        "{log}"
+    );
+    assert_eq!(duplicates, 0, "{log}");
+    stop(&mut relay).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions() {
     const TOTAL: usize = 50_000;

@@ -13,7 +13,7 @@ use crate::support::{expect_all, signal, spawn_run, stop, succeeded, wait_exit, 
 
 /// How the events of one transaction are written.
 #[derive(Clone, Copy)]
-enum Writes {
+pub(crate) enum Writes {
     /// Every event through `walbox.emit`.
     Messages,
     /// Even events as outbox rows, odd ones through `walbox.emit`.
@@ -22,7 +22,7 @@ enum Writes {
 
 /// Writes events `from..to` (payload `n`, key `agg-{n % aggregates}`) in
 /// transactions; `tx_size(k)` sizes the k-th one.
-async fn write_events(
+pub(crate) async fn write_events(
     client: &Client,
     from: usize,
     to: usize,

@@ -168,6 +168,11 @@ pub(crate) async fn wait_log(relay: &Relay, needle: &str) {
 /// then loses only positions confirmed since. Returns the server, walbox's
 /// `pg_url` for it, and a client.
 pub(crate) async fn private_outbox() -> (PgServer, String, Client) {
+    private_outbox_with(&[]).await
+}
+
+/// [`private_outbox`], with `init-slot` given `init_args`.
+pub(crate) async fn private_outbox_with(init_args: &[&str]) -> (PgServer, String, Client) {
     let server = PgServer::start_default().unwrap();
     let admin = server.config("postgres");
     let url = format!(
@@ -177,7 +182,7 @@ pub(crate) async fn private_outbox() -> (PgServer, String, Client) {
     let client = walbox_test_harness::pg::connect(&admin).await.unwrap();
     apply_migrations(&client).await;
     let mut cmd = Command::new(walbox_e2e::walbox_bin());
-    cmd.args(["init-slot", "--pg-url", &url]);
+    cmd.args(["init-slot", "--pg-url", &url]).args(init_args);
     assert!(cmd.status().unwrap().success());
     client.batch_execute("CHECKPOINT").await.unwrap();
     (server, url, client)
