@@ -15,5 +15,6 @@ mod privileges;
 mod retention;
 mod run;
 mod secured_kafka;
+mod spans;
 mod support;
 mod topics;

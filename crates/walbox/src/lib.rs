@@ -19,5 +19,6 @@ pub mod positions;
 pub mod progress;
 pub mod relay;
 pub mod retention;
+pub mod spans;
 pub mod stall;
 pub mod timestamp;

@@ -145,9 +145,21 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             Some(tokio::spawn(r.run(Arc::clone(&metrics))))
         }
     };
-    let result = stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics).await;
+    let spans = match &settings.otlp_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let spans = crate::spans::Spans::new(endpoint).map_err(crate::config::ConfigError)?;
+            tracing::info!(%endpoint, "exporting a span per event over OTLP");
+            Some(spans)
+        }
+    };
+    let result =
+        stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics, spans.as_ref()).await;
     if let Some(task) = retention {
         task.abort();
+    }
+    if let Some(spans) = spans {
+        spans.shutdown().await;
     }
     result
 }
@@ -160,6 +172,7 @@ async fn stream_until_stopped(
     settings: &RunSettings,
     shutdown: &watch::Receiver<Stop>,
     metrics: &Arc<Metrics>,
+    spans: Option<&crate::spans::Spans>,
 ) -> Result<(), CliError> {
     loop {
         // A backfill to finish or a slot to recreate may take long: a
@@ -172,7 +185,16 @@ async fn stream_until_stopped(
                 return Ok(());
             }
         }
-        match stream(c, mapping, settings, shutdown.clone(), Arc::clone(metrics)).await {
+        match stream(
+            c,
+            mapping,
+            settings,
+            shutdown.clone(),
+            Arc::clone(metrics),
+            spans,
+        )
+        .await
+        {
             Err(RunError::Postgres(slot_manager::Error::SlotInvalidated { .. }))
                 if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
             {
@@ -232,6 +254,7 @@ async fn stream(
     settings: &RunSettings,
     shutdown: watch::Receiver<Stop>,
     metrics: Arc<Metrics>,
+    spans: Option<&crate::spans::Spans>,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
     crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
@@ -268,6 +291,7 @@ async fn stream(
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
         save_positions: settings.recreate_margin.is_some() || settings.retention.is_some(),
+        spans: spans.cloned(),
     };
     let urgency = shutdown.clone();
     let result =

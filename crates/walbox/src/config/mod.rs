@@ -121,6 +121,7 @@ struct Raw {
     on_slot_invalidated: OnSlotInvalidated,
     slot_recreate_margin_secs: u64,
     retention: Option<String>,
+    otlp_endpoint: Option<String>,
     max_in_flight_events: u64,
     max_in_flight_bytes: u64,
     status_interval_ms: u64,
@@ -149,6 +150,7 @@ impl Default for Raw {
             on_slot_invalidated: OnSlotInvalidated::Fail,
             slot_recreate_margin_secs: 600,
             retention: None,
+            otlp_endpoint: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
             status_interval_ms: 1000,
@@ -267,6 +269,8 @@ pub struct RunSettings {
     pub retention: Option<Duration>,
     /// The prefix of the logical decoding messages that are events.
     pub message_prefix: String,
+    /// Where to export a span per event; `None`: off.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The loaded configuration.
@@ -575,7 +579,22 @@ impl Config {
                 "retention deletes rows of the outbox table; with source = messages there is none: remove it".into(),
             ));
         }
+        let otlp_endpoint = match &r.otlp_endpoint {
+            None => None,
+            Some(e) if e.starts_with("http://") && e.len() > "http://".len() => Some(e.clone()),
+            Some(e) if e.starts_with("https://") => {
+                return Err(ConfigError(format!(
+                    "otlp_endpoint {e:?}: this build exports over plain HTTP only; point it at a local collector agent or sidecar (http://…:4318)"
+                )))
+            }
+            Some(e) => {
+                return Err(ConfigError(format!(
+                    "otlp_endpoint {e:?}: expected an OTLP/HTTP URL such as http://127.0.0.1:4318"
+                )))
+            }
+        };
         Ok(RunSettings {
+            otlp_endpoint,
             message_prefix: r.message_prefix.clone(),
             sink,
             dead_letters,

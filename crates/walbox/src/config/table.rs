@@ -173,6 +173,8 @@ pub const SETTINGS: &[Setting] = &[
       "How often the slot position is reported; keep it below wal_sender_timeout / 2."),
     s("shutdown_timeout_secs", Number, Run, "20",
       "How long SIGINT/SIGTERM may take to finish the open transaction and in-flight deliveries; walbox exits within it plus 6 s (inside Kubernetes' 30 s grace period by default). A second signal exits at once."),
+    s("otlp_endpoint", Text, Run, "—",
+      "Export a span per event (its commit to its acknowledgement, a child of the event's traceparent, which the record then carries as walbox's span) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (plain HTTP: a local agent or sidecar). Off by default."),
     s("metrics_addr", Text, Run, "—",
       "Serve Prometheus /metrics, /healthz and /readyz on IP:PORT (e.g. 0.0.0.0:9187)."),
 ];

@@ -100,6 +100,7 @@ fn every_setting_can_come_from_the_environment() {
             ("retention", _) => "7d".to_owned(),
             // Recreating and retention need the table's rows.
             ("source", _) => "table".to_owned(),
+            ("otlp_endpoint", _) => "http://127.0.0.1:4318".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),

@@ -104,6 +104,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 self.metrics
                     .commit_to_ack
                     .observe(micros.max(0) as f64 / 1e6);
+                if let (Some(spans), Some(span)) = (&self.config.spans, &token.span) {
+                    spans.end(span, token.commit_time, &token.topic, token.lsn);
+                }
             }
         }
     }
@@ -280,7 +283,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
 
     /// Queues a mapped event's record (or, when the broker refused it for
     /// good before, its dead-letter copy).
-    fn queue(&mut self, event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
+    fn queue(&mut self, mut event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
         if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
             // Refused for good before: straight to the dead-letter topic.
@@ -304,7 +307,8 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             }
             return Err(RunError::Delivery(error));
         }
-        let token = self.token(&event.topic, lsn, None)?;
+        let mut token = self.token(&event.topic, lsn, None)?;
+        token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
         self.outgoing.push_back(Record {
             topic: event.topic,
             key: Some(event.key),
@@ -378,6 +382,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             topic,
             dead_letter,
             progress_record: false,
+            span: None,
         })
     }
 }

@@ -74,6 +74,7 @@ use crate::exactly_once::ExactlyOnce;
 use crate::mapping::{MapError, OutboxMapping};
 use crate::metrics::Metrics;
 use crate::progress::{EventToken, ProgressError};
+use crate::spans::{EventSpan, Spans};
 
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
@@ -93,6 +94,8 @@ pub struct Token {
     /// Set on the progress record that closes a Kafka transaction
     /// (exactly-once): it carries no event.
     progress_record: bool,
+    /// walbox's span of the event, when spans are exported.
+    span: Option<Box<EventSpan>>,
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -132,6 +135,8 @@ pub struct RelayConfig {
     /// Save the delivered position and its commit time every 10 s, for
     /// recreating a lost slot ([`crate::backfill::heal`]).
     pub save_positions: bool,
+    /// A span per event, exported over OTLP; `None`: off.
+    pub spans: Option<Spans>,
 }
 
 /// Why the relay stopped with an error.

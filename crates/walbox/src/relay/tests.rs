@@ -34,6 +34,7 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
         status_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(30),
         exactly_once: None,
+        spans: None,
     }
 }
 

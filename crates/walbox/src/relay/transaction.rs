@@ -332,6 +332,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 topic: Arc::from(""),
                 dead_letter: None,
                 progress_record: true,
+                span: None,
             },
         };
         self.outgoing.push_back(record);
