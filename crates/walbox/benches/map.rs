@@ -1,0 +1,88 @@
+//! What mapping one event costs walbox, by source and record format: an
+//! outbox row (the default columns, a ~200-byte jsonb payload) and the
+//! envelope `walbox.emit()` writes for the same event.
+//!
+//! `cargo bench -p walbox --bench map`
+
+#![allow(missing_docs)] // criterion_group! generates an undocumented pub fn
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use pgoutput_decoder::{Lsn, RelationBody, TupleData};
+use walbox::format::EventFormat;
+use walbox::mapping::OutboxMapping;
+
+const PAYLOAD: &str = r#"{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "total": 4711, "order_id": "order-711"}"#;
+
+fn row() -> (RelationBody, TupleData) {
+    let relation = RelationBody::from_catalog(
+        16_384,
+        "public",
+        "outbox_events",
+        [
+            ("id".to_owned(), 2950),
+            ("aggregate_type".to_owned(), 25),
+            ("aggregate_id".to_owned(), 25),
+            ("event_type".to_owned(), 25),
+            ("payload".to_owned(), 3802),
+            ("headers".to_owned(), 3802),
+            ("created_at".to_owned(), 1184),
+        ],
+    );
+    let tuple = TupleData::from_text([
+        Some(&b"5b1d3c8e-9f0a-4c71-8a55-2b7e6f0d9c13"[..]),
+        Some(b"order"),
+        Some(b"order-711"),
+        Some(b"OrderCreated"),
+        Some(PAYLOAD.as_bytes()),
+        Some(b"{}"),
+        Some(b"2026-11-22 15:30:00.123456+00"),
+    ])
+    .unwrap();
+    (relation, tuple)
+}
+
+fn envelope() -> Bytes {
+    Bytes::from(format!(
+        r#"{{"v": 1, "id": "5b1d3c8e-9f0a-4c71-8a55-2b7e6f0d9c13", "headers": {{}}, "payload": {PAYLOAD}, "created_at": "2026-11-22T15:30:00.123456+00:00", "event_type": "OrderCreated", "aggregate_id": "order-711", "aggregate_type": "order"}}"#
+    ))
+}
+
+fn bench(c: &mut Criterion) {
+    let (relation, tuple) = row();
+    let content = envelope();
+    let lsn: Lsn = "0/16B3748".parse().unwrap();
+    for (name, format) in [
+        ("as-stored", EventFormat::AsStored),
+        (
+            "cloudevents-binary",
+            EventFormat::CloudEventsBinary {
+                source: "/walbox/walbox".into(),
+            },
+        ),
+        (
+            "cloudevents-structured",
+            EventFormat::CloudEventsStructured {
+                source: "/walbox/walbox".into(),
+            },
+        ),
+        ("debezium", EventFormat::Debezium),
+    ] {
+        let mapping = OutboxMapping {
+            format,
+            ..OutboxMapping::default()
+        };
+        let columns = mapping.resolve(&relation).unwrap();
+        c.bench_function(&format!("map/row/{name}"), |b| {
+            b.iter(|| black_box(mapping.map(&columns, black_box(&tuple)).unwrap()))
+        });
+        c.bench_function(&format!("map/message/{name}"), |b| {
+            b.iter(|| black_box(walbox::envelope::map(&mapping, black_box(&content), lsn).unwrap()))
+        });
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
