@@ -34,9 +34,28 @@ fn exactly_once_flags<'a>(topic: &'a str, progress: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// Stops Postgres as a crash does and starts it again: a slot whose only
+/// change was its confirmed position goes back to the last checkpoint
+/// (before Postgres 17). Returns the server and a new client.
+async fn crash_and_restart(
+    mut server: walbox_test_harness::pg::PgServer,
+) -> (walbox_test_harness::pg::PgServer, tokio_postgres::Client) {
+    let server = tokio::task::spawn_blocking(move || {
+        server.stop_immediate();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    (server, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
-    let (mut server, url, client) = private_outbox().await;
+    let (server, url, client) = private_outbox().await;
     let kafka = TestKafka::mock(3);
     let topic = kafka.create_topic(3).await;
     let progress = kafka.create_topic(1).await;
@@ -58,16 +77,7 @@ async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
     // A crash of Postgres: the slot goes back to the last checkpoint, and
     // Postgres will send all 300 events again.
     drop(client);
-    server = tokio::task::spawn_blocking(move || {
-        server.stop_immediate();
-        server.start().unwrap();
-        server
-    })
-    .await
-    .unwrap();
-    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
-        .await
-        .unwrap();
+    let (_server, client) = crash_and_restart(server).await; // held to the end: dropping it stops Postgres
     let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
     let version = walbox_test_harness::pg::server_version_num(&client).await;
     // Postgres 17 saves the slot when its walsender exits (walbox stopped
@@ -102,7 +112,7 @@ async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_committed_are_not_written_twice_when_postgres_restarts() {
     use crate::messages::{write_events, Writes};
-    let (mut server, url, client) = private_outbox_with(&["--source", "both"]).await;
+    let (server, url, client) = private_outbox_with(&["--source", "both"]).await;
     let kafka = TestKafka::mock(3);
     let topic = kafka.create_topic(3).await;
     let progress = kafka.create_topic(1).await;
@@ -121,16 +131,7 @@ async fn messages_committed_are_not_written_twice_when_postgres_restarts() {
     stop(&mut relay).await;
 
     drop(client);
-    server = tokio::task::spawn_blocking(move || {
-        server.stop_immediate();
-        server.start().unwrap();
-        server
-    })
-    .await
-    .unwrap();
-    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
-        .await
-        .unwrap();
+    let (_server, client) = crash_and_restart(server).await; // held to the end: dropping it stops Postgres
     let slot = confirmed_flush_lsn(&client, "walbox").await.unwrap();
     if walbox_test_harness::pg::server_version_num(&client).await < 170_000 {
         assert!(slot < head, "the slot went back to {slot}, before {head}");

@@ -232,6 +232,17 @@ pub async fn ensure_publication(
     Ok(Ensured::Created)
 }
 
+async fn publication_exists(client: &Client, publication: &str) -> Result<bool, Error> {
+    Ok(client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(Error::sql("look up the publication"))?
+        .is_some())
+}
+
 /// Makes sure `publication` exists, for a slot that streams logical decoding
 /// messages only (they belong to no table). A missing one is created empty;
 /// an existing one is used as it is (its tables' changes are not events in
@@ -240,15 +251,7 @@ pub async fn ensure_message_publication(
     client: &Client,
     publication: &str,
 ) -> Result<Ensured, Error> {
-    let exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
-        .await
-        .map_err(Error::sql("look up the publication"))?
-        .is_some();
-    if exists {
+    if publication_exists(client, publication).await? {
         return Ok(Ensured::AlreadyPresent);
     }
     client
@@ -401,15 +404,7 @@ pub async fn drop_slot(
         dropped.slot = true;
     }
     if let Some(publication) = publication {
-        let exists = client
-            .query_opt(
-                "SELECT 1 FROM pg_publication WHERE pubname = $1",
-                &[&publication],
-            )
-            .await
-            .map_err(Error::sql("look up the publication"))?
-            .is_some();
-        if exists {
+        if publication_exists(client, publication).await? {
             client
                 .batch_execute(&format!("DROP PUBLICATION {}", quote_ident(publication)))
                 .await
