@@ -257,3 +257,58 @@ async fn messages_need_postgres_14_and_say_so() {
         );
     }
 }
+
+/// docs/configuration.md, "Who may write events": the recipe that limits
+/// `pg_logical_emit_message` (and so `walbox.emit`) to the application's
+/// role, whatever the function's signatures on this Postgres version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emit_rights_can_be_limited_to_the_applications_role() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let roles = format!("{}_app", db.name());
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {roles}; CREATE ROLE {roles}_other;
+             DO $$ DECLARE f regprocedure; BEGIN
+               FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+                 EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO {roles}', f);
+               END LOOP;
+             END $$;"
+        ))
+        .await
+        .unwrap();
+    let emit = |role: String| {
+        let client = &client;
+        async move {
+            client
+                .batch_execute(&format!(
+                    "SET ROLE {role}; SELECT walbox.emit('order', '1', 'E', '{{}}'); RESET ROLE;"
+                ))
+                .await
+        }
+    };
+    emit(roles.clone()).await.unwrap();
+    let e = emit(format!("{roles}_other")).await.unwrap_err();
+    client.batch_execute("RESET ROLE").await.unwrap();
+    assert!(
+        e.as_db_error()
+            .unwrap()
+            .message()
+            .contains("permission denied for function pg_logical_emit_message"),
+        "{e}"
+    );
+    // Roles are cluster-wide: leave none behind.
+    client
+        .batch_execute(&format!(
+            "DO $$ DECLARE f regprocedure; BEGIN
+               FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+                 EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM {roles}', f);
+               END LOOP;
+             END $$; DROP ROLE {roles}; DROP ROLE {roles}_other;"
+        ))
+        .await
+        .unwrap();
+}
