@@ -56,9 +56,14 @@ pub async fn preflight(
     table: &TableName,
     required_columns: &[&str],
 ) -> Result<(), Error> {
-    check_server(client, 130_000, "walbox needs 13 or later").await?;
+    let (least, why) = LEAST_SERVER;
+    check_server(client, least, why).await?;
     check_table(client, table, required_columns).await
 }
+
+/// The oldest server walbox runs on (`server_version_num`), and what to say
+/// to an older one.
+pub const LEAST_SERVER: (i32, &str) = (130_000, "walbox needs 13 or later");
 
 /// Checks the server settings [`preflight`] checks, with `least_version`
 /// (`server_version_num`) and what to say when the server is older: 13 for
@@ -106,8 +111,9 @@ pub async fn check_server(client: &Client, least_version: i32, why: &str) -> Res
     Ok(())
 }
 
-/// Checks that `table` exists and has `required_columns`.
-async fn check_table(
+/// Checks that `table` exists and has `required_columns` (the second half
+/// of [`preflight`]).
+pub async fn check_table(
     client: &Client,
     table: &TableName,
     required_columns: &[&str],

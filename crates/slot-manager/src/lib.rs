@@ -44,8 +44,9 @@ mod wire;
 pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
-    check_server, connect_control, domain_base_types, drop_slot, ensure_message_publication,
-    ensure_publication, ensure_slot, preflight, slot_status, Dropped, Ensured, SlotStatus,
+    check_server, check_table, connect_control, domain_base_types, drop_slot,
+    ensure_message_publication, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
+    Ensured, SlotStatus, LEAST_SERVER,
 };
 pub use coverage::{coverage, describe_change, message_coverage, Coverage};
 pub use error::Error;

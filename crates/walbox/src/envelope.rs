@@ -95,20 +95,16 @@ pub fn map(mapping: &OutboxMapping, content: &Bytes, lsn: Lsn) -> Result<MappedE
         }
         None => return Err(refuse(known("the envelope has no version \"v\""))),
     }
-    fn required<'f>(
-        field: &'f Option<Cow<'_, str>>,
-        name: &str,
-        missing: impl Fn(&str) -> MapError,
-    ) -> Result<&'f str, MapError> {
-        field
-            .as_deref()
-            .ok_or_else(|| missing(&format!("the envelope has no {name:?}")))
-    }
-    let missing = |reason: &str| refuse(known(reason));
-    let required = |field, name| required(field, name, missing);
-    let id = required(&e.id, "id")?.to_owned();
-    let aggregate_type = required(&e.aggregate_type, "aggregate_type")?;
-    let aggregate_id = required(&e.aggregate_id, "aggregate_id")?;
+    let missing = |name: &str| refuse(known(&format!("the envelope has no {name:?}")));
+    let id = e.id.as_deref().ok_or_else(|| missing("id"))?.to_owned();
+    let aggregate_type = e
+        .aggregate_type
+        .as_deref()
+        .ok_or_else(|| missing("aggregate_type"))?;
+    let aggregate_id = e
+        .aggregate_id
+        .as_deref()
+        .ok_or_else(|| missing("aggregate_id"))?;
     // The payload's bytes, sliced out of the frame.
     let value = e.payload.filter(|p| p.get() != "null").map(|p| {
         let start = p.get().as_ptr() as usize - content.as_ptr() as usize;

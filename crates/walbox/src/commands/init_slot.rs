@@ -3,14 +3,13 @@
 //! published first ([`crate::backfill`]).
 
 use slot_manager::{
-    check_server, connect_control, ensure_message_publication, ensure_publication, ensure_slot,
-    preflight, quote_ident, Ensured,
+    check_server, check_table, connect_control, ensure_message_publication, ensure_publication,
+    ensure_slot, quote_ident, Ensured,
 };
 
 use super::{loaded, CliError};
 use crate::backfill::{backfill, Outcome, Plan, Request};
 use crate::config::{ConfigError, RunFlags};
-use crate::relay::MESSAGES_NEED;
 
 /// Arguments of `walbox init-slot`.
 #[derive(Debug, clap::Args)]
@@ -54,11 +53,10 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         .into());
     }
     let mut client = connect_control(&c.pg).await?;
-    if c.source.messages() {
-        check_server(&client, MESSAGES_NEED.0, MESSAGES_NEED.1).await?;
-    }
+    let (least, why) = c.source.least_server();
+    check_server(&client, least, why).await?;
     let publication = if c.source.table() {
-        preflight(&client, &c.table, &mapping.required_columns()).await?;
+        check_table(&client, &c.table, &mapping.required_columns()).await?;
         ensure_publication(&client, &c.publication, &c.table).await?
     } else {
         ensure_message_publication(&client, &c.publication).await?

@@ -86,6 +86,19 @@ impl EventSource {
     pub fn messages(self) -> bool {
         self != EventSource::Table
     }
+
+    /// The oldest server this source streams from (`server_version_num`),
+    /// and what to say to an older one.
+    pub fn least_server(self) -> (i32, &'static str) {
+        if self.messages() {
+            (
+                140_000,
+                "logical decoding messages as events (source = messages or both) need Postgres 14 or later (pgoutput's messages option); use source = table",
+            )
+        } else {
+            slot_manager::LEAST_SERVER
+        }
+    }
 }
 
 /// How an event becomes a Kafka record's value and headers.

@@ -4,19 +4,13 @@ use std::collections::HashMap;
 
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
-    check_server, connect_control, coverage, domain_base_types, message_coverage, preflight,
+    check_server, check_table, connect_control, coverage, domain_base_types, message_coverage,
     start_streaming, Coverage, LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
 };
 use tokio_postgres::Client;
 
 use super::RunError;
 use crate::config::EventSource;
-
-/// What a server needs for logical decoding messages as events, and why.
-pub const MESSAGES_NEED: (i32, &str) = (
-    140_000,
-    "logical decoding messages as events (source = messages or both) need Postgres 14 or later (pgoutput's messages option); use source = table",
-);
 
 /// Opens replication sessions. The relay runs on one task, so these futures
 /// need not be `Send`.
@@ -124,12 +118,11 @@ impl Source for PostgresSource {
 
     async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
         let control = connect_control(&self.pg).await?;
+        let (least, why) = self.source.least_server();
+        check_server(&control, least, why).await?;
         if self.source.table() {
             let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
-            preflight(&control, &self.table, &columns).await?;
-        }
-        if self.source.messages() {
-            check_server(&control, MESSAGES_NEED.0, MESSAGES_NEED.1).await?;
+            check_table(&control, &self.table, &columns).await?;
         }
         if let Some((published, total)) = crate::backfill::unfinished(&control, &self.slot).await? {
             return Err(slot_manager::Error::Precondition(format!(
