@@ -33,6 +33,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::mapping::{Fields, MapError, MappedEvent, OutboxMapping};
+use crate::spans::{TRACEPARENT, TRACESTATE};
 
 /// The envelope version this walbox reads.
 pub const VERSION: u64 = 1;
@@ -112,10 +113,10 @@ pub fn map(mapping: &OutboxMapping, content: &Bytes, lsn: Lsn) -> Result<MappedE
     });
     let mut extra_headers = Vec::new();
     if let Some(t) = &e.traceparent {
-        extra_headers.push(("traceparent", t.as_ref()));
+        extra_headers.push((TRACEPARENT, t.as_ref()));
     }
     if let Some(t) = &e.tracestate {
-        extra_headers.push(("tracestate", t.as_ref()));
+        extra_headers.push((TRACESTATE, t.as_ref()));
     }
     mapping.event(Fields {
         id,
@@ -140,10 +141,7 @@ mod tests {
     }
 
     fn header<'a>(e: &'a MappedEvent, name: &str) -> Option<&'a str> {
-        e.headers
-            .iter()
-            .find(|h| h.name == name)
-            .map(|h| std::str::from_utf8(&h.value).unwrap())
+        e.header(name).map(|v| std::str::from_utf8(v).unwrap())
     }
 
     #[test]

@@ -21,6 +21,8 @@ use bytes::Bytes;
 use sink_kafka::Header;
 
 use crate::mapping::MappedEvent;
+use crate::spans::{TRACEPARENT, TRACESTATE};
+use crate::timestamp::rfc3339_ms;
 
 /// How an event becomes a record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -103,11 +105,9 @@ impl EventFormat {
                     put("time", &rfc3339_ms(ms));
                 }
                 // The distributed tracing extension's attributes.
-                for h in &event.headers {
-                    if h.name == "traceparent" || h.name == "tracestate" {
-                        if let Ok(v) = std::str::from_utf8(&h.value) {
-                            put(&h.name, v);
-                        }
+                for name in [TRACEPARENT, TRACESTATE] {
+                    if let Some(v) = event.header(name).and_then(|v| std::str::from_utf8(v).ok()) {
+                        put(name, v);
                     }
                 }
                 let mut json = serde_json::Value::Object(ce).to_string();
@@ -128,32 +128,9 @@ impl EventFormat {
     }
 }
 
-/// Unix milliseconds as RFC 3339 in UTC: `2026-11-22T15:30:00.123Z`.
-pub fn rfc3339_ms(ms: i64) -> String {
-    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s, milli) = (
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000,
-    );
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timestamp::parse_timestamp_ms;
 
     fn event() -> MappedEvent {
         MappedEvent {
@@ -175,10 +152,7 @@ mod tests {
     }
 
     fn get<'a>(e: &'a MappedEvent, name: &str) -> Option<&'a str> {
-        e.headers
-            .iter()
-            .find(|h| h.name == name)
-            .map(|h| std::str::from_utf8(&h.value).unwrap())
+        e.header(name).map(|v| std::str::from_utf8(v).unwrap())
     }
 
     const ATTRS: Attributes<'static> = Attributes {
@@ -255,16 +229,5 @@ mod tests {
         EventFormat::Debezium.apply(&mut e, &ATTRS);
         assert_eq!(&e.key[..], br#""a\"b""#);
         assert_eq!(e.value.as_deref(), Some(&br#"{"total":12.5}"#[..]));
-    }
-
-    #[test]
-    fn formats_times_as_rfc3339() {
-        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_ms(1_795_280_400_123), "2026-11-21T17:00:00.123Z");
-        assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
-        for ms in [0, 1, 86_399_999, 951_782_400_000, 4_102_444_799_999] {
-            assert_eq!(parse_timestamp_ms(&rfc3339_ms(ms)), Some(ms), "{ms}");
-        }
     }
 }

@@ -221,6 +221,16 @@ pub struct MappedEvent {
     pub aggregate_id: String,
 }
 
+impl MappedEvent {
+    /// The value of the header `name`, if the record has one.
+    pub fn header(&self, name: &str) -> Option<&Bytes> {
+        self.headers
+            .iter()
+            .find(|h| h.name == name)
+            .map(|h| &h.value)
+    }
+}
+
 fn is_valid_topic(t: &str) -> bool {
     !t.is_empty()
         && t.len() <= 249

@@ -94,14 +94,6 @@ pub fn parse_traceparent(value: &[u8]) -> Option<(TraceId, SpanId, TraceFlags)> 
     Some((trace_id, span_id, flags))
 }
 
-fn header_of<'a>(event: &'a MappedEvent, name: &str) -> Option<&'a Bytes> {
-    event
-        .headers
-        .iter()
-        .find(|h| h.name == name)
-        .map(|h| &h.value)
-}
-
 impl Spans {
     /// Exports to the OTLP/HTTP collector at `endpoint` (`http://host:4318`;
     /// spans go to `<endpoint>/v1/traces`, protobuf).
@@ -134,14 +126,15 @@ impl Spans {
     /// child of the one the event carried. `None` when the writer's trace
     /// is not sampled.
     pub fn begin(&self, event: &mut MappedEvent) -> Option<Box<EventSpan>> {
-        let parent = header_of(event, TRACEPARENT).and_then(|v| parse_traceparent(v));
+        let parent = event.header(TRACEPARENT).and_then(|v| parse_traceparent(v));
         if parent.is_some_and(|(_, _, flags)| !flags.is_sampled()) {
             return None;
         }
         let ids = RandomIdGenerator::default();
         let trace_id = parent.map_or_else(|| ids.new_trace_id(), |(t, _, _)| t);
         let span_id = ids.new_span_id();
-        let state = header_of(event, TRACESTATE)
+        let state = event
+            .header(TRACESTATE)
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|s| TraceState::from_key_value(parse_tracestate(s)).ok())
             .unwrap_or_default();
@@ -208,8 +201,10 @@ impl Spans {
     }
 }
 
-/// `key=value` pairs of a `tracestate`, as written (invalid ones make the
-/// whole state dropped by [`TraceState::from_key_value`]).
+/// `key=value` pairs of a `tracestate`, without the optional spaces W3C
+/// allows around its commas (`TraceState`'s own `FromStr` keeps them in the
+/// keys and refuses the state); invalid pairs make
+/// [`TraceState::from_key_value`] drop the whole state.
 fn parse_tracestate(s: &str) -> Vec<(String, String)> {
     s.split(',')
         .filter_map(|member| {

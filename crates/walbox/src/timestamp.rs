@@ -1,5 +1,6 @@
 //! Postgres' text output of `timestamptz` / `timestamp` as Unix milliseconds
-//! (the message timestamp of a mapped event).
+//! (the message timestamp of a mapped event), and back as RFC 3339 (the
+//! CloudEvents `time` attribute).
 
 /// Days from 1970-01-01 to a civil date (proleptic Gregorian).
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
@@ -86,6 +87,28 @@ pub fn parse_timestamp_ms(s: &str) -> Option<i64> {
     Some(secs * 1000 + micros / 1000)
 }
 
+/// Unix milliseconds as RFC 3339 in UTC: `2026-11-22T15:30:00.123Z`.
+pub fn rfc3339_ms(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +146,17 @@ mod tests {
             "2026-11-21 17:00:00.1234567+00",
         ] {
             assert_eq!(parse_timestamp_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn formats_times_as_rfc3339() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_795_280_400_123), "2026-11-21T17:00:00.123Z");
+        assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        for ms in [0, 1, 86_399_999, 951_782_400_000, 4_102_444_799_999] {
+            assert_eq!(parse_timestamp_ms(&rfc3339_ms(ms)), Some(ms), "{ms}");
         }
     }
 }
