@@ -165,6 +165,17 @@ pub(super) fn envelope(id: &str, aggregate_id: &str, payload: &str) -> String {
     )
 }
 
+/// The highest position the status updates in `status` confirmed, if any
+/// (read through [`Server::status_handle`] after the server handle moved).
+pub(super) fn highest_confirmed(status: &Mutex<Vec<StandbyStatusUpdate>>) -> Option<u64> {
+    status
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|u| u.flush.as_u64())
+        .max()
+}
+
 /// A primary keepalive.
 pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
     let mut b = BytesMut::new();
@@ -321,11 +332,7 @@ impl Server {
 
     /// The highest position confirmed so far (0 if none).
     pub(super) fn confirmed(&self) -> u64 {
-        self.updates()
-            .iter()
-            .map(|u| u.flush.as_u64())
-            .max()
-            .unwrap_or(0)
+        highest_confirmed(&self.status).unwrap_or(0)
     }
 
     /// The status updates, readable after the server handle moved.

@@ -407,13 +407,7 @@ async fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot(
         e.contains("event bad: column \"aggregate_id\" (the aggregate id) is NULL"),
         "{e}"
     );
-    let confirmed = status
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|u| u.flush.as_u64())
-        .max()
-        .unwrap();
+    let confirmed = fakes::highest_confirmed(&status).unwrap();
     assert_eq!(
         confirmed, 200,
         "confirmed up to the good transaction, not past the bad row"

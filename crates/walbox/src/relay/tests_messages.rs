@@ -1,7 +1,7 @@
 //! The relay with logical decoding messages as events (`source = messages`
 //! or `both`), against the in-memory fakes.
 
-use super::fakes::{begin, commit, envelope, header, insert, key_of, message, relation};
+use super::fakes::{self, begin, commit, envelope, header, insert, key_of, message, relation};
 use super::tests::{idle, until, Fixture};
 use super::{RunError, Stop};
 use crate::config::EventSource;
@@ -169,12 +169,7 @@ async fn a_bad_envelope_stops_walbox_before_it_without_a_dead_letter_topic() {
         }
         other => panic!("expected the envelope error, got {other:?}"),
     }
-    let confirmed = status
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|u| u.flush.as_u64())
-        .max();
+    let confirmed = fakes::highest_confirmed(&status);
     assert_eq!(
         confirmed,
         Some(200),

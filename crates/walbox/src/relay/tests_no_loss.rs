@@ -4,8 +4,8 @@
 //! shutdowns in the middle of a transaction.
 
 use super::fakes::{
-    begin, commit, header, insert, insert_row, keepalive, relation, relation_of, COLUMNS, OUTBOX,
-    TEXT, UUID,
+    self, begin, commit, header, insert, insert_row, keepalive, relation, relation_of, COLUMNS,
+    OUTBOX, TEXT, UUID,
 };
 use super::tests::{idle, until, Fixture};
 use super::{RunError, Stop};
@@ -46,12 +46,7 @@ async fn a_table_removed_from_the_publication_stops_the_relay_before_its_unseen_
         "{e}"
     );
     assert!(e.contains("stopped with the slot at 0/3E8"), "{e}");
-    let confirmed = status
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|u| u.flush.as_u64())
-        .max();
+    let confirmed = fakes::highest_confirmed(&status);
     assert_eq!(
         confirmed,
         Some(1000),
@@ -339,12 +334,7 @@ async fn a_second_signal_stops_at_once_confirming_only_what_was_acked() {
         started.elapsed() < std::time::Duration::from_secs(5),
         "did not wait out the 30 s shutdown timeout"
     );
-    let confirmed = status
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|u| u.flush.as_u64())
-        .max();
+    let confirmed = fakes::highest_confirmed(&status);
     assert_eq!(confirmed, Some(200), "nothing past the unacked event");
 }
 
