@@ -9,7 +9,9 @@ use walbox_test_harness::kafka::{consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, TestDb};
 
-use crate::support::{expect_all, signal, spawn_run, stop, succeeded, wait_exit, wait_log, walbox};
+use crate::support::{
+    expect_all, kill_9_at_random_moments, spawn_run, stop, succeeded, wait_exit, wait_log, walbox,
+};
 
 /// How the events of one transaction are written.
 #[derive(Clone, Copy)]
@@ -90,17 +92,9 @@ async fn survives_kill_9(source: &str, writes: Writes) {
         }
     });
     let args = ["--source", source, "--mapping-topic-template", &topic];
-    let mut relay = spawn_run(&db, &kafka, &args);
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    for _ in 0..3 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        tokio::time::sleep(Duration::from_millis(150 + seed % 400)).await;
-        signal(&relay, "-KILL");
-        relay.child.wait().unwrap();
-        relay = spawn_run(&db, &kafka, &args);
-    }
+    let run = || spawn_run(&db, &kafka, &args);
+    let mut relay =
+        kill_9_at_random_moments(run(), 3, (150, 400), 0x9e37_79b9_7f4a_7c15, run).await;
     writer.await.unwrap();
     let duplicates = expect_all(&kafka, &topic, total).await;
     eprintln!("source = {source}: {total} events through 3 kill -9s, {duplicates} duplicates");

@@ -287,17 +287,9 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
             tokio::time::sleep(Duration::from_millis(5)).await; // spread the writes over the kills
         }
     });
-    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    for _ in 0..5 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        tokio::time::sleep(Duration::from_millis(200 + seed % 600)).await; // a random moment
-        signal(&relay, "-KILL");
-        relay.child.wait().unwrap();
-        relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
-    }
+    let run = || spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    let mut relay =
+        kill_9_at_random_moments(run(), 5, (200, 600), 0x2545_f491_4f6c_dd1d, run).await;
     writer.await.unwrap();
     let duplicates = expect_all(&kafka, &topic, total).await;
     eprintln!("{total} events survived 5 kill -9s; {duplicates} duplicates (bounded by what was in flight)");

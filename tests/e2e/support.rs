@@ -87,6 +87,29 @@ pub(crate) fn signal(relay: &Relay, signal: &str) {
     assert!(sent.success());
 }
 
+/// Kills walbox (`kill -9`) `times` times, each at a pseudo-random moment
+/// `least_ms` to `least_ms + spread_ms` after the last start (xorshift from
+/// `seed`, so a failure replays the same moments), restarting it with
+/// `restart` each time; returns the last one, running.
+pub(crate) async fn kill_9_at_random_moments(
+    mut relay: Relay,
+    times: usize,
+    (least_ms, spread_ms): (u64, u64),
+    mut seed: u64,
+    restart: impl Fn() -> Relay,
+) -> Relay {
+    for _ in 0..times {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(least_ms + seed % spread_ms)).await;
+        signal(&relay, "-KILL");
+        relay.child.wait().unwrap();
+        relay = restart();
+    }
+    relay
+}
+
 pub(crate) fn sigterm(relay: &Relay) {
     signal(relay, "-TERM");
 }
