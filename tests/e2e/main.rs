@@ -8,6 +8,7 @@ mod config;
 mod exactly_once;
 mod failover;
 mod formats;
+mod logs;
 mod lost_slot;
 mod messages;
 mod migrate;

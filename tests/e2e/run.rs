@@ -444,6 +444,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
     expect_all(&kafka, &topic, 200).await;
 
     // Broker gone; the application keeps writing.
+    let lines_before_outage = relay.log().lines().count();
     tansu.kill9();
     insert_events(&client, 200, 250, |_| 50, 10).await;
     let after_first_unacked_commit = current_wal_lsn(&client).await;
@@ -476,6 +477,17 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
     assert!(
         stalled >= 10.0,
         "stalled for {stalled} s at the end of a 20 s outage"
+    );
+
+    // An outage is said in a handful of lines, not one per reconnect attempt.
+    let log = relay.log();
+    let outage_lines: Vec<&str> = log.lines().skip(lines_before_outage).collect();
+    eprintln!("{} lines logged during a 20 s outage", outage_lines.len());
+    assert!(
+        outage_lines.len() <= 8,
+        "{} lines logged during a 20 s broker outage:\n{}",
+        outage_lines.len(),
+        outage_lines.join("\n")
     );
 
     tansu.up();

@@ -37,5 +37,10 @@ pub use config::{contract_defaults, is_secret_property, SinkConfig, TopicSpec, C
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};
-pub use sink::{shutdown, Delivered, Permit, Report, Reports, Sink};
+pub use sink::{shutdown, Brokers, Delivered, Permit, Report, Reports, Sink};
 pub use transaction::{probe_transactions, TxnError, TxnErrorKind};
+
+/// The version of the librdkafka walbox is built with (`2.12.1`).
+pub fn librdkafka_version() -> String {
+    rdkafka::util::get_rdkafka_version().1
+}

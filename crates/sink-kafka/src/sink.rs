@@ -315,6 +315,16 @@ pub(crate) enum TopicVerdict {
     NoBroker,
 }
 
+/// What a metadata request found (the Kafka protocol carries no broker
+/// version to report).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Brokers {
+    /// Brokers in the cluster's metadata.
+    pub count: usize,
+    /// The broker that answered (`host:port/id`).
+    pub answered_by: String,
+}
+
 /// The producing half: reserve capacity, send records. Cheap to clone.
 pub struct Sink<T: Send + Sync + 'static> {
     inner: Arc<Inner<T>>,
@@ -427,19 +437,20 @@ impl<T: Send + Sync + 'static> Sink<T> {
         ))
     }
 
-    /// Checks that the brokers answer a metadata request within `timeout`.
+    /// Checks that the brokers answer a metadata request within `timeout`;
+    /// says who answered.
     /// Use it at startup: later, an unreachable broker only stalls
     /// deliveries until it is back. A TLS or authentication failure ends the
     /// check at once ([`SinkError::Refused`]): no retry fixes those. The
     /// error says why, from what librdkafka reported while trying.
-    pub async fn check_brokers(&self, timeout: Duration) -> Result<(), SinkError> {
+    pub async fn check_brokers(&self, timeout: Duration) -> Result<Brokers, SinkError> {
         self.inner.problems.set_checking(true);
         let result = self.check_brokers_until(Instant::now() + timeout).await;
         self.inner.problems.set_checking(false);
         result
     }
 
-    async fn check_brokers_until(&self, deadline: Instant) -> Result<(), SinkError> {
+    async fn check_brokers_until(&self, deadline: Instant) -> Result<Brokers, SinkError> {
         loop {
             let inner = Arc::clone(&self.inner);
             let slice = deadline
@@ -450,15 +461,18 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     .producer
                     .client()
                     .fetch_metadata(None, slice)
-                    .map(|_| ())
+                    .map(|m| Brokers {
+                        count: m.brokers().len(),
+                        answered_by: m.orig_broker_name().to_owned(),
+                    })
             })
             .await
             .map_err(|e| SinkError::Config(e.to_string()))?;
             let problem = self.inner.problems.last();
             match (answer, problem) {
-                (Ok(()), _) => {
+                (Ok(brokers), _) => {
                     self.inner.problems.clear();
-                    return Ok(());
+                    return Ok(brokers);
                 }
                 (Err(_), Some(p)) if p.kind.is_definite() => return Err(SinkError::Refused(p)),
                 (Err(e), last) if Instant::now() >= deadline => {

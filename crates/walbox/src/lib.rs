@@ -13,6 +13,7 @@ pub mod dead_letter;
 pub mod envelope;
 pub mod exactly_once;
 pub mod format;
+pub mod logging;
 pub mod mapping;
 pub mod metrics;
 pub mod positions;

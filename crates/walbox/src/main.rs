@@ -89,7 +89,22 @@ fn one_line(e: &CliError) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A usage error in JSON mode is one JSON line like every other.
+        Err(e) if e.use_stderr() && walbox::logging::asked_for_json() => {
+            let text = e.to_string();
+            let line = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ");
+            walbox::logging::fatal(&format!("walbox: {line}"));
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -103,7 +118,7 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{}", one_line(&e));
+            walbox::logging::fatal(&one_line(&e));
             e.exit_code()
         }
     }

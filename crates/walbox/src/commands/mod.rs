@@ -11,7 +11,6 @@ pub mod run;
 pub mod status;
 
 use std::process::ExitCode;
-use std::sync::Once;
 
 use crate::config::{Config, ConfigError, LogFormat};
 
@@ -51,20 +50,9 @@ impl CliError {
     }
 }
 
-/// Sets up logging to stderr (`WALBOX_LOG` filters, default `info`), once.
+/// Sets up logging to stderr, once (see [`crate::logging`]).
 pub fn init_logging(format: LogFormat) {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_env("WALBOX_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        match format {
-            LogFormat::Text => builder.init(),
-            LogFormat::Json => builder.json().init(),
-        }
-    });
+    crate::logging::init(format);
 }
 
 /// The configuration, with logging set up as it says.

@@ -100,6 +100,20 @@ async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
     }
 }
 
+/// How often lines suppressed by the log rate limit are summed up.
+const REPEATS_REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// The effective settings on one line, `key=value` separated by spaces,
+/// secrets redacted: what the startup line shows.
+fn startup_settings(config: &crate::config::Config) -> String {
+    config
+        .effective()
+        .into_iter()
+        .map(|(key, value, _)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
@@ -107,8 +121,21 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let mapping = config.mapping()?;
     let settings = config.run()?;
 
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        librdkafka = %sink_kafka::librdkafka_version(),
+        config = %startup_settings(&config),
+        "walbox run starting"
+    );
     let (stop, shutdown) = watch::channel(Stop::No);
     tokio::spawn(signals(stop));
+    tokio::spawn(async {
+        let mut tick = tokio::time::interval(REPEATS_REPORT_EVERY);
+        loop {
+            tick.tick().await;
+            crate::logging::report_repeats();
+        }
+    });
 
     let metrics = Metrics::new();
     if let Some(addr) = settings.metrics_addr {
@@ -223,6 +250,12 @@ async fn prepare_slot(
         Err(e) if e.is_transient() => return Ok(()),
         Err(e) => return Err(e.into()),
     };
+    if let Ok(row) = control
+        .query_one("SELECT current_setting('server_version')", &[])
+        .await
+    {
+        tracing::info!(postgres = %row.get::<_, String>(0), slot = %c.slot, "connected to Postgres");
+    }
     let plan = Plan {
         pg: &c.pg,
         slot: &c.slot,
@@ -257,7 +290,12 @@ async fn stream(
     spans: Option<&crate::spans::Spans>,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
-    crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
+    let brokers = crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
+    tracing::info!(
+        brokers = brokers.count,
+        answered_by = %brokers.answered_by,
+        "connected to Kafka"
+    );
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await

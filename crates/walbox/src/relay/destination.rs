@@ -26,10 +26,10 @@ const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn check_brokers<T: Send + Sync + 'static>(
     sink: &Sink<T>,
     brokers: &str,
-) -> Result<(), RunError> {
+) -> Result<sink_kafka::Brokers, RunError> {
     let brokers = brokers.to_owned();
     match sink.check_brokers(BROKER_CHECK_TIMEOUT).await {
-        Ok(()) => Ok(()),
+        Ok(found) => Ok(found),
         Err(sink_kafka::SinkError::Refused(problem)) => {
             let problem = Box::new(problem);
             Err(RunError::BrokerRefused { brokers, problem })
