@@ -124,7 +124,7 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
         },
     )
     .await;
-    assert!(body.contains("walbox_events_in_flight 0"), "{body}");
+    assert!(body.contains("walbox_in_flight_events 0"), "{body}");
     assert!(
         body.contains(&format!("walbox_commit_to_ack_seconds_count {n}")),
         "{body}"

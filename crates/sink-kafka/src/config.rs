@@ -191,6 +191,11 @@ impl SinkConfig {
                 .min(2_147_483_647)
                 .to_string(),
         );
+        // For the queue and round-trip metrics (the operator may change it).
+        c.set(
+            "statistics.interval.ms",
+            crate::stats::STATISTICS_INTERVAL_MS,
+        );
         for (k, v) in &self.properties {
             c.set(k, v);
         }

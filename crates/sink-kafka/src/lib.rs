@@ -31,6 +31,7 @@ mod error;
 mod problem;
 mod record;
 mod sink;
+mod stats;
 mod transaction;
 
 pub use config::{contract_defaults, is_secret_property, SinkConfig, TopicSpec, CONTRACT_PINNED};
@@ -38,6 +39,7 @@ pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};
 pub use sink::{shutdown, Brokers, Delivered, Permit, Report, Reports, Sink};
+pub use stats::{BrokerRtt, ProducerStats, STATISTICS_INTERVAL_MS};
 pub use transaction::{probe_transactions, TxnError, TxnErrorKind};
 
 /// The version of the librdkafka walbox is built with (`2.12.1`).

@@ -89,6 +89,7 @@ struct SinkContext<T> {
     problems: Arc<ProblemLog>,
     gap: Arc<Gap>,
     movement: Arc<Movement>,
+    stats: Arc<crate::stats::StatsCell>,
 }
 
 /// When the sink last saw deliveries move: a report, or records starting
@@ -161,6 +162,10 @@ impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
                 tracing::warn!(%error, %reason, "kafka client error");
             }
         }
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.stats.record(&statistics);
     }
 
     // librdkafka's own log lines repeat what the error callback reports
@@ -284,6 +289,7 @@ struct Inner<T: Send + Sync + 'static> {
     problems: Arc<ProblemLog>,
     gap: Arc<Gap>,
     movement: Arc<Movement>,
+    stats: Arc<crate::stats::StatsCell>,
     create_topics: Option<TopicSpec>,
     /// For creating topics: made on first use, from the producer's settings.
     admin_config: rdkafka::ClientConfig,
@@ -381,6 +387,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let problems = Arc::new(ProblemLog::default());
         let secrets: Arc<[String]> = config.secret_values().into();
         let movement = Arc::new(Movement::new());
+        let stats = Arc::new(crate::stats::StatsCell::default());
         let gap = Arc::new(Gap {
             gapless: config.gapless && config.transactional_id.is_none(),
             failed: AtomicBool::new(false),
@@ -392,6 +399,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             problems: Arc::clone(&problems),
             gap: Arc::clone(&gap),
             movement: Arc::clone(&movement),
+            stats: Arc::clone(&stats),
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
@@ -414,6 +422,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             problems,
             gap,
             movement,
+            stats,
             create_topics: config.create_topics.clone(),
             admin_config: {
                 // A second client with the same transactional.id would be a
@@ -435,6 +444,13 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 _producer: inner,
             },
         ))
+    }
+
+    /// The producer's queue and the brokers' round trips from librdkafka's
+    /// last statistics (none before the first, or with
+    /// `statistics.interval.ms=0`).
+    pub fn statistics(&self) -> Option<crate::ProducerStats> {
+        self.inner.stats.last()
     }
 
     /// Checks that the brokers answer a metadata request within `timeout`;

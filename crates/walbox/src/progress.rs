@@ -344,6 +344,15 @@ impl Progress {
         self.delivered_commit_time.map(|t| (self.delivered, t))
     }
 
+    /// The commit timestamp of the oldest transaction with events not yet
+    /// acknowledged (the newest of folded ones: an age from it errs short).
+    pub fn oldest_unacked_commit_time(&self) -> Option<PgTimestamp> {
+        self.txs
+            .iter()
+            .find(|t| t.unacked > 0)
+            .map(|t| t.commit_time)
+    }
+
     /// The broker acknowledged the event (or its dead-letter copy).
     pub fn ack(&mut self, token: EventToken, now: Instant) -> Result<Ack, ProgressError> {
         if token.session != self.session {

@@ -77,6 +77,9 @@ async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if let Some(stats) = sink.statistics() {
+            metrics.set_producer_stats(&stats);
+        }
         let stalled_for = sink.stalled_for();
         metrics
             .delivery_stalled_seconds

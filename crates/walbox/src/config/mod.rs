@@ -562,7 +562,7 @@ impl Config {
             None => None,
             Some(a) => Some(a.parse().map_err(|_| {
                 ConfigError(format!(
-                    "metrics_addr {a:?}: expected HOST:PORT with an IP address, e.g. 0.0.0.0:9187"
+                    "metrics_addr {a:?}: expected HOST:PORT with an IP address, e.g. 0.0.0.0:9756"
                 ))
             })?),
         };

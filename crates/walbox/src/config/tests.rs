@@ -95,7 +95,7 @@ fn every_setting_can_come_from_the_environment() {
             ("pg_url", _) => "host=h user=u".to_owned(),
             ("slot", _) => "s_env".to_owned(),
             ("table", _) => "app.events".to_owned(),
-            ("metrics_addr", _) => "127.0.0.1:9187".to_owned(),
+            ("metrics_addr", _) => "127.0.0.1:9756".to_owned(),
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
             // Recreating and retention need the table's rows.

@@ -217,6 +217,20 @@ impl RunError {
         transaction::txn_error(transactional_id, e)
     }
 
+    /// Why a session ended, as `walbox_reconnects_total`'s `reason` label:
+    /// `slot_busy` (another instance streams from the slot), `postgres`
+    /// (connection or server), `transactions` (an aborted Kafka
+    /// transaction), `other`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RunError::Postgres(slot_manager::Error::SlotActive { .. }) => "slot_busy",
+            RunError::Postgres(_) => "postgres",
+            RunError::Aborted(_) => "transactions",
+            RunError::Broker { .. } | RunError::BrokerRefused { .. } => "broker",
+            _ => "other",
+        }
+    }
+
     /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
     pub fn is_transient(&self) -> bool {
         match self {
@@ -251,6 +265,7 @@ where
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
+                metrics.count_reconnect(e.reason());
                 let delay = backoff.delay();
                 tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {

@@ -520,6 +520,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             .set(self.progress.received_lsn().as_u64() as i64);
         m.confirmed_lsn
             .set(self.progress.confirmable().as_u64() as i64);
+        m.set_commit_times(
+            self.progress.delivered_commit_time().map(|(_, t)| t),
+            self.progress.oldest_unacked_commit_time(),
+        );
     }
 
     /// Saves the delivered position and its commit time when it moved

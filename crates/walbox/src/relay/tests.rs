@@ -177,6 +177,7 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
     let mut first = fx.source.session(10);
     let second = fx.source.session(10);
     let b = fx.broker.clone();
+    let m = Arc::clone(&fx.metrics);
     fx.run(|stop| async move {
         first.send(relation());
         first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
@@ -187,6 +188,8 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
         second.send(relation());
         second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
         until("4 in flight", || b.pending() == 4).await;
+        assert_eq!(gauge(&m, "walbox_streaming"), 1.0);
+        assert!(gauge(&m, "walbox_oldest_unacked_event_age_seconds") > 0.0);
         // The first session's deliveries succeed late: nothing moves.
         assert!(b.ack_oldest() && b.ack_oldest());
         idle(1500).await;
@@ -194,6 +197,8 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
         b.ack_all();
         until("confirmed", || second.confirmed() == 200).await;
         assert_eq!(first.confirmed(), 10);
+        assert_eq!(gauge(&m, "walbox_oldest_unacked_event_age_seconds"), 0.0, "none waits");
+        assert!(gauge(&m, "walbox_delivered_commit_age_seconds") > 0.0);
         stop.send(Stop::Graceful).unwrap();
     })
     .await
@@ -203,6 +208,19 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
         4,
         "duplicates only of what was in flight"
     );
+    let text = fx.metrics.encode();
+    assert!(
+        text.contains("walbox_reconnects_total{reason=\"postgres\"} 1"),
+        "{text}"
+    );
+}
+
+/// A gauge's value in the exposition text.
+fn gauge(m: &Metrics, name: &str) -> f64 {
+    let text = m.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,8 +5,16 @@
 //! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged (dead-lettered ones not included) |
 //! | `walbox_events_dead_lettered_total{topic,kind}` | counter | events published to the dead-letter topic instead; `topic` is the one they were meant for (empty when the row named none), `kind` `unmappable` or `refused` |
 //! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged`, `withheld` |
-//! | `walbox_events_in_flight` | gauge | events sent, not yet acknowledged |
-//! | `walbox_bytes_in_flight` | gauge | their bytes (KiB granularity) |
+//! | `walbox_in_flight_events` | gauge | events sent, not yet acknowledged |
+//! | `walbox_in_flight_bytes` | gauge | their bytes (KiB granularity) |
+//! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
+//! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
+//! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `broker`, `transactions`, `other` |
+//! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
+//! | `walbox_oldest_unacked_event_age_seconds` | gauge | now − commit time of the oldest event sent and not acknowledged; 0 when none waits |
+//! | `walbox_producer_queue_messages` / `_bytes` | gauge | librdkafka's producer queue (its statistics, every 5 s) |
+//! | `walbox_broker_round_trip_seconds{broker,stat}` | gauge | each broker's request round trip, `stat` `mean` or `p99` (librdkafka's statistics) |
+//! | `process_*` | | CPU seconds, resident and virtual memory, threads, open and max file descriptors, start time |
 //! | `walbox_received_lsn` | gauge | last WAL position received from the slot |
 //! | `walbox_confirmed_lsn` | gauge | last position confirmed to Postgres |
 //! | `walbox_slot_retained_wal_bytes` | gauge | WAL the slot keeps (`pg_current_wal_lsn() - restart_lsn`), every 10 s |
@@ -21,7 +29,9 @@
 //! retrying, waiting for a busy slot, or deliveries stalled for 30 s: see
 //! [`crate::stall`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod process;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::http::StatusCode;
@@ -58,8 +68,51 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// The labels of `walbox_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// walbox's version.
+    pub version: String,
+    /// librdkafka's.
+    pub librdkafka: String,
+}
+
+/// The `reason` label of `walbox_reconnects_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `postgres`, `slot_busy`, `broker`, `transactions`, `other`.
+    pub reason: &'static str,
+}
+
+/// The labels of `walbox_broker_round_trip_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoundTripLabels {
+    /// The broker (`host:port/id`).
+    pub broker: String,
+    /// `mean` or `p99`.
+    pub stat: &'static str,
+}
+
+/// A gauge of seconds.
+type Seconds = Gauge<f64, AtomicU64>;
+
 /// Every metric walbox exports.
 pub struct Metrics {
+    /// Sessions ended by a transient error, by reason.
+    pub reconnects: Family<ReasonLabel, Counter>,
+    /// librdkafka's producer queue, messages.
+    pub producer_queue_messages: Gauge,
+    /// librdkafka's producer queue, bytes.
+    pub producer_queue_bytes: Gauge,
+    /// Each broker's round trip.
+    pub broker_round_trip: Family<RoundTripLabels, Seconds>,
+    streaming_gauge: Gauge,
+    delivered_commit_age: Seconds,
+    oldest_unacked_age: Seconds,
+    /// Unix µs of the newest delivered commit; 0 for none.
+    delivered_commit_micros: AtomicI64,
+    /// Unix µs of the oldest unacked event's commit; 0 for none.
+    oldest_unacked_micros: AtomicI64,
     /// Events acknowledged, by topic.
     pub published: Family<TopicLabel, Counter>,
     /// Events dead-lettered, by original topic and kind.
@@ -158,15 +211,64 @@ impl Metrics {
             nontransactional_messages.clone(),
         );
         registry.register(
-            "walbox_events_in_flight",
+            "walbox_in_flight_events",
             "Events sent, not yet acknowledged",
             in_flight_events.clone(),
         );
         registry.register(
-            "walbox_bytes_in_flight",
+            "walbox_in_flight_bytes",
             "Bytes of events in flight",
             in_flight_bytes.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                librdkafka: sink_kafka::librdkafka_version(),
+            })
+            .set(1);
+        registry.register("walbox_build_info", "walbox's build: 1", build_info);
+        let streaming_gauge = Gauge::default();
+        registry.register(
+            "walbox_streaming",
+            "1 while streaming from the slot, 0 otherwise (connecting, retrying, waiting for a slot another instance holds)",
+            streaming_gauge.clone(),
+        );
+        let reconnects = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "walbox_reconnects",
+            "Sessions ended by a transient error and started again, by reason",
+            reconnects.clone(),
+        );
+        let (delivered_commit_age, oldest_unacked_age) = (Seconds::default(), Seconds::default());
+        registry.register(
+            "walbox_delivered_commit_age_seconds",
+            "Now minus the commit time of the newest transaction delivered with every one before it (grows while the outbox is idle)",
+            delivered_commit_age.clone(),
+        );
+        registry.register(
+            "walbox_oldest_unacked_event_age_seconds",
+            "Now minus the commit time of the oldest event sent and not yet acknowledged; 0 when none waits",
+            oldest_unacked_age.clone(),
+        );
+        let (producer_queue_messages, producer_queue_bytes) = (Gauge::default(), Gauge::default());
+        registry.register(
+            "walbox_producer_queue_messages",
+            "Messages in librdkafka's producer queue (from its statistics, every 5 s)",
+            producer_queue_messages.clone(),
+        );
+        registry.register(
+            "walbox_producer_queue_bytes",
+            "Bytes of the messages in librdkafka's producer queue (from its statistics)",
+            producer_queue_bytes.clone(),
+        );
+        let broker_round_trip = Family::<RoundTripLabels, Seconds>::default();
+        registry.register(
+            "walbox_broker_round_trip_seconds",
+            "Each broker's request round trip over librdkafka's last statistics window, stat mean or p99",
+            broker_round_trip.clone(),
+        );
+        registry.register_collector(Box::new(process::ProcessCollector));
         registry.register(
             "walbox_received_lsn",
             "Last WAL position received from the slot",
@@ -224,6 +326,15 @@ impl Metrics {
         let [retention_rows_deleted, retention_partitions_dropped, retention_partitions_created] =
             retention;
         Arc::new(Metrics {
+            reconnects,
+            producer_queue_messages,
+            producer_queue_bytes,
+            broker_round_trip,
+            streaming_gauge,
+            delivered_commit_age,
+            oldest_unacked_age,
+            delivered_commit_micros: AtomicI64::new(0),
+            oldest_unacked_micros: AtomicI64::new(0),
             published,
             retention_rows_deleted,
             retention_partitions_dropped,
@@ -266,6 +377,45 @@ impl Metrics {
     /// Marks whether the relay is streaming (readiness).
     pub fn set_streaming(&self, streaming: bool) {
         self.streaming.store(streaming, Ordering::Relaxed);
+        self.streaming_gauge.set(i64::from(streaming));
+    }
+
+    /// Notes the commit times the lag gauges are computed from at scrape:
+    /// the newest delivered transaction's, and the oldest unacked event's.
+    pub fn set_commit_times(
+        &self,
+        delivered: Option<pgoutput_decoder::PgTimestamp>,
+        oldest_unacked: Option<pgoutput_decoder::PgTimestamp>,
+    ) {
+        let micros = |t: Option<pgoutput_decoder::PgTimestamp>| t.map_or(0, |t| t.as_unix_micros());
+        self.delivered_commit_micros
+            .store(micros(delivered), Ordering::Relaxed);
+        self.oldest_unacked_micros
+            .store(micros(oldest_unacked), Ordering::Relaxed);
+    }
+
+    /// Copies librdkafka's last statistics into the producer gauges.
+    pub fn set_producer_stats(&self, stats: &sink_kafka::ProducerStats) {
+        self.producer_queue_messages
+            .set(i64::try_from(stats.queue_messages).unwrap_or(i64::MAX));
+        self.producer_queue_bytes
+            .set(i64::try_from(stats.queue_bytes).unwrap_or(i64::MAX));
+        self.broker_round_trip.clear();
+        for b in &stats.brokers {
+            for (stat, value) in [("mean", b.mean_seconds), ("p99", b.p99_seconds)] {
+                self.broker_round_trip
+                    .get_or_create(&RoundTripLabels {
+                        broker: b.broker.clone(),
+                        stat,
+                    })
+                    .set(value);
+            }
+        }
+    }
+
+    /// Counts a session ended by a transient error.
+    pub fn count_reconnect(&self, reason: &'static str) {
+        self.reconnects.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// True while streaming.
@@ -285,6 +435,18 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        let now = pgoutput_decoder::PgTimestamp::now().as_unix_micros();
+        let age = |micros: i64| {
+            if micros == 0 {
+                0.0
+            } else {
+                (now - micros).max(0) as f64 / 1e6
+            }
+        };
+        self.delivered_commit_age
+            .set(age(self.delivered_commit_micros.load(Ordering::Relaxed)));
+        self.oldest_unacked_age
+            .set(age(self.oldest_unacked_micros.load(Ordering::Relaxed)));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
