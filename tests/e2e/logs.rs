@@ -74,6 +74,19 @@ async fn json_logs_are_json_line_by_line_through_the_fatal_line() {
         "{log}"
     );
     assert!(!log.contains(PASSWORD), "a secret was printed: {log}");
+
+    // `status` says the publication no longer covers the table, and how to fix it.
+    let out = walbox(&db, &["status", "--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_str(&succeeded(&out)).unwrap();
+    assert_eq!(status["publication_covers"], false, "{status}");
+    assert!(
+        status["publication_problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("ADD TABLE")),
+        "{status}"
+    );
+    let out = walbox(&db, &["status"]).output().unwrap();
+    assert!(succeeded(&out).contains("(covers: NO: "));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

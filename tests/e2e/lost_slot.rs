@@ -83,6 +83,20 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
         write_wal_past_the_slot(&client, "walbox").await.as_deref(),
         Some("lost")
     );
+    // `status` says so; Postgres 17+ also says why.
+    let shown = walbox(&["status", "--json"]).output().unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&succeeded(&shown)).unwrap();
+    assert_eq!(shown["wal_status"], "lost", "{shown}");
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version >= 170_000 {
+        assert_eq!(shown["invalidation_reason"], "wal_removed", "{shown}");
+    } else {
+        assert!(shown["invalidation_reason"].is_null(), "{shown}");
+    }
 
     // The default policy: one clear line, exit 1.
     let out = walbox(&[

@@ -249,6 +249,21 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
         second.child.try_wait().unwrap().is_none(),
         "the second instance keeps waiting"
     );
+    let (_, metrics) = http_get(&second_metrics, "/metrics").expect("metrics");
+    assert!(metrics.contains("walbox_streaming 0"), "{metrics}");
+    assert!(
+        metrics.contains("walbox_reconnects_total{reason=\"slot_busy\"}"),
+        "{metrics}"
+    );
+    // `status --json` names who streams and how far behind the slot is.
+    let out = walbox(&db, &["status", "--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_str(&succeeded(&out)).unwrap();
+    assert_eq!(status["active"], true, "{status}");
+    assert!(status["active_pid"].as_i64().is_some(), "{status}");
+    assert_eq!(status["application_name"], "walbox", "{status}");
+    assert_eq!(status["publication_covers"], true, "{status}");
+    assert!(status["confirmed_lag_bytes"].as_i64().is_some(), "{status}");
+    assert!(status["invalidation_reason"].is_null(), "{status}");
 
     insert_events(&client, 0, 10, |_| 5, 3).await;
     assert_eq!(expect_all(&kafka, &topic, 10).await, 0);

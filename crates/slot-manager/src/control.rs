@@ -422,7 +422,7 @@ pub async fn drop_slot(
 }
 
 /// A slot's state, for `walbox status` and the relay's checks.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SlotStatus {
     /// A process is streaming from it.
     pub active: bool,
@@ -439,6 +439,19 @@ pub struct SlotStatus {
     /// Bytes of WAL that can still be written before the slot is in danger
     /// of losing WAL (`max_slot_wal_keep_size`); `None` when unlimited.
     pub safe_wal_size: Option<i64>,
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`: WAL written since the
+    /// position confirmed (the slot's lag).
+    pub confirmed_lag_bytes: Option<i64>,
+    /// Why the slot was invalidated (`wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, `idle_timeout`; Postgres 17+), if it was.
+    pub invalidation_reason: Option<String>,
+    /// The streaming process's `application_name` (`walbox` unless
+    /// `PGAPPNAME` or the connection string says otherwise).
+    pub application_name: Option<String>,
+    /// Seconds between WAL being flushed locally and the streaming process
+    /// confirming it (`pg_stat_replication.flush_lag`); `None` when idle
+    /// or not streaming.
+    pub confirmed_lag_seconds: Option<f64>,
 }
 
 /// The slot's state, or `None` when it does not exist.
@@ -446,8 +459,15 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
     let row = client
         .query_opt(
             "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
-                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status::text, safe_wal_size::bigint
-               FROM pg_replication_slots WHERE slot_name = $1",
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status::text, safe_wal_size::bigint,
+                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
+                    -- Postgres 17 has invalidation_reason; earlier ones only wal_status.
+                    (to_jsonb(s) ->> 'invalidation_reason'),
+                    r.application_name::text,
+                    extract(epoch FROM r.flush_lag)::float8
+               FROM pg_replication_slots s
+               LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+              WHERE slot_name = $1",
             &[&slot],
         )
         .await
@@ -461,5 +481,9 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
         retained_wal_bytes: r.get(4),
         wal_status: r.get(5),
         safe_wal_size: r.get(6),
+        confirmed_lag_bytes: r.get(7),
+        invalidation_reason: r.get(8),
+        application_name: r.get(9),
+        confirmed_lag_seconds: r.get(10),
     }))
 }

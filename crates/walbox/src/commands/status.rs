@@ -1,6 +1,8 @@
-//! `walbox status`.
+//! `walbox status`: the slot, who streams from it, how far behind it is,
+//! and whether the publication still covers the outbox, as text or JSON.
 
-use slot_manager::{connect_control, slot_status};
+use serde::Serialize;
+use slot_manager::{connect_control, coverage, message_coverage, slot_status};
 
 use super::{loaded, CliError};
 use crate::config::ConnectionFlags;
@@ -8,8 +10,39 @@ use crate::config::ConnectionFlags;
 /// Arguments of `walbox status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
+    /// Print one JSON object instead of text (field names as in the text).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     settings: ConnectionFlags,
+}
+
+/// What `status` reports. `None` is `null` in JSON and `-` in text.
+#[derive(Debug, Serialize)]
+struct Status {
+    slot: String,
+    active: bool,
+    active_pid: Option<i32>,
+    application_name: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    restart_lsn: Option<String>,
+    /// WAL written since the confirmed position.
+    confirmed_lag_bytes: Option<i64>,
+    /// `pg_stat_replication.flush_lag` of the streaming process.
+    confirmed_lag_seconds: Option<f64>,
+    retained_wal_bytes: Option<i64>,
+    wal_status: Option<String>,
+    /// `None`: unlimited.
+    safe_wal_size: Option<i64>,
+    invalidation_reason: Option<String>,
+    publication: String,
+    /// Whether the publication publishes what the source needs: the outbox
+    /// table's INSERTs (`source = table`/`both`), or exists (`messages`).
+    publication_covers: bool,
+    /// Why not, with the fix.
+    publication_problem: Option<String>,
+    saved_position: Option<String>,
+    backfill: Option<String>,
 }
 
 /// Prints the slot's state.
@@ -20,36 +53,96 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let st = slot_status(&client, &c.slot)
         .await?
         .ok_or_else(|| CliError::NoSlot(c.slot.clone()))?;
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let active = match st.active_pid {
-        Some(pid) => format!("yes (process {pid})"),
-        None => "no".into(),
+    let covered = if c.source.table() {
+        coverage(&client, &c.publication, &c.table).await?
+    } else {
+        message_coverage(&client, &c.publication).await?
     };
-    println!("slot:                {}", c.slot);
-    println!("active:              {active}");
-    println!(
-        "confirmed_flush_lsn: {}",
-        opt(st.confirmed_flush_lsn.map(|l| l.to_string()))
-    );
-    println!(
-        "restart_lsn:         {}",
-        opt(st.restart_lsn.map(|l| l.to_string()))
-    );
-    println!(
-        "retained_wal_bytes:  {}",
-        opt(st.retained_wal_bytes.map(|b| b.to_string()))
-    );
-    println!("wal_status:          {}", opt(st.wal_status));
-    println!(
-        "safe_wal_size:       {}",
-        st.safe_wal_size
-            .map_or_else(|| "unlimited".into(), |b| b.to_string())
-    );
-    if let Some((lsn, committed, saved)) = crate::positions::saved(&client, &c.slot).await? {
-        println!("saved position:      {lsn} (commit {committed}, saved {saved})");
-    }
-    if let Some(backfill) = crate::backfill::describe(&client, &c.slot).await? {
-        println!("backfill:            {backfill}");
+    let saved = crate::positions::saved(&client, &c.slot)
+        .await?
+        .map(|(lsn, committed, saved)| format!("{lsn} (commit {committed}, saved {saved})"));
+    let status = Status {
+        slot: c.slot.clone(),
+        active: st.active,
+        active_pid: st.active_pid,
+        application_name: st.application_name,
+        confirmed_flush_lsn: st.confirmed_flush_lsn.map(|l| l.to_string()),
+        restart_lsn: st.restart_lsn.map(|l| l.to_string()),
+        confirmed_lag_bytes: st.confirmed_lag_bytes,
+        confirmed_lag_seconds: st.confirmed_lag_seconds,
+        retained_wal_bytes: st.retained_wal_bytes,
+        wal_status: st.wal_status,
+        safe_wal_size: st.safe_wal_size,
+        invalidation_reason: st.invalidation_reason,
+        publication: c.publication.clone(),
+        publication_covers: covered.gap.is_none(),
+        publication_problem: covered.gap,
+        saved_position: saved,
+        backfill: crate::backfill::describe(&client, &c.slot).await?,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&status).expect("plain data serializes")
+        );
+    } else {
+        print!("{}", text(&status));
     }
     Ok(())
+}
+
+/// The text form: `name: value` lines, aligned.
+fn text(s: &Status) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let active = match s.active_pid {
+        Some(pid) => format!(
+            "yes (process {pid}, {})",
+            s.application_name
+                .as_deref()
+                .unwrap_or("no application_name")
+        ),
+        None => "no".into(),
+    };
+    let lag = match (s.confirmed_lag_bytes, s.confirmed_lag_seconds) {
+        (Some(b), Some(secs)) => format!("{b} bytes, {secs:.3} s"),
+        (Some(b), None) => format!("{b} bytes"),
+        (None, _) => "-".into(),
+    };
+    let covers = match &s.publication_problem {
+        None => "yes".to_owned(),
+        Some(problem) => format!("NO: {problem}"),
+    };
+    let mut rows = vec![
+        ("slot", s.slot.clone()),
+        ("active", active),
+        ("confirmed_flush_lsn", opt(s.confirmed_flush_lsn.clone())),
+        ("confirmed_lag", lag),
+        ("restart_lsn", opt(s.restart_lsn.clone())),
+        (
+            "retained_wal_bytes",
+            opt(s.retained_wal_bytes.map(|b| b.to_string())),
+        ),
+        ("wal_status", opt(s.wal_status.clone())),
+        (
+            "safe_wal_size",
+            s.safe_wal_size
+                .map_or_else(|| "unlimited".into(), |b| b.to_string()),
+        ),
+    ];
+    if let Some(reason) = &s.invalidation_reason {
+        rows.push(("invalidation_reason", reason.clone()));
+    }
+    rows.push((
+        "publication",
+        format!("{} (covers: {covers})", s.publication),
+    ));
+    if let Some(saved) = &s.saved_position {
+        rows.push(("saved position", saved.clone()));
+    }
+    if let Some(backfill) = &s.backfill {
+        rows.push(("backfill", backfill.clone()));
+    }
+    rows.iter()
+        .map(|(k, v)| format!("{:21}{v}\n", format!("{k}:")))
+        .collect()
 }

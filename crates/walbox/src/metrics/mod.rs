@@ -7,6 +7,8 @@
 //! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged`, `withheld` |
 //! | `walbox_in_flight_events` | gauge | events sent, not yet acknowledged |
 //! | `walbox_in_flight_bytes` | gauge | their bytes (KiB granularity) |
+//! | `walbox_slot_lag_bytes` | gauge | `pg_current_wal_lsn() - confirmed_flush_lsn`, every 10 s |
+//! | `walbox_slot_safe_wal_size_bytes` | gauge | WAL that may still be written before the slot risks invalidation; absent when `max_slot_wal_keep_size` is unlimited |
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
 //! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `broker`, `transactions`, `other` |
@@ -100,6 +102,10 @@ type Seconds = Gauge<f64, AtomicU64>;
 pub struct Metrics {
     /// Sessions ended by a transient error, by reason.
     pub reconnects: Family<ReasonLabel, Counter>,
+    /// WAL written since the slot's confirmed position.
+    slot_lag_bytes: Gauge,
+    /// `safe_wal_size`, absent when `max_slot_wal_keep_size` is unlimited.
+    slot_safe_wal_size: Family<Vec<(String, String)>, Gauge>,
     /// librdkafka's producer queue, messages.
     pub producer_queue_messages: Gauge,
     /// librdkafka's producer queue, bytes.
@@ -268,6 +274,18 @@ impl Metrics {
             "Each broker's request round trip over librdkafka's last statistics window, stat mean or p99",
             broker_round_trip.clone(),
         );
+        let slot_lag_bytes = Gauge::default();
+        registry.register(
+            "walbox_slot_lag_bytes",
+            "WAL written since the slot's confirmed position (pg_current_wal_lsn() - confirmed_flush_lsn), every 10 s",
+            slot_lag_bytes.clone(),
+        );
+        let slot_safe_wal_size = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "walbox_slot_safe_wal_size_bytes",
+            "WAL that can still be written before the slot risks invalidation (max_slot_wal_keep_size); absent when unlimited",
+            slot_safe_wal_size.clone(),
+        );
         registry.register_collector(Box::new(process::ProcessCollector));
         registry.register(
             "walbox_received_lsn",
@@ -327,6 +345,8 @@ impl Metrics {
             retention;
         Arc::new(Metrics {
             reconnects,
+            slot_lag_bytes,
+            slot_safe_wal_size,
             producer_queue_messages,
             producer_queue_bytes,
             broker_round_trip,
@@ -410,6 +430,24 @@ impl Metrics {
                     })
                     .set(value);
             }
+        }
+    }
+
+    /// Notes a sample of the slot's state.
+    pub fn set_slot(&self, slot: &slot_manager::SlotStatus) {
+        if let Some(bytes) = slot.retained_wal_bytes {
+            self.retained_wal_bytes.set(bytes);
+        }
+        if let Some(bytes) = slot.confirmed_lag_bytes {
+            self.slot_lag_bytes.set(bytes);
+        }
+        match slot.safe_wal_size {
+            Some(bytes) => {
+                self.slot_safe_wal_size
+                    .get_or_create(&Vec::new())
+                    .set(bytes);
+            }
+            None => self.slot_safe_wal_size.clear(),
         }
     }
 

@@ -385,8 +385,8 @@ impl ReplicationStream for FakeStream {
         Ok(reading)
     }
 
-    async fn retained_wal_bytes(&mut self) -> Option<i64> {
-        Some(0)
+    async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus> {
+        None
     }
 
     async fn save_position(

@@ -404,8 +404,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 () = &mut sample => {
                     let next = sample.deadline() + SLOT_SAMPLE_INTERVAL;
                     sample.as_mut().reset(next);
-                    if let Some(bytes) = stream.retained_wal_bytes().await {
-                        self.metrics.retained_wal_bytes.set(bytes);
+                    if let Some(slot) = stream.slot_sample().await {
+                        self.metrics.set_slot(&slot);
                     }
                     self.save_position(stream).await;
                     Ok(())

@@ -51,8 +51,8 @@ pub trait ReplicationStream {
     /// read on another connection).
     async fn coverage(&mut self) -> Result<Coverage, RunError>;
 
-    /// The WAL the slot retains, for the metrics; `None` if unknown.
-    async fn retained_wal_bytes(&mut self) -> Option<i64>;
+    /// The slot's state, for the metrics; `None` if unknown.
+    async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus>;
 
     /// Saves the delivered position and the commit time of the newest
     /// transaction below it, where a restart finds them.
@@ -172,11 +172,11 @@ impl ReplicationStream for PostgresStream {
         })
     }
 
-    async fn retained_wal_bytes(&mut self) -> Option<i64> {
+    async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus> {
         // Metrics only: a failed or slow sample is not worth stopping for.
         let sample = slot_manager::slot_status(&self.control, &self.slot);
         match tokio::time::timeout(std::time::Duration::from_secs(5), sample).await {
-            Ok(Ok(Some(status))) => status.retained_wal_bytes,
+            Ok(Ok(status)) => status,
             _ => None,
         }
     }

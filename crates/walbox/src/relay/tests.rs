@@ -197,7 +197,11 @@ async fn a_reconnect_with_events_in_flight_resends_and_confirms_only_the_new_ses
         b.ack_all();
         until("confirmed", || second.confirmed() == 200).await;
         assert_eq!(first.confirmed(), 10);
-        assert_eq!(gauge(&m, "walbox_oldest_unacked_event_age_seconds"), 0.0, "none waits");
+        assert_eq!(
+            gauge(&m, "walbox_oldest_unacked_event_age_seconds"),
+            0.0,
+            "none waits"
+        );
         assert!(gauge(&m, "walbox_delivered_commit_age_seconds") > 0.0);
         stop.send(Stop::Graceful).unwrap();
     })
