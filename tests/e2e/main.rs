@@ -13,6 +13,7 @@ mod lost_slot;
 mod messages;
 mod migrate;
 mod privileges;
+mod prometheus;
 mod retention;
 mod run;
 mod secured_kafka;
