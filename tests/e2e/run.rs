@@ -243,7 +243,12 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     wait_log(&second, "is in use by process").await;
     assert_eq!(
         wait_http(&second_metrics, "/readyz", 503).await,
-        "not streaming\n"
+        "standby: waiting for the slot another instance holds\n"
+    );
+    // What the Kubernetes chart probes: a waiting standby is a ready pod.
+    assert_eq!(
+        wait_http(&second_metrics, "/readyz?standby=ready", 200).await,
+        "standby: waiting for the slot another instance holds\n"
     );
     assert!(
         second.child.try_wait().unwrap().is_none(),
@@ -270,8 +275,16 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
 
     sigterm(&first);
     assert!(wait_exit(&mut first).await.0.success());
+    let exited = std::time::Instant::now();
     wait_log(&second, "streaming from the slot").await;
+    eprintln!(
+        "the standby took over {:?} after the active instance exited",
+        exited.elapsed()
+    );
     wait_http(&second_metrics, "/readyz", 200).await;
+    // The waiting was said in a few lines, not one per attempt.
+    let waits = second.log().matches("is in use by process").count();
+    assert!((1..=4).contains(&waits), "{waits} lines: {}", second.log());
     insert_events(&client, 10, 20, |_| 5, 3).await;
     assert_eq!(
         expect_all(&kafka, &topic, 20).await,

@@ -29,7 +29,8 @@
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
 //! streams from the slot and deliveries move, 503 otherwise (connecting,
 //! retrying, waiting for a busy slot, or deliveries stalled for 30 s: see
-//! [`crate::stall`]).
+//! [`crate::stall`]); `/readyz?standby=ready` also 200 for a standby
+//! waiting for the slot another instance holds.
 
 mod process;
 
@@ -158,6 +159,7 @@ pub struct Metrics {
     /// Outbox partitions created ahead by retention.
     pub retention_partitions_created: Counter,
     streaming: AtomicBool,
+    standby: AtomicBool,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
     labelled_topics: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -375,6 +377,7 @@ impl Metrics {
             commit_to_ack,
             delivery_stalled_seconds,
             streaming: AtomicBool::new(false),
+            standby: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             registry,
         })
@@ -398,6 +401,15 @@ impl Metrics {
     pub fn set_streaming(&self, streaming: bool) {
         self.streaming.store(streaming, Ordering::Relaxed);
         self.streaming_gauge.set(i64::from(streaming));
+        if streaming {
+            self.set_standby(false);
+        }
+    }
+
+    /// Marks whether this instance is a standby: the slot is held by
+    /// another process, and this one waits to take it over.
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Relaxed);
     }
 
     /// Notes the commit times the lag gauges are computed from at scrape:
@@ -492,6 +504,34 @@ impl Metrics {
     }
 }
 
+/// `/readyz`: 200 while streaming and deliveries move; 503 otherwise. With
+/// `?standby=ready` a standby waiting for the slot another instance holds
+/// answers 200 too: it is doing its job (the Kubernetes chart probes this,
+/// so an active/standby pair is two ready pods and rollouts and disruption
+/// budgets work).
+fn readiness(m: &Metrics, standby_ready: bool) -> (StatusCode, &'static str) {
+    if m.is_streaming() && m.is_stalled() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "streaming, but deliveries are stalled\n",
+        )
+    } else if m.is_streaming() {
+        (StatusCode::OK, "streaming\n")
+    } else if m.standby.load(Ordering::Relaxed) {
+        let status = if standby_ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (
+            status,
+            "standby: waiting for the slot another instance holds\n",
+        )
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")
+    }
+}
+
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -517,20 +557,12 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
-            get(move || {
+            get(move |uri: axum::http::Uri| {
                 let m = Arc::clone(&metrics);
-                async move {
-                    if m.is_streaming() && m.is_stalled() {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "streaming, but deliveries are stalled\n",
-                        )
-                    } else if m.is_streaming() {
-                        (StatusCode::OK, "streaming\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")
-                    }
-                }
+                let standby_ready = uri
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == "standby=ready"));
+                async move { readiness(&m, standby_ready) }
             }),
         );
     axum::serve(listener, app).await

@@ -241,6 +241,9 @@ impl RunError {
     }
 }
 
+/// The longest a standby waits between attempts to take the slot.
+pub const STANDBY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs sessions from `source` into `destination` until `shutdown` asks to
 /// stop (then `Ok`) or a definite error. Transient errors start a new
 /// session after a backoff.
@@ -265,8 +268,15 @@ where
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                metrics.count_reconnect(e.reason());
-                let delay = backoff.delay();
+                let reason = e.reason();
+                metrics.count_reconnect(reason);
+                metrics.set_standby(reason == "slot_busy");
+                // A standby polls the busy slot often, to take over soon
+                // after the active instance is gone.
+                let delay = match reason {
+                    "slot_busy" => backoff.delay().min(STANDBY_POLL),
+                    _ => backoff.delay(),
+                };
                 tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
