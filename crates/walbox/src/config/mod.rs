@@ -15,6 +15,7 @@
 
 mod args;
 mod layers;
+mod whole;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -132,12 +133,17 @@ struct Raw {
     transactions: RawTransactions,
     dead_letter_topic: Option<String>,
     on_slot_invalidated: OnSlotInvalidated,
+    #[serde(deserialize_with = "whole::u64")]
     slot_recreate_margin_secs: u64,
     retention: Option<String>,
     otlp_endpoint: Option<String>,
+    #[serde(deserialize_with = "whole::u64")]
     max_in_flight_events: u64,
+    #[serde(deserialize_with = "whole::u64")]
     max_in_flight_bytes: u64,
+    #[serde(deserialize_with = "whole::u64")]
     status_interval_ms: u64,
+    #[serde(deserialize_with = "whole::u64")]
     shutdown_timeout_secs: u64,
     metrics_addr: Option<String>,
 }
@@ -202,7 +208,9 @@ struct RawKafka {
 #[serde(deny_unknown_fields, default)]
 struct RawTopics {
     create: bool,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
     partitions: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
     replication_factor: Option<u64>,
     config: BTreeMap<String, String>,
 }
@@ -237,8 +245,11 @@ pub enum Delivery {
 struct RawTransactions {
     id: Option<String>,
     progress_topic: Option<String>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
     max_events: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
     max_bytes: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
     max_ms: Option<u64>,
 }
 

@@ -196,7 +196,19 @@ fn bad_input_names_the_key_and_its_source() {
 
     let (_d, path) = file("status_interval_ms = \"soon\"\n");
     let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
-    assert!(e.contains("line 1") && e.contains("expected u64"), "{e}");
+    assert!(
+        e.contains("line 1") && e.contains("expected a whole number"),
+        "{e}"
+    );
+
+    // What Helm's toToml writes for a YAML number is whole; a fraction is not.
+    let (_d, path) = file("shutdown_timeout_secs = 20.0\n[topics]\npartitions = 3.0\n");
+    let c = load(Some(&path), &[PG], &[]).unwrap();
+    assert_eq!(c.raw.shutdown_timeout_secs, 20);
+    assert_eq!(c.raw.topics.partitions, Some(3));
+    let (_d, path) = file("shutdown_timeout_secs = 20.5\n");
+    let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
+    assert!(e.contains("20.5") && e.contains("expected a whole number"), "{e}");
 
     let e = load(None, &[PG, ("WALBOX_STATUS_INTERVAL_MS", "soon")], &[]).unwrap_err();
     assert_eq!(

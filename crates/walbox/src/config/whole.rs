@@ -1,0 +1,42 @@
+//! Whole numbers that may be written as floats: `20.0` is 20. TOML written
+//! by tools (Helm's `toToml`, which holds every YAML number as a float)
+//! says `shutdown_timeout_secs = 20.0`; a fraction is still refused.
+
+use serde::de::{Deserializer, Error, Unexpected, Visitor};
+
+struct Whole;
+
+impl Visitor<'_> for Whole {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a whole number")
+    }
+
+    fn visit_u64<E: Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+    }
+
+    fn visit_f64<E: Error>(self, v: f64) -> Result<u64, E> {
+        // Exact in an f64 up to 2^53.
+        if v.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&v) {
+            Ok(v as u64)
+        } else {
+            Err(E::invalid_value(Unexpected::Float(v), &self))
+        }
+    }
+}
+
+/// A whole number.
+pub(super) fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    d.deserialize_any(Whole)
+}
+
+/// An optional whole number.
+pub(super) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    u64(d).map(Some)
+}
