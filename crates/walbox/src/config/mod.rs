@@ -15,8 +15,8 @@
 
 mod args;
 mod layers;
-mod whole;
 pub mod table;
+mod whole;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -208,7 +208,10 @@ fn bad_input_names_the_key_and_its_source() {
     assert_eq!(c.raw.topics.partitions, Some(3));
     let (_d, path) = file("shutdown_timeout_secs = 20.5\n");
     let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
-    assert!(e.contains("20.5") && e.contains("expected a whole number"), "{e}");
+    assert!(
+        e.contains("20.5") && e.contains("expected a whole number"),
+        "{e}"
+    );
 
     let e = load(None, &[PG, ("WALBOX_STATUS_INTERVAL_MS", "soon")], &[]).unwrap_err();
     assert_eq!(
