@@ -188,11 +188,13 @@ async fn prometheus_scrapes_walbox_and_the_rules_and_dashboard_queries_evaluate(
                 .flatten()
                 .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
                 .collect();
-            if !rules.is_empty()
-                && rules
-                    .iter()
-                    .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
-            {
+            // Evaluated, and settled since a scrape: before the first one,
+            // WalboxAbsent is rightly pending.
+            let settled = rules.iter().all(|r| {
+                r["lastEvaluation"] != "0001-01-01T00:00:00Z"
+                    && (r["health"] != "ok" || r["state"] == "inactive")
+            });
+            if !rules.is_empty() && settled {
                 Ok(rules)
             } else {
                 Err(format!("{rules:?}"))
