@@ -294,6 +294,72 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     stop(&mut second).await;
 }
 
+/// What the Kubernetes chart's rolling update does to a pair, with events
+/// flowing: a new pod starts as a standby (ready), an old one gets SIGTERM,
+/// twice over, so the active one is replaced. Every event arrives, in
+/// per-key order; the pods are ready throughout but for the moment of the
+/// handover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_of_an_active_standby_pair_loses_nothing() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let pod = || {
+        let addr = free_addr();
+        let relay = spawn_run(
+            &db,
+            &kafka,
+            &["--mapping-topic-template", &topic, "--metrics-addr", &addr],
+        );
+        (relay, addr)
+    };
+    let (mut old_active, active_addr) = pod();
+    wait_log(&old_active, "streaming from the slot").await;
+    let (mut old_standby, standby_addr) = pod();
+    wait_http(&standby_addr, "/readyz?standby=ready", 200).await;
+
+    let total = 6_000;
+    let writer_client = db.connect().await;
+    let writer = tokio::spawn(async move {
+        for chunk in 0..60 {
+            insert_events(&writer_client, chunk * 100, (chunk + 1) * 100, |_| 10, 20).await;
+            tokio::time::sleep(Duration::from_millis(100)).await; // keep events flowing through the rollout
+        }
+    });
+    // Surge: a new pod, ready as a standby; then the old standby goes.
+    let (mut new_a, new_a_addr) = pod();
+    wait_http(&new_a_addr, "/readyz?standby=ready", 200).await;
+    sigterm(&old_standby);
+    assert!(wait_exit(&mut old_standby).await.0.success());
+    // Another new pod; then the old active goes, and a new one takes over.
+    let (mut new_b, new_b_addr) = pod();
+    wait_http(&new_b_addr, "/readyz?standby=ready", 200).await;
+    wait_http(&active_addr, "/readyz", 200).await;
+    assert!(
+        !writer.is_finished(),
+        "the handover happens while events flow"
+    );
+    sigterm(&old_active);
+    let (status, log) = wait_exit(&mut old_active).await;
+    assert!(status.success(), "{log}");
+    writer.await.unwrap();
+    let duplicates = expect_all(&kafka, &topic, total).await;
+    let streaming: Vec<bool> = [&new_a_addr, &new_b_addr]
+        .iter()
+        .map(|a| http_get(a, "/readyz").is_some_and(|(s, _)| s == 200))
+        .collect();
+    assert_eq!(
+        streaming.iter().filter(|s| **s).count(),
+        1,
+        "one new pod streams, the other waits: {streaming:?}"
+    );
+    eprintln!("{total} events through a rolling update of the pair; {duplicates} duplicates");
+    stop(&mut new_a).await;
+    stop(&mut new_b).await;
+    drop(client);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
     let db = fresh_db().await;

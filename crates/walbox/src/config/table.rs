@@ -103,7 +103,7 @@ pub const SETTINGS: &[Setting] = &[
     s("source", Choice(&["table", "messages", "both"]), Connection, "table",
       "Where events come from: rows inserted into the outbox table; transactional logical decoding messages written with walbox.emit() or pg_logical_emit_message(true, message_prefix, envelope) (Postgres 14+, no table: docs/configuration.md, \"Choosing a source\"); or both."),
     s("log_format", Choice(&["text", "json"]), Connection, "text",
-      "Log lines as text or JSON; verbosity from WALBOX_LOG (e.g. info, walbox=debug)."),
+      "Log lines as text or JSON (every line, the last one included); verbosity from WALBOX_LOG, else RUST_LOG (e.g. info, walbox=debug). Colour only on a terminal."),
     s("mapping.preset", Choice(&["walbox", "debezium"]), Mapping, "walbox",
       "Column-name preset: walbox's outbox_events, or Debezium's EventRouter (id, aggregatetype, aggregateid, type, payload)."),
     s("mapping.topic_template", Text, Mapping, "outbox.event.{aggregate_type}",
