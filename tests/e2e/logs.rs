@@ -127,3 +127,21 @@ async fn text_logs_carry_no_colour_codes_off_a_terminal() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_no_broker_answers_stops_at_once_and_cleanly() {
+    let db = fresh_db().await;
+    init(&db).await;
+    // Nothing listens there: the startup check would wait 10 s, then fail.
+    let nobody = free_addr();
+    let mut relay = spawn_run_with(
+        walbox(&db, &[]),
+        &TestKafka::External { bootstrap: nobody },
+        &[],
+    );
+    wait_log(&relay, "connected to Postgres").await;
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("while waiting for the brokers"), "{log}");
+}

@@ -293,7 +293,16 @@ async fn stream(
     spans: Option<&crate::spans::Spans>,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
-    let brokers = crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers).await?;
+    // Up to 10 s when no broker answers: a signal stops the wait (a pod
+    // being terminated while Kafka is down exits at once, and 0).
+    let mut signalled = shutdown.clone();
+    let brokers = tokio::select! {
+        checked = crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers) => checked?,
+        _ = signalled.wait_for(|s| *s != Stop::No) => {
+            tracing::info!("stopped before streaming, while waiting for the brokers");
+            return Ok(());
+        }
+    };
     tracing::info!(
         brokers = brokers.count,
         answered_by = %brokers.answered_by,
