@@ -11,7 +11,7 @@
 //! | `walbox_slot_safe_wal_size_bytes` | gauge | WAL that may still be written before the slot risks invalidation; absent when `max_slot_wal_keep_size` is unlimited |
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
-//! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `broker`, `transactions`, `other` |
+//! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `transactions`, `other` |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
 //! | `walbox_oldest_unacked_event_age_seconds` | gauge | now − commit time of the oldest event sent and not acknowledged; 0 when none waits |
 //! | `walbox_producer_queue_messages` / `_bytes` | gauge | librdkafka's producer queue (its statistics, every 5 s) |
@@ -83,7 +83,7 @@ pub struct BuildLabels {
 /// The `reason` label of `walbox_reconnects_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `postgres`, `slot_busy`, `broker`, `transactions`, `other`.
+    /// `postgres`, `slot_busy`, `transactions`, `other`.
     pub reason: &'static str,
 }
 

@@ -226,7 +226,6 @@ impl RunError {
             RunError::Postgres(slot_manager::Error::SlotActive { .. }) => "slot_busy",
             RunError::Postgres(_) => "postgres",
             RunError::Aborted(_) => "transactions",
-            RunError::Broker { .. } | RunError::BrokerRefused { .. } => "broker",
             _ => "other",
         }
     }
