@@ -40,17 +40,7 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     );
 
     // All events to one test topic: the template has no placeholder.
-    let metrics_addr = free_addr();
-    let mut relay = spawn_run(
-        &db,
-        &kafka,
-        &[
-            "--mapping-topic-template",
-            &topic,
-            "--metrics-addr",
-            &metrics_addr,
-        ],
-    );
+    let (mut relay, metrics_addr) = spawn_run_watched(&db, &kafka, &topic);
     // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
     let (n, aggregates) = (10_000, 100);
     insert_events(&client, 0, n, |k| 1 + (k * 37) % 50, aggregates).await;
@@ -229,17 +219,7 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let topic = kafka.create_topic(3).await;
     let mut first = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     wait_log(&first, "streaming from the slot").await;
-    let second_metrics = free_addr();
-    let mut second = spawn_run(
-        &db,
-        &kafka,
-        &[
-            "--mapping-topic-template",
-            &topic,
-            "--metrics-addr",
-            &second_metrics,
-        ],
-    );
+    let (mut second, second_metrics) = spawn_run_watched(&db, &kafka, &topic);
     wait_log(&second, "is in use by process").await;
     assert_eq!(
         wait_http(&second_metrics, "/readyz", 503).await,
@@ -305,15 +285,7 @@ async fn a_rolling_update_of_an_active_standby_pair_loses_nothing() {
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let pod = || {
-        let addr = free_addr();
-        let relay = spawn_run(
-            &db,
-            &kafka,
-            &["--mapping-topic-template", &topic, "--metrics-addr", &addr],
-        );
-        (relay, addr)
-    };
+    let pod = || spawn_run_watched(&db, &kafka, &topic);
     let (mut old_active, active_addr) = pod();
     wait_log(&old_active, "streaming from the slot").await;
     let (mut old_standby, standby_addr) = pod();
@@ -528,12 +500,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
 
     let db = fresh_db().await;
     let client = init(&db).await;
-    let addr = free_addr();
-    let mut relay = spawn_run(
-        &db,
-        &kafka,
-        &["--mapping-topic-template", &topic, "--metrics-addr", &addr],
-    );
+    let (mut relay, addr) = spawn_run_watched(&db, &kafka, &topic);
     insert_events(&client, 0, 200, |k| 1 + k % 20, 10).await;
     expect_all(&kafka, &topic, 200).await;
 

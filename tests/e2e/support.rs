@@ -40,6 +40,18 @@ pub(crate) fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Relay
     spawn_run_with(walbox(db, &[]), kafka, extra)
 }
 
+/// `walbox run` publishing every event to `topic`, serving its metrics on
+/// a free local address; returns the relay and that address.
+pub(crate) fn spawn_run_watched(db: &TestDb, kafka: &TestKafka, topic: &str) -> (Relay, String) {
+    let addr = free_addr();
+    let relay = spawn_run(
+        db,
+        kafka,
+        &["--mapping-topic-template", topic, "--metrics-addr", &addr],
+    );
+    (relay, addr)
+}
+
 pub(crate) fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&str]) -> Relay {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("walbox.log");
