@@ -142,7 +142,7 @@ impl<S: Subscriber> Layer<S> for RateLimit {
             return true;
         };
         match guard.as_mut() {
-            Some(r) => r.admit(key, &meta_message(event), Instant::now()),
+            Some(r) => r.admit(key, || meta_message(event), Instant::now()),
             None => true,
         }
     }
@@ -205,8 +205,9 @@ struct Window {
 const MAX_KINDS: usize = 1_000;
 
 impl<K: std::hash::Hash + Eq> Repeats<K> {
-    /// Whether a line with this key is written now.
-    fn admit(&mut self, key: K, line: &str, now: Instant) -> bool {
+    /// Whether a line with this key is written now; `line` (its message,
+    /// for the summary) is only rendered for a line that is not.
+    fn admit(&mut self, key: K, line: impl FnOnce() -> String, now: Instant) -> bool {
         if self.seen.len() >= MAX_KINDS && !self.seen.contains_key(&key) {
             self.seen
                 .retain(|_, w| now.duration_since(w.started) < WINDOW);
@@ -229,7 +230,7 @@ impl<K: std::hash::Hash + Eq> Repeats<K> {
             return true;
         }
         w.suppressed += 1;
-        line.clone_into(&mut w.line);
+        w.line = line();
         false
     }
 
@@ -266,7 +267,7 @@ mod tests {
             .filter(|i| {
                 r.admit(
                     key("error=refused"),
-                    "broker down",
+                    || "broker down".into(),
                     t0 + Duration::from_millis(25 * i),
                 )
             })
@@ -282,7 +283,11 @@ mod tests {
         );
         assert!(r.due(t0 + WINDOW * 2).is_empty(), "said once");
         assert!(
-            r.admit(key("error=refused"), "broker down", t0 + WINDOW * 2),
+            r.admit(
+                key("error=refused"),
+                || "broker down".into(),
+                t0 + WINDOW * 2
+            ),
             "a new window"
         );
     }
@@ -292,7 +297,7 @@ mod tests {
         let mut r = Repeats::<String>::default();
         let t0 = Instant::now();
         for i in 0..10 {
-            assert!(r.admit(key(&format!("error={i}")), "x", t0));
+            assert!(r.admit(key(&format!("error={i}")), || "x".into(), t0));
         }
     }
 
@@ -301,7 +306,10 @@ mod tests {
         let mut r = Repeats::<String>::default();
         let t0 = Instant::now();
         for i in 0..10 {
-            assert!(r.admit(key("e"), "x", t0 + WINDOW * i), "line {i}");
+            assert!(
+                r.admit(key("e"), || "x".into(), t0 + WINDOW * i),
+                "line {i}"
+            );
         }
     }
 
@@ -310,7 +318,7 @@ mod tests {
         let mut r = Repeats::<String>::default();
         let t0 = Instant::now();
         for i in 0..MAX_KINDS * 2 {
-            assert!(r.admit(key(&i.to_string()), "x", t0));
+            assert!(r.admit(key(&i.to_string()), || "x".into(), t0));
         }
         assert!(r.seen.len() <= MAX_KINDS);
     }

@@ -113,7 +113,8 @@ pub struct Metrics {
     pub producer_queue_bytes: Gauge,
     /// Each broker's round trip.
     pub broker_round_trip: Family<RoundTripLabels, Seconds>,
-    streaming_gauge: Gauge,
+    /// `walbox_streaming`, also what readiness reads.
+    streaming: Gauge,
     delivered_commit_age: Seconds,
     oldest_unacked_age: Seconds,
     /// Unix µs of the newest delivered commit; 0 for none.
@@ -158,7 +159,6 @@ pub struct Metrics {
     pub retention_partitions_dropped: Counter,
     /// Outbox partitions created ahead by retention.
     pub retention_partitions_created: Counter,
-    streaming: AtomicBool,
     standby: AtomicBool,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
@@ -236,11 +236,11 @@ impl Metrics {
             })
             .set(1);
         registry.register("walbox_build_info", "walbox's build: 1", build_info);
-        let streaming_gauge = Gauge::default();
+        let streaming = Gauge::default();
         registry.register(
             "walbox_streaming",
             "1 while streaming from the slot, 0 otherwise (connecting, retrying, waiting for a slot another instance holds)",
-            streaming_gauge.clone(),
+            streaming.clone(),
         );
         let reconnects = Family::<ReasonLabel, Counter>::default();
         registry.register(
@@ -352,7 +352,7 @@ impl Metrics {
             producer_queue_messages,
             producer_queue_bytes,
             broker_round_trip,
-            streaming_gauge,
+            streaming,
             delivered_commit_age,
             oldest_unacked_age,
             delivered_commit_micros: AtomicI64::new(0),
@@ -376,7 +376,6 @@ impl Metrics {
             retained_wal_bytes,
             commit_to_ack,
             delivery_stalled_seconds,
-            streaming: AtomicBool::new(false),
             standby: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             registry,
@@ -399,8 +398,7 @@ impl Metrics {
 
     /// Marks whether the relay is streaming (readiness).
     pub fn set_streaming(&self, streaming: bool) {
-        self.streaming.store(streaming, Ordering::Relaxed);
-        self.streaming_gauge.set(i64::from(streaming));
+        self.streaming.set(i64::from(streaming));
         if streaming {
             self.set_standby(false);
         }
@@ -470,7 +468,7 @@ impl Metrics {
 
     /// True while streaming.
     pub fn is_streaming(&self) -> bool {
-        self.streaming.load(Ordering::Relaxed)
+        self.streaming.get() == 1
     }
 
     /// Marks whether deliveries are stalled (readiness).

@@ -223,11 +223,20 @@ impl RunError {
     /// transaction), `other`.
     pub fn reason(&self) -> &'static str {
         match self {
-            RunError::Postgres(slot_manager::Error::SlotActive { .. }) => "slot_busy",
+            _ if self.slot_busy() => "slot_busy",
             RunError::Postgres(_) => "postgres",
             RunError::Aborted(_) => "transactions",
             _ => "other",
         }
+    }
+
+    /// True when another process streams from the slot: this instance is a
+    /// standby.
+    pub fn slot_busy(&self) -> bool {
+        matches!(
+            self,
+            RunError::Postgres(slot_manager::Error::SlotActive { .. })
+        )
     }
 
     /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
@@ -267,14 +276,14 @@ where
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                let reason = e.reason();
-                metrics.count_reconnect(reason);
-                metrics.set_standby(reason == "slot_busy");
+                metrics.count_reconnect(e.reason());
+                metrics.set_standby(e.slot_busy());
                 // A standby polls the busy slot often, to take over soon
                 // after the active instance is gone.
-                let delay = match reason {
-                    "slot_busy" => backoff.delay().min(STANDBY_POLL),
-                    _ => backoff.delay(),
+                let delay = if e.slot_busy() {
+                    backoff.delay().min(STANDBY_POLL)
+                } else {
+                    backoff.delay()
                 };
                 tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {
