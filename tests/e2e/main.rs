@@ -17,6 +17,7 @@ mod prometheus;
 mod retention;
 mod run;
 mod secured_kafka;
+mod shards;
 mod spans;
 mod support;
 mod topics;

@@ -110,6 +110,13 @@ async fn run(args: &Args) -> Result<(), String> {
         }
     });
 
+    // Its server process, whose CPU the benchmark reads (bench/pg-cpu).
+    let backend_pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(|e| format!("reading the backend's pid: {e}"))?
+        .get(0);
+
     let table = &args.table;
     let claim = client
         .prepare(&format!(
@@ -199,7 +206,7 @@ async fn run(args: &Args) -> Result<(), String> {
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "events={} batches={} statements={} table_statements={} seconds={seconds:.3}",
+        "events={} batches={} statements={} table_statements={} seconds={seconds:.3} backend_pid={backend_pid}",
         totals.events, totals.batches, totals.statements, totals.table_statements
     );
     Ok(())

@@ -1,12 +1,16 @@
 //! Records handed to the producer.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 /// One Kafka header: a name and raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
-    /// Header name.
-    pub name: String,
+    /// Header name: usually one of a few fixed names, so not allocated per
+    /// record.
+    pub name: Cow<'static, str>,
     /// Header value, as bytes (Kafka headers are not required to be text).
     pub value: Bytes,
 }
@@ -17,8 +21,8 @@ pub struct Header {
 /// can point into that frame without copying.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record<T> {
-    /// Destination topic.
-    pub topic: String,
+    /// Destination topic, shared by the records of one topic.
+    pub topic: Arc<str>,
     /// Message key; decides the partition, so one key's messages stay in order.
     pub key: Option<Bytes>,
     /// Message value.
@@ -34,14 +38,9 @@ pub struct Record<T> {
 
 impl<T> Record<T> {
     /// A record with a topic, key, value and token, and no headers or timestamp.
-    pub fn new(
-        topic: impl Into<String>,
-        key: Option<Bytes>,
-        value: Option<Bytes>,
-        token: T,
-    ) -> Self {
+    pub fn new(topic: impl AsRef<str>, key: Option<Bytes>, value: Option<Bytes>, token: T) -> Self {
         Record {
-            topic: topic.into(),
+            topic: Arc::from(topic.as_ref()),
             key,
             value,
             headers: Vec::new(),
@@ -51,7 +50,11 @@ impl<T> Record<T> {
     }
 
     /// Adds a header.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn with_header(
+        mut self,
+        name: impl Into<Cow<'static, str>>,
+        value: impl Into<Bytes>,
+    ) -> Self {
         self.headers.push(Header {
             name: name.into(),
             value: value.into(),

@@ -222,7 +222,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                 self.gap.note(error.kind);
                 // Copied only for the rare permanent refusal.
                 let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
-                    topic: m.topic().to_owned(),
+                    topic: m.topic().into(),
                     key: m.key().map(Bytes::copy_from_slice),
                     value: m.payload().map(Bytes::copy_from_slice),
                     headers: m
@@ -230,7 +230,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                         .map(|hs| {
                             hs.iter()
                                 .map(|h| crate::Header {
-                                    name: h.key.to_owned(),
+                                    name: h.key.to_owned().into(),
                                     value: Bytes::copy_from_slice(h.value.unwrap_or_default()),
                                 })
                                 .collect()
@@ -593,9 +593,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
             return;
         }
         let (record, token) = record.split_token();
-        let mut owned_headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for h in &record.headers {
-            owned_headers = owned_headers.insert(Header {
+            headers = headers.insert(Header {
                 key: &h.name,
                 value: Some(h.value.as_ref()),
             });
@@ -604,14 +604,14 @@ impl<T: Send + Sync + 'static> Sink<T> {
             token,
             permits: permit,
         });
+        // Waiting for room is registered only once the queue was found full
+        // (registering costs a lock per record); the attempt is repeated
+        // after registering, so a delivery that freed room in between is
+        // not missed.
+        let mut room = None;
         loop {
-            // Registered before the attempt, so a delivery that frees room
-            // between the attempt and the wait is not missed.
-            let room = inner.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
             let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
-                BaseRecord::with_opaque_to(&record.topic, pending).headers(owned_headers.clone());
+                BaseRecord::with_opaque_to(&record.topic, pending).headers(headers);
             if let Some(k) = record.key.as_deref() {
                 base = base.key(k);
             }
@@ -623,10 +623,18 @@ impl<T: Send + Sync + 'static> Sink<T> {
             }
             match inner.producer.send(base) {
                 Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), base)) => {
-                    // Wait for a delivery to free queue space (no timer).
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), mut base)) => {
+                    headers = base.headers.take().unwrap_or_default();
                     pending = base.delivery_opaque;
-                    room.await;
+                    match room.take() {
+                        None => {
+                            let mut notified = Box::pin(inner.room.notified());
+                            notified.as_mut().enable();
+                            room = Some(notified);
+                        }
+                        // Wait for a delivery to free queue space (no timer).
+                        Some(notified) => notified.await,
+                    }
                 }
                 Err((e, base)) => {
                     let error = DeliveryError::from_kafka(&e);

@@ -9,6 +9,7 @@ use tokio_postgres::Client;
 
 use crate::config::PgConfig;
 use crate::error::Error;
+use crate::shard::ShardFilter;
 use crate::sql::{quote_ident, TableName};
 use crate::tls;
 
@@ -198,6 +199,7 @@ pub async fn ensure_publication(
     client: &Client,
     publication: &str,
     table: &TableName,
+    shard: Option<&ShardFilter>,
 ) -> Result<Ensured, Error> {
     let existing = client
         .query_opt(
@@ -209,12 +211,15 @@ pub async fn ensure_publication(
         )
         .await
         .map_err(Error::sql("look up the publication"))?;
+    let filter = shard
+        .map(|s| format!(" WHERE ({})", s.sql()))
+        .unwrap_or_default();
     if let Some(row) = existing {
         let (inserts, covers): (bool, bool) = (row.get(0), row.get(1));
         if !covers {
             return Err(Error::Precondition(format!(
                 "publication {publication:?} exists but does not publish {table} \
-                 (ALTER PUBLICATION {} ADD TABLE {table}, or choose another --publication)",
+                 (ALTER PUBLICATION {} ADD TABLE {table}{filter}, or choose another --publication)",
                 quote_ident(publication)
             )));
         }
@@ -225,11 +230,21 @@ pub async fn ensure_publication(
                 quote_ident(publication)
             )));
         }
+        if shard.is_some() {
+            // A shard's publication must hold its own filter: the same
+            // check `walbox run` makes.
+            if let Some(gap) = crate::coverage(client, publication, table, shard)
+                .await?
+                .gap
+            {
+                return Err(Error::Precondition(gap));
+            }
+        }
         return Ok(Ensured::AlreadyPresent);
     }
     client
         .batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            "CREATE PUBLICATION {} FOR TABLE {}{filter} WITH (publish = 'insert', publish_via_partition_root = true)",
             quote_ident(publication),
             table.quoted()
         ))

@@ -13,6 +13,7 @@ use pgoutput_decoder::Lsn;
 use tokio_postgres::Client;
 
 use crate::error::Error;
+use crate::shard::ShardFilter;
 use crate::sql::{quote_ident, TableName};
 
 /// One reading of what `publication` publishes of `table`.
@@ -72,11 +73,13 @@ pub async fn message_coverage(client: &Client, publication: &str) -> Result<Cove
     })
 }
 
-/// Reads the coverage of `table` by `publication`.
+/// Reads the coverage of `table` by `publication`: all of its INSERTs, or
+/// for a shard, those its row filter selects.
 pub async fn coverage(
     client: &Client,
     publication: &str,
     table: &TableName,
+    shard: Option<&ShardFilter>,
 ) -> Result<Coverage, Error> {
     let (wal_lsn, version) = wal_position(client).await?;
     // PG 15 added schema publications, row filters and column lists.
@@ -131,7 +134,7 @@ pub async fn coverage(
     Ok(Coverage {
         wal_lsn,
         table_oid: reading.table_oid,
-        gap: reading.gap(publication, table),
+        gap: reading.gap(publication, table, shard),
         fingerprint: reading.fingerprint(),
     })
 }
@@ -155,7 +158,12 @@ struct Reading {
 }
 
 impl Reading {
-    fn gap(&self, publication: &str, table: &TableName) -> Option<String> {
+    fn gap(
+        &self,
+        publication: &str,
+        table: &TableName,
+        shard: Option<&ShardFilter>,
+    ) -> Option<String> {
         let p = quote_ident(publication);
         let Some(_) = self.table_oid else {
             return Some(format!(
@@ -183,6 +191,30 @@ impl Reading {
                 "publication {publication} does not include table {table}: ALTER PUBLICATION {p} ADD TABLE {}",
                 table.quoted()
             ));
+        }
+        match (&self.row_filter, shard) {
+            (Some(filter), Some(shard)) if shard.matches(filter) => return None,
+            (Some(filter), Some(shard)) => {
+                return Some(format!(
+                    "publication {publication} publishes the rows of {table} WHERE {filter}, not shard {} of {}'s: \
+                     ALTER PUBLICATION {p} SET TABLE {} WHERE ({})",
+                    shard.index,
+                    shard.count,
+                    table.quoted(),
+                    shard.sql()
+                ))
+            }
+            (None, Some(shard)) => {
+                return Some(format!(
+                    "publication {publication} publishes every row of {table}, not shard {} of {}'s (every shard would send them): \
+                     ALTER PUBLICATION {p} SET TABLE {} WHERE ({})",
+                    shard.index,
+                    shard.count,
+                    table.quoted(),
+                    shard.sql()
+                ))
+            }
+            _ => {}
         }
         if let Some(filter) = &self.row_filter {
             return Some(format!(
@@ -243,14 +275,48 @@ mod tests {
     }
 
     fn gap(r: Reading) -> String {
-        r.gap("walbox_outbox", &TableName::new("public", "outbox_events"))
-            .expect("a gap")
+        r.gap(
+            "walbox_outbox",
+            &TableName::new("public", "outbox_events"),
+            None,
+        )
+        .expect("a gap")
     }
 
     #[test]
     fn a_covered_table_has_no_gap() {
         let t = TableName::new("public", "outbox_events");
-        assert_eq!(covered().gap("walbox_outbox", &t), None);
+        assert_eq!(covered().gap("walbox_outbox", &t, None), None);
+    }
+
+    #[test]
+    fn a_shard_is_covered_by_its_own_filter_only() {
+        let t = TableName::new("public", "outbox_events");
+        let shard = ShardFilter {
+            index: 2,
+            count: 4,
+            column: "aggregate_id".into(),
+        };
+        let filtered = |f: &str| Reading {
+            row_filter: Some(f.into()),
+            ..covered()
+        };
+        let own = filtered("(((hashtext(aggregate_id) & 2147483647) % 4) = 2)");
+        assert_eq!(own.gap("walbox_outbox_2", &t, Some(&shard)), None);
+        // Without the shard, a filter hides rows.
+        assert!(own.gap("walbox_outbox_2", &t, None).is_some());
+        let other = filtered("(((hashtext(aggregate_id) & 2147483647) % 4) = 3)");
+        let g = other
+            .gap("walbox_outbox_2", &t, Some(&shard))
+            .expect("a gap");
+        assert!(
+            g.contains("not shard 2 of 4's") && g.contains("% 4 = 2"),
+            "{g}"
+        );
+        let g = covered()
+            .gap("walbox_outbox_2", &t, Some(&shard))
+            .expect("a gap");
+        assert!(g.contains("every row"), "{g}");
     }
 
     #[test]

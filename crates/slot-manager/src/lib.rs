@@ -35,6 +35,7 @@ mod control;
 mod coverage;
 mod error;
 mod pgpass;
+mod shard;
 mod sql;
 mod startup;
 mod stream;
@@ -50,6 +51,7 @@ pub use control::{
 };
 pub use coverage::{coverage, describe_change, message_coverage, Coverage};
 pub use error::Error;
+pub use shard::{ShardFilter, LEAST_SHARDED_SERVER, MAX_SHARDS};
 pub use sql::{
     quote_ident, quote_literal, quote_replication_literal, ParseTableNameError, TableName,
     MAX_NAME_BYTES,

@@ -11,7 +11,9 @@ use crate::pg_config;
 
 async fn read(client: &Client) -> Coverage {
     let outbox = TableName::parse("public.outbox_events").unwrap();
-    coverage(client, "walbox_outbox", &outbox).await.unwrap()
+    coverage(client, "walbox_outbox", &outbox, None)
+        .await
+        .unwrap()
 }
 
 async fn gap_after(client: &Client, sql: &str) -> String {

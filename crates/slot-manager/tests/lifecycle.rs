@@ -117,13 +117,13 @@ async fn init_is_idempotent_and_names_may_need_quotes() {
     let table = TableName::parse("\"My App\".\"Outbox\"").unwrap();
     let publication = "walbox's \"pub\"";
     assert_eq!(
-        ensure_publication(&client, publication, &table)
+        ensure_publication(&client, publication, &table, None)
             .await
             .unwrap(),
         Ensured::Created
     );
     assert_eq!(
-        ensure_publication(&client, publication, &table)
+        ensure_publication(&client, publication, &table, None)
             .await
             .unwrap(),
         Ensured::AlreadyPresent
@@ -179,7 +179,7 @@ async fn an_existing_publication_that_does_not_fit_is_reported() {
         .await
         .unwrap();
     let outbox = TableName::parse("outbox_events").unwrap();
-    let e = ensure_publication(&client, "elsewhere", &outbox)
+    let e = ensure_publication(&client, "elsewhere", &outbox, None)
         .await
         .unwrap_err();
     assert!(
@@ -187,7 +187,7 @@ async fn an_existing_publication_that_does_not_fit_is_reported() {
             .contains("does not publish \"public\".\"outbox_events\""),
         "{e}"
     );
-    let e = ensure_publication(&client, "no_inserts", &outbox)
+    let e = ensure_publication(&client, "no_inserts", &outbox, None)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("does not publish inserts"), "{e}");
@@ -199,7 +199,7 @@ async fn dropping_an_active_slot_is_refused_unless_forced() {
     let client = connect_control(&pg_config(&db)).await.unwrap();
     apply_migrations(&db.connect().await).await;
     let outbox = TableName::parse("outbox_events").unwrap();
-    ensure_publication(&client, "walbox_outbox", &outbox)
+    ensure_publication(&client, "walbox_outbox", &outbox, None)
         .await
         .unwrap();
     ensure_slot(&client, "walbox", false).await.unwrap();
@@ -293,7 +293,7 @@ async fn an_invalidated_slot_is_a_definite_error() {
         slot_manager::PgConfig::parse(&format!("{} sslmode=disable", pg::conninfo(&admin)))
             .unwrap();
     let outbox = TableName::parse("outbox_events").unwrap();
-    ensure_publication(&client, "walbox_outbox", &outbox)
+    ensure_publication(&client, "walbox_outbox", &outbox, None)
         .await
         .unwrap();
     ensure_slot(&client, "walbox", false).await.unwrap();

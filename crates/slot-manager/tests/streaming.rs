@@ -83,6 +83,7 @@ async fn init(client: &Client, config: &PgConfig, slot: &str) {
         &connect_control(config).await.unwrap(),
         "walbox_outbox",
         &outbox,
+        None,
     )
     .await
     .unwrap();
@@ -430,6 +431,7 @@ async fn a_publication_name_with_a_backslash_and_a_quote_streams() {
         &connect_control(&config).await.unwrap(),
         publication,
         &TableName::parse("outbox_events").unwrap(),
+        None,
     )
     .await
     .unwrap();

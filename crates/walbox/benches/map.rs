@@ -12,7 +12,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pgoutput_decoder::{Lsn, RelationBody, TupleData};
 use walbox::format::EventFormat;
-use walbox::mapping::OutboxMapping;
+use walbox::mapping::{OutboxMapping, Topics};
 
 const PAYLOAD: &str = r#"{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "total": 4711, "order_id": "order-711"}"#;
 
@@ -75,11 +75,23 @@ fn bench(c: &mut Criterion) {
             ..OutboxMapping::default()
         };
         let columns = mapping.resolve(&relation).unwrap();
+        // As the relay maps: topic names kept from one event to the next.
+        let mut topics = Topics::default();
         c.bench_function(&format!("map/row/{name}"), |b| {
-            b.iter(|| black_box(mapping.map(&columns, black_box(&tuple)).unwrap()))
+            b.iter(|| {
+                black_box(
+                    mapping
+                        .map_with(&columns, black_box(&tuple), &mut topics)
+                        .unwrap(),
+                )
+            })
         });
         c.bench_function(&format!("map/message/{name}"), |b| {
-            b.iter(|| black_box(walbox::envelope::map(&mapping, black_box(&content), lsn).unwrap()))
+            b.iter(|| {
+                black_box(
+                    walbox::envelope::map(&mapping, black_box(&content), lsn, &mut topics).unwrap(),
+                )
+            })
         });
     }
 }

@@ -148,7 +148,7 @@ impl DeadLetters {
             .map(str::to_owned);
         let original_topic = returned.topic.clone();
         let record = Record {
-            topic: topic.to_owned(),
+            topic: topic.into(),
             key: returned.key,
             value: returned.value,
             headers: returned.headers,
@@ -177,7 +177,7 @@ fn label<T>(
 ) -> Record<T> {
     let mut add = |name: &str, value: &str| {
         record.headers.push(Header {
-            name: name.to_owned(),
+            name: name.to_owned().into(),
             value: Bytes::copy_from_slice(value.as_bytes()),
         })
     };
@@ -201,7 +201,7 @@ mod tests {
     fn headers_of<T>(r: &Record<T>) -> HashMap<&str, &str> {
         r.headers
             .iter()
-            .map(|h| (h.name.as_str(), std::str::from_utf8(&h.value).unwrap()))
+            .map(|h| (&*h.name, std::str::from_utf8(&h.value).unwrap()))
             .collect()
     }
 
@@ -241,7 +241,7 @@ mod tests {
             (&refused, "refused", "e-2"),
         ] {
             let h = headers_of(r);
-            assert_eq!(r.topic, "dlq");
+            assert_eq!(&*r.topic, "dlq");
             assert_eq!(h[headers::ERROR_KIND], kind);
             assert_eq!(h[headers::ORIGINAL_TOPIC], "outbox.event.order");
             assert_eq!(h[headers::SOURCE_LSN], "0/16B3748");

@@ -32,7 +32,7 @@ use pgoutput_decoder::Lsn;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::mapping::{Fields, MapError, MappedEvent, OutboxMapping};
+use crate::mapping::{Fields, MapError, MappedEvent, OutboxMapping, Topics};
 use crate::spans::{TRACEPARENT, TRACESTATE};
 
 /// The envelope version this walbox reads.
@@ -75,8 +75,14 @@ pub fn event_id_of(content: &[u8]) -> Option<String> {
         .map(Cow::into_owned)
 }
 
-/// Maps the content of an event message at `lsn`.
-pub fn map(mapping: &OutboxMapping, content: &Bytes, lsn: Lsn) -> Result<MappedEvent, MapError> {
+/// Maps the content of an event message at `lsn`, with topic names kept in
+/// `topics`.
+pub fn map(
+    mapping: &OutboxMapping,
+    content: &Bytes,
+    lsn: Lsn,
+    topics: &mut Topics,
+) -> Result<MappedEvent, MapError> {
     let refuse = |reason: String| MapError::Envelope {
         lsn: lsn.to_string(),
         reason,
@@ -118,17 +124,20 @@ pub fn map(mapping: &OutboxMapping, content: &Bytes, lsn: Lsn) -> Result<MappedE
     if let Some(t) = &e.tracestate {
         extra_headers.push((TRACESTATE, t.as_ref()));
     }
-    mapping.event(Fields {
-        id,
-        aggregate_type,
-        aggregate_id,
-        event_type: e.event_type.as_deref(),
-        value,
-        value_unchecked: false,
-        extra_headers,
-        headers_json: e.headers.map(RawValue::get),
-        timestamp: e.created_at.as_deref(),
-    })
+    mapping.event(
+        Fields {
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type: e.event_type.as_deref(),
+            value,
+            value_unchecked: false,
+            extra_headers,
+            headers_json: e.headers.map(RawValue::get),
+            timestamp: e.created_at.as_deref(),
+        },
+        topics,
+    )
 }
 
 #[cfg(test)]
@@ -152,8 +161,14 @@ mod tests {
                 "created_at":"2026-11-21T17:00:00.123Z","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
                 "future_field": [1,2]}"#,
         );
-        let e = map(&OutboxMapping::default(), &content, lsn()).unwrap();
-        assert_eq!(e.topic, "outbox.event.order");
+        let e = map(
+            &OutboxMapping::default(),
+            &content,
+            lsn(),
+            &mut Topics::default(),
+        )
+        .unwrap();
+        assert_eq!(&*e.topic, "outbox.event.order");
         assert_eq!(&e.key[..], b"42");
         assert_eq!(
             e.value.as_deref(),
@@ -180,7 +195,13 @@ mod tests {
             r#"{"v":1,"id":"e\u002d2","aggregate_type":"order","aggregate_id":"4\"2","payload":null}"#,
             r#"{"v":1,"id":"e-2","aggregate_type":"order","aggregate_id":"4\"2"}"#,
         ] {
-            let e = map(&OutboxMapping::default(), &Bytes::from(content), lsn()).unwrap();
+            let e = map(
+                &OutboxMapping::default(),
+                &Bytes::from(content),
+                lsn(),
+                &mut Topics::default(),
+            )
+            .unwrap();
             assert_eq!(e.value, None, "{content}");
             assert_eq!(e.event_id, "e-2");
             assert_eq!(&e.key[..], br#"4"2"#);
@@ -248,6 +269,7 @@ mod tests {
                 &OutboxMapping::default(),
                 &Bytes::copy_from_slice(content),
                 lsn(),
+                &mut Topics::default(),
             )
             .unwrap_err()
             .to_string();
@@ -265,13 +287,19 @@ mod tests {
                 &OutboxMapping::default(),
                 &Bytes::copy_from_slice(&valid[..end]),
                 lsn(),
+                &mut Topics::default(),
             );
         }
         for i in 0..valid.len() {
             for b in [0u8, b'"', b'{', b'}', b'\\', 0xff] {
                 let mut v = valid.to_vec();
                 v[i] = b;
-                let _ = map(&OutboxMapping::default(), &Bytes::from(v), lsn());
+                let _ = map(
+                    &OutboxMapping::default(),
+                    &Bytes::from(v),
+                    lsn(),
+                    &mut Topics::default(),
+                );
             }
         }
     }
@@ -285,7 +313,7 @@ mod tests {
             format: EventFormat::Debezium,
             ..OutboxMapping::default()
         };
-        let e = map(&mapping, &content, lsn()).unwrap();
+        let e = map(&mapping, &content, lsn(), &mut Topics::default()).unwrap();
         assert_eq!(&e.key[..], br#""42""#);
         assert_eq!(e.value.as_deref(), Some(&br#"{"a":1}"#[..]));
     }

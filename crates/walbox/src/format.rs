@@ -50,7 +50,7 @@ pub(crate) struct Attributes<'a> {
     pub(crate) event_type: Option<&'a str>,
 }
 
-fn header(name: &str, value: impl Into<Bytes>) -> Header {
+fn header(name: &'static str, value: impl Into<Bytes>) -> Header {
     Header {
         name: name.into(),
         value: value.into(),

@@ -105,7 +105,7 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

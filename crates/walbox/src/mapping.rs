@@ -18,6 +18,7 @@
 //! ([`OutboxMapping::resolve`]); mapping a row is then one pass over its tuple.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
@@ -202,11 +203,43 @@ impl ColumnIndexes {
     }
 }
 
+/// Topic names by aggregate type, each made from the template and checked
+/// once and then shared by every record of that type (a mapped row then
+/// allocates no topic name).
+#[derive(Debug, Default)]
+pub struct Topics {
+    names: HashMap<Box<str>, Arc<str>>,
+}
+
+/// At most this many topic names are kept; past it the cache starts over (a
+/// template fed by arbitrary values must not grow memory).
+const MAX_TOPICS: usize = 10_000;
+
+impl Topics {
+    /// The topic for `aggregate_type`; `Err` with the name when it is not a
+    /// valid Kafka topic name (not kept).
+    fn get(&mut self, template: &str, aggregate_type: &str) -> Result<Arc<str>, String> {
+        if let Some(name) = self.names.get(aggregate_type) {
+            return Ok(Arc::clone(name));
+        }
+        let name = template.replace("{aggregate_type}", aggregate_type);
+        if !is_valid_topic(&name) {
+            return Err(name);
+        }
+        if self.names.len() >= MAX_TOPICS {
+            self.names.clear();
+        }
+        let name: Arc<str> = name.into();
+        self.names.insert(aggregate_type.into(), Arc::clone(&name));
+        Ok(name)
+    }
+}
+
 /// A mapped row, ready to become a [`sink_kafka::Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappedEvent {
     /// Destination topic.
-    pub topic: String,
+    pub topic: Arc<str>,
     /// Message key: the aggregate id.
     pub key: Bytes,
     /// Message value: the payload, `None` when NULL.
@@ -230,6 +263,9 @@ impl MappedEvent {
             .map(|h| &h.value)
     }
 }
+
+/// Tables up to this wide are mapped without allocating.
+const MAX_COLUMNS_ON_STACK: usize = 32;
 
 fn is_valid_topic(t: &str) -> bool {
     !t.is_empty()
@@ -333,7 +369,8 @@ impl OutboxMapping {
         Some(self.topic_for(aggregate_type.as_str()?))
     }
 
-    /// The topic of an event with `aggregate_type`: the template filled in.
+    /// The topic of an event with `aggregate_type`: the template filled in
+    /// (unchecked).
     fn topic_for(&self, aggregate_type: &str) -> String {
         self.topic_template
             .replace("{aggregate_type}", aggregate_type)
@@ -349,13 +386,35 @@ impl OutboxMapping {
 
     /// Maps one inserted row. The payload is a slice of the replication frame.
     pub fn map(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Result<MappedEvent, MapError> {
-        // One pass over the tuple; columns are small and few.
-        let values: Vec<Column<'_>> = tuple.iter().collect();
-        let text = |i: usize| values.get(i).and_then(Column::as_str);
-        let event_id = text(columns.id).map(str::to_owned);
+        self.map_with(columns, tuple, &mut Topics::default())
+    }
+
+    /// [`OutboxMapping::map`], with topic names kept in `topics` from one
+    /// row to the next.
+    pub fn map_with(
+        &self,
+        columns: &ColumnIndexes,
+        tuple: &TupleData,
+        topics: &mut Topics,
+    ) -> Result<MappedEvent, MapError> {
+        // One pass over the tuple, into a stack array when the table is
+        // not wide (no allocation).
+        let mut stack = [None; MAX_COLUMNS_ON_STACK];
+        let heap: Vec<Option<Column<'_>>>;
+        let values: &[Option<Column<'_>>] = if tuple.len() <= MAX_COLUMNS_ON_STACK {
+            for (slot, column) in stack.iter_mut().zip(tuple.iter()) {
+                *slot = Some(column);
+            }
+            &stack
+        } else {
+            heap = tuple.iter().map(Some).collect();
+            &heap
+        };
+        let text = |i: usize| values.get(i).copied().flatten().and_then(|c| c.as_str());
+        let id = text(columns.id);
         let required = |i: usize, column: &str, role: &'static str| {
             text(i).ok_or_else(|| MapError::NullColumn {
-                event_id: event_id.clone().unwrap_or_else(|| "<unknown>".into()),
+                event_id: id.unwrap_or("<unknown>").to_owned(),
                 column: column.to_owned(),
                 role,
             })
@@ -367,27 +426,34 @@ impl OutboxMapping {
             "aggregate type",
         )?;
         let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
-        self.event(Fields {
-            id,
-            aggregate_type,
-            aggregate_id,
-            event_type: columns.event_type.and_then(text),
-            value: tuple.value_bytes(columns.payload),
-            value_unchecked: columns.payload_is_text,
-            extra_headers: columns
-                .header_columns
-                .iter()
-                .filter_map(|(i, name)| Some((name.as_str(), text(*i)?)))
-                .collect(),
-            headers_json: columns.headers.and_then(text),
-            timestamp: columns.timestamp.and_then(text),
-        })
+        self.event(
+            Fields {
+                id,
+                aggregate_type,
+                aggregate_id,
+                event_type: columns.event_type.and_then(text),
+                value: tuple.value_bytes(columns.payload),
+                value_unchecked: columns.payload_is_text,
+                extra_headers: columns
+                    .header_columns
+                    .iter()
+                    .filter_map(|(i, name)| Some((name.as_str(), text(*i)?)))
+                    .collect(),
+                headers_json: columns.headers.and_then(text),
+                timestamp: columns.timestamp.and_then(text),
+            },
+            topics,
+        )
     }
 
     /// Builds the record of an event, whichever source its fields came from:
     /// the topic, the key, the value, the headers, the timestamp, in
     /// [`OutboxMapping::format`].
-    pub(crate) fn event(&self, f: Fields<'_>) -> Result<MappedEvent, MapError> {
+    pub(crate) fn event(
+        &self,
+        f: Fields<'_>,
+        topics: &mut Topics,
+    ) -> Result<MappedEvent, MapError> {
         let Fields {
             id,
             aggregate_type,
@@ -402,13 +468,15 @@ impl OutboxMapping {
         if aggregate_id.is_empty() {
             return Err(MapError::EmptyAggregateId { event_id: id });
         }
-        let topic = self.topic_for(aggregate_type);
-        if !is_valid_topic(&topic) {
-            return Err(MapError::InvalidTopic {
-                event_id: id,
-                topic,
-            });
-        }
+        let topic = match topics.get(&self.topic_template, aggregate_type) {
+            Ok(topic) => topic,
+            Err(topic) => {
+                return Err(MapError::InvalidTopic {
+                    event_id: id,
+                    topic,
+                })
+            }
+        };
         if let (Some(v), true) = (&value, value_unchecked) {
             if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(v) {
                 return Err(MapError::PayloadNotJson {
@@ -418,10 +486,11 @@ impl OutboxMapping {
             }
         }
 
-        let mut headers = vec![Header {
+        let mut headers = Vec::with_capacity(2 + extra_headers.len());
+        headers.push(Header {
             name: "id".into(),
             value: Bytes::copy_from_slice(id.as_bytes()),
-        }];
+        });
         if let Some(t) = event_type {
             headers.push(Header {
                 name: "event_type".into(),
@@ -430,11 +499,12 @@ impl OutboxMapping {
         }
         for (name, v) in extra_headers {
             headers.push(Header {
-                name: name.to_owned(),
+                name: name.to_owned().into(),
                 value: Bytes::copy_from_slice(v.as_bytes()),
             });
         }
-        if let Some(json) = headers_json {
+        // jsonb's empty object, the common case, needs no parsing.
+        if let Some(json) = headers_json.filter(|j| *j != "{}") {
             match serde_json::from_str::<serde_json::Value>(json) {
                 Ok(serde_json::Value::Object(map)) => {
                     for (name, v) in map {
@@ -445,7 +515,10 @@ impl OutboxMapping {
                             serde_json::Value::String(s) => Bytes::from(s),
                             other => Bytes::from(other.to_string()),
                         };
-                        headers.push(Header { name, value });
+                        headers.push(Header {
+                            name: name.into(),
+                            value,
+                        });
                     }
                 }
                 _ => return Err(MapError::HeadersNotObject { event_id: id }),

@@ -61,14 +61,40 @@ pub async fn select(
     columns: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<tokio_postgres::Row>, Error> {
+    read(
+        client,
+        &format!("SELECT {columns} FROM walbox.positions WHERE slot = $1"),
+        params,
+    )
+    .await
+}
+
+/// Like [`select`], over the rows of every slot in `$1` (a text array),
+/// aggregated: no row unless each of them saved one.
+pub async fn select_every(
+    client: &Client,
+    columns: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, Error> {
+    let sql = format!(
+        "SELECT {columns} FROM walbox.positions WHERE slot = ANY($1)
+         HAVING count(DISTINCT slot) = cardinality($1)"
+    );
+    read(client, &sql, params).await
+}
+
+/// One row of `sql` on walbox.positions; `None` when there is none or the
+/// table does not exist.
+async fn read(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, Error> {
     if !bookkeeping::exist(client, &["walbox.positions"]).await? {
         return Ok(None);
     }
     client
-        .query_opt(
-            &format!("SELECT {columns} FROM walbox.positions WHERE slot = $1"),
-            params,
-        )
+        .query_opt(sql, params)
         .await
         .map_err(Error::sql("read walbox.positions"))
 }

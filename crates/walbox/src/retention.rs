@@ -42,8 +42,9 @@ const MAX_CREATED_PER_ROUND: usize = 100;
 pub struct Retention {
     /// The connection settings.
     pub pg: PgConfig,
-    /// The slot whose saved position bounds what may go.
-    pub slot: String,
+    /// The slots whose saved positions bound what may go: this one, or
+    /// with shards, every shard's (rows of every shard are in the table).
+    pub slots: Vec<String>,
     /// The outbox table.
     pub table: TableName,
     /// Its timestamp column.
@@ -142,13 +143,13 @@ impl Retention {
         }
     }
 
-    /// The newest timestamp that may go, as text; `None` before walbox
+    /// The newest timestamp that may go, as text; `None` before every slot
     /// saved a delivered position.
     async fn cutoff(&self, client: &Client) -> Result<Option<String>, Error> {
-        let row = crate::positions::select(
+        let row = crate::positions::select_every(
             client,
-            "least(now() - make_interval(secs => $2), committed_at - make_interval(secs => $3))::text",
-            &[&self.slot, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],
+            "least(now() - make_interval(secs => $2), min(committed_at) - make_interval(secs => $3))::text",
+            &[&self.slots, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],
         )
         .await?;
         Ok(row.map(|r| r.get(0)))

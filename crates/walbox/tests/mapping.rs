@@ -57,7 +57,12 @@ async fn decoded_inserts(
 fn headers(e: &walbox::mapping::MappedEvent) -> HashMap<String, String> {
     e.headers
         .iter()
-        .map(|h| (h.name.clone(), String::from_utf8(h.value.to_vec()).unwrap()))
+        .map(|h| {
+            (
+                h.name.to_string(),
+                String::from_utf8(h.value.to_vec()).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -88,7 +93,7 @@ async fn maps_the_default_outbox_row() {
     let columns = mapping.resolve(&relation).unwrap();
 
     let e = mapping.map(&columns, &tuples[0]).unwrap();
-    assert_eq!(e.topic, "outbox.event.order");
+    assert_eq!(&*e.topic, "outbox.event.order");
     assert_eq!(e.key, Bytes::from_static(b"order-17"));
     assert_eq!(
         e.value.as_deref(),
@@ -148,7 +153,7 @@ async fn a_debezium_event_router_table_works_by_configuration_alone() {
         .map(&mapping.resolve(&relation).unwrap(), &tuples[0])
         .unwrap();
     assert_eq!(
-        (e.topic.as_str(), &e.key[..]),
+        (&*e.topic, &e.key[..]),
         ("outbox.event.customer", b"c-9".as_slice())
     );
     assert_eq!(headers(&e)["event_type"], "CustomerMoved");

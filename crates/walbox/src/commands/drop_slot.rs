@@ -26,27 +26,30 @@ fn outcome(done: bool) -> &'static str {
     }
 }
 
-/// Drops the slot (and the publication).
+/// Drops the slot (and the publication); with shards and no `shard`,
+/// every shard's.
 pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
-    let c = config.connection()?;
-    let client = connect_control(&c.pg).await?;
-    let publication = args.drop_publication.then_some(c.publication.as_str());
-    let dropped = drop_slot(&client, &c.slot, args.force, publication).await?;
-    if let Some(pid) = dropped.terminated_pid {
-        println!("terminated process {pid}, which held the slot");
-    }
-    println!("slot {:?}: {}", c.slot, outcome(dropped.slot));
-    // A backfill's bookkeeping belongs to its slot.
-    if let Err(e) = crate::backfill::store::forget(&client, &c.slot).await {
-        tracing::warn!(error = %e, "the slot's backfill record in walbox.backfills was not removed");
-    }
-    if args.drop_publication {
-        println!(
-            "publication {:?}: {}",
-            c.publication,
-            outcome(dropped.publication)
-        );
+    let base = config.connection()?;
+    let client = connect_control(&base.pg).await?;
+    for c in base.selected_shards() {
+        let publication = args.drop_publication.then_some(c.publication.as_str());
+        let dropped = drop_slot(&client, &c.slot, args.force, publication).await?;
+        if let Some(pid) = dropped.terminated_pid {
+            println!("terminated process {pid}, which held the slot");
+        }
+        println!("slot {:?}: {}", c.slot, outcome(dropped.slot));
+        // A backfill's bookkeeping belongs to its slot.
+        if let Err(e) = crate::backfill::store::forget(&client, &c.slot).await {
+            tracing::warn!(error = %e, "the slot's backfill record in walbox.backfills was not removed");
+        }
+        if args.drop_publication {
+            println!(
+                "publication {:?}: {}",
+                c.publication,
+                outcome(dropped.publication)
+            );
+        }
     }
     Ok(())
 }

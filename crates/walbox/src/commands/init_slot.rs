@@ -52,24 +52,41 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    if c.shards > 1 && args.backfill.is_some() {
+        return Err(ConfigError(
+            "--backfill with shards > 1 is not supported: backfill unsharded, or publish the rows before sharding".into(),
+        )
+        .into());
+    }
     let mut client = connect_control(&c.pg).await?;
-    let (least, why) = c.source.least_server();
+    let (least, why) = c.least_server();
     check_server(&client, least, why).await?;
-    let publication = if c.source.table() {
+    if c.source.table() {
         check_table(&client, &c.table, &mapping.required_columns()).await?;
-        ensure_publication(&client, &c.publication, &c.table).await?
+    }
+    let Some(condition) = args.backfill else {
+        // Every shard's publication and slot (one of each when not sharded).
+        for s in c.selected_shards() {
+            let publication = if s.source.table() {
+                ensure_publication(&client, &s.publication, &s.table, s.shard.as_ref()).await?
+            } else {
+                ensure_message_publication(&client, &s.publication).await?
+            };
+            say("publication", &s.publication, publication);
+            say(
+                "slot",
+                &s.slot,
+                ensure_slot(&client, &s.slot, args.failover).await?,
+            );
+        }
+        return Ok(());
+    };
+    let publication = if c.source.table() {
+        ensure_publication(&client, &c.publication, &c.table, None).await?
     } else {
         ensure_message_publication(&client, &c.publication).await?
     };
     say("publication", &c.publication, publication);
-    let Some(condition) = args.backfill else {
-        say(
-            "slot",
-            &c.slot,
-            ensure_slot(&client, &c.slot, args.failover).await?,
-        );
-        return Ok(());
-    };
     let settings = config.run()?;
     let order_by = args
         .backfill_order

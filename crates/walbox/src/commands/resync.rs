@@ -32,6 +32,12 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
     let c = config.connection()?;
     let mapping = config.mapping()?;
     let settings = config.run()?;
+    if c.shards > 1 {
+        return Err(ConfigError(
+            "resync with shards > 1 is not supported: it would republish every shard's rows through one slot (resync each shard's table range by hand, or run it unsharded)".into(),
+        )
+        .into());
+    }
     if c.source != EventSource::Table {
         return Err(ConfigError(
             "resync republishes rows of the outbox table; events written as logical decoding messages (source = messages or both) are in no table, so those lost with the slot cannot be republished".into(),
@@ -40,7 +46,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
     }
     let mut client = connect_control(&c.pg).await?;
     preflight(&client, &c.table, &mapping.required_columns()).await?;
-    ensure_publication(&client, &c.publication, &c.table).await?;
+    ensure_publication(&client, &c.publication, &c.table, None).await?;
     if let Some(status) = slot_status(&client, &c.slot).await? {
         if status.active {
             if !args.force {

@@ -121,6 +121,14 @@ fn startup_settings(config: &crate::config::Config) -> String {
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
     let c = config.connection()?;
+    if c.shards > 1 && c.shard.is_none() {
+        return Err(crate::config::ConfigError(format!(
+            "shards = {}: say which shard this process streams (--shard 0 to {}, WALBOX_SHARD or shard in the file); each shard runs as its own process",
+            c.shards,
+            c.shards - 1
+        ))
+        .into());
+    }
     let mapping = config.mapping()?;
     let settings = config.run()?;
 
@@ -162,10 +170,14 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             )
             .into())
         }
+        // With shards, shard 0 deletes for all, bounded by every shard's
+        // delivered position.
+        (Some(_), Some(_)) if c.shard.as_ref().is_some_and(|s| s.index > 0) => None,
         (Some(keep), Some(column)) => {
+            let slots = c.all_shards().into_iter().map(|s| s.slot).collect();
             let r = crate::retention::Retention {
                 pg: c.pg.clone(),
-                slot: c.slot.clone(),
+                slots,
                 table: c.table.clone(),
                 column: column.clone(),
                 keep,
@@ -190,6 +202,16 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
     if let Some(spans) = spans {
         spans.shutdown().await;
+    }
+    if let Some(s) = metrics.commit_to_ack_exact.summary() {
+        tracing::info!(
+            events = s.events,
+            p50_ms = s.p50_ms,
+            p99_ms = s.p99_ms,
+            p999_ms = s.p999_ms,
+            max_ms = s.max_ms,
+            "commit to ack since start (exact)"
+        );
     }
     result
 }
@@ -330,7 +352,8 @@ async fn stream(
         c.table.clone(),
         required_columns,
         c.source,
-    );
+    )
+    .with_shard(c.shard.clone());
     let relay = RelayConfig {
         table: c.table.clone(),
         mapping: mapping.clone(),

@@ -21,6 +21,8 @@ pub struct StatusArgs {
 #[derive(Debug, Serialize)]
 struct Status {
     slot: String,
+    /// `"i of N"` when sharded.
+    shard: Option<String>,
     active: bool,
     active_pid: Option<i32>,
     application_name: Option<String>,
@@ -45,24 +47,54 @@ struct Status {
     backfill: Option<String>,
 }
 
-/// Prints the slot's state.
+/// Prints the slot's state; with shards and no `shard`, every shard's (in
+/// JSON, `{"shards": [...]}`).
 pub async fn run(args: StatusArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
-    let c = config.connection()?;
-    let client = connect_control(&c.pg).await?;
-    let st = slot_status(&client, &c.slot)
+    let base = config.connection()?;
+    let client = connect_control(&base.pg).await?;
+    let every = base.selected_shards();
+    let mut statuses = Vec::with_capacity(every.len());
+    for c in &every {
+        statuses.push(status(&client, c).await?);
+    }
+    let all = every.len() > 1;
+    if args.json {
+        let json = if all {
+            serde_json::json!({ "shards": statuses }).to_string()
+        } else {
+            serde_json::to_string(&statuses[0]).expect("plain data serializes")
+        };
+        println!("{json}");
+    } else {
+        let blocks: Vec<String> = statuses.iter().map(text).collect();
+        print!("{}", blocks.join("\n"));
+    }
+    Ok(())
+}
+
+/// One slot's state.
+async fn status(
+    client: &tokio_postgres::Client,
+    c: &crate::config::Connection,
+) -> Result<Status, CliError> {
+    let st = slot_status(client, &c.slot)
         .await?
         .ok_or_else(|| CliError::NoSlot(c.slot.clone()))?;
     let covered = if c.source.table() {
-        coverage(&client, &c.publication, &c.table).await?
+        coverage(client, &c.publication, &c.table, c.shard.as_ref()).await?
     } else {
-        message_coverage(&client, &c.publication).await?
+        message_coverage(client, &c.publication).await?
     };
-    let saved = crate::positions::saved(&client, &c.slot)
+    let saved = crate::positions::saved(client, &c.slot)
         .await?
         .map(|(lsn, committed, saved)| format!("{lsn} (commit {committed}, saved {saved})"));
-    let status = Status {
+    Ok(Status {
         slot: c.slot.clone(),
+        shard: c
+            .shard
+            .as_ref()
+            .map(|s| format!("{} of {}", s.index, s.count)),
         active: st.active,
         active_pid: st.active_pid,
         application_name: st.application_name,
@@ -78,17 +110,8 @@ pub async fn run(args: StatusArgs) -> Result<(), CliError> {
         publication_covers: covered.gap.is_none(),
         publication_problem: covered.gap,
         saved_position: saved,
-        backfill: crate::backfill::describe(&client, &c.slot).await?,
-    };
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&status).expect("plain data serializes")
-        );
-    } else {
-        print!("{}", text(&status));
-    }
-    Ok(())
+        backfill: crate::backfill::describe(client, &c.slot).await?,
+    })
 }
 
 /// The text form: `name: value` lines, aligned.
@@ -114,6 +137,7 @@ fn text(s: &Status) -> String {
     };
     let mut rows = vec![
         ("slot", s.slot.clone()),
+        ("shard", opt(s.shard.clone())),
         ("active", active),
         ("confirmed_flush_lsn", opt(s.confirmed_flush_lsn.clone())),
         ("confirmed_lag", lag),

@@ -27,7 +27,7 @@ use figment::providers::Format;
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use sink_kafka::{is_secret_property, SinkConfig, TopicSpec};
-use slot_manager::{PgConfig, TableName};
+use slot_manager::{PgConfig, ShardFilter, TableName};
 
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce};
@@ -120,6 +120,10 @@ struct Raw {
     pg_url: Option<String>,
     slot: String,
     publication: String,
+    #[serde(deserialize_with = "whole::u64")]
+    shards: u64,
+    #[serde(deserialize_with = "whole::opt_u64")]
+    shard: Option<u64>,
     table: String,
     source: EventSource,
     message_prefix: String,
@@ -154,6 +158,8 @@ impl Default for Raw {
             pg_url: None,
             slot: "walbox".into(),
             publication: "walbox_outbox".into(),
+            shards: 1,
+            shard: None,
             table: "public.outbox_events".into(),
             source: EventSource::Table,
             message_prefix: "walbox".into(),
@@ -266,6 +272,75 @@ pub struct Connection {
     pub table: TableName,
     /// Where events come from.
     pub source: EventSource,
+    /// How many shards the outbox is split over (1: not sharded).
+    pub shards: u32,
+    /// The shard this connection streams (its slot and publication are the
+    /// shard's); `None` when not sharded, or for every shard.
+    pub shard: Option<ShardFilter>,
+    /// The names shards derive theirs from, when sharded.
+    shard_base: Option<ShardBase>,
+}
+
+/// What every shard's names and filter derive from.
+#[derive(Clone, Debug)]
+struct ShardBase {
+    slot: String,
+    publication: String,
+    /// The column shards hash: the aggregate id.
+    column: String,
+}
+
+impl Connection {
+    /// The connections this one stands for: itself when not sharded or when
+    /// it names its shard; otherwise every shard's.
+    pub fn selected_shards(&self) -> Vec<Connection> {
+        match self.shard {
+            Some(_) => vec![self.clone()],
+            None => self.all_shards(),
+        }
+    }
+
+    /// Every shard's connection (itself when not sharded).
+    pub fn all_shards(&self) -> Vec<Connection> {
+        let Some(base) = &self.shard_base else {
+            return vec![self.clone()];
+        };
+        (0..self.shards)
+            .map(|index| Connection {
+                slot: shard_name(&base.slot, index),
+                publication: shard_name(&base.publication, index),
+                shard: Some(ShardFilter {
+                    index,
+                    count: self.shards,
+                    column: base.column.clone(),
+                }),
+                ..self.clone()
+            })
+            .collect()
+    }
+
+    /// What to say to an older server than the source and sharding need.
+    pub fn least_server(&self) -> (i32, &'static str) {
+        least_server(self.source, self.shards > 1)
+    }
+}
+
+/// The oldest server `source` streams from, sharded or not, and what to
+/// say to an older one.
+pub fn least_server(source: EventSource, sharded: bool) -> (i32, &'static str) {
+    let (least, why) = source.least_server();
+    if sharded && least < slot_manager::LEAST_SHARDED_SERVER {
+        return (
+            slot_manager::LEAST_SHARDED_SERVER,
+            "sharded streaming (shards > 1) needs Postgres 15 or later (publication row filters)",
+        );
+    }
+    (least, why)
+}
+
+/// A shard's slot or publication: the name with `_index` appended.
+fn shard_name(name: &str, index: u32) -> String {
+    format!("{name}_{index}")
 }
 
 /// What `walbox run` needs beyond the connection and mapping.
@@ -435,13 +510,78 @@ impl Config {
             )));
         }
         let table = TableName::parse(&r.table).map_err(|e| ConfigError(format!("table: {e}")))?;
-        Ok(Connection {
+        let connection = Connection {
             pg,
             slot: r.slot.clone(),
             publication: r.publication.clone(),
             table,
             source: r.source,
-        })
+            shards: 1,
+            shard: None,
+            shard_base: None,
+        };
+        self.sharded(connection)
+    }
+
+    /// `connection` with the shard settings applied: checked, and the
+    /// shard's names when it names one.
+    fn sharded(&self, mut c: Connection) -> Result<Connection, ConfigError> {
+        let r = &self.raw;
+        let max = slot_manager::MAX_SHARDS;
+        let shards = match u32::try_from(r.shards) {
+            Ok(n @ 1..) if n <= max => n,
+            _ => {
+                return Err(ConfigError(format!(
+                    "shards: {} is not a shard count from 1 to {max}",
+                    r.shards
+                )))
+            }
+        };
+        if shards == 1 {
+            return match r.shard {
+                None | Some(0) => Ok(c),
+                Some(i) => Err(ConfigError(format!(
+                    "shard: {i} given, but shards is 1 (set shards to the number of shards)"
+                ))),
+            };
+        }
+        if !c.source.table() || c.source.messages() {
+            return Err(ConfigError(
+                "shards > 1 needs source = table: row filters split table rows, not logical decoding messages".into(),
+            ));
+        }
+        let suffix = shard_name("", shards - 1).len();
+        for (what, name) in [("slot", &c.slot), ("publication", &c.publication)] {
+            if name.len() + suffix > slot_manager::MAX_NAME_BYTES {
+                return Err(ConfigError(format!(
+                    "{what} {name:?}: with shards = {shards} its shards' names would exceed {} bytes",
+                    slot_manager::MAX_NAME_BYTES
+                )));
+            }
+        }
+        c.shards = shards;
+        c.shard_base = Some(ShardBase {
+            slot: c.slot.clone(),
+            publication: c.publication.clone(),
+            column: self.mapping()?.aggregate_id,
+        });
+        if let Some(i) = r.shard {
+            let index = u32::try_from(i)
+                .ok()
+                .filter(|i| *i < shards)
+                .ok_or_else(|| {
+                    ConfigError(format!(
+                        "shard: {i} is not one of the {shards} shards (0 to {})",
+                        shards - 1
+                    ))
+                })?;
+            c = c
+                .all_shards()
+                .into_iter()
+                .nth(index as usize)
+                .expect("index checked");
+        }
+        Ok(c)
     }
 
     /// The outbox mapping: the preset's columns, overridden one by one.
@@ -671,7 +811,16 @@ impl Config {
             Some(v) => Ok(v.clone()),
             None => Ok(default),
         };
-        let transactional_id = text("id", &t.id, format!("walbox-{}", r.slot))?;
+        // Each shard is its own producer: its own transactional id (also the
+        // key of its progress records), or they would fence each other.
+        let (slot, suffix) = match r.shard {
+            Some(i) if r.shards > 1 => (shard_name(&r.slot, i as u32), format!("-{i}")),
+            _ => (r.slot.clone(), String::new()),
+        };
+        let transactional_id = match &t.id {
+            Some(id) if !id.is_empty() => format!("{id}{suffix}"),
+            _ => text("id", &t.id, format!("walbox-{slot}"))?,
+        };
         let progress_topic = text(
             "progress_topic",
             &t.progress_topic,
@@ -696,7 +845,7 @@ impl Config {
         Ok(Some(ExactlyOnce {
             progress_topic,
             transactional_id,
-            slot: r.slot.clone(),
+            slot,
             bounds: Bounds {
                 max_events: count("max_events", t.max_events, d.max_events, 1)?,
                 max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,

@@ -32,6 +32,7 @@
 //! [`crate::stall`]); `/readyz?standby=ready` also 200 for a standby
 //! waiting for the slot another instance holds.
 
+pub mod latency;
 mod process;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -151,6 +152,8 @@ pub struct Metrics {
     pub retained_wal_bytes: Gauge,
     /// Commit-to-ack latency.
     pub commit_to_ack: Histogram,
+    /// The same latencies, exactly (for the percentiles logged at exit).
+    pub commit_to_ack_exact: latency::ExactLatency,
     /// Seconds without a delivery report while events wait.
     pub delivery_stalled_seconds: Gauge,
     /// Outbox rows deleted by retention.
@@ -375,6 +378,7 @@ impl Metrics {
             confirmed_lsn,
             retained_wal_bytes,
             commit_to_ack,
+            commit_to_ack_exact: latency::ExactLatency::default(),
             delivery_stalled_seconds,
             standby: AtomicBool::new(false),
             stalled: AtomicBool::new(false),

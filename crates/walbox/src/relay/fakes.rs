@@ -690,7 +690,7 @@ impl Destination for Broker {
             .delivered
             .iter()
             .rev()
-            .find(|r| r.topic == topic && r.key.as_deref() == Some(key.as_bytes()))
+            .find(|r| &*r.topic == topic && r.key.as_deref() == Some(key.as_bytes()))
             .and_then(|r| r.value.clone()))
     }
 

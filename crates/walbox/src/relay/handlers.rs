@@ -10,7 +10,7 @@ use pgoutput_decoder::{
 use sink_kafka::{DeliveryError, Record, Report};
 use tokio::time::Instant;
 
-use super::session::{Session, MAX_SHARED_TOPICS};
+use super::session::Session;
 use super::{Deliveries, Destination, RunError, Token};
 use crate::dead_letter::{failure_kind, DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
@@ -28,10 +28,13 @@ struct Unmapped {
 }
 
 impl<D: Destination, R: Deliveries> Session<'_, D, R> {
-    /// A delivery report: ack the event, dead-letter it, or stop.
+    /// A delivery report received at `now` (`wall`, on the wall clock): ack
+    /// the event, dead-letter it, or stop.
     pub(super) fn on_report(
         &mut self,
         report: Report<Token>,
+        now: Instant,
+        wall: PgTimestamp,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         if self.transactions.is_some() {
             return self.on_transactional_report(report).map(|()| None);
@@ -43,11 +46,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         } = report;
         match result {
             Ok(_) => {
-                let update = match self.progress.ack(token.event, Instant::now())? {
+                let update = match self.progress.ack(token.event, now)? {
                     Ack::Current(update) => update,
                     Ack::Stale => return Ok(None),
                 };
-                self.count_delivered(&token);
+                self.count_delivered(&token, wall);
                 Ok(update)
             }
             Err(error) => {
@@ -80,9 +83,9 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         }
     }
 
-    /// Metrics of an event delivered (at least once: acknowledged;
-    /// exactly once: its transaction committed).
-    pub(super) fn count_delivered(&self, token: &Token) {
+    /// Metrics of an event delivered at `wall` (at least once:
+    /// acknowledged; exactly once: its transaction committed).
+    pub(super) fn count_delivered(&self, token: &Token, wall: PgTimestamp) {
         let topic = self.metrics.topic_label(&token.topic);
         match token.dead_letter {
             Some(kind) => {
@@ -99,11 +102,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                     .published
                     .get_or_create(&TopicLabel { topic })
                     .inc();
-                let micros =
-                    PgTimestamp::now().as_unix_micros() - token.commit_time.as_unix_micros();
+                let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
                 self.metrics
                     .commit_to_ack
                     .observe(micros.max(0) as f64 / 1e6);
+                self.metrics.commit_to_ack_exact.record(micros);
                 if let (Some(spans), Some(span)) = (&self.config.spans, &token.span) {
                     spans.end(span, token.commit_time, &token.topic, token.lsn);
                 }
@@ -233,7 +236,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             }
             Err(e) => return self.on_unmappable(e.clone(), Unmapped::default(), lsn),
         };
-        match self.config.mapping.map(columns, tuple) {
+        match self
+            .config
+            .mapping
+            .map_with(columns, tuple, &mut self.topics)
+        {
             Ok(event) => self.queue(event, lsn),
             Err(e) => {
                 let mapping = &self.config.mapping;
@@ -253,7 +260,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         if self.skip_replayed() {
             return Ok(());
         }
-        match crate::envelope::map(&self.config.mapping, content, lsn) {
+        match crate::envelope::map(&self.config.mapping, content, lsn, &mut self.topics) {
             Ok(event) => self.queue(event, lsn),
             Err(e) => {
                 let unmapped = Unmapped {
@@ -287,7 +294,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
         if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
             // Refused for good before: straight to the dead-letter topic.
-            let token = self.token(&event.topic, lsn, Some(DeadLetterKind::Refused))?;
+            let token = self.token(Arc::clone(&event.topic), lsn, Some(DeadLetterKind::Refused))?;
             let returned = Record {
                 topic: event.topic,
                 key: Some(event.key),
@@ -307,7 +314,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             }
             return Err(RunError::Delivery(error));
         }
-        let mut token = self.token(&event.topic, lsn, None)?;
+        let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
         self.outgoing.push_back(Record {
             topic: event.topic,
@@ -332,7 +339,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         lsn: Lsn,
     ) -> Result<(), RunError> {
         let token = self.token(
-            topic.as_deref().unwrap_or(""),
+            Arc::from(topic.as_deref().unwrap_or("")),
             lsn,
             Some(DeadLetterKind::Unmappable),
         )?;
@@ -361,20 +368,10 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     /// The token for an event of the open transaction meant for `topic`.
     fn token(
         &mut self,
-        topic: &str,
+        topic: Arc<str>,
         lsn: Lsn,
         dead_letter: Option<DeadLetterKind>,
     ) -> Result<Token, RunError> {
-        let topic = if let Some(t) = self.topics.get(topic) {
-            Arc::clone(t)
-        } else {
-            let t: Arc<str> = Arc::from(topic);
-            if self.topics.len() >= MAX_SHARED_TOPICS {
-                self.topics.clear();
-            }
-            self.topics.insert(topic.to_owned(), Arc::clone(&t));
-            t
-        };
         Ok(Token {
             event: self.progress.event()?,
             lsn,

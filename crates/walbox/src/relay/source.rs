@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
     check_server, check_table, connect_control, coverage, domain_base_types, message_coverage,
-    start_streaming, Coverage, LogicalReplicationStream, PgConfig, ReplicationOptions, TableName,
+    start_streaming, Coverage, LogicalReplicationStream, PgConfig, ReplicationOptions, ShardFilter,
+    TableName,
 };
 use tokio_postgres::Client;
 
@@ -73,6 +74,8 @@ pub struct PostgresSource {
     required_columns: Vec<String>,
     options: ReplicationOptions,
     source: EventSource,
+    /// The shard streamed, when sharded.
+    shard: Option<ShardFilter>,
 }
 
 impl PostgresSource {
@@ -97,7 +100,14 @@ impl PostgresSource {
             table,
             required_columns,
             source,
+            shard: None,
         }
+    }
+
+    /// Streams one shard: its publication must hold the shard's row filter.
+    pub fn with_shard(mut self, shard: Option<ShardFilter>) -> Self {
+        self.shard = shard;
+        self
     }
 }
 
@@ -111,6 +121,7 @@ pub struct PostgresStream {
     publication: String,
     /// The outbox table, when its rows are events.
     table: Option<TableName>,
+    shard: Option<ShardFilter>,
 }
 
 impl Source for PostgresSource {
@@ -118,7 +129,7 @@ impl Source for PostgresSource {
 
     async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
         let control = connect_control(&self.pg).await?;
-        let (least, why) = self.source.least_server();
+        let (least, why) = crate::config::least_server(self.source, self.shard.is_some());
         check_server(&control, least, why).await?;
         if self.source.table() {
             let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
@@ -145,6 +156,7 @@ impl Source for PostgresSource {
                 slot: self.slot.clone(),
                 publication: self.publication.clone(),
                 table: self.source.table().then(|| self.table.clone()),
+                shard: self.shard.clone(),
             },
             confirmed: started.slot.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
             history: format!(
@@ -167,7 +179,9 @@ impl ReplicationStream for PostgresStream {
 
     async fn coverage(&mut self) -> Result<Coverage, RunError> {
         Ok(match &self.table {
-            Some(table) => coverage(&self.control, &self.publication, table).await?,
+            Some(table) => {
+                coverage(&self.control, &self.publication, table, self.shard.as_ref()).await?
+            }
             None => message_coverage(&self.control, &self.publication).await?,
         })
     }

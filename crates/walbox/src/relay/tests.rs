@@ -469,7 +469,7 @@ async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() 
     .await
     .unwrap();
     let delivered = fx.broker.delivered();
-    let dead: Vec<_> = delivered.iter().filter(|r| r.topic == "dlq").collect();
+    let dead: Vec<_> = delivered.iter().filter(|r| &*r.topic == "dlq").collect();
     assert_eq!(dead.len(), 2);
     for (r, kind, id, lsn) in [
         (dead[0], "unmappable", "unmappable", "0/6E"),

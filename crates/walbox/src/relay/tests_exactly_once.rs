@@ -41,7 +41,7 @@ fn visible(broker: &Broker, topic: &str) -> Vec<String> {
     broker
         .delivered()
         .iter()
-        .filter(|r| r.topic == topic)
+        .filter(|r| &*r.topic == topic)
         .map(|r| header(r, "id").unwrap().to_owned())
         .collect()
 }
@@ -52,7 +52,7 @@ fn committed(broker: &Broker) -> Option<Position> {
         .delivered()
         .iter()
         .rev()
-        .find(|r| r.topic == "progress")
+        .find(|r| &*r.topic == "progress")
         .map(|r| Position::decode(r.value.as_ref().unwrap()).unwrap())
 }
 

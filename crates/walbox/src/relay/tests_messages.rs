@@ -69,7 +69,7 @@ async fn rows_and_messages_of_one_transaction_go_out_in_wal_order() {
     );
     assert!(delivered
         .iter()
-        .all(|r| header(r, "event_type") == Some("Created") && r.topic == "events"));
+        .all(|r| header(r, "event_type") == Some("Created") && &*r.topic == "events"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -198,7 +198,7 @@ async fn a_bad_envelope_goes_whole_to_the_dead_letter_topic() {
     let delivered = fx.broker.delivered();
     assert_eq!(delivered.len(), 2);
     let dead = &delivered[0];
-    assert_eq!(dead.topic, "dlq");
+    assert_eq!(&*dead.topic, "dlq");
     assert_eq!(header(dead, headers::ERROR_KIND), Some("unmappable"));
     assert_eq!(header(dead, headers::EVENT_ID), Some("no-key"));
     assert_eq!(header(dead, headers::SOURCE_LSN), Some("0/6E"));

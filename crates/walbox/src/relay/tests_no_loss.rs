@@ -272,7 +272,7 @@ async fn a_relation_that_cannot_be_mapped_follows_the_dead_letter_policy() {
     result.unwrap();
     let delivered = fx.broker.delivered();
     assert_eq!(delivered.len(), 1);
-    assert_eq!(delivered[0].topic, "dlq");
+    assert_eq!(&*delivered[0].topic, "dlq");
     assert_eq!(
         header(&delivered[0], headers::ERROR_KIND),
         Some("unmappable")

@@ -320,7 +320,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             unreachable!("matched above")
         };
         let record = Record {
-            topic: eos.config.progress_topic.clone(),
+            topic: eos.config.progress_topic.as_str().into(),
             key: Some(Bytes::from(eos.config.transactional_id.clone())),
             value: Some(Bytes::from(position.encode(&eos.config.slot))),
             headers: Vec::new(),
@@ -406,12 +406,13 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         }
         self.metrics.transactions_committed.inc();
         let now = Instant::now();
+        let wall = PgTimestamp::now();
         let mut update = None;
         for token in tokens {
             if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
                 update = Some(u);
             }
-            self.count_delivered(&token);
+            self.count_delivered(&token, wall);
         }
         Ok(update)
     }
