@@ -432,7 +432,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     self.save_position(stream).await;
                     Ok(())
                 }
-                () = &mut txn_due, if open_until.is_some() => Ok(()),
+                // Only while nothing waits to be sent: the transaction
+                // closes only then, and a timer already past is ready on
+                // every turn, so it would starve the `reserve` below.
+                () = &mut txn_due, if open_until.is_some() && waiting.is_none() => Ok(()),
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() && sending => {
                     self.send_front(permit).await
                 }

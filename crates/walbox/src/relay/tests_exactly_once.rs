@@ -11,7 +11,7 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind, TxnErrorKind};
 use tokio::sync::watch;
 
 use super::fakes::{header, relation, Broker, FakeSource};
-use super::tests::{until, Fixture};
+use super::tests::{idle, until, Fixture};
 use super::{run, RelayConfig, RunError, Stop};
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce, Position};
@@ -217,6 +217,45 @@ async fn a_postgres_transaction_larger_than_the_bound_is_split_and_resumed_insid
     assert!(killed.is_none());
     let want: Vec<String> = big.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(visible(&broker, "events"), want, "each row once, in order");
+}
+
+/// The transaction's time bound passes while a record waits for room in
+/// flight (a slow broker): the record is sent once room frees, and the
+/// transaction closes and commits. (The bound's timer, once past, was ready
+/// on every turn of the loop and kept it from ever polling for room: the
+/// relay spun without sending, reading or committing, and said nothing.)
+#[tokio::test(start_paused = true)]
+async fn a_transaction_past_its_time_bound_while_a_record_waits_for_room_still_commits() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 2, 1 << 16);
+    fx.config.exactly_once = exactly_once(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let five = events("e", 5);
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &refs(&five));
+            until("2 in flight, the rest waiting for room", || {
+                b.pending() == 2
+            })
+            .await;
+            // Past the 20 ms bound, with records still waiting for room.
+            idle(100).await;
+            assert_eq!(b.commits_and_aborts(), (0, 0));
+            until("all five committed", || {
+                b.ack_all();
+                visible(&b, "events").len() == 5
+            })
+            .await;
+            until("confirmed", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(
+        visible(&fx.broker, "events"),
+        ["e0", "e1", "e2", "e3", "e4"]
+    );
 }
 
 #[tokio::test(start_paused = true)]
