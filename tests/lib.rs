@@ -30,7 +30,16 @@ pub fn walbox_bin() -> &'static Path {
             None => "dev",
         };
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
+        let mut command = Command::new(cargo);
+        // Without the variables cargo set for this test: build scripts that
+        // watch one (ring's watches CARGO_MANIFEST_DIR) would otherwise be
+        // rebuilt here, and again by the next plain `cargo build`.
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(set_for_a_test) {
+                command.env_remove(&name);
+            }
+        }
+        let status = command
             .args([
                 "build",
                 "--quiet",
@@ -48,4 +57,21 @@ pub fn walbox_bin() -> &'static Path {
         assert!(status.success(), "building the walbox binary failed");
         profile_dir.join("walbox")
     })
+}
+
+/// Whether cargo sets the variable `name` for a crate it runs (and not for
+/// the build it is asked to do).
+fn set_for_a_test(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
