@@ -161,16 +161,14 @@ async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions()
     let mut flags = exactly_once_flags(&topic, &progress);
     flags.extend(["--transactions-max-events", &max_events]);
 
-    let writer = {
-        let db_client = db.connect().await;
-        tokio::spawn(async move {
-            for chunk in 0..50 {
-                let from = chunk * (TOTAL / 50);
-                insert_events(&db_client, from, from + TOTAL / 50, |k| 1 + k % 50, 97).await;
-                tokio::time::sleep(Duration::from_millis(100)).await; // spread the writes over the kills
-            }
-        })
-    };
+    let writer = spawn_writer(
+        db.connect().await,
+        50,
+        TOTAL / 50,
+        Duration::from_millis(100),
+        |_, k| 1 + k % 50,
+        97,
+    );
     let mut kills = 0;
     while kills < 5 {
         let mut relay = spawn_run(&db, &kafka, &flags);

@@ -348,20 +348,14 @@ async fn nothing_is_lost_when_walbox_is_killed_repeatedly() {
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
     let total = 50_000;
-    let writer_client = db.connect().await;
-    let writer = tokio::spawn(async move {
-        for chunk in 0..500 {
-            insert_events(
-                &writer_client,
-                chunk * 100,
-                (chunk + 1) * 100,
-                move |_| 1 + chunk % 20,
-                30,
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(5)).await; // spread the writes over the kills
-        }
-    });
+    let writer = spawn_writer(
+        db.connect().await,
+        500,
+        100,
+        Duration::from_millis(5),
+        |chunk, _| 1 + chunk % 20,
+        30,
+    );
     let run = || spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     let mut relay =
         kill_9_at_random_moments(run(), 5, (200, 600), 0x2545_f491_4f6c_dd1d, run).await;

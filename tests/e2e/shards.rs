@@ -9,7 +9,7 @@ use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, server_version_num, TestDb};
 
 use crate::support::{
-    expect_all, free_addr, http_get, insert_events, signal, sigterm, spawn_run, stop, succeeded,
+    expect_all, free_addr, http_get, signal, sigterm, spawn_run, spawn_writer, stop, succeeded,
     wait_exit, wait_http, wait_log, walbox, Relay,
 };
 
@@ -115,20 +115,14 @@ async fn four_shards_deliver_every_event_in_key_order_through_kill_9_and_a_stand
     }
 
     let total = 8_000;
-    let writer_client = db.connect().await;
-    let writer = tokio::spawn(async move {
-        for chunk in 0..80 {
-            insert_events(
-                &writer_client,
-                chunk * 100,
-                (chunk + 1) * 100,
-                |k| 1 + k % 7,
-                200,
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    });
+    let writer = spawn_writer(
+        db.connect().await,
+        80,
+        100,
+        Duration::from_millis(25),
+        |_, k| 1 + k % 7,
+        200,
+    );
     // kill -9 of shard 1's process, restarted; kill -9 of shard 2's
     // active process, whose standby takes over.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -231,6 +231,34 @@ pub(crate) async fn init(db: &TestDb) -> Client {
     client
 }
 
+/// Writes events `0..chunks * per_chunk` in the background, `per_chunk` at
+/// a time through [`insert_events`] (`tx_size(chunk, k)` sizes a chunk's
+/// k-th transaction), pausing `pause` after each chunk: the writes spread
+/// over what the test does meanwhile (kills, restarts, takeovers).
+pub(crate) fn spawn_writer(
+    client: Client,
+    chunks: usize,
+    per_chunk: usize,
+    pause: Duration,
+    tx_size: impl Fn(usize, usize) -> usize + Send + Sync + 'static,
+    aggregates: usize,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for chunk in 0..chunks {
+            let from = chunk * per_chunk;
+            insert_events(
+                &client,
+                from,
+                from + per_chunk,
+                |k| tx_size(chunk, k),
+                aggregates,
+            )
+            .await;
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
 /// Inserts events `from..to` (payload `n`, key `agg-{n % aggregates}`,
 /// event type `E{n}`) in transactions; `tx_size(k)` sizes the k-th one.
 pub(crate) async fn insert_events(
