@@ -552,6 +552,24 @@ fn exactly_once_settings() {
     assert_eq!(eos.bounds.max_bytes, 65536);
     assert_eq!(eos.bounds.max_time, Duration::from_millis(50));
 
+    // Each shard is its own producer: its own id, and its own slot.
+    let shard = |vars: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS, ("WALBOX_SHARDS", "4"), ("WALBOX_SHARD", "2")];
+        all.extend_from_slice(vars);
+        let eos = load(None, &all, &[("delivery", &["exactly-once"])])
+            .unwrap()
+            .run()
+            .unwrap()
+            .exactly_once
+            .unwrap();
+        (eos.transactional_id, eos.slot)
+    };
+    assert_eq!(shard(&[]), ("walbox-walbox_2".into(), "walbox_2".into()));
+    assert_eq!(
+        shard(&[("WALBOX_TRANSACTIONS_ID", "billing")]),
+        ("billing-2".into(), "walbox_2".into())
+    );
+
     let refused = |vars: &[(&str, &str)]| {
         let mut all = vec![PG, BROKERS];
         all.extend_from_slice(vars);
