@@ -218,11 +218,11 @@ const MAX_TOPICS: usize = 10_000;
 impl Topics {
     /// The topic for `aggregate_type`; `Err` with the name when it is not a
     /// valid Kafka topic name (not kept).
-    fn get(&mut self, template: &str, aggregate_type: &str) -> Result<Arc<str>, String> {
+    fn get(&mut self, mapping: &OutboxMapping, aggregate_type: &str) -> Result<Arc<str>, String> {
         if let Some(name) = self.names.get(aggregate_type) {
             return Ok(Arc::clone(name));
         }
-        let name = template.replace("{aggregate_type}", aggregate_type);
+        let name = mapping.topic_for(aggregate_type);
         if !is_valid_topic(&name) {
             return Err(name);
         }
@@ -468,7 +468,7 @@ impl OutboxMapping {
         if aggregate_id.is_empty() {
             return Err(MapError::EmptyAggregateId { event_id: id });
         }
-        let topic = match topics.get(&self.topic_template, aggregate_type) {
+        let topic = match topics.get(self, aggregate_type) {
             Ok(topic) => topic,
             Err(topic) => {
                 return Err(MapError::InvalidTopic {
