@@ -192,29 +192,23 @@ impl Reading {
                 table.quoted()
             ));
         }
-        match (&self.row_filter, shard) {
-            (Some(filter), Some(shard)) if shard.matches(filter) => return None,
-            (Some(filter), Some(shard)) => {
-                return Some(format!(
-                    "publication {publication} publishes the rows of {table} WHERE {filter}, not shard {} of {}'s: \
-                     ALTER PUBLICATION {p} SET TABLE {} WHERE ({})",
-                    shard.index,
-                    shard.count,
-                    table.quoted(),
-                    shard.sql()
-                ))
-            }
-            (None, Some(shard)) => {
-                return Some(format!(
-                    "publication {publication} publishes every row of {table}, not shard {} of {}'s (every shard would send them): \
-                     ALTER PUBLICATION {p} SET TABLE {} WHERE ({})",
-                    shard.index,
-                    shard.count,
-                    table.quoted(),
-                    shard.sql()
-                ))
-            }
-            _ => {}
+        if let Some(shard) = shard {
+            let (publishes, consequence) = match &self.row_filter {
+                Some(filter) if shard.matches(filter) => return None,
+                Some(filter) => (format!("the rows of {table} WHERE {filter}"), ""),
+                None => (
+                    format!("every row of {table}"),
+                    " (every shard would send them)",
+                ),
+            };
+            return Some(format!(
+                "publication {publication} publishes {publishes}, not shard {} of {}'s{consequence}: \
+                 ALTER PUBLICATION {p} SET TABLE {} WHERE ({})",
+                shard.index,
+                shard.count,
+                table.quoted(),
+                shard.sql()
+            ));
         }
         if let Some(filter) = &self.row_filter {
             return Some(format!(
