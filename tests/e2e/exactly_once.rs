@@ -254,10 +254,10 @@ async fn broker_errors_inside_a_transaction_abort_it_and_the_stream_goes_on() {
     let topic = kafka.create_topic(3).await;
     let progress = kafka.create_topic(1).await;
     let dead = kafka.create_topic(1).await;
-    let addr = free_addr();
     let mut flags = exactly_once_flags(&topic, &progress);
-    flags.extend(["--metrics-addr", &addr, "--dead-letter-topic", &dead]);
+    flags.extend(["--metrics-addr", ANY_PORT, "--dead-letter-topic", &dead]);
     let mut relay = spawn_run(&db, &kafka, &flags);
+    let addr = metrics_addr(&relay).await;
     insert_events(&client, 0, 100, |k| 1 + k % 10, 5).await;
     assert_eq!(expect_all(&kafka, &topic, 100).await, 0);
     let mock = kafka.mock_cluster().expect("a mock");

@@ -133,7 +133,7 @@ async fn prometheus_scrapes_walbox_and_the_rules_and_dashboard_queries_evaluate(
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let (mut relay, metrics) = spawn_run_watched(&db, &kafka, &topic);
+    let (mut relay, metrics) = spawn_run_watched(&db, &kafka, &topic).await;
     insert_events(&client, 0, 120, |_| 4, 10).await;
     expect_all(&kafka, &topic, 120).await;
     let prometheus = Prometheus::start(&bin, &metrics);

@@ -51,7 +51,6 @@ async fn rows_older_than_the_retention_go_only_once_delivered() {
     // Its own MockCluster: the brokers go down in the middle.
     let kafka = TestKafka::mock(1);
     let topic = kafka.create_topic(2).await;
-    let addr = free_addr();
     let mut relay = spawn_run(
         &db,
         &kafka,
@@ -63,9 +62,10 @@ async fn rows_older_than_the_retention_go_only_once_delivered() {
             "--slot-recreate-margin-secs",
             "0",
             "--metrics-addr",
-            &addr,
+            ANY_PORT,
         ],
     );
+    let addr = metrics_addr(&relay).await;
     insert_events(&client, 0, 200, |k| 1 + k % 5, 7).await;
     let head = current_wal_lsn(&client).await;
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
@@ -134,7 +134,6 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
         .unwrap();
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(2).await;
-    let addr = free_addr();
     let mut relay = spawn_run(
         &db,
         &kafka,
@@ -148,9 +147,10 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
             "--slot-recreate-margin-secs",
             "0",
             "--metrics-addr",
-            &addr,
+            ANY_PORT,
         ],
     );
+    let addr = metrics_addr(&relay).await;
     // 12 s of events: partitions are made ahead as time passes, old ones
     // dropped once delivered.
     let mut n = 0;

@@ -40,7 +40,7 @@ async fn run_publishes_each_event_once_in_order_and_confirms_the_slot() {
     );
 
     // All events to one test topic: the template has no placeholder.
-    let (mut relay, metrics_addr) = spawn_run_watched(&db, &kafka, &topic);
+    let (mut relay, metrics_addr) = spawn_run_watched(&db, &kafka, &topic).await;
     // 10,000 events over 100 aggregates in transactions of 1 to 50 events.
     let (n, aggregates) = (10_000, 100);
     insert_events(&client, 0, n, |k| 1 + (k * 37) % 50, aggregates).await;
@@ -228,7 +228,7 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let topic = kafka.create_topic(3).await;
     let mut first = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
     wait_log(&first, "streaming from the slot").await;
-    let (mut second, second_metrics) = spawn_run_watched(&db, &kafka, &topic);
+    let (mut second, second_metrics) = spawn_run_watched(&db, &kafka, &topic).await;
     wait_log(&second, "is in use by process").await;
     assert_eq!(
         wait_http(&second_metrics, "/readyz", 503).await,
@@ -295,9 +295,9 @@ async fn a_rolling_update_of_an_active_standby_pair_loses_nothing() {
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
     let pod = || spawn_run_watched(&db, &kafka, &topic);
-    let (mut old_active, active_addr) = pod();
+    let (mut old_active, active_addr) = pod().await;
     wait_log(&old_active, "streaming from the slot").await;
-    let (mut old_standby, standby_addr) = pod();
+    let (mut old_standby, standby_addr) = pod().await;
     wait_http(&standby_addr, "/readyz?standby=ready", 200).await;
 
     let total = 6_000;
@@ -309,12 +309,12 @@ async fn a_rolling_update_of_an_active_standby_pair_loses_nothing() {
         }
     });
     // Surge: a new pod, ready as a standby; then the old standby goes.
-    let (mut new_a, new_a_addr) = pod();
+    let (mut new_a, new_a_addr) = pod().await;
     wait_http(&new_a_addr, "/readyz?standby=ready", 200).await;
     sigterm(&old_standby);
     assert!(wait_exit(&mut old_standby).await.0.success());
     // Another new pod; then the old active goes, and a new one takes over.
-    let (mut new_b, new_b_addr) = pod();
+    let (mut new_b, new_b_addr) = pod().await;
     wait_http(&new_b_addr, "/readyz?standby=ready", 200).await;
     wait_http(&active_addr, "/readyz", 200).await;
     assert!(
@@ -503,7 +503,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
 
     let db = fresh_db().await;
     let client = init(&db).await;
-    let (mut relay, addr) = spawn_run_watched(&db, &kafka, &topic);
+    let (mut relay, addr) = spawn_run_watched(&db, &kafka, &topic).await;
     insert_events(&client, 0, 200, |k| 1 + k % 20, 10).await;
     expect_all(&kafka, &topic, 200).await;
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::port::free_port;
 use walbox_test_harness::stunnel::Stunnel;
-use walbox_test_harness::tansu::{free_port, Tansu, MEMORY, SQLITE};
+use walbox_test_harness::tansu::{Tansu, MEMORY, SQLITE};
 use walbox_test_harness::tls::{Certificates, CLIENT_KEY_PASSWORD};
 
 use crate::support::{

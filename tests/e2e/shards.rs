@@ -9,16 +9,15 @@ use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, server_version_num, TestDb};
 
 use crate::support::{
-    expect_all, free_addr, http_get, signal, sigterm, spawn_run, spawn_writer, stop, succeeded,
-    wait_exit, wait_http, wait_log, walbox, Relay,
+    expect_all, http_get, metrics_addr, signal, sigterm, spawn_run, spawn_writer, stop, succeeded,
+    wait_exit, wait_http, wait_log, walbox, Relay, ANY_PORT,
 };
 
 const SHARDS: usize = 4;
 
 /// Shard `i`'s process, publishing to `topic`, with its metrics on a free
-/// address.
-fn shard(db: &TestDb, kafka: &TestKafka, topic: &str, i: usize) -> (Relay, String) {
-    let addr = free_addr();
+/// port; returns it and that endpoint's address.
+async fn shard(db: &TestDb, kafka: &TestKafka, topic: &str, i: usize) -> (Relay, String) {
     let relay = spawn_run(
         db,
         kafka,
@@ -30,9 +29,10 @@ fn shard(db: &TestDb, kafka: &TestKafka, topic: &str, i: usize) -> (Relay, Strin
             "--mapping-topic-template",
             topic,
             "--metrics-addr",
-            &addr,
+            ANY_PORT,
         ],
     );
+    let addr = metrics_addr(&relay).await;
     (relay, addr)
 }
 
@@ -88,13 +88,15 @@ async fn four_shards_deliver_every_event_in_key_order_through_kill_9_and_a_stand
 
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let mut shards: Vec<(Relay, String)> =
-        (0..SHARDS).map(|i| shard(&db, &kafka, &topic, i)).collect();
+    let mut shards: Vec<(Relay, String)> = Vec::new();
+    for i in 0..SHARDS {
+        shards.push(shard(&db, &kafka, &topic, i).await);
+    }
     for (relay, _) in &shards {
         wait_log(relay, "streaming from the slot").await;
     }
     // Shard 2's standby: a second process for the same shard.
-    let (mut standby, standby_addr) = shard(&db, &kafka, &topic, 2);
+    let (mut standby, standby_addr) = shard(&db, &kafka, &topic, 2).await;
     wait_http(&standby_addr, "/readyz?standby=ready", 200).await;
 
     // `status` shows every shard, each covered by its own filter.
@@ -128,7 +130,7 @@ async fn four_shards_deliver_every_event_in_key_order_through_kill_9_and_a_stand
     tokio::time::sleep(Duration::from_millis(500)).await;
     signal(&shards[1].0, "-KILL");
     shards[1].0.child.wait().unwrap();
-    shards[1] = shard(&db, &kafka, &topic, 1);
+    shards[1] = shard(&db, &kafka, &topic, 1).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     signal(&shards[2].0, "-KILL");
     shards[2].0.child.wait().unwrap();

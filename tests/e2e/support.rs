@@ -41,15 +41,45 @@ pub(crate) fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Relay
 }
 
 /// `walbox run` publishing every event to `topic`, serving its metrics on
-/// a free local address; returns the relay and that address.
-pub(crate) fn spawn_run_watched(db: &TestDb, kafka: &TestKafka, topic: &str) -> (Relay, String) {
-    let addr = free_addr();
+/// a free local port; returns the relay and that endpoint's address.
+pub(crate) async fn spawn_run_watched(
+    db: &TestDb,
+    kafka: &TestKafka,
+    topic: &str,
+) -> (Relay, String) {
     let relay = spawn_run(
         db,
         kafka,
-        &["--mapping-topic-template", topic, "--metrics-addr", &addr],
+        &[
+            "--mapping-topic-template",
+            topic,
+            "--metrics-addr",
+            ANY_PORT,
+        ],
     );
+    let addr = metrics_addr(&relay).await;
     (relay, addr)
+}
+
+/// `--metrics-addr` for a relay whose endpoint [`metrics_addr`] then finds:
+/// walbox binds port 0 itself and logs the port it got. (A port picked free
+/// beforehand can be taken by anyone's outgoing connection before walbox
+/// binds it.)
+pub(crate) const ANY_PORT: &str = "127.0.0.1:0";
+
+/// The address a relay started with `--metrics-addr` [`ANY_PORT`] serves
+/// its metrics on, from its log's "serving /metrics" line.
+pub(crate) async fn metrics_addr(relay: &Relay) -> String {
+    wait_log(relay, "serving /metrics").await;
+    let log = relay.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("serving /metrics"))
+        .expect("the line waited for");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap_or_else(|| panic!("no addr= in {line:?}"))
+        .to_owned()
 }
 
 pub(crate) fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&str]) -> Relay {
@@ -136,10 +166,10 @@ pub(crate) async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, S
     (status, relay.log())
 }
 
-/// A free local address for the metrics endpoint.
+/// A local address nothing listens on now (for walbox's metrics, use
+/// [`ANY_PORT`]).
 pub(crate) fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    format!("127.0.0.1:{}", walbox_test_harness::port::free_port())
 }
 
 /// `GET path` over HTTP/1.1; returns (status, body), or `None` when nothing listens yet.

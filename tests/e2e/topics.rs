@@ -28,7 +28,7 @@ async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
         eprintln!("WALBOX_TANSU_BIN is not set (scripts/test sets it): test not run");
         return;
     };
-    let port = walbox_test_harness::tansu::free_port();
+    let port = walbox_test_harness::port::free_port();
     let _tansu = Tansu::start_with(&bin, port, port, MEMORY);
     let kafka = TestKafka::External {
         bootstrap: format!("127.0.0.1:{port}"),

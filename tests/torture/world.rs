@@ -11,11 +11,12 @@ use tokio_postgres::{Client, Config};
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
+use walbox_test_harness::port::free_port;
 use walbox_test_harness::proxy::Proxy;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn, try_current_wal_lsn,
 };
-use walbox_test_harness::tansu::{free_port, Tansu};
+use walbox_test_harness::tansu::Tansu;
 
 /// The broker of a scenario.
 pub(crate) enum Broker {

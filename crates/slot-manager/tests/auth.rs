@@ -160,7 +160,7 @@ async fn several_hosts_lead_to_the_one_target_session_attrs_asks_for() {
         .hba("local all all trust\nhost all all 127.0.0.1/32 trust\n")
         .start()
         .unwrap();
-    let dead = walbox_test_harness::tansu::free_port();
+    let dead = walbox_test_harness::port::free_port();
     let system_id = |server: &PgServer| {
         let config = server.config("postgres");
         async move {

@@ -15,11 +15,6 @@ pub(crate) struct Containers {
     pub(crate) kafka_bootstrap: String,
 }
 
-fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
 /// Starts Postgres 17 (wal_level=logical) and Kafka 3.9 in KRaft mode.
 pub(crate) fn start() -> Result<(Containers, Config), String> {
     let postgres = GenericImage::new("postgres", "17")
@@ -46,7 +41,7 @@ pub(crate) fn start() -> Result<(Containers, Config), String> {
         .map_err(|e| format!("postgres container port: {e}"))?;
 
     // Kafka advertises the port clients use, so pick the host port first.
-    let kafka_port = free_port()?;
+    let kafka_port = crate::port::free_port();
     let kafka = GenericImage::new("apache/kafka", "3.9.0")
         .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
         .with_mapped_port(kafka_port, 9092.tcp())

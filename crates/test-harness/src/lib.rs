@@ -25,6 +25,7 @@
 pub mod kafka;
 pub mod migrations;
 pub mod pg;
+pub mod port;
 pub mod proxy;
 pub mod slot;
 pub mod stunnel;

@@ -246,12 +246,6 @@ fn sweep_abandoned_dirs() {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
-}
-
 /// Configures a private Postgres server before it starts.
 #[derive(Clone, Debug, Default)]
 pub struct PgServerBuilder {
@@ -329,7 +323,7 @@ impl PgServerBuilder {
         // A free port can be taken between choosing and binding it: try a few.
         let mut last_err = String::new();
         for _ in 0..3 {
-            server.port = free_port()?;
+            server.port = crate::port::free_port();
             match server.start() {
                 Ok(()) => return Ok(server),
                 Err(e)
@@ -512,7 +506,7 @@ impl PgServer {
         let mut server = PgServer {
             bin_dir: primary.bin_dir.clone(),
             root,
-            port: free_port()?,
+            port: crate::port::free_port(),
             owner: primary.owner,
             settings,
             running: None,

@@ -2,6 +2,7 @@
 //! memory, for tests that kill or cut off a real broker. The binary comes from
 //! `WALBOX_TANSU_BIN` (scripts/test builds it once).
 
+use crate::port::free_port;
 use std::process::{Child, Command};
 
 /// A running (or killed) Tansu broker.
@@ -20,14 +21,6 @@ pub struct Tansu {
 pub const SQLITE: &str = "sqlite://tansu.db";
 /// Storage in memory: fast, gone with the process.
 pub const MEMORY: &str = "memory://tansu/";
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
-}
 
 impl Tansu {
     /// The binary named by `WALBOX_TANSU_BIN`, if set.

@@ -153,6 +153,8 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| CliError::Metrics(addr, e))?;
+        // Port 0 asks the system for a free port: the log names the one bound.
+        let addr = listener.local_addr().unwrap_or(addr);
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
         let m = Arc::clone(&metrics);
         tokio::spawn(async move {

@@ -180,7 +180,7 @@ pub const SETTINGS: &[Setting] = &[
     s("otlp_endpoint", Text, Run, "—",
       "Export a span per event (its commit to its acknowledgement, a child of the event's traceparent, which the record then carries as walbox's span) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (plain HTTP: a local agent or sidecar). Off by default."),
     s("metrics_addr", Text, Run, "—",
-      "Serve Prometheus /metrics, /healthz and /readyz on IP:PORT. walbox's port is 9756 (0.0.0.0:9756; postgres_exporter has 9187, kafka_exporter 9308); off unless set (the container image sets it)."),
+      "Serve Prometheus /metrics, /healthz and /readyz on IP:PORT. walbox's port is 9756 (0.0.0.0:9756; postgres_exporter has 9187, kafka_exporter 9308); off unless set (the container image sets it). Port 0 takes a free port, which the log's \"serving /metrics\" line names."),
 ];
 
 /// The setting named `key`.
