@@ -205,17 +205,23 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     if let Some(spans) = spans {
         spans.shutdown().await;
     }
-    if let Some(s) = metrics.commit_to_ack_exact.summary() {
+    log_exact(&metrics.commit_to_ack_exact, "commit to ack");
+    log_exact(&metrics.commit_to_read_exact, "commit to read");
+    result
+}
+
+/// Logs an exact latency's percentiles since start, if any event had one.
+fn log_exact(latency: &crate::metrics::latency::ExactLatency, what: &str) {
+    if let Some(s) = latency.summary() {
         tracing::info!(
             events = s.events,
             p50_ms = s.p50_ms,
             p99_ms = s.p99_ms,
             p999_ms = s.p999_ms,
             max_ms = s.max_ms,
-            "commit to ack since start (exact)"
+            "{what} since start (exact)"
         );
     }
-    result
 }
 
 /// Streams, recreating the slot when it is found invalidated (with

@@ -1,6 +1,9 @@
-//! Exact commit-to-ack latencies: every event's, in an HDR histogram (three
-//! significant digits), for the percentiles walbox logs when it stops. The
-//! Prometheus histogram beside it has bucket bounds only.
+//! Exact latencies: every event's, in an HDR histogram (three significant
+//! digits), for the percentiles walbox logs when it stops. Commit to ack is
+//! what users feel (the Prometheus histogram beside it has bucket bounds
+//! only); commit to read, the part of it spent before walbox had the event
+//! (the commit's WAL flush, decoding, the walsender's send), tells the rest
+//! (walbox, the producer, the broker) from it.
 
 use std::sync::Mutex;
 
@@ -9,7 +12,7 @@ use hdrhistogram::Histogram;
 /// Latencies above this (µs, ten minutes) are recorded as this.
 const HIGHEST_MICROS: u64 = 600_000_000;
 
-/// Every delivered event's commit-to-ack latency since walbox started.
+/// Every event's latency (of one kind) since walbox started.
 #[derive(Debug)]
 pub struct ExactLatency {
     micros: Mutex<Histogram<u32>>,
@@ -28,9 +31,17 @@ impl Default for ExactLatency {
 impl ExactLatency {
     /// Records one event's latency (negative ones, a clock step, as 0).
     pub fn record(&self, micros: i64) {
+        self.record_n(micros, 1);
+    }
+
+    /// Records the same latency for `events` events.
+    pub fn record_n(&self, micros: i64, events: u64) {
         let micros = u64::try_from(micros).unwrap_or(0).max(1);
+        if events == 0 {
+            return;
+        }
         if let Ok(mut h) = self.micros.lock() {
-            h.saturating_record(micros);
+            h.saturating_record_n(micros, u32::try_from(events).unwrap_or(u32::MAX));
         }
     }
 
@@ -88,5 +99,24 @@ mod tests {
         // Beyond the highest trackable value: clamped, not lost.
         l.record(i64::MAX);
         assert_eq!(l.summary().unwrap().events, 1002);
+    }
+
+    #[test]
+    fn a_transaction_counts_once_per_event() {
+        let l = ExactLatency::default();
+        l.record_n(2_000, 0);
+        assert_eq!(l.summary(), None);
+        // 99 transactions of one event at 1 ms, one of 10 events at 50 ms:
+        // 10 of 109 events waited 50 ms, so the p99 is 50 ms.
+        for _ in 0..99 {
+            l.record_n(1_000, 1);
+        }
+        l.record_n(50_000, 10);
+        let s = l.summary().unwrap();
+        assert_eq!(s.events, 109);
+        assert!((s.p50_ms - 1.0).abs() <= 0.01, "{s:?}");
+        assert!((s.p99_ms - 50.0).abs() <= 0.05, "{s:?}");
+        l.record_n(i64::MAX, 3);
+        assert_eq!(l.summary().unwrap().events, 112);
     }
 }

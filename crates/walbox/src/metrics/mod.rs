@@ -154,6 +154,9 @@ pub struct Metrics {
     pub commit_to_ack: Histogram,
     /// The same latencies, exactly (for the percentiles logged at exit).
     pub commit_to_ack_exact: latency::ExactLatency,
+    /// Commit to the transaction's end read by walbox, per event, exactly
+    /// (logged at exit beside commit to ack).
+    pub commit_to_read_exact: latency::ExactLatency,
     /// Seconds without a delivery report while events wait.
     pub delivery_stalled_seconds: Gauge,
     /// Outbox rows deleted by retention.
@@ -379,6 +382,7 @@ impl Metrics {
             retained_wal_bytes,
             commit_to_ack,
             commit_to_ack_exact: latency::ExactLatency::default(),
+            commit_to_read_exact: latency::ExactLatency::default(),
             delivery_stalled_seconds,
             standby: AtomicBool::new(false),
             stalled: AtomicBool::new(false),

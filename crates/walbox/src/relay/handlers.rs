@@ -150,11 +150,21 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             LogicalMessage::Begin(b) => {
                 self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
+                self.queued_in_transaction = 0;
                 if let Some(t) = &mut self.transactions {
                     t.begin(b.final_lsn());
                 }
             }
             LogicalMessage::Commit(c) => {
+                if self.queued_in_transaction > 0 {
+                    // One clock reading per transaction, counted per event.
+                    let micros =
+                        PgTimestamp::now().as_unix_micros() - self.commit_time.as_unix_micros();
+                    self.metrics
+                        .commit_to_read_exact
+                        .record_n(micros, self.queued_in_transaction);
+                    self.queued_in_transaction = 0;
+                }
                 if let Some(t) = &mut self.transactions {
                     t.commit(c.commit_lsn());
                 }
@@ -291,6 +301,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     /// Queues a mapped event's record (or, when the broker refused it for
     /// good before, its dead-letter copy).
     fn queue(&mut self, mut event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
+        self.queued_in_transaction += 1;
         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
         if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
             // Refused for good before: straight to the dead-letter topic.

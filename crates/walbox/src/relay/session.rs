@@ -93,6 +93,8 @@ pub(super) struct Session<'a, D, R> {
     pub(super) outbox: HashMap<u32, Arc<Result<ColumnIndexes, MapError>>>,
     /// The open transaction's commit time (from Begin).
     pub(super) commit_time: PgTimestamp,
+    /// Events the open transaction queued so far (for commit to read).
+    pub(super) queued_in_transaction: u64,
     /// Topic names by aggregate type, shared by the records and tokens of
     /// their events.
     pub(super) topics: Topics,
@@ -137,6 +139,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             outgoing: VecDeque::new(),
             outbox: HashMap::new(),
             commit_time: PgTimestamp::default(),
+            queued_in_transaction: 0,
             topics: Topics::default(),
             coverage: None,
             history: None,

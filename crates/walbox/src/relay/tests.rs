@@ -169,6 +169,10 @@ async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
         .metrics
         .encode()
         .contains("walbox_events_published_total{topic=\"events\"} 4"));
+    // Every event's latency, exactly: to its ack, and to its transaction's read.
+    let exact = |l: &crate::metrics::latency::ExactLatency| l.summary().map(|s| s.events);
+    assert_eq!(exact(&fx.metrics.commit_to_ack_exact), Some(4));
+    assert_eq!(exact(&fx.metrics.commit_to_read_exact), Some(4));
 }
 
 #[tokio::test(start_paused = true)]
@@ -405,6 +409,9 @@ async fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
     })
     .await
     .unwrap();
+    // Commit to read counts events: the empty transaction adds none.
+    let read = fx.metrics.commit_to_read_exact.summary().unwrap();
+    assert_eq!(read.events, 2);
 }
 
 #[tokio::test(start_paused = true)]
