@@ -16,7 +16,7 @@
 //! Fair tuning: prepared statements, one round of produce calls per batch with
 //! all deliveries in flight at once (not one-by-one), a partial index on the
 //! unpublished rows, and walbox's own producer settings (`acks=all`,
-//! idempotence, lz4, `linger.ms=5`). Several pollers may run at once: `SKIP
+//! idempotence, lz4, `linger.ms=1`). Several pollers may run at once: `SKIP
 //! LOCKED` keeps them off each other's rows (order across pollers is then lost,
 //! which is one reason walbox does not work this way).
 //!
