@@ -17,9 +17,9 @@ use std::fmt;
 ///   (docs/benchmarks.md): against librdkafka's 5, it takes ~4 ms off the
 ///   median commit-to-ack of a live stream (2.8–3.0 ms against 5.8–7.3 ms)
 ///   and brings the p99 at 5,000 events/s in transactions of 10 under 10 ms,
-///   while a backlog drain
-///   costs no more CPU per event and goes no slower: while requests are in
-///   flight, messages accumulate into full batches anyway.
+///   while a backlog drain costs no more CPU per event and goes no slower:
+///   while requests are in flight, messages accumulate into full batches
+///   anyway.
 /// * `partitioner=murmur2_random`: a key lands on the partition the Java
 ///   client (Debezium, Kafka Connect, any JVM producer) would choose, so
 ///   switching to walbox keeps every aggregate on its partition. librdkafka's
