@@ -2,8 +2,9 @@
 //! digits), for the percentiles walbox logs when it stops. Commit to ack is
 //! what users feel (the Prometheus histogram beside it has bucket bounds
 //! only); commit to read, the part of it spent before walbox had the event
-//! (the commit's WAL flush, decoding, the walsender's send), tells the rest
-//! (walbox, the producer, the broker) from it.
+//! (the commit's WAL flush, decoding, the walsender's send, walbox waiting
+//! for a core to read), tells the rest (walbox, the producer, the broker)
+//! from it.
 
 use std::sync::Mutex;
 
@@ -36,10 +37,10 @@ impl ExactLatency {
 
     /// Records the same latency for `events` events.
     pub fn record_n(&self, micros: i64, events: u64) {
-        let micros = u64::try_from(micros).unwrap_or(0).max(1);
         if events == 0 {
             return;
         }
+        let micros = u64::try_from(micros).unwrap_or(0).max(1);
         if let Ok(mut h) = self.micros.lock() {
             h.saturating_record_n(micros, u32::try_from(events).unwrap_or(u32::MAX));
         }
