@@ -70,12 +70,7 @@ pub(crate) const ANY_PORT: &str = "127.0.0.1:0";
 /// The address a relay started with `--metrics-addr` [`ANY_PORT`] serves
 /// its metrics on, from its log's "serving /metrics" line.
 pub(crate) async fn metrics_addr(relay: &Relay) -> String {
-    wait_log(relay, "serving /metrics").await;
-    let log = relay.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("serving /metrics"))
-        .expect("the line waited for");
+    let line = wait_log(relay, "serving /metrics").await;
     line.split_whitespace()
         .find_map(|w| w.strip_prefix("addr="))
         .unwrap_or_else(|| panic!("no addr= in {line:?}"))
@@ -209,23 +204,23 @@ pub(crate) async fn wait_http(addr: &str, path: &str, status: u16) -> String {
     .await
 }
 
-/// Waits until the relay's log contains `needle`.
-pub(crate) async fn wait_log(relay: &Relay, needle: &str) {
+/// Waits until the relay's log contains `needle`; returns the first line
+/// that does.
+pub(crate) async fn wait_log(relay: &Relay, needle: &str) -> String {
     wait_for(
         &format!("walbox to log {needle:?}"),
         Duration::from_secs(30),
         || {
             let log = relay.log();
             async move {
-                if log.contains(needle) {
-                    Ok(())
-                } else {
-                    Err(log.lines().last().unwrap_or_default().to_owned())
+                match log.lines().find(|l| l.contains(needle)) {
+                    Some(line) => Ok(line.to_owned()),
+                    None => Err(log.lines().last().unwrap_or_default().to_owned()),
                 }
             }
         },
     )
-    .await;
+    .await
 }
 
 /// A private Postgres server (for tests that stop and start it) with the
