@@ -428,6 +428,67 @@ async fn walbox_reconnects_after_postgres_restarts_and_sends_nothing_twice() {
     assert!(wait_exit(&mut relay).await.0.success());
 }
 
+/// A restore that keeps the system identifier and the timeline (a disk
+/// snapshot brought back, a base backup started without recovery): the
+/// restored server's WAL ends before what walbox delivered, and the new
+/// transactions it writes at those positions were never sent. walbox,
+/// still running, sees the WAL went backwards and skips none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restore_on_the_same_timeline_every_new_event_arrives() {
+    let (mut server, url, client) = private_outbox().await;
+    drop(client);
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server.snapshot("before").unwrap();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let mut command = Command::new(walbox_e2e::walbox_bin());
+    command.env("WALBOX_PG_URL", &url);
+    let mut relay = spawn_run_with(command, &kafka, &["--mapping-topic-template", &topic]);
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    insert_events(&client, 0, 300, |_| 10, 5).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    assert_eq!(expect_all(&kafka, &topic, 300).await, 0);
+    drop(client);
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server.restore("before").unwrap();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    insert_events(&client, 300, 350, |_| 10, 5).await;
+    let now = current_wal_lsn(&client).await;
+    assert!(
+        now < head,
+        "the restored server writes below what walbox delivered ({now} < {head}), else this test proves nothing"
+    );
+    expect_all(&kafka, &topic, 350).await;
+    let log = relay.log();
+    assert!(
+        log.contains("restored on the same timeline"),
+        "walbox said why it skipped nothing\n{log}"
+    );
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "walbox kept running"
+    );
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success());
+}
+
 /// The outbox table removed from the publication while walbox runs: walbox
 /// stops with a line that says so, and the slot stays before the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use walbox_test_harness::kafka::TestKafka;
+use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, server_version_num, TestDb};
 
 use crate::support::{
-    expect_all, http_get, metrics_addr, signal, sigterm, spawn_run, spawn_writer, stop, succeeded,
-    wait_exit, wait_http, wait_log, walbox, Relay, ANY_PORT,
+    expect_all, http_get, insert_events, metrics_addr, n_of, signal, sigterm, spawn_run,
+    spawn_writer, stop, succeeded, wait_exit, wait_http, wait_log, walbox, Relay, ANY_PORT,
 };
 
 const SHARDS: usize = 4;
@@ -18,20 +18,31 @@ const SHARDS: usize = 4;
 /// Shard `i`'s process, publishing to `topic`, with its metrics on a free
 /// port; returns it and that endpoint's address.
 async fn shard(db: &TestDb, kafka: &TestKafka, topic: &str, i: usize) -> (Relay, String) {
-    let relay = spawn_run(
-        db,
-        kafka,
-        &[
-            "--shards",
-            &SHARDS.to_string(),
-            "--shard",
-            &i.to_string(),
-            "--mapping-topic-template",
-            topic,
-            "--metrics-addr",
-            ANY_PORT,
-        ],
-    );
+    shard_of(db, kafka, topic, i, SHARDS, &[]).await
+}
+
+/// Shard `i` of `count`, with `extra` flags.
+async fn shard_of(
+    db: &TestDb,
+    kafka: &TestKafka,
+    topic: &str,
+    i: usize,
+    count: usize,
+    extra: &[&str],
+) -> (Relay, String) {
+    let (count, i) = (count.to_string(), i.to_string());
+    let mut args = vec![
+        "--shards",
+        &count,
+        "--shard",
+        &i,
+        "--mapping-topic-template",
+        topic,
+        "--metrics-addr",
+        ANY_PORT,
+    ];
+    args.extend(extra);
+    let relay = spawn_run(db, kafka, &args);
     let addr = metrics_addr(&relay).await;
     (relay, addr)
 }
@@ -159,6 +170,82 @@ async fn four_shards_deliver_every_event_in_key_order_through_kill_9_and_a_stand
     assert!(wait_exit(&mut standby).await.0.success());
 }
 
+/// A row whose aggregate id is NULL (in a table that allows it) or empty is
+/// an unmappable event, sharded or not: one shard owns both and
+/// dead-letters them, as an unsharded walbox would. (Under the filter of
+/// earlier releases a NULL id made the filter NULL, and Postgres published
+/// the row to no shard: it was never sent anywhere.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn null_and_empty_aggregate_ids_are_dead_lettered_by_exactly_one_shard() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    if server_version_num(&client).await < 150_000 {
+        eprintln!("sharding needs Postgres 15: skipped");
+        return;
+    }
+    apply_migrations(&client).await;
+    client
+        .batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL")
+        .await
+        .unwrap();
+    succeeded(
+        &walbox(&db, &["init-slot", "--shards", "2"])
+            .output()
+            .unwrap(),
+    );
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let dead = kafka.create_topic(1).await;
+    let mut shards = Vec::new();
+    for i in 0..2 {
+        let (relay, _) = shard_of(&db, &kafka, &topic, i, 2, &["--dead-letter-topic", &dead]).await;
+        wait_log(&relay, "streaming from the slot").await;
+        shards.push(relay);
+    }
+    insert_events(&client, 0, 50, |_| 5, 10).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('order', NULL, 'E50', '{\"n\": 50}'), ('order', '', 'E51', '{\"n\": 51}')",
+        )
+        .await
+        .unwrap();
+    insert_events(&client, 52, 100, |_| 5, 10).await;
+    let good = consume_n(&kafka, &topic, 98, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut ns: Vec<i64> = good.iter().map(n_of).collect();
+    ns.sort_unstable();
+    let expected: Vec<i64> = (0..100).filter(|n| *n != 50 && *n != 51).collect();
+    assert_eq!(ns, expected, "every mappable event once, on its topic");
+    let dead_letters = consume_n(&kafka, &dead, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut errors: Vec<(i64, String)> = dead_letters
+        .iter()
+        .map(|m| (n_of(m), headers_of(m)["walbox.error"].clone()))
+        .collect();
+    errors.sort();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors[0].0, 50);
+    assert!(errors[0].1.contains("is NULL"), "{errors:?}");
+    assert_eq!(errors[1].0, 51);
+    assert!(errors[1].1.contains("aggregate id is empty"), "{errors:?}");
+    // Exactly one shard owned them: nothing more arrives.
+    let all = consume_until_quiet(
+        &kafka,
+        &dead,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(all.len(), 2, "a NULL or empty id dead-lettered twice");
+    for relay in &mut shards {
+        stop(relay).await;
+    }
+}
+
 #[tokio::test]
 async fn shard_settings_are_checked_and_a_wrong_filter_stops_the_shard() {
     let db = fresh_db().await;
@@ -199,6 +286,16 @@ async fn shard_settings_are_checked_and_a_wrong_filter_stops_the_shard() {
         .batch_execute(
             "ALTER PUBLICATION walbox_outbox_1 SET TABLE outbox_events
                WHERE ((hashtext(aggregate_id) & 2147483647) % 2 = 0)",
+        )
+        .await
+        .unwrap();
+    refuse(&["init-slot", "--shards", "2"], "not shard 1 of 2's");
+    // The same tokens as shard 1's filter, without its parentheses: `%`
+    // binds before `&`, so it selects other rows, and is not shard 1's.
+    client
+        .batch_execute(
+            "ALTER PUBLICATION walbox_outbox_1 SET TABLE outbox_events
+               WHERE (hashtext(COALESCE(aggregate_id::text, '')) & 2147483647 % 2 = 1)",
         )
         .await
         .unwrap();

@@ -31,10 +31,14 @@ impl ShardFilter {
     /// The row filter, as SQL: the aggregate id's hash, made non-negative,
     /// modulo the shard count. Built-in immutable functions and operators
     /// only (what row filters allow); it cannot fail on any value, so it
-    /// cannot stop a walsender.
+    /// cannot stop a walsender. A NULL id counts as the empty one: Postgres
+    /// publishes no row whose filter is NULL, so without the `COALESCE` such
+    /// a row would reach no shard, where unsharded it is an unmappable
+    /// event for the dead-letter policy. Now one shard owns NULL and empty
+    /// ids, and its relay treats them as it would unsharded.
     pub fn sql(&self) -> String {
         format!(
-            "(hashtext({}::text) & 2147483647) % {} = {}",
+            "(hashtext(COALESCE({}::text, '')) & 2147483647) % {} = {}",
             quote_ident(&self.column),
             self.count,
             self.index
@@ -42,23 +46,68 @@ impl ShardFilter {
     }
 
     /// Whether a row filter as the catalog shows it (`pg_publication_tables.
-    /// rowfilter`, Postgres' own rendering of [`ShardFilter::sql`]) is this
-    /// shard's. Postgres adds parentheses and, for a column that is not
-    /// text, a cast, and quotes the column only where needed: those are
-    /// ignored, nothing else is.
+    /// rowfilter`, Postgres' own rendering of the stored expression) is this
+    /// shard's. Postgres renders every operator's operands in parentheses,
+    /// so the rendering spells out the expression's structure: it is
+    /// compared whole, after white space, with only what Postgres may
+    /// render either way left open (the column quoted or not, cast to text
+    /// or not, as its type needs). A filter that differs anywhere else
+    /// (another precedence, another function, another count) is not this
+    /// shard's.
     pub fn matches(&self, rowfilter: &str) -> bool {
-        normalize(rowfilter) == normalize(&self.sql())
+        let found = without_whitespace(rowfilter);
+        self.column_renderings().any(|column| {
+            found
+                == without_whitespace(&format!(
+                    "(((hashtext(COALESCE({column}, ''::text)) & 2147483647) % {}) = {})",
+                    self.count, self.index
+                ))
+        })
+    }
+
+    /// True when `rowfilter` is this shard's filter as walbox wrote it
+    /// before NULL ids were owned by a shard: it publishes no row whose
+    /// aggregate id is NULL.
+    pub fn is_without_nulls(&self, rowfilter: &str) -> bool {
+        let found = without_whitespace(rowfilter);
+        self.column_renderings().any(|column| {
+            found
+                == without_whitespace(&format!(
+                    "(((hashtext({column}) & 2147483647) % {}) = {})",
+                    self.count, self.index
+                ))
+        })
+    }
+
+    /// The ways Postgres renders the column inside the filter: quoted only
+    /// where it must be, and cast to text unless it is text already.
+    fn column_renderings(&self) -> impl Iterator<Item = String> {
+        let quoted = quote_ident(&self.column);
+        let mut names = vec![quoted.clone()];
+        if quoted[1..quoted.len() - 1] == self.column && is_plain(&self.column) {
+            names.push(self.column.clone());
+        }
+        names
+            .into_iter()
+            .flat_map(|name| [format!("({name})::text"), name])
     }
 }
 
-/// Drops what Postgres' rendering adds or leaves out: whitespace,
-/// parentheses, `::text` casts, quotes it needs no more than walbox's.
-fn normalize(expression: &str) -> String {
-    expression
-        .replace("::text", "")
-        .chars()
-        .filter(|c| !c.is_whitespace() && !matches!(c, '(' | ')' | '"'))
-        .collect()
+/// A name Postgres may print without quotes: lower-case letters, digits and
+/// underscores, not starting with a digit. (A keyword among them stays
+/// quoted; the quoted form is always accepted.)
+fn is_plain(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The expression without white space (none of it is inside a literal: the
+/// only one is `''`).
+fn without_whitespace(expression: &str) -> String {
+    expression.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
 #[cfg(test)]
@@ -78,16 +127,43 @@ mod tests {
         let s = shard(1, 4, "aggregate_id");
         assert_eq!(
             s.sql(),
-            "(hashtext(\"aggregate_id\"::text) & 2147483647) % 4 = 1"
+            "(hashtext(COALESCE(\"aggregate_id\"::text, '')) & 2147483647) % 4 = 1"
         );
         // As Postgres 15-18 render it, for a text and a varchar column.
-        assert!(s.matches("(((hashtext(aggregate_id) & 2147483647) % 4) = 1)"));
-        assert!(s.matches("(((hashtext((aggregate_id)::text) & 2147483647) % 4) = 1)"));
-        assert!(!s.matches("(((hashtext(aggregate_id) & 2147483647) % 4) = 2)"));
-        assert!(!s.matches("(((hashtext(aggregate_id) & 2147483647) % 8) = 1)"));
-        assert!(!s.matches("(((hashtext(aggregate_type) & 2147483647) % 4) = 1)"));
-        assert!(!s.matches("((hashtext(aggregate_id) % 4) = 1)"));
+        assert!(s.matches("(((hashtext(COALESCE(aggregate_id, ''::text)) & 2147483647) % 4) = 1)"));
+        assert!(s.matches(
+            "(((hashtext(COALESCE((aggregate_id)::text, ''::text)) & 2147483647) % 4) = 1)"
+        ));
+        assert!(!s.matches("(((hashtext(COALESCE(aggregate_id, ''::text)) & 2147483647) % 4) = 2)"));
+        assert!(!s.matches("(((hashtext(COALESCE(aggregate_id, ''::text)) & 2147483647) % 8) = 1)"));
+        assert!(
+            !s.matches("(((hashtext(COALESCE(aggregate_type, ''::text)) & 2147483647) % 4) = 1)")
+        );
+        assert!(!s.matches("((hashtext(COALESCE(aggregate_id, ''::text)) % 4) = 1)"));
         assert!(!s.matches(""));
+    }
+
+    #[test]
+    fn another_precedence_is_another_filter() {
+        let s = shard(1, 4, "aggregate_id");
+        // `hashtext(…) & 2147483647 % 4 = 1` as written by hand: `%` binds
+        // tighter than `&`, and Postgres stores (and renders) it so. The
+        // same tokens without their parentheses, another set of rows.
+        assert!(!s.matches("((hashtext(COALESCE(aggregate_id, ''::text)) & (2147483647 % 4)) = 1)"));
+        assert!(!s.matches("(hashtext(COALESCE(aggregate_id, ''::text)) & 2147483647 % 4 = 1)"));
+    }
+
+    #[test]
+    fn the_filter_without_nulls_is_recognised_as_such() {
+        let s = shard(2, 4, "aggregate_id");
+        let old = "(((hashtext((aggregate_id)::text) & 2147483647) % 4) = 2)";
+        assert!(
+            !s.matches(old),
+            "it loses NULL ids: not this shard's filter"
+        );
+        assert!(s.is_without_nulls(old));
+        assert!(s.is_without_nulls("(((hashtext(aggregate_id) & 2147483647) % 4) = 2)"));
+        assert!(!s.is_without_nulls("(((hashtext(aggregate_id) & 2147483647) % 4) = 1)"));
     }
 
     #[test]
@@ -95,8 +171,14 @@ mod tests {
         let s = shard(0, 2, "aggregateId");
         assert_eq!(
             s.sql(),
-            "(hashtext(\"aggregateId\"::text) & 2147483647) % 2 = 0"
+            "(hashtext(COALESCE(\"aggregateId\"::text, '')) & 2147483647) % 2 = 0"
         );
-        assert!(s.matches("(((hashtext((\"aggregateId\")::text) & 2147483647) % 2) = 0)"));
+        assert!(s.matches(
+            "(((hashtext(COALESCE((\"aggregateId\")::text, ''::text)) & 2147483647) % 2) = 0)"
+        ));
+        // Unquoted, it would be another column (aggregateid).
+        assert!(!s.matches(
+            "(((hashtext(COALESCE((aggregateId)::text, ''::text)) & 2147483647) % 2) = 0)"
+        ));
     }
 }

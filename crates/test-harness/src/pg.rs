@@ -680,6 +680,31 @@ impl PgServer {
         }
     }
 
+    /// Copies the data directory of the stopped server aside, as a disk
+    /// snapshot would; [`PgServer::restore`] brings it back. The copy keeps
+    /// the system identifier and timeline: a server started on it is the
+    /// same history to any client, with its WAL ending where the copy was
+    /// taken.
+    pub fn snapshot(&self, name: &str) -> Result<(), String> {
+        if self.pid().is_some() {
+            return Err("snapshot: stop the server first".into());
+        }
+        let to = self.root.path().join(format!("snapshot-{name}"));
+        copy_tree(&self.data_dir(), &to)
+    }
+
+    /// Replaces the stopped server's data directory with the snapshot
+    /// `name`; [`PgServer::start`] then starts the restored server.
+    pub fn restore(&mut self, name: &str) -> Result<(), String> {
+        if self.pid().is_some() {
+            return Err("restore: stop the server first".into());
+        }
+        let from = self.root.path().join(format!("snapshot-{name}"));
+        let data = self.data_dir();
+        fs::remove_dir_all(&data).map_err(|e| format!("remove {}: {e}", data.display()))?;
+        copy_tree(&from, &data)
+    }
+
     /// Stops the server with a fast shutdown (open sessions are disconnected).
     pub fn stop(&mut self) {
         self.stop_with(libc::SIGINT);
@@ -695,6 +720,27 @@ impl PgServer {
         if let Some(running) = self.running.take() {
             stop_process(&running, signal);
         }
+    }
+}
+
+/// `cp -a`: a directory tree with its modes and owners (the data directory
+/// belongs to the user the server runs as, mode 0700).
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .map_err(|e| format!("run cp: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cp -a {} {}: {}",
+            from.display(),
+            to.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 

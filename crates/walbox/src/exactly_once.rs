@@ -90,6 +90,13 @@ impl Position {
         }
     }
 
+    /// True when the record lies past `server_wal`, the end of the server's
+    /// WAL: it cannot describe this WAL (see [`Position::skip`]), whose
+    /// transactions at those positions came after a restore.
+    pub fn beyond(&self, server_wal: Lsn) -> bool {
+        self.commit_lsn > server_wal
+    }
+
     /// The record's value.
     pub fn encode(&self, slot: &str) -> Vec<u8> {
         serde_json::to_vec(&Record {

@@ -738,6 +738,11 @@ impl Config {
                 "on_slot_invalidated = \"recreate\" republishes rows of the outbox table; events written as messages (source = messages or both) are in no table and would be lost: use fail".into(),
             ));
         }
+        if r.shards > 1 && r.on_slot_invalidated == OnSlotInvalidated::Recreate {
+            return Err(ConfigError(
+                "on_slot_invalidated = \"recreate\" is not supported with shards > 1: the heal republishes every row of the table, not the shard's own, so each shard would send every other shard's events again: use fail (docs/operations.md, \"Sharded streaming\")".into(),
+            ));
+        }
         if r.source == EventSource::Messages && r.retention.is_some() {
             return Err(ConfigError(
                 "retention deletes rows of the outbox table; with source = messages there is none: remove it".into(),

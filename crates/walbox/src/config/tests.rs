@@ -98,8 +98,10 @@ fn every_setting_can_come_from_the_environment() {
             ("metrics_addr", _) => "127.0.0.1:9756".to_owned(),
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
-            // Recreating and retention need the table's rows.
+            // Recreating and retention need the table's rows, and
+            // recreating an unsharded slot.
             ("source", _) => "table".to_owned(),
+            ("shards", _) => "1".to_owned(),
             ("otlp_endpoint", _) => "http://127.0.0.1:4318".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
@@ -671,6 +673,14 @@ fn sources_and_formats() {
         (
             vec![("WALBOX_SOURCE", "messages"), ("WALBOX_RETENTION", "7d")],
             "retention deletes rows of the outbox table",
+        ),
+        (
+            vec![
+                ("WALBOX_SHARDS", "4"),
+                ("WALBOX_SHARD", "1"),
+                ("WALBOX_ON_SLOT_INVALIDATED", "recreate"),
+            ],
+            "on_slot_invalidated = \"recreate\" is not supported with shards > 1",
         ),
         (
             vec![("WALBOX_MESSAGE_PREFIX", "")],

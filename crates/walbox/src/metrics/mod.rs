@@ -12,6 +12,7 @@
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
 //! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `transactions`, `other` |
+//! | `walbox_history_changes_total{reason}` | counter | sessions that found the server on another WAL history, so nothing earlier is skipped as a replay: `timeline` (a failover or point-in-time recovery), `wal_behind` (the server's WAL ends before what walbox delivered or recorded: a restore on the same timeline) |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
 //! | `walbox_oldest_unacked_event_age_seconds` | gauge | now − commit time of the oldest event sent and not acknowledged; 0 when none waits |
 //! | `walbox_producer_queue_messages` / `_bytes` | gauge | librdkafka's producer queue (its statistics, every 5 s) |
@@ -81,10 +82,11 @@ pub struct BuildLabels {
     pub librdkafka: String,
 }
 
-/// The `reason` label of `walbox_reconnects_total`.
+/// The `reason` label of `walbox_reconnects_total` and
+/// `walbox_history_changes_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `postgres`, `slot_busy`, `transactions`, `other`.
+    /// `postgres`, `slot_busy`, `transactions`, `other`; `timeline`, `wal_behind`.
     pub reason: &'static str,
 }
 
@@ -104,6 +106,8 @@ type Seconds = Gauge<f64, AtomicU64>;
 pub struct Metrics {
     /// Sessions ended by a transient error, by reason.
     pub reconnects: Family<ReasonLabel, Counter>,
+    /// Sessions that found the server on another history, by reason.
+    history_changes: Family<ReasonLabel, Counter>,
     /// WAL written since the slot's confirmed position.
     slot_lag_bytes: Gauge,
     /// `safe_wal_size`, absent when `max_slot_wal_keep_size` is unlimited.
@@ -254,6 +258,12 @@ impl Metrics {
             "Sessions ended by a transient error and started again, by reason",
             reconnects.clone(),
         );
+        let history_changes = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "walbox_history_changes",
+            "Sessions that found the server on another WAL history (nothing earlier is skipped as a replay), by reason: timeline, wal_behind",
+            history_changes.clone(),
+        );
         let (delivered_commit_age, oldest_unacked_age) = (Seconds::default(), Seconds::default());
         registry.register(
             "walbox_delivered_commit_age_seconds",
@@ -353,6 +363,7 @@ impl Metrics {
             retention;
         Arc::new(Metrics {
             reconnects,
+            history_changes,
             slot_lag_bytes,
             slot_safe_wal_size,
             producer_queue_messages,
@@ -472,6 +483,13 @@ impl Metrics {
     /// Counts a session ended by a transient error.
     pub fn count_reconnect(&self, reason: &'static str) {
         self.reconnects.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts a session that found the server on another history.
+    pub fn count_history_change(&self, reason: &'static str) {
+        self.history_changes
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// True while streaming.

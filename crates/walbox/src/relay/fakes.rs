@@ -193,7 +193,7 @@ type Item = Result<ReplicationMessage, RunError>;
 /// Sessions the relay will open, in order; with none left, `start` waits.
 /// They share one database: its catalog and its WAL head.
 pub(super) struct FakeSource {
-    sessions: VecDeque<(FakeStream, Lsn, String)>,
+    sessions: VecDeque<(FakeStream, Lsn, String, Option<Lsn>)>,
     database: Database,
 }
 
@@ -262,6 +262,16 @@ impl FakeSource {
 
     /// Adds a session on the server history `history`.
     pub(super) fn session_on(&mut self, history: &str, start: u64) -> Server {
+        self.add_session(history, start, None)
+    }
+
+    /// Adds a session on a server restored from a snapshot: its WAL ends at
+    /// `wal_end`, whatever earlier sessions saw.
+    pub(super) fn session_restored(&mut self, history: &str, start: u64, wal_end: u64) -> Server {
+        self.add_session(history, start, Some(Lsn::new(wal_end)))
+    }
+
+    fn add_session(&mut self, history: &str, start: u64, wal_end: Option<Lsn>) -> Server {
         let (tx, rx) = mpsc::unbounded_channel();
         let status = Arc::new(Mutex::new(Vec::new()));
         let closed = Arc::new(Mutex::new(false));
@@ -276,6 +286,7 @@ impl FakeSource {
             },
             Lsn::new(start),
             history.to_owned(),
+            wal_end,
         ));
         Server {
             tx: Some(tx),
@@ -351,10 +362,12 @@ impl Source for FakeSource {
 
     async fn start(&mut self) -> Result<Started<FakeStream>, RunError> {
         match self.sessions.pop_front() {
-            Some((stream, confirmed, history)) => Ok(Started {
+            Some((stream, confirmed, history, wal_end)) => Ok(Started {
                 stream,
                 confirmed,
                 history,
+                // Past anything a test sends, unless it was restored.
+                server_wal: wal_end.unwrap_or(Lsn::new(u64::MAX)),
                 domains: Default::default(),
             }),
             None => std::future::pending().await,

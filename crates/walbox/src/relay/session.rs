@@ -163,6 +163,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             mut stream,
             confirmed,
             history,
+            server_wal,
             domains,
         } = tokio::select! {
             biased;
@@ -174,9 +175,16 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         };
         backoff.reset();
         self.metrics.set_streaming(true);
+        let delivered = self.progress.delivered();
         let same = match &self.history {
             Some(before) if *before != history => {
                 tracing::warn!(before = %before, now = %history, "the server's history changed (failover or restore): resuming from the slot's position");
+                self.metrics.count_history_change("timeline");
+                History::New
+            }
+            Some(_) if server_wal < delivered => {
+                tracing::warn!(server_wal = %server_wal, %delivered, "the server's WAL ends before what walbox delivered: it was restored on the same timeline (a disk snapshot, or a backup started without recovery); its transactions at those positions are new, resuming from the slot's position");
+                self.metrics.count_history_change("wal_behind");
                 History::New
             }
             _ => History::Same,
@@ -193,7 +201,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         self.outgoing.clear();
         self.outbox.clear();
         self.domains = domains;
-        self.start_transactions(&history).await?;
+        self.start_transactions(&history, server_wal, same).await?;
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
         let result = async {

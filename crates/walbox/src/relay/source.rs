@@ -35,6 +35,12 @@ pub struct Started<S> {
     /// The server's history (system identifier and timeline): LSNs of two
     /// sessions compare only when it is the same.
     pub history: String,
+    /// The server's WAL flush position as the session started
+    /// (`IDENTIFY_SYSTEM`'s `xlogpos`). Everything walbox ever read from
+    /// this history lies below it, so a delivered or recorded position past
+    /// it means the WAL went backwards: a restore that kept the system
+    /// identifier and timeline, a history of its own.
+    pub server_wal: Lsn,
     /// The base type of each domain type among the outbox table's columns.
     pub domains: HashMap<u32, u32>,
 }
@@ -163,6 +169,7 @@ impl Source for PostgresSource {
                 "system {} timeline {}",
                 started.system.system_id, started.system.timeline
             ),
+            server_wal: started.system.xlogpos,
             domains,
         })
     }

@@ -179,6 +179,47 @@ async fn a_crash_mid_transaction_then_a_restart_writes_each_event_once() {
     );
 }
 
+/// The database restored from a snapshot on the same timeline after walbox
+/// committed past the snapshot: the progress record lies beyond the
+/// server's WAL and describes none of it; the restored server's new
+/// transactions at those positions are written, not skipped.
+#[tokio::test(start_paused = true)]
+async fn after_a_restore_on_the_same_timeline_the_progress_skips_nothing_new() {
+    let fx = fixture(DeadLetters::halt(), 100);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    let mut first = FakeSource::default();
+    let s1 = first.session(10);
+    s1.send(relation());
+    s1.transaction(190, &refs(&events("a", 2)));
+    s1.transaction(390, &refs(&events("b", 2)));
+    let b = broker.clone();
+    let killed = process(&config, &mut first, &broker, || {
+        visible(&b, "events").len() == 4
+    })
+    .await;
+    assert!(killed.is_none());
+    assert_eq!(committed(&broker).unwrap().commit_lsn.as_u64(), 390);
+    // Restored to a snapshot taken at 100, whose WAL ends at 120.
+    let mut second = FakeSource::default();
+    let s2 = second.session_restored("system 1 timeline 1", 100, 120);
+    s2.send(relation());
+    s2.transaction(190, &refs(&events("x", 2)));
+    s2.transaction(290, &refs(&events("y", 1)));
+    let b = broker.clone();
+    let written = process(&config, &mut second, &broker, || {
+        visible(&b, "events").len() >= 7 && s2.confirmed() == 300
+    });
+    let killed = tokio::time::timeout(Duration::from_secs(60), written)
+        .await
+        .unwrap_or_else(|_| panic!("not written: {:?}", visible(&broker, "events")));
+    assert!(killed.is_none());
+    assert_eq!(
+        visible(&broker, "events"),
+        ["a0", "a1", "b0", "b1", "x0", "x1", "y0"]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_postgres_transaction_larger_than_the_bound_is_split_and_resumed_inside() {
     let fx = fixture(DeadLetters::halt(), 10);

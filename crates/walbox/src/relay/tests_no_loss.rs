@@ -175,6 +175,55 @@ async fn after_a_failover_to_another_history_nothing_is_skipped() {
     assert_eq!(fx.broker.delivered().len(), 2);
 }
 
+/// A disk snapshot restored under the running relay: same system, same
+/// timeline, but the server's WAL ends before what was delivered. The new
+/// transactions at those positions are not replays: each is sent.
+#[tokio::test(start_paused = true)]
+async fn a_restore_on_the_same_timeline_skips_nothing_new() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let mut first = fx.source.session(10);
+    // The snapshot was taken at 100: the slot comes back there, and the
+    // restored server's WAL ends at 120, before the 400 delivered.
+    let second = fx.source.session_restored("system 1 timeline 1", 100, 120);
+    let b = fx.broker.clone();
+    let metrics = fx.metrics.clone();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("e1", Some("a"))]);
+            first.transaction(390, &[("e2", Some("a"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            b.ack_all();
+            until("confirmed", || first.confirmed() == 400).await;
+            first.disconnect();
+            second.send(relation());
+            second.transaction(190, &[("x1", Some("a"))]);
+            second.transaction(290, &[("x2", Some("a"))]);
+            until("x1, x2 in flight", || b.pending() == 2).await;
+            b.ack_all();
+            until("confirmed", || second.confirmed() == 300).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    let ids: Vec<String> = fx
+        .broker
+        .delivered()
+        .iter()
+        .map(|r| header(r, "id").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        ["e1", "e2", "x1", "x2"],
+        "the restored server's events"
+    );
+    let m = metrics.encode();
+    assert!(
+        m.contains(r#"walbox_history_changes_total{reason="wal_behind"} 1"#),
+        "{m}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_renamed_table_with_a_dropped_column_maps_by_its_new_layout() {
     let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);

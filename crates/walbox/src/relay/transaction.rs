@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use super::session::Session;
 use super::{Deliveries, Destination, RunError, Token};
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
-use crate::progress::Ack;
+use crate::metrics::Metrics;
+use crate::progress::{Ack, History};
 
 /// At most this many refused events are remembered for their replay; more
 /// at once stops walbox (something is refusing everything).
@@ -204,18 +205,31 @@ impl Transactions {
 impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     /// At a session's start: registers the producer (once) and reads the
     /// last committed progress.
-    pub(super) async fn start_transactions(&mut self, history: &str) -> Result<(), RunError> {
+    /// `server_wal` is the server's WAL position as the session started, and
+    /// `same` whether the session found the server on the history of the
+    /// one before.
+    pub(super) async fn start_transactions(
+        &mut self,
+        history: &str,
+        server_wal: Lsn,
+        same: History,
+    ) -> Result<(), RunError> {
         let destination = self.destination;
+        let metrics = Arc::clone(&self.metrics);
         let Some(eos) = self.transactions.as_mut() else {
             return Ok(());
         };
-        let new_history = !eos.history.is_empty() && eos.history != history;
+        let new_history =
+            same == History::New || (!eos.history.is_empty() && eos.history != history);
         eos.history = history.to_owned();
         eos.txn = KafkaTxn::Idle;
         eos.doomed = None;
         if new_history {
             tracing::warn!("the server's history changed: the committed progress no longer applies; events after the slot's position may be written again");
             eos.committed = None;
+        }
+        if let Some(p) = eos.committed.take_if(|p| p.beyond(server_wal)) {
+            wal_behind_the_record(&p, server_wal, &metrics);
         }
         if eos.initialized {
             return Ok(());
@@ -238,6 +252,10 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             }
             Some(Ok(p)) if p.history != history => {
                 tracing::warn!(%topic, recorded = %p.history, now = %history, "exactly-once: the committed progress belongs to another server history (failover or restore); events after the slot's position may be written again");
+                None
+            }
+            Some(Ok(p)) if p.beyond(server_wal) => {
+                wal_behind_the_record(&p, server_wal, &metrics);
                 None
             }
             Some(Ok(p)) => {
@@ -519,4 +537,12 @@ pub(super) fn txn_error(id: &str, e: TxnError) -> RunError {
         TxnErrorKind::Abortable | TxnErrorKind::Retriable => RunError::Aborted(e.to_string()),
         _ => RunError::Transactions(e.to_string()),
     }
+}
+
+/// The committed progress lies past the end of the server's WAL: the server
+/// was restored on the same timeline, and what it writes at those positions
+/// now was never in Kafka.
+fn wal_behind_the_record(recorded: &Position, server_wal: Lsn, metrics: &Metrics) {
+    tracing::warn!(recorded = %recorded, %server_wal, "exactly-once: the committed progress lies past the end of the server's WAL: it was restored on the same timeline; resuming from the slot's position (events after it may be written again)");
+    metrics.count_history_change("wal_behind");
 }
