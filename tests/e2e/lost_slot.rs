@@ -187,3 +187,150 @@ async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
     assert_eq!(expect_all(&kafka, &topic, 60).await, 50);
     stop(&mut relay).await;
 }
+
+/// A heal (here `walbox resync`, the path `on_slot_invalidated = "recreate"`
+/// takes too) killed with -9 at each of its steps: every next `walbox run`
+/// resumes it from the record it wrote before dropping anything, and a
+/// second instance started while one heals waits instead of exiting or
+/// streaming, then takes the heal over when that one dies. Every event
+/// arrives, in per-key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_killed_at_any_step_is_resumed_and_loses_nothing() {
+    let db = walbox_test_harness::pg::fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let flags = ["--mapping-topic-template", topic.as_str()];
+    insert_events(&client, 0, 50, |_| 5, 7).await;
+    let since: String = client
+        .query_one("SELECT (now() - interval '1 hour')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    stop(&mut relay).await;
+
+    let paused_at = |mut command: Command, point: &str| {
+        command.env("WALBOX_TEST_PAUSE_AT", point);
+        spawn_logged(command)
+    };
+    let kill_9 = |mut relay: Relay| {
+        signal(&relay, "-KILL");
+        relay.child.wait().unwrap();
+    };
+    let mut resync = walbox(
+        &db,
+        &[
+            "resync",
+            "--since",
+            &since,
+            "--kafka-brokers",
+            &kafka.bootstrap(),
+        ],
+    );
+    resync.args(flags);
+    // The heal begins, and dies once it recorded itself; each next start
+    // of `walbox run` resumes it and dies one step further.
+    let mut written = 50;
+    let mut heal = paused_at(resync, "heal.recorded");
+    for next in [
+        "backfill.slot_dropped",
+        "backfill.slot_created",
+        "backfill.copied",
+    ] {
+        wait_log(&heal, "paused at test point").await;
+        kill_9(heal);
+        insert_events(&client, written, written + 10, |_| 3, 7).await;
+        written += 10;
+        let mut run = walbox(&db, &["run", "--kafka-brokers", &kafka.bootstrap()]);
+        run.args(flags);
+        heal = paused_at(run, next);
+    }
+    wait_log(&heal, "paused at test point backfill.copied").await;
+    // Paused with the heal's lock held: a second instance waits for it,
+    // neither exiting nor streaming.
+    let mut standby = spawn_run(&db, &kafka, &flags);
+    wait_log(&standby, "waiting for it to finish").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        standby.child.try_wait().unwrap().is_none(),
+        "{}",
+        standby.log()
+    );
+    assert!(
+        !standby.log().contains("streaming from the slot"),
+        "{}",
+        standby.log()
+    );
+    // The healing one dies: the waiting one takes the heal over, then streams.
+    kill_9(heal);
+    wait_log(&standby, "streaming from the slot").await;
+    insert_events(&client, written, written + 10, |_| 3, 7).await;
+    written += 10;
+    let duplicates = expect_all(&kafka, &topic, written).await;
+    eprintln!("{written} events through a heal killed at 4 steps: {duplicates} duplicates");
+    let log = stop(&mut standby).await;
+    assert!(
+        log.contains("finishing the interrupted backfill or heal"),
+        "{log}"
+    );
+}
+
+/// The race a standby can lose: it checks that the slot has no unfinished
+/// heal, another instance then begins one (recording it, remaking the
+/// slot, copying the rows), and the standby starts streaming from the new
+/// slot. It must check again once it holds the slot, and wait: else the
+/// events committed after the new slot's creation overtake, per key, the
+/// older ones the heal has yet to publish. (The test holds the standby
+/// between its check and START_REPLICATION with a test point.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_raced_a_heal_waits_for_it_before_streaming() {
+    let db = walbox_test_harness::pg::fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let flags = ["--mapping-topic-template", topic.as_str()];
+    let since: String = client
+        .query_one("SELECT (now() - interval '1 hour')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Never streamed: only the heal will publish these.
+    insert_events(&client, 0, 50, |_| 5, 7).await;
+    let mut standby = walbox(&db, &["run", "--kafka-brokers", &kafka.bootstrap()]);
+    standby
+        .args(flags)
+        .env("WALBOX_TEST_PAUSE_AT", "stream.checked:8");
+    let mut standby = spawn_logged(standby);
+    wait_log(&standby, "paused at test point stream.checked").await;
+    let mut resync = walbox(
+        &db,
+        &[
+            "resync",
+            "--since",
+            &since,
+            "--kafka-brokers",
+            &kafka.bootstrap(),
+        ],
+    );
+    resync
+        .args(flags)
+        .env("WALBOX_TEST_PAUSE_AT", "backfill.copied");
+    let heal = spawn_logged(resync);
+    wait_log(&heal, "paused at test point backfill.copied").await;
+    // Committed after the new slot: the stream's, after the heal's rows.
+    insert_events(&client, 50, 60, |_| 5, 7).await;
+    wait_log(&standby, "going on from test point stream.checked").await;
+    wait_log(&standby, "waiting for it to finish").await;
+    assert!(
+        !standby.log().contains("streaming from the slot"),
+        "{}",
+        standby.log()
+    );
+    signal(&heal, "-KILL");
+    let duplicates = expect_all(&kafka, &topic, 60).await;
+    eprintln!("60 events, the standby raced the heal: {duplicates} duplicates");
+    stop(&mut standby).await;
+}

@@ -78,15 +78,22 @@ pub(crate) async fn metrics_addr(relay: &Relay) -> String {
 }
 
 pub(crate) fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&str]) -> Relay {
+    command
+        .args(["run", "--kafka-brokers", &kafka.bootstrap()])
+        .args(extra);
+    spawn_logged(command)
+}
+
+/// Starts a walbox command (any subcommand, its arguments given), logging
+/// to a file that can be read while it runs.
+pub(crate) fn spawn_logged(mut command: Command) -> Relay {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("walbox.log");
     let child = command
-        .args(["run", "--kafka-brokers", &kafka.bootstrap()])
-        .args(extra)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
-        .expect("start walbox run");
+        .expect("start walbox");
     Relay {
         child,
         log,

@@ -22,4 +22,5 @@ pub mod relay;
 pub mod retention;
 pub mod spans;
 pub mod stall;
+pub mod testpoint;
 pub mod timestamp;

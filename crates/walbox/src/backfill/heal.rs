@@ -30,15 +30,23 @@ pub async fn heal(
         since = %since,
         "the slot is invalidated (it lost WAL it needed): recreating it and republishing the outbox rows from the saved position's commit time less the margin"
     );
-    republish_since(plan, control, &since).await
+    republish_since(plan, control, &since, false).await
 }
 
 /// Drops `slot` (if it exists) and makes it again with a backfill of the
-/// outbox rows whose timestamp column is at or after `since`.
+/// outbox rows whose timestamp column is at or after `since`; `terminate`:
+/// a process streaming from the slot is terminated first.
+///
+/// The heal is recorded in `walbox.backfills` before anything is dropped,
+/// so each step can be interrupted (a signal, kill -9, a lost connection)
+/// and the next `walbox run` (or the same command again) resumes it from
+/// the record: the old slot dropped if still there, the new one made, the
+/// rows copied from its snapshot, published after the saved cursor.
 pub async fn republish_since(
     plan: Plan<'_>,
     control: &mut Client,
     since: &str,
+    terminate: bool,
 ) -> Result<Outcome, BackfillError> {
     let ts = plan
         .mapping
@@ -56,10 +64,6 @@ pub async fn republish_since(
     if !store::lock(control, plan.slot).await? {
         return Err(BackfillError::Busy(plan.slot.to_owned()));
     }
-    if slot_status(control, plan.slot).await?.is_some() {
-        slot_manager::drop_slot(control, plan.slot, false, None).await?;
-    }
-    store::forget(control, plan.slot).await?;
     let column = slot_manager::quote_ident(ts);
     let request = Request {
         condition: format!(
@@ -68,5 +72,18 @@ pub async fn republish_since(
         ),
         order_by: column,
     };
+    // The intent first: from here on, whatever happens, a record says what
+    // to finish, and `walbox run` streams nothing until it is done.
+    store::begin(control, plan.slot, plan.table, &request).await?;
+    crate::testpoint::reached("heal.recorded").await;
+    if terminate
+        && slot_status(control, plan.slot)
+            .await?
+            .is_some_and(|s| s.active)
+    {
+        slot_manager::drop_slot(control, plan.slot, true, None).await?;
+    }
+    // The record in state `snapshot`: the old slot (if any) is dropped,
+    // and a new one made with its snapshot.
     backfill(plan, control, &request).await
 }

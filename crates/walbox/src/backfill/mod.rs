@@ -180,13 +180,15 @@ pub async fn backfill(
             (p, true)
         }
         Some((_, State::Snapshot)) if slot_exists => {
-            // Made by a backfill that stopped before copying its snapshot;
-            // `walbox run` refuses such a slot, so it never streamed.
+            // Made by a backfill that stopped before copying its snapshot,
+            // or the lost slot a heal recorded itself to replace: `walbox
+            // run` streams from neither while the record is unfinished.
             tracing::info!(
                 slot,
-                "dropping the slot an interrupted backfill made before copying its snapshot"
+                "dropping the slot of an unfinished backfill or heal that has not copied its snapshot yet"
             );
             slot_manager::drop_slot(control, slot, false, None).await?;
+            crate::testpoint::reached("backfill.slot_dropped").await;
             (start(plan, control, request).await?, false)
         }
         None if slot_exists => return Err(BackfillError::SlotExists(slot.to_owned())),
@@ -219,6 +221,7 @@ async fn start(
         .create_slot_exporting_snapshot(plan.slot, plan.failover)
         .await?;
     tracing::info!(slot = plan.slot, consistent_point = %exported.consistent_point, "slot created; copying the rows to backfill from its snapshot");
+    crate::testpoint::reached("backfill.slot_created").await;
     let total = store::copy_snapshot(
         control,
         plan.slot,
@@ -232,6 +235,7 @@ async fn start(
     // The snapshot was needed until the copy committed.
     drop(replication);
     tracing::info!(slot = plan.slot, rows = total, "rows to backfill");
+    crate::testpoint::reached("backfill.copied").await;
     Ok(Publishing {
         total,
         published: 0,
@@ -240,14 +244,18 @@ async fn start(
     })
 }
 
-/// The request of `slot`'s interrupted backfill whose rows were copied
-/// (`walbox run` finishes it before streaming), if any.
+/// The request of `slot`'s unfinished backfill or heal, in any state
+/// (`walbox run` finishes it before streaming), if any. Its record holds
+/// all a rerun needs: the condition (for a heal, the time it republishes
+/// from) and the order; a record in state `snapshot` is started over (its
+/// slot, if any, never streamed), one in `publishing` resumes after its
+/// saved cursor.
 pub async fn resumable(
     client: &Client,
     slot: &str,
 ) -> Result<Option<Request>, slot_manager::Error> {
     Ok(match store::load(client, slot).await? {
-        Some((request, State::Publishing(_))) => Some(request),
+        Some((request, State::Snapshot | State::Publishing(_))) => Some(request),
         _ => None,
     })
 }
@@ -270,7 +278,7 @@ pub async fn describe(client: &Client, slot: &str) -> Result<Option<String>, slo
     Ok(store::load(client, slot).await?.map(|(request, state)| {
         let what = format!("{:?} ordered by {:?}", request.condition, request.order_by);
         match state {
-            State::Snapshot => format!("interrupted before its snapshot was copied ({what}); rerun `walbox init-slot --backfill`"),
+            State::Snapshot => format!("unfinished, before its snapshot was copied ({what}); `walbox run` or a rerun of the command that began it finishes it"),
             State::Publishing(p) => format!(
                 "unfinished: {} of {} events published ({what}); `walbox run` or a rerun of `walbox init-slot --backfill` finishes it",
                 p.published, p.total

@@ -48,15 +48,12 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
     preflight(&client, &c.table, &mapping.required_columns()).await?;
     ensure_publication(&client, &c.publication, &c.table, None).await?;
     if let Some(status) = slot_status(&client, &c.slot).await? {
-        if status.active {
-            if !args.force {
-                return Err(slot_manager::Error::SlotActive {
-                    slot: c.slot.clone(),
-                    pid: status.active_pid.unwrap_or(0),
-                }
-                .into());
+        if status.active && !args.force {
+            return Err(slot_manager::Error::SlotActive {
+                slot: c.slot.clone(),
+                pid: status.active_pid.unwrap_or(0),
             }
-            slot_manager::drop_slot(&client, &c.slot, true, None).await?;
+            .into());
         }
     }
     let plan = Plan {
@@ -71,7 +68,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
         total,
         dead_lettered,
         ..
-    } = republish_since(plan, &mut client, &args.since).await?
+    } = republish_since(plan, &mut client, &args.since, args.force).await?
     {
         println!(
             "slot {:?}: recreated; republished {total} events from {} ({dead_lettered} to the dead-letter topic); `walbox run` streams from here",

@@ -234,17 +234,33 @@ async fn stream_until_stopped(
     metrics: &Arc<Metrics>,
     spans: Option<&crate::spans::Spans>,
 ) -> Result<(), CliError> {
+    let mut waiting_reported = false;
     loop {
         // A backfill to finish or a slot to recreate may take long: a
         // signal stops it (its progress is saved; the next start resumes).
         let mut signalled = shutdown.clone();
-        tokio::select! {
+        let prepared = tokio::select! {
             prepared = prepare_slot(c, mapping, settings) => prepared?,
             _ = signalled.wait_for(|s| *s != Stop::No) => {
                 tracing::info!("stopped before streaming; what the backfill did not finish, the next start does");
                 return Ok(());
             }
+        };
+        if prepared == Prepared::PeerBusy {
+            // Another instance finishes the backfill or heal; this one
+            // streams after it (or takes the heal over if that one dies:
+            // its lock goes with its connection).
+            if !waiting_reported {
+                tracing::info!(slot = %c.slot, "another walbox instance is backfilling or healing the slot; waiting for it to finish");
+                waiting_reported = true;
+            }
+            metrics.set_standby(true);
+            if wait_or_stopped(shutdown, crate::relay::STANDBY_POLL).await {
+                return Ok(());
+            }
+            continue;
         }
+        waiting_reported = false;
         match stream(
             c,
             mapping,
@@ -260,6 +276,14 @@ async fn stream_until_stopped(
             {
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
             }
+            Err(e @ RunError::BackfillPending { .. }) => {
+                // A heal another instance began between this one's checks:
+                // finished (or waited for) before streaming again.
+                tracing::warn!(error = %e, "not streaming");
+                if wait_or_stopped(shutdown, crate::relay::STANDBY_POLL).await {
+                    return Ok(());
+                }
+            }
             result => {
                 result?;
                 tracing::info!("stopped");
@@ -269,7 +293,28 @@ async fn stream_until_stopped(
     }
 }
 
-/// Before streaming: finishes an interrupted backfill, and recreates an
+/// True when a signal came before `delay` passed.
+async fn wait_or_stopped(shutdown: &watch::Receiver<Stop>, delay: Duration) -> bool {
+    let mut signalled = shutdown.clone();
+    tokio::select! {
+        () = tokio::time::sleep(delay) => false,
+        _ = signalled.wait_for(|s| *s != Stop::No) => true,
+    }
+}
+
+/// What [`prepare_slot`] left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prepared {
+    /// Nothing (left) to do before streaming, or Postgres unreachable (the
+    /// relay retries, and its checks hold it back).
+    Ready,
+    /// Another instance holds the slot's backfill lock: it is finishing a
+    /// backfill or heal.
+    PeerBusy,
+}
+
+/// Before streaming: finishes an unfinished backfill or heal (in whatever
+/// state it was interrupted: its record says what to do), and recreates an
 /// invalidated slot when `on_slot_invalidated = "recreate"`. With Postgres
 /// unreachable it does nothing: the relay retries, and its checks stop it
 /// on either condition.
@@ -277,10 +322,10 @@ async fn prepare_slot(
     c: &Connection,
     mapping: &OutboxMapping,
     settings: &RunSettings,
-) -> Result<(), CliError> {
+) -> Result<Prepared, CliError> {
     let mut control = match connect_control(&c.pg).await {
         Ok(control) => control,
-        Err(e) if e.is_transient() => return Ok(()),
+        Err(e) if e.is_transient() => return Ok(Prepared::Ready),
         Err(e) => return Err(e.into()),
     };
     if let Ok(row) = control
@@ -297,19 +342,26 @@ async fn prepare_slot(
         mapping,
         settings,
     };
-    if let Some(request) = crate::backfill::resumable(&control, &c.slot).await? {
-        tracing::info!(slot = %c.slot, "finishing the interrupted backfill before streaming");
-        crate::backfill::backfill(plan, &mut control, &request).await?;
-    }
-    if let Some(margin) = settings.recreate_margin {
-        let lost = slot_manager::slot_status(&control, &c.slot)
-            .await?
-            .is_some_and(|s| s.wal_status.as_deref() == Some("lost"));
-        if lost {
-            crate::backfill::heal(plan, &mut control, margin).await?;
+    let finished = async {
+        if let Some(request) = crate::backfill::resumable(&control, &c.slot).await? {
+            tracing::info!(slot = %c.slot, condition = %request.condition, "finishing the interrupted backfill or heal before streaming");
+            crate::backfill::backfill(plan, &mut control, &request).await?;
         }
+        if let Some(margin) = settings.recreate_margin {
+            let lost = slot_manager::slot_status(&control, &c.slot)
+                .await?
+                .is_some_and(|s| s.wal_status.as_deref() == Some("lost"));
+            if lost {
+                crate::backfill::heal(plan, &mut control, margin).await?;
+            }
+        }
+        Ok::<_, crate::backfill::BackfillError>(())
+    };
+    match finished.await {
+        Ok(()) => Ok(Prepared::Ready),
+        Err(crate::backfill::BackfillError::Busy(_)) => Ok(Prepared::PeerBusy),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// One run of the relay on a producer of its own, until a signal or a

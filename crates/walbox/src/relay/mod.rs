@@ -209,6 +209,19 @@ pub enum RunError {
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
+    /// The slot has an unfinished backfill or heal: nothing may be streamed
+    /// from it before its rows are published (an aggregate's new events
+    /// would overtake its old ones). The caller finishes it, or waits while
+    /// another instance does.
+    #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
+    BackfillPending {
+        /// The slot.
+        slot: String,
+        /// Rows published so far.
+        published: u64,
+        /// Rows in the backfill (0 before its snapshot was copied).
+        total: u64,
+    },
 }
 
 impl RunError {

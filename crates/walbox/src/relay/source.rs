@@ -130,6 +130,20 @@ pub struct PostgresStream {
     shard: Option<ShardFilter>,
 }
 
+impl PostgresSource {
+    /// Refuses to stream while the slot has an unfinished backfill or heal.
+    async fn check_no_backfill(&self, control: &Client) -> Result<(), RunError> {
+        match crate::backfill::unfinished(control, &self.slot).await? {
+            Some((published, total)) => Err(RunError::BackfillPending {
+                slot: self.slot.clone(),
+                published,
+                total,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Source for PostgresSource {
     type Stream = PostgresStream;
 
@@ -141,13 +155,8 @@ impl Source for PostgresSource {
             let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
             check_table(&control, &self.table, &columns).await?;
         }
-        if let Some((published, total)) = crate::backfill::unfinished(&control, &self.slot).await? {
-            return Err(slot_manager::Error::Precondition(format!(
-                "slot {:?} has an unfinished backfill ({published} of {total} events published);                  finish it by rerunning the same `walbox init-slot --backfill …` first                  (streaming before it would put an aggregate's new events before its old ones)",
-                self.slot
-            ))
-            .into());
-        }
+        self.check_no_backfill(&control).await?;
+        crate::testpoint::reached("stream.checked").await;
         let domains = if self.source.table() {
             domain_base_types(&control, &self.table).await?
         } else {
@@ -155,6 +164,15 @@ impl Source for PostgresSource {
         };
         let started =
             start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
+        // Again now that this session holds the slot: another instance may
+        // have begun a heal between the check above and START_REPLICATION
+        // (it records the heal before it drops and remakes the slot, so a
+        // slot this session could start on has its record visible now).
+        // Nothing was confirmed yet.
+        if let Err(e) = self.check_no_backfill(&control).await {
+            started.stream.close().await;
+            return Err(e);
+        }
         Ok(Started {
             stream: PostgresStream {
                 stream: started.stream,
