@@ -334,3 +334,56 @@ async fn a_standby_that_raced_a_heal_waits_for_it_before_streaming() {
     eprintln!("60 events, the standby raced the heal: {duplicates} duplicates");
     stop(&mut standby).await;
 }
+
+/// Events published from the table keep the order the stream would have
+/// given them: `created_at` is one value per transaction and the event id
+/// random, so ordering by them scrambles a transaction's events of one
+/// aggregate. With the sequence column `walbox migrate` adds, resync
+/// publishes in insertion order; without it, it warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republished_events_keep_the_order_the_stream_gives() {
+    let db = walbox_test_harness::pg::fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(2).await;
+    let since: String = client
+        .query_one("SELECT (now() - interval '1 hour')::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Never streamed: only resync publishes them. 20 transactions of 6
+    // events over 2 aggregates.
+    insert_events(&client, 0, 120, |_| 6, 2).await;
+    let resync = || {
+        let mut c = walbox(
+            &db,
+            &[
+                "resync",
+                "--since",
+                &since,
+                "--kafka-brokers",
+                &kafka.bootstrap(),
+                "--mapping-topic-template",
+                &topic,
+            ],
+        );
+        c.output().unwrap()
+    };
+    let out = resync();
+    succeeded(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("insertion order"), "{log}");
+    // Every event once, and per key in the order they were inserted.
+    assert_eq!(expect_all(&kafka, &topic, 120).await, 0);
+
+    // Without a sequence column (and commit timestamps off), walbox says
+    // the order is not the stream's.
+    client
+        .batch_execute("ALTER TABLE outbox_events DROP COLUMN seq")
+        .await
+        .unwrap();
+    let out = resync();
+    succeeded(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("rows published in timestamp order"), "{log}");
+}

@@ -30,6 +30,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         "{stdout}"
     );
     assert!(stdout.contains("0003_emit.sql: applied"), "{stdout}");
+    assert!(stdout.contains("0004_outbox_seq.sql: applied"), "{stdout}");
 
     let second = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&second.stdout);
@@ -54,13 +55,13 @@ async fn migrate_creates_the_outbox_schema_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
     // The defaults of the mapping table: id, headers and created_at fill themselves.
     let row = client
         .query_one(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
                   VALUES ('order', 'o-1', 'OrderCreated', '{\"a\": 1}')
-               RETURNING id::text, headers::text, created_at IS NOT NULL",
+               RETURNING id::text, headers::text, created_at IS NOT NULL, seq",
             &[],
         )
         .await
@@ -68,6 +69,7 @@ async fn migrate_creates_the_outbox_schema_once() {
     assert_eq!(row.get::<_, String>(0).len(), 36);
     assert_eq!(row.get::<_, String>(1), "{}");
     assert!(row.get::<_, bool>(2));
+    assert!(row.get::<_, i64>(3) >= 1, "seq fills itself");
     // Headers must be an object: each key becomes a Kafka header.
     let err = client
         .execute(

@@ -65,12 +65,14 @@ pub async fn republish_since(
         return Err(BackfillError::Busy(plan.slot.to_owned()));
     }
     let column = slot_manager::quote_ident(ts);
+    let order = super::order::choose(control, plan.table, plan.mapping).await?;
+    order.report(plan.table);
     let request = Request {
         condition: format!(
             "{column} >= {}::timestamptz",
             slot_manager::quote_literal(since)
         ),
-        order_by: column,
+        order_by: order.sql,
     };
     // The intent first: from here on, whatever happens, a record says what
     // to finish, and `walbox run` streams nothing until it is done.

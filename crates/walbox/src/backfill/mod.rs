@@ -20,6 +20,7 @@
 
 pub mod cursor;
 mod heal;
+pub mod order;
 mod publish;
 pub mod store;
 

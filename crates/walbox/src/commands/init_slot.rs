@@ -4,7 +4,7 @@
 
 use slot_manager::{
     check_server, check_table, connect_control, ensure_message_publication, ensure_publication,
-    ensure_slot, quote_ident, Ensured,
+    ensure_slot, Ensured,
 };
 
 use super::{loaded, CliError};
@@ -28,6 +28,9 @@ pub struct InitSlotArgs {
     backfill: Option<String>,
     /// The order backfilled rows are published in, as SQL (e.g.
     /// "created_at, id" or "seq"); the event id breaks ties. Default: the
+    /// stream's order as far as the table tells it: commit timestamps
+    /// (with track_commit_timestamp = on), else a sequence column (an
+    /// identity or nextval default, as walbox migrate's seq), else the
     /// timestamp column, else the event id.
     #[arg(long, value_name = "SQL_ORDER", requires = "backfill")]
     backfill_order: Option<String>,
@@ -88,9 +91,14 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     };
     say("publication", &c.publication, publication);
     let settings = config.run()?;
-    let order_by = args
-        .backfill_order
-        .unwrap_or_else(|| quote_ident(mapping.timestamp.as_deref().unwrap_or(&mapping.id)));
+    let order_by = match args.backfill_order {
+        Some(order) => order,
+        None => {
+            let order = crate::backfill::order::choose(&client, &c.table, &mapping).await?;
+            order.report(&c.table);
+            order.sql
+        }
+    };
     let plan = Plan {
         pg: &c.pg,
         slot: &c.slot,

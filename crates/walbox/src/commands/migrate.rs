@@ -22,6 +22,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0003_emit.sql",
         include_str!("../../../../migrations/0003_emit.sql"),
     ),
+    (
+        4,
+        "0004_outbox_seq.sql",
+        include_str!("../../../../migrations/0004_outbox_seq.sql"),
+    ),
 ];
 
 /// Arguments of `walbox migrate`.
