@@ -10,9 +10,12 @@ use std::time::Duration;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{connect, PgServer};
+use walbox_test_harness::slot::{
+    confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, write_wal_elsewhere,
+};
 use walbox_test_harness::wait::wait_for;
 
-use crate::support::{expect_all, insert_events, spawn_run_with, stop, succeeded};
+use crate::support::{expect_all, insert_events, spawn_run_with, stop, succeeded, wait_exit};
 
 fn walbox_to(url: &str, args: &[&str]) -> Command {
     let mut c = Command::new(walbox_e2e::walbox_bin());
@@ -100,4 +103,142 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
     let duplicates = expect_all(&kafka, &topic, 400).await;
     eprintln!("after promotion: all 400 events, {duplicates} duplicates");
     stop(&mut relay).await;
+}
+
+/// A synchronous standby is down: commits wait for it, invisible to every
+/// snapshot, while logical decoding already follows them. An `ALTER
+/// PUBLICATION … DROP TABLE` in that window hides the outbox from the
+/// stream but not yet from the catalog. walbox sees the change committed
+/// and not visible, confirms nothing past the readings before it, however
+/// far the WAL moves on; once the standby is back the change is visible and
+/// walbox stops with the slot before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_held_by_a_stopped_synchronous_standby_is_never_confirmed_past() {
+    let primary = PgServer::builder()
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let admin = connect(&primary.config("postgres")).await.unwrap();
+    let version = walbox_test_harness::pg::server_version_num(&admin).await;
+    if version < 150_000 {
+        eprintln!("the harness makes standbys on Postgres 15 and later: test not run on {version}");
+        return;
+    }
+    apply_migrations(&admin).await;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        primary.port()
+    );
+    succeeded(&walbox_to(&url, &["init-slot"]).output().unwrap());
+    let mut standby = PgServer::standby_of(&primary, "walbox_standby")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'walbox_standby'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    wait_for(
+        "the standby to be synchronous",
+        Duration::from_secs(30),
+        || {
+            let admin = &admin;
+            async move {
+                let n: i64 = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err("not yet".to_owned())
+                }
+            }
+        },
+    )
+    .await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run_with(
+        walbox_to(&url, &[]),
+        &kafka,
+        &["--mapping-topic-template", &topic],
+    );
+    insert_events(&admin, 0, 20, |_| 5, 2).await;
+    let head = current_wal_lsn(&admin).await;
+    wait_confirmed_at_least(&admin, "walbox", head, Duration::from_secs(30)).await;
+    assert_eq!(expect_all(&kafka, &topic, 20).await, 0);
+
+    // The standby stops; the DDL commits in the WAL and waits for it.
+    standby = tokio::task::spawn_blocking(move || {
+        standby.stop();
+        standby
+    })
+    .await
+    .unwrap();
+    let ddl = connect(&primary.config("postgres")).await.unwrap();
+    let held = tokio::spawn(async move {
+        let _ = ddl
+            .batch_execute("ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events")
+            .await;
+    });
+    wait_for(
+        "the ALTER to wait for the standby",
+        Duration::from_secs(30),
+        || {
+            let admin = &admin;
+            async move {
+                let n: i64 = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                      WHERE wait_event = 'SyncRep' AND query LIKE 'ALTER PUBLICATION%'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err("not waiting yet".to_owned())
+                }
+            }
+        },
+    )
+    .await;
+    let after_ddl = current_wal_lsn(&admin).await;
+    // The application writes on, not waiting for the standby; WAL moves.
+    let app = connect(&primary.config("postgres")).await.unwrap();
+    app.batch_execute("SET synchronous_commit = local")
+        .await
+        .unwrap();
+    insert_events(&app, 20, 40, |_| 5, 2).await;
+    write_wal_elsewhere(&app, "elsewhere", 1 << 20).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let confirmed = confirmed_flush_lsn(&admin, "walbox").await.unwrap();
+    assert!(
+        confirmed < after_ddl,
+        "the slot ({confirmed}) stayed before the held change (committed before {after_ddl})\n{}",
+        relay.log()
+    );
+    assert!(relay.child.try_wait().unwrap().is_none(), "{}", relay.log());
+
+    // The standby is back: the change becomes visible, walbox stops at it.
+    standby = tokio::task::spawn_blocking(move || {
+        standby.start().unwrap();
+        standby
+    })
+    .await
+    .unwrap();
+    held.await.unwrap();
+    let (status, log) = wait_exit(&mut relay).await;
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("does not include table"), "{log}");
+    let confirmed = confirmed_flush_lsn(&admin, "walbox").await.unwrap();
+    assert!(confirmed < after_ddl, "{confirmed} < {after_ddl}");
+    drop(standby);
 }

@@ -29,6 +29,74 @@ pub struct Coverage {
     pub gap: Option<String>,
     /// The identity of every catalog row that makes up the coverage.
     pub fingerprint: String,
+    /// Whether a change of the catalog rows behind this reading was in
+    /// flight as they were read: what the reading can verify (see
+    /// [`ChangeInFlight`]).
+    pub in_flight: ChangeInFlight,
+}
+
+/// Whether a transaction was changing the catalog rows behind a reading
+/// (the table's `pg_class` row, the publication, its entry for the table or
+/// the table's schema) when they were read. A transaction that updates or
+/// deletes such a row stamps the version it replaces with its id (`xmax`)
+/// long before it commits; a reading that still sees that version while
+/// the transaction has not ended sees a change that is not visible yet, and
+/// whose commit record may already be in the WAL walbox reads:
+///
+/// ```text
+///   BEGIN; ALTER PUBLICATION …   commit record in the WAL       visible to new snapshots
+///   ├──── in progress ───────────────┼─── flushing; waiting for ───────┤
+///                                    │    synchronous standbys (unbounded)
+///                                    └─ logical decoding already follows the change
+/// ```
+///
+/// Postgres reports the transaction `in progress` until it is visible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeInFlight {
+    /// No such transaction: every change of the coverage committed before
+    /// [`Coverage::wal_lsn`] is in this reading, which verifies the
+    /// coverage up to its own position.
+    Nothing,
+    /// One that has not ended: the reading verifies nothing (its commit
+    /// may lie anywhere before [`Coverage::wal_lsn`], however long ago it
+    /// was written, while synchronous standbys hold it).
+    Pending,
+}
+
+/// SQL for the commit-log state of the transaction that stamped a catalog
+/// row version `xmax` (a 32-bit id): widened to 64 bits with the epoch of
+/// the snapshot's next id. An id at or past that next id (within half the
+/// id space) began after the snapshot: `in progress`. `NULL` when none
+/// stamped it, or when it is too old to be in the commit log (then long
+/// finished).
+fn xmax_state(xmax: &str) -> String {
+    format!(
+        "(SELECT CASE WHEN x = 0 THEN NULL
+                      WHEN (x - lo + 4294967296) % 4294967296 < 2147483648 THEN 'in progress'
+                      ELSE txid_status((CASE WHEN x < lo THEN ep ELSE ep - 1 END << 32) | x)
+                 END
+            FROM (SELECT {xmax}::text::bigint AS x,
+                         txid_snapshot_xmax(txid_current_snapshot()) & 4294967295 AS lo,
+                         txid_snapshot_xmax(txid_current_snapshot()) >> 32 AS ep) v)"
+    )
+}
+
+impl ChangeInFlight {
+    /// From the commit-log states of the rows' stamps (`in progress`,
+    /// `committed`, `aborted`, or none). A `committed` stamp on a version
+    /// the reading still sees is a transaction that became visible just
+    /// after the reading's snapshot: pending for this reading too.
+    fn of(states: &[Option<String>]) -> ChangeInFlight {
+        let pending = states
+            .iter()
+            .flatten()
+            .any(|state| matches!(state.as_str(), "in progress" | "committed"));
+        if pending {
+            ChangeInFlight::Pending
+        } else {
+            ChangeInFlight::Nothing
+        }
+    }
 }
 
 /// The server's WAL position now (the replay position on a standby).
@@ -55,14 +123,18 @@ async fn wal_position(client: &Client) -> Result<(Lsn, i32), Error> {
 /// dropped and recreated between two readings is a change too.
 pub async fn message_coverage(client: &Client, publication: &str) -> Result<Coverage, Error> {
     let (wal_lsn, _) = wal_position(client).await?;
-    let oid: Option<i64> = client
+    let row = client
         .query_opt(
-            "SELECT oid::int8 FROM pg_publication WHERE pubname = $1",
+            &format!(
+                "SELECT oid::int8, {} FROM pg_publication WHERE pubname = $1",
+                xmax_state("xmax")
+            ),
             &[&publication],
         )
         .await
-        .map_err(Error::sql("look up the publication"))?
-        .map(|r| r.get(0));
+        .map_err(Error::sql("look up the publication"))?;
+    let oid: Option<i64> = row.as_ref().map(|r| r.get(0));
+    let in_flight = ChangeInFlight::of(&[row.and_then(|r| r.get(1))]);
     Ok(Coverage {
         wal_lsn,
         table_oid: None,
@@ -70,6 +142,7 @@ pub async fn message_coverage(client: &Client, publication: &str) -> Result<Cove
             format!("publication {publication:?} does not exist (walbox init-slot creates it)")
         }),
         fingerprint: format!("publication {}", oid.unwrap_or(0)),
+        in_flight,
     })
 }
 
@@ -83,23 +156,41 @@ pub async fn coverage(
 ) -> Result<Coverage, Error> {
     let (wal_lsn, version) = wal_position(client).await?;
     // PG 15 added schema publications, row filters and column lists.
-    let (schema_entry, filters) = if version >= 150_000 {
+    let (schema_entry, schema_xmax, filters) = if version >= 150_000 {
         (
             "(SELECT pn.oid::int8 FROM pg_publication_namespace pn, p, t
                WHERE pn.pnpubid = p.oid AND pn.pnnspid = t.relnamespace)",
+            xmax_state(
+                "(SELECT pn.xmax FROM pg_publication_namespace pn, p, t
+                   WHERE pn.pnpubid = p.oid AND pn.pnnspid = t.relnamespace)",
+            ),
             "(SELECT pt.rowfilter FROM pg_publication_tables pt
                WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
              (SELECT pr.prattrs::text FROM pg_publication_rel pr, p, t
                WHERE pr.prpubid = p.oid AND pr.prrelid = t.oid)",
         )
     } else {
-        ("NULL::int8", "NULL::text, NULL::text")
+        (
+            "NULL::int8",
+            "NULL::text".to_owned(),
+            "NULL::text, NULL::text",
+        )
     };
+    let stamps = [
+        xmax_state("(SELECT xmax FROM t)"),
+        xmax_state("(SELECT xmax FROM p)"),
+        xmax_state(
+            "(SELECT pr.xmax FROM pg_publication_rel pr, p, t
+               WHERE pr.prpubid = p.oid AND pr.prrelid = t.oid)",
+        ),
+        schema_xmax,
+    ]
+    .join(", ");
     let sql = format!(
-        "WITH t AS (SELECT c.oid, c.relkind, c.relnamespace FROM pg_class c
+        "WITH t AS (SELECT c.oid, c.relkind, c.relnamespace, c.xmax FROM pg_class c
                       JOIN pg_namespace n ON n.oid = c.relnamespace
                      WHERE n.nspname = $2 AND c.relname = $3),
-              p AS (SELECT oid, xmin, pubinsert, puballtables, pubviaroot
+              p AS (SELECT oid, xmin, xmax, pubinsert, puballtables, pubviaroot
                       FROM pg_publication WHERE pubname = $1)
          SELECT (SELECT oid::int8 FROM t), (SELECT relkind::text FROM t),
                 (SELECT oid::int8 FROM p), (SELECT xmin::text FROM p),
@@ -109,7 +200,7 @@ pub async fn coverage(
                 {schema_entry},
                 EXISTS (SELECT 1 FROM pg_publication_tables pt
                          WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3),
-                {filters}"
+                {filters}, {stamps}"
     );
     let row = client
         .query_one(&sql, &[&publication, &table.schema(), &table.name()])
@@ -136,6 +227,7 @@ pub async fn coverage(
         table_oid: reading.table_oid,
         gap: reading.gap(publication, table, shard),
         fingerprint: reading.fingerprint(),
+        in_flight: ChangeInFlight::of(&[row.get(12), row.get(13), row.get(14), row.get(15)]),
     })
 }
 

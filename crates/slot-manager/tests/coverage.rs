@@ -2,7 +2,7 @@
 //! each kind of drift is a gap or a changed fingerprint, and a change that
 //! does not concern the table is neither.
 
-use slot_manager::{connect_control, coverage, Coverage, TableName};
+use slot_manager::{connect_control, coverage, ChangeInFlight, Coverage, TableName};
 use tokio_postgres::Client;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
@@ -131,6 +131,70 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
     assert_ne!(after.table_oid, before.table_oid);
     let g = gap_after(&client, "DROP TABLE outbox_events").await;
     assert!(g.contains("no longer exists"), "{g}");
+}
+
+/// What a reading finds in flight, from the catalog rows' stamps: nothing
+/// while the application only inserts; a change not yet committed while an
+/// ALTER, DROP or RENAME of the publication or table is open; nothing again
+/// once it rolled back (its stamp stays, its transaction aborted).
+#[tokio::test]
+async fn a_reading_sees_a_change_of_the_coverage_in_flight() {
+    let db = fresh_db().await;
+    let client = connect_control(&pg_config(&db)).await.unwrap();
+    apply_migrations(&db.connect().await).await;
+    client
+        .batch_execute(
+            "CREATE TABLE other (id int);
+             CREATE PUBLICATION walbox_outbox FOR TABLE outbox_events
+               WITH (publish = 'insert', publish_via_partition_root = true)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(read(&client).await.in_flight, ChangeInFlight::Nothing);
+    let mut app = db.connect().await;
+    let tx = app.transaction().await.unwrap();
+    tx.batch_execute(
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+              VALUES ('order', 'o-1', 'E', '{}')",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        read(&client).await.in_flight,
+        ChangeInFlight::Nothing,
+        "an open INSERT is no change"
+    );
+    tx.rollback().await.unwrap();
+    for change in [
+        "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events",
+        "ALTER PUBLICATION walbox_outbox SET (publish = 'update')",
+        "DROP PUBLICATION walbox_outbox",
+        "ALTER TABLE outbox_events RENAME TO outbox_old",
+        "DROP TABLE outbox_events",
+    ] {
+        let tx = app.transaction().await.unwrap();
+        tx.batch_execute(change).await.unwrap();
+        let reading = read(&client).await;
+        assert_eq!(reading.gap, None, "{change}: not visible yet");
+        assert_eq!(
+            reading.in_flight,
+            ChangeInFlight::Pending,
+            "{change}: in flight"
+        );
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            read(&client).await.in_flight,
+            ChangeInFlight::Nothing,
+            "{change}: rolled back"
+        );
+    }
+    // Unrelated: another table added to the publication.
+    let tx = app.transaction().await.unwrap();
+    tx.batch_execute("ALTER PUBLICATION walbox_outbox ADD TABLE other")
+        .await
+        .unwrap();
+    assert_eq!(read(&client).await.in_flight, ChangeInFlight::Nothing);
+    tx.rollback().await.unwrap();
 }
 
 #[tokio::test]

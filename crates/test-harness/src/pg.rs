@@ -499,10 +499,14 @@ impl PgServer {
                 ),
                 ("primary_slot_name", slot.to_owned()),
                 ("hot_standby_feedback", "on".to_owned()),
-                ("sync_replication_slots", "on".to_owned()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+        // Failover slots are synchronized from Postgres 17 (an unknown
+        // setting stops an older server).
+        if server_version_num(&admin).await >= 170_000 {
+            settings.push(("sync_replication_slots".into(), "on".into()));
+        }
         let mut server = PgServer {
             bin_dir: primary.bin_dir.clone(),
             root,

@@ -13,7 +13,7 @@ use sink_kafka::{
 };
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use slot_manager::Coverage;
+use slot_manager::{ChangeInFlight, Coverage};
 
 use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Started, Token};
 
@@ -202,6 +202,8 @@ pub(super) struct FakeSource {
 pub(super) struct Database {
     /// What `coverage` answers (its `wal_lsn` is replaced by the head).
     pub(super) catalog: Arc<Mutex<Coverage>>,
+    /// Coverage readings taken so far.
+    pub(super) readings: Arc<AtomicUsize>,
     /// The newest WAL position sent by any session.
     head: Arc<AtomicU64>,
     /// Positions saved by the relay: (delivered, commit time).
@@ -209,6 +211,12 @@ pub(super) struct Database {
 }
 
 impl Database {
+    /// What readings find in flight: by default nothing, so each reading
+    /// verifies up to its own position.
+    pub(super) fn in_flight(&self, in_flight: ChangeInFlight) {
+        self.catalog.lock().unwrap().in_flight = in_flight;
+    }
+
     /// Changes the catalog: a new fingerprint and table OID, and a gap.
     pub(super) fn alter(&self, fingerprint: &str, table_oid: Option<u32>, gap: Option<&str>) {
         let mut c = self.catalog.lock().unwrap();
@@ -228,7 +236,9 @@ impl Default for FakeSource {
                     table_oid: Some(OUTBOX),
                     gap: None,
                     fingerprint: "covered".into(),
+                    in_flight: ChangeInFlight::Nothing,
                 })),
+                readings: Arc::default(),
                 head: Arc::new(AtomicU64::new(0)),
                 positions: Arc::default(),
             },
@@ -392,6 +402,7 @@ impl ReplicationStream for FakeStream {
     }
 
     async fn coverage(&mut self) -> Result<Coverage, RunError> {
+        self.database.readings.fetch_add(1, Ordering::SeqCst);
         let mut reading = self.database.catalog.lock().unwrap().clone();
         // Read now: the WAL written so far is what the server sent so far.
         reading.wal_lsn = Lsn::new(self.database.head.load(Ordering::SeqCst));

@@ -13,7 +13,7 @@ use sink_kafka::Record;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use slot_manager::{describe_change, Coverage};
+use slot_manager::{describe_change, ChangeInFlight, Coverage};
 
 use super::transaction::Transactions;
 use super::{
@@ -52,6 +52,14 @@ const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 /// reading verifies the coverage up to the previous reading's WAL position,
 /// so confirmations trail the acks by up to two intervals.
 pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the coverage is read while delivered events wait for it to be
+/// verified: what a crash re-sends is what waits here (a kill -9 under load
+/// re-sent ~0.35 s of events when every reading waited for the next one at
+/// 250 ms; see docs/correctness.md).
+pub(super) const COVERAGE_WHILE_WAITING: Duration = Duration::from_millis(100);
+/// How long a change of the coverage may stay in flight before walbox says
+/// that confirmation waits for it.
+const PENDING_CHANGE_REPORT: Duration = Duration::from_secs(10);
 
 /// How long a coverage reading may take before the session is deemed broken.
 const COVERAGE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,6 +111,9 @@ pub(super) struct Session<'a, D, R> {
     pub(super) coverage: Option<Coverage>,
     /// The server history of the last session.
     history: Option<String>,
+    /// Since when readings find a change of the coverage in flight, and
+    /// whether that was reported.
+    change_pending_since: Option<(Instant, bool)>,
     /// This session's domain types of the outbox table (OID → base OID).
     pub(super) domains: HashMap<u32, u32>,
     /// Exactly-once mode's state; `None` in at-least-once mode.
@@ -143,6 +154,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             topics: Topics::default(),
             coverage: None,
             history: None,
+            change_pending_since: None,
             domains: HashMap::new(),
             transactions: config.exactly_once.clone().map(Transactions::new),
             saved_position: None,
@@ -284,16 +296,36 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     self.config.table
                 )));
             }
-            Some(before) => Some(before.wal_lsn),
-            None => None,
+            // A reading verifies the coverage up to its own position when
+            // no change of it was in flight; while one is, nothing (see
+            // `slot_manager::ChangeInFlight`).
+            _ => match reading.in_flight {
+                ChangeInFlight::Nothing => Some(reading.wal_lsn),
+                ChangeInFlight::Pending => None,
+            },
         };
+        self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held);
         self.coverage = Some(reading);
         Ok(verified.and_then(|lsn| self.progress.covered(lsn, Instant::now())))
     }
 
+    /// Says once when a change of the publication or the table stays in
+    /// flight for long: confirmation waits for it.
+    fn note_pending_change(&mut self, pending: bool, held: Lsn) {
+        match (pending, self.change_pending_since) {
+            (false, _) => self.change_pending_since = None,
+            (true, None) => self.change_pending_since = Some((Instant::now(), false)),
+            (true, Some((since, false))) if since.elapsed() >= PENDING_CHANGE_REPORT => {
+                tracing::warn!(slot = %held, waited = ?since.elapsed(), "a transaction changing the publication or the outbox table has not ended (open, or waiting for synchronous standbys): the slot is not confirmed past its start until it ends");
+                self.change_pending_since = Some((since, true));
+            }
+            (true, Some(_)) => {}
+        }
+    }
+
     /// Verifies the coverage up to now before the final confirmation: one
-    /// reading now, and one a coverage interval later (a reading verifies
-    /// only the one before it).
+    /// reading now, and when a change was in flight, one more a little
+    /// later.
     async fn verify_coverage_now<S: ReplicationStream>(
         &mut self,
         stream: &mut S,
@@ -302,8 +334,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             return Ok(());
         }
         self.check_coverage(stream).await?;
-        tokio::time::sleep(COVERAGE_INTERVAL).await;
-        self.check_coverage(stream).await?;
+        if self.progress.delivered() > self.progress.confirmable() {
+            tokio::time::sleep(COVERAGE_WHILE_WAITING).await;
+            self.check_coverage(stream).await?;
+        }
         Ok(())
     }
 
@@ -325,7 +359,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         tokio::pin!(sample);
         let status_due = tokio::time::sleep_until(self.progress.next_due());
         tokio::pin!(status_due);
-        let coverage_due = tokio::time::sleep_until(Instant::now() + COVERAGE_INTERVAL);
+        let mut coverage_read = Instant::now();
+        let coverage_due = tokio::time::sleep_until(coverage_read + COVERAGE_INTERVAL);
         tokio::pin!(coverage_due);
         // Set once a graceful shutdown was asked for: its deadline.
         let mut finishing: Option<Instant> = None;
@@ -383,6 +418,15 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if status_due.deadline() != due {
                 status_due.as_mut().reset(due);
             }
+            let due = coverage_read
+                + if self.progress.delivered() > self.progress.confirmable() {
+                    COVERAGE_WHILE_WAITING
+                } else {
+                    COVERAGE_INTERVAL
+                };
+            if coverage_due.deadline() != due {
+                coverage_due.as_mut().reset(due);
+            }
             let waiting = self.outgoing.front().map(Record::size);
             if waiting.is_some() || busy {
                 heard = Instant::now();
@@ -428,7 +472,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     send_status(stream, update).await
                 }
                 () = &mut coverage_due => {
-                    coverage_due.as_mut().reset(Instant::now() + COVERAGE_INTERVAL);
+                    coverage_read = Instant::now();
                     match self.check_coverage(stream).await {
                         Ok(update) => send_status(stream, update).await,
                         Err(e) => Err(e),

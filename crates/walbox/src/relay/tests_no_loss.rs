@@ -10,6 +10,7 @@ use super::fakes::{
 use super::tests::{idle, until, Fixture};
 use super::{RunError, Stop};
 use crate::dead_letter::{headers, DeadLetters};
+use slot_manager::ChangeInFlight;
 
 #[tokio::test(start_paused = true)]
 async fn a_table_removed_from_the_publication_stops_the_relay_before_its_unseen_events() {
@@ -411,4 +412,125 @@ async fn a_server_gone_silent_is_asked_to_reply_and_then_left_for_a_new_session(
         })
         .await;
     result.unwrap();
+}
+
+/// How many coverage readings it takes, from the moment a transaction's WAL
+/// is written, until the slot is confirmed past it.
+async fn readings_until_confirmed(in_flight: ChangeInFlight) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let database = fx.source.database();
+    database.in_flight(in_flight);
+    let b = fx.broker.clone();
+    let after_write = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&after_write);
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            idle(600).await;
+            let at_write = database.readings.load(Ordering::SeqCst);
+            server.transaction(190, &[("e1", Some("a"))]);
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            counted.store(
+                database.readings.load(Ordering::SeqCst) - at_write,
+                Ordering::SeqCst,
+            );
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    after_write.load(Ordering::SeqCst)
+}
+
+/// A reading that finds no change of the coverage in flight verifies the
+/// coverage up to its own position: the slot is confirmed after one
+/// reading, not two, so a crash re-sends less.
+#[tokio::test(start_paused = true)]
+async fn a_reading_with_nothing_in_flight_verifies_itself() {
+    assert_eq!(readings_until_confirmed(ChangeInFlight::Nothing).await, 1);
+}
+
+/// A change in flight, here committed in the WAL and not yet visible (a
+/// synchronous standby is down: commits wait for it, logical decoding
+/// already follows them): no reading verifies anything while it lasts,
+/// whatever the WAL moved on to.
+#[tokio::test(start_paused = true)]
+async fn a_change_held_by_synchronous_replication_verifies_nothing_until_it_is_visible() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let database = fx.source.database();
+    database.in_flight(ChangeInFlight::Nothing);
+    let status = server.status_handle();
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a"))]);
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            // ALTER PUBLICATION … DROP TABLE commits at 250 and waits for
+            // the standby; the stream already goes on without the table.
+            database.in_flight(ChangeInFlight::Pending);
+            server.send(keepalive(5000, false));
+            idle(10_000).await;
+            assert_eq!(
+                server.confirmed(),
+                200,
+                "nothing past the last verified reading"
+            );
+            // The standby is back: the change becomes visible.
+            database.alter(
+                "table dropped from the publication",
+                Some(OUTBOX),
+                Some("publication walbox_outbox does not include table public.outbox_events"),
+            );
+            database.in_flight(ChangeInFlight::Nothing);
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err();
+    assert!(matches!(e, RunError::Drift(_)), "{e}");
+    assert_eq!(fakes::highest_confirmed(&status), Some(200));
+}
+
+/// Readings that verify themselves still stop the relay at a change,
+/// before it.
+#[tokio::test(start_paused = true)]
+async fn a_reading_with_nothing_in_flight_that_finds_a_change_stops_the_relay_before_it() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let database = fx.source.database();
+    database.in_flight(ChangeInFlight::Nothing);
+    let status = server.status_handle();
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a"))]);
+            until("1 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            until("confirmed", || server.confirmed() == 200).await;
+            // Dropped and added back between two readings: no gap, another
+            // fingerprint.
+            database.alter("re-added", Some(OUTBOX), None);
+            server.transaction(390, &[("e2", Some("a"))]);
+            until("2 in flight", || b.pending() == 1).await;
+            b.ack_all();
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err();
+    assert!(matches!(e, RunError::Drift(_)), "{e}");
+    assert_eq!(
+        fakes::highest_confirmed(&status),
+        Some(200),
+        "nothing past the reading before the change"
+    );
 }
