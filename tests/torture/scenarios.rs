@@ -55,6 +55,8 @@ pub(crate) enum Kind {
     DriftRename,
     BigTxKilled,
     BigPayloads,
+    PgRestoreSameTimeline,
+    HealKilled,
 }
 
 #[derive(Clone)]
@@ -92,6 +94,8 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("drift-rename", "table renamed; after walbox stops, renamed back and walbox restarted", false, false, DriftRename),
         s("big-tx-kill-9", "one huge transaction, walbox killed with SIGKILL half-way through it", true, false, BigTxKilled),
         s("big-payloads", "100 KB payloads against the 64 MiB in-flight byte bound", false, false, BigPayloads),
+        s("pg-restore", "Postgres stopped, its data directory restored to a copy taken seconds earlier (same system id and timeline, WAL behind what walbox delivered), started", true, false, PgRestoreSameTimeline),
+        s("heal-kill-9", "walbox resync killed with SIGKILL at each step of its heal (recorded, old slot dropped, new slot made, rows copied), each time resumed by walbox run", true, false, HealKilled),
     ]
 }
 
@@ -155,6 +159,10 @@ struct Outcome {
     /// walbox stopped by itself (what the user fixes afterwards may let the
     /// slot pass events the stream never carried).
     confirmed_at_stop: Option<Lsn>,
+    /// The database was restored to an earlier copy: the events committed
+    /// after the copy are gone with it (delivered or not), and the truth is
+    /// what the table holds at the end, every row of which must arrive.
+    restored: bool,
 }
 
 impl Outcome {
@@ -226,7 +234,11 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
 
     // The truth: what the load committed, and what the table holds (an
     // insert whose commit outcome was lost with the connection).
-    let mut truth: BTreeMap<i64, Lsn> = written.iter().map(|e| (e.n, e.upper)).collect();
+    let mut truth: BTreeMap<i64, Lsn> = if o.restored {
+        BTreeMap::new()
+    } else {
+        written.iter().map(|e| (e.n, e.upper)).collect()
+    };
     truth.extend(o.extra.iter().copied());
     let client = w.client().await;
     if let Ok(rows) = client
@@ -517,6 +529,72 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
         }
         Kind::BigPayloads => {
             tokio::time::sleep(scale.fault).await;
+        }
+        Kind::PgRestoreSameTimeline => {
+            // A disk snapshot, taken with Postgres stopped.
+            tokio::task::block_in_place(|| {
+                w.pg.stop();
+                w.pg.snapshot("torture").expect("copy the data directory");
+                w.pg.start().expect("start Postgres");
+            });
+            // Events delivered past the snapshot, then the restore: the
+            // load's events committed since are gone with the database,
+            // but were delivered; what it writes next lands at WAL
+            // positions below them.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tokio::task::block_in_place(|| {
+                w.pg.stop();
+                w.pg.restore("torture").expect("restore the data directory");
+                w.pg.start().expect("start Postgres");
+            });
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            o.check(w.running(), "walbox exited instead of reconnecting");
+            o.check(
+                w.log().contains("restored on the same timeline"),
+                "walbox did not see the WAL go back",
+            );
+            o.restored = true;
+            o.notes.push("restored to a copy 3 s old while walbox ran; written: the rows the restored table holds (those committed after the copy went with it)".into());
+        }
+        Kind::HealKilled => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let since: String = w
+                .client()
+                .await
+                .query_one("SELECT (now() - interval '1 second')::text", &[])
+                .await
+                .expect("read the time")
+                .get(0);
+            w.signal("TERM");
+            let code = w.wait_exit(Duration::from_secs(30)).await;
+            o.check(code == Some(0), format!("SIGTERM: exit {code:?}"));
+            let steps = [
+                ("resync", "heal.recorded"),
+                ("run", "backfill.slot_dropped"),
+                ("run", "backfill.slot_created"),
+                ("run", "backfill.copied"),
+            ];
+            for (subcommand, point) in steps {
+                let args: &[&str] = if subcommand == "resync" {
+                    &["--since", &since]
+                } else {
+                    &[]
+                };
+                w.start_walbox_as(subcommand, args, &[("WALBOX_TEST_PAUSE_AT", point)]);
+                let paused = w
+                    .wait_log(
+                        &format!("paused at test point {point}"),
+                        Duration::from_secs(60),
+                    )
+                    .await;
+                o.check(paused, format!("walbox {subcommand} never reached {point}"));
+                w.kill9();
+            }
+            w.start_walbox();
+            o.notes.push(format!(
+                "heal from {since} killed at {} steps, each resumed by walbox run",
+                steps.len()
+            ));
         }
     }
 }

@@ -185,25 +185,54 @@ impl World {
 
     /// Starts `walbox run` (its log appended to this world's log file).
     pub(crate) fn start_walbox(&mut self) {
+        self.start_walbox_as("run", &[], &[]);
+    }
+
+    /// Starts `walbox SUBCOMMAND` (`run`, `resync`) with the world's Kafka
+    /// settings, `args` and the environment `env` (its log appended to
+    /// this world's log file); it is the process `kill9`, `signal` and
+    /// `wait_exit` act on.
+    pub(crate) fn start_walbox_as(
+        &mut self,
+        subcommand: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) {
         assert!(self.walbox.is_none(), "walbox is already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path())
             .expect("open the walbox log");
-        let child = self
-            .walbox_command()
-            .args(["run", "--kafka-brokers", &self.broker.kafka().bootstrap()])
+        let mut command = self.walbox_command();
+        command
+            .arg(subcommand)
+            .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
             .args(["--mapping-topic-template", "{aggregate_type}"])
             .args(["--dead-letter-topic", &self.dead_letters])
             .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
             .args(&self.walbox_args)
+            .args(args)
+            .envs(env.iter().copied());
+        let child = command
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("start walbox run");
+            .expect("start walbox");
         *self.walbox_pid.lock().unwrap() = Some(child.id());
         self.walbox = Some(child);
+    }
+
+    /// Waits up to `timeout` for walbox's log to contain `needle`.
+    pub(crate) async fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
     }
 
     pub(crate) fn log_path(&self) -> std::path::PathBuf {
