@@ -138,27 +138,10 @@ async fn a_change_held_by_a_stopped_synchronous_standby_is_never_confirmed_past(
     ] {
         admin.batch_execute(sql).await.unwrap();
     }
-    wait_for(
+    wait_one(
+        &admin,
         "the standby to be synchronous",
-        Duration::from_secs(30),
-        || {
-            let admin = &admin;
-            async move {
-                let n: i64 = admin
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
-                        &[],
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .get(0);
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err("not yet".to_owned())
-                }
-            }
-        },
+        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
     )
     .await;
     let kafka = TestKafka::from_env();
@@ -186,28 +169,11 @@ async fn a_change_held_by_a_stopped_synchronous_standby_is_never_confirmed_past(
             .batch_execute("ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events")
             .await;
     });
-    wait_for(
+    wait_one(
+        &admin,
         "the ALTER to wait for the standby",
-        Duration::from_secs(30),
-        || {
-            let admin = &admin;
-            async move {
-                let n: i64 = admin
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                      WHERE wait_event = 'SyncRep' AND query LIKE 'ALTER PUBLICATION%'",
-                        &[],
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .get(0);
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err("not waiting yet".to_owned())
-                }
-            }
-        },
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE wait_event = 'SyncRep' AND query LIKE 'ALTER PUBLICATION%'",
     )
     .await;
     let after_ddl = current_wal_lsn(&admin).await;
@@ -241,4 +207,21 @@ async fn a_change_held_by_a_stopped_synchronous_standby_is_never_confirmed_past(
     let confirmed = confirmed_flush_lsn(&admin, "walbox").await.unwrap();
     assert!(confirmed < after_ddl, "{confirmed} < {after_ddl}");
     drop(standby);
+}
+
+/// Waits until `count_sql` (a `SELECT count(*)`) counts 1.
+async fn wait_one(client: &tokio_postgres::Client, what: &str, count_sql: &str) {
+    wait_for(what, Duration::from_secs(30), || async move {
+        let n: i64 = client
+            .query_one(count_sql, &[])
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
+    })
+    .await;
 }

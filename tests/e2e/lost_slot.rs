@@ -134,57 +134,93 @@ async fn a_lost_slot_stops_walbox_or_is_recreated_with_the_missed_events() {
     assert!(log.contains("the slot is invalidated"), "{log}");
 }
 
+/// A test database with the outbox and walbox's slot, a topic, and the time
+/// an hour ago: what the `walbox resync` tests start from.
+struct Resync {
+    db: walbox_test_harness::pg::TestDb,
+    client: tokio_postgres::Client,
+    kafka: TestKafka,
+    topic: String,
+    since: String,
+}
+
+impl Resync {
+    async fn new() -> Resync {
+        let db = walbox_test_harness::pg::fresh_db().await;
+        let client = init(&db).await;
+        let kafka = TestKafka::from_env();
+        let topic = kafka.create_topic(2).await;
+        let since: String = client
+            .query_one("SELECT (now() - interval '1 hour')::text", &[])
+            .await
+            .unwrap()
+            .get(0);
+        Resync {
+            db,
+            client,
+            kafka,
+            topic,
+            since,
+        }
+    }
+
+    /// The topic flags every command here takes.
+    fn flags(&self) -> [&str; 2] {
+        ["--mapping-topic-template", self.topic.as_str()]
+    }
+
+    /// `walbox SUBCOMMAND` with the Kafka settings (and `--since` for
+    /// `resync`).
+    fn command(&self, subcommand: &str) -> Command {
+        let mut c = walbox(
+            &self.db,
+            &[subcommand, "--kafka-brokers", &self.kafka.bootstrap()],
+        );
+        c.args(self.flags());
+        if subcommand == "resync" {
+            c.args(["--since", &self.since]);
+        }
+        c
+    }
+
+    /// `walbox run`, started.
+    fn run(&self) -> Relay {
+        spawn_run(&self.db, &self.kafka, &self.flags())
+    }
+
+    /// `walbox SUBCOMMAND` started, held at the test point `point`.
+    fn paused_at(&self, subcommand: &str, point: &str) -> Relay {
+        let mut c = self.command(subcommand);
+        c.env("WALBOX_TEST_PAUSE_AT", point);
+        spawn_logged(c)
+    }
+}
+
 /// `walbox resync --since`: refused while walbox streams from the slot;
 /// once stopped, it recreates the slot and republishes from that time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
-    let db = walbox_test_harness::pg::fresh_db().await;
-    let client = init(&db).await;
-    let kafka = TestKafka::from_env();
-    let topic = kafka.create_topic(2).await;
-    let flags = ["--mapping-topic-template", topic.as_str()];
-    insert_events(&client, 0, 50, |_| 5, 7).await;
-    let since: String = client
-        .query_one("SELECT (now() - interval '1 hour')::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let mut relay = spawn_run(&db, &kafka, &flags);
-    let head = current_wal_lsn(&client).await;
-    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
-    let resync = |force: bool| {
-        let mut c = walbox(
-            &db,
-            &[
-                "resync",
-                "--since",
-                &since,
-                "--kafka-brokers",
-                &kafka.bootstrap(),
-            ],
-        );
-        c.args(flags);
-        if force {
-            c.arg("--force");
-        }
-        c.output().unwrap()
-    };
-    let refused = resync(false);
+    let r = Resync::new().await;
+    insert_events(&r.client, 0, 50, |_| 5, 7).await;
+    let mut relay = r.run();
+    let head = current_wal_lsn(&r.client).await;
+    wait_confirmed_at_least(&r.client, "walbox", head, Duration::from_secs(30)).await;
+    let refused = r.command("resync").output().unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is in use by process"), "{stderr}");
     stop(&mut relay).await;
 
-    let out = resync(false);
+    let out = r.command("resync").output().unwrap();
     let stdout = succeeded(&out);
     assert!(
         stdout.contains("recreated; republished 50 events"),
         "{stdout}"
     );
-    let mut relay = spawn_run(&db, &kafka, &flags);
-    insert_events(&client, 50, 60, |_| 5, 7).await;
+    let mut relay = r.run();
+    insert_events(&r.client, 50, 60, |_| 5, 7).await;
     // The 50 events twice (streamed, then republished), the next 10 once.
-    assert_eq!(expect_all(&kafka, &topic, 60).await, 50);
+    assert_eq!(expect_all(&r.kafka, &r.topic, 60).await, 50);
     stop(&mut relay).await;
 }
 
@@ -196,45 +232,21 @@ async fn resync_republishes_from_a_time_and_refuses_a_slot_in_use() {
 /// arrives, in per-key order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heal_killed_at_any_step_is_resumed_and_loses_nothing() {
-    let db = walbox_test_harness::pg::fresh_db().await;
-    let client = init(&db).await;
-    let kafka = TestKafka::from_env();
-    let topic = kafka.create_topic(2).await;
-    let flags = ["--mapping-topic-template", topic.as_str()];
-    insert_events(&client, 0, 50, |_| 5, 7).await;
-    let since: String = client
-        .query_one("SELECT (now() - interval '1 hour')::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let mut relay = spawn_run(&db, &kafka, &flags);
-    let head = current_wal_lsn(&client).await;
-    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    let r = Resync::new().await;
+    insert_events(&r.client, 0, 50, |_| 5, 7).await;
+    let mut relay = r.run();
+    let head = current_wal_lsn(&r.client).await;
+    wait_confirmed_at_least(&r.client, "walbox", head, Duration::from_secs(30)).await;
     stop(&mut relay).await;
 
-    let paused_at = |mut command: Command, point: &str| {
-        command.env("WALBOX_TEST_PAUSE_AT", point);
-        spawn_logged(command)
-    };
     let kill_9 = |mut relay: Relay| {
         signal(&relay, "-KILL");
         relay.child.wait().unwrap();
     };
-    let mut resync = walbox(
-        &db,
-        &[
-            "resync",
-            "--since",
-            &since,
-            "--kafka-brokers",
-            &kafka.bootstrap(),
-        ],
-    );
-    resync.args(flags);
     // The heal begins, and dies once it recorded itself; each next start
     // of `walbox run` resumes it and dies one step further.
     let mut written = 50;
-    let mut heal = paused_at(resync, "heal.recorded");
+    let mut heal = r.paused_at("resync", "heal.recorded");
     for next in [
         "backfill.slot_dropped",
         "backfill.slot_created",
@@ -242,16 +254,14 @@ async fn a_heal_killed_at_any_step_is_resumed_and_loses_nothing() {
     ] {
         wait_log(&heal, "paused at test point").await;
         kill_9(heal);
-        insert_events(&client, written, written + 10, |_| 3, 7).await;
+        insert_events(&r.client, written, written + 10, |_| 3, 7).await;
         written += 10;
-        let mut run = walbox(&db, &["run", "--kafka-brokers", &kafka.bootstrap()]);
-        run.args(flags);
-        heal = paused_at(run, next);
+        heal = r.paused_at("run", next);
     }
     wait_log(&heal, "paused at test point backfill.copied").await;
     // Paused with the heal's lock held: a second instance waits for it,
     // neither exiting nor streaming.
-    let mut standby = spawn_run(&db, &kafka, &flags);
+    let mut standby = r.run();
     wait_log(&standby, "waiting for it to finish").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
@@ -267,9 +277,9 @@ async fn a_heal_killed_at_any_step_is_resumed_and_loses_nothing() {
     // The healing one dies: the waiting one takes the heal over, then streams.
     kill_9(heal);
     wait_log(&standby, "streaming from the slot").await;
-    insert_events(&client, written, written + 10, |_| 3, 7).await;
+    insert_events(&r.client, written, written + 10, |_| 3, 7).await;
     written += 10;
-    let duplicates = expect_all(&kafka, &topic, written).await;
+    let duplicates = expect_all(&r.kafka, &r.topic, written).await;
     eprintln!("{written} events through a heal killed at 4 steps: {duplicates} duplicates");
     let log = stop(&mut standby).await;
     assert!(
@@ -287,41 +297,15 @@ async fn a_heal_killed_at_any_step_is_resumed_and_loses_nothing() {
 /// between its check and START_REPLICATION with a test point.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_that_raced_a_heal_waits_for_it_before_streaming() {
-    let db = walbox_test_harness::pg::fresh_db().await;
-    let client = init(&db).await;
-    let kafka = TestKafka::from_env();
-    let topic = kafka.create_topic(2).await;
-    let flags = ["--mapping-topic-template", topic.as_str()];
-    let since: String = client
-        .query_one("SELECT (now() - interval '1 hour')::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let r = Resync::new().await;
     // Never streamed: only the heal will publish these.
-    insert_events(&client, 0, 50, |_| 5, 7).await;
-    let mut standby = walbox(&db, &["run", "--kafka-brokers", &kafka.bootstrap()]);
-    standby
-        .args(flags)
-        .env("WALBOX_TEST_PAUSE_AT", "stream.checked:8");
-    let mut standby = spawn_logged(standby);
+    insert_events(&r.client, 0, 50, |_| 5, 7).await;
+    let mut standby = r.paused_at("run", "stream.checked:8");
     wait_log(&standby, "paused at test point stream.checked").await;
-    let mut resync = walbox(
-        &db,
-        &[
-            "resync",
-            "--since",
-            &since,
-            "--kafka-brokers",
-            &kafka.bootstrap(),
-        ],
-    );
-    resync
-        .args(flags)
-        .env("WALBOX_TEST_PAUSE_AT", "backfill.copied");
-    let heal = spawn_logged(resync);
+    let heal = r.paused_at("resync", "backfill.copied");
     wait_log(&heal, "paused at test point backfill.copied").await;
     // Committed after the new slot: the stream's, after the heal's rows.
-    insert_events(&client, 50, 60, |_| 5, 7).await;
+    insert_events(&r.client, 50, 60, |_| 5, 7).await;
     wait_log(&standby, "going on from test point stream.checked").await;
     wait_log(&standby, "waiting for it to finish").await;
     assert!(
@@ -330,7 +314,7 @@ async fn a_standby_that_raced_a_heal_waits_for_it_before_streaming() {
         standby.log()
     );
     signal(&heal, "-KILL");
-    let duplicates = expect_all(&kafka, &topic, 60).await;
+    let duplicates = expect_all(&r.kafka, &r.topic, 60).await;
     eprintln!("60 events, the standby raced the heal: {duplicates} duplicates");
     stop(&mut standby).await;
 }
@@ -342,47 +326,24 @@ async fn a_standby_that_raced_a_heal_waits_for_it_before_streaming() {
 /// publishes in insertion order; without it, it warns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn republished_events_keep_the_order_the_stream_gives() {
-    let db = walbox_test_harness::pg::fresh_db().await;
-    let client = init(&db).await;
-    let kafka = TestKafka::from_env();
-    let topic = kafka.create_topic(2).await;
-    let since: String = client
-        .query_one("SELECT (now() - interval '1 hour')::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let r = Resync::new().await;
     // Never streamed: only resync publishes them. 20 transactions of 6
     // events over 2 aggregates.
-    insert_events(&client, 0, 120, |_| 6, 2).await;
-    let resync = || {
-        let mut c = walbox(
-            &db,
-            &[
-                "resync",
-                "--since",
-                &since,
-                "--kafka-brokers",
-                &kafka.bootstrap(),
-                "--mapping-topic-template",
-                &topic,
-            ],
-        );
-        c.output().unwrap()
-    };
-    let out = resync();
+    insert_events(&r.client, 0, 120, |_| 6, 2).await;
+    let out = r.command("resync").output().unwrap();
     succeeded(&out);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("insertion order"), "{log}");
     // Every event once, and per key in the order they were inserted.
-    assert_eq!(expect_all(&kafka, &topic, 120).await, 0);
+    assert_eq!(expect_all(&r.kafka, &r.topic, 120).await, 0);
 
     // Without a sequence column (and commit timestamps off), walbox says
     // the order is not the stream's.
-    client
+    r.client
         .batch_execute("ALTER TABLE outbox_events DROP COLUMN seq")
         .await
         .unwrap();
-    let out = resync();
+    let out = r.command("resync").output().unwrap();
     succeeded(&out);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("rows published in timestamp order"), "{log}");
