@@ -49,7 +49,9 @@ pub use control::{
     ensure_message_publication, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
     Ensured, SlotStatus, LEAST_SERVER,
 };
-pub use coverage::{coverage, describe_change, message_coverage, ChangeInFlight, Coverage};
+pub use coverage::{
+    coverage, describe_change, message_coverage, ChangeInFlight, Coverage, CoverageReader,
+};
 pub use error::Error;
 pub use shard::{ShardFilter, LEAST_SHARDED_SERVER, MAX_SHARDS};
 pub use sql::{

@@ -2,12 +2,24 @@
 //! each kind of drift is a gap or a changed fingerprint, and a change that
 //! does not concern the table is neither.
 
-use slot_manager::{connect_control, coverage, ChangeInFlight, Coverage, TableName};
+use slot_manager::{
+    connect_control, coverage, ChangeInFlight, Coverage, CoverageReader, TableName,
+};
 use tokio_postgres::Client;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
 
 use crate::pg_config;
+
+/// One reader per test: its prepared statements serve every reading, across
+/// the catalog changes the test makes (as the relay's do).
+async fn read_with(reader: &mut CoverageReader, client: &Client) -> Coverage {
+    let outbox = TableName::parse("public.outbox_events").unwrap();
+    reader
+        .read(client, "walbox_outbox", Some(&outbox), None)
+        .await
+        .unwrap()
+}
 
 async fn read(client: &Client) -> Coverage {
     let outbox = TableName::parse("public.outbox_events").unwrap();
@@ -16,9 +28,9 @@ async fn read(client: &Client) -> Coverage {
         .unwrap()
 }
 
-async fn gap_after(client: &Client, sql: &str) -> String {
+async fn gap_after(reader: &mut CoverageReader, client: &Client, sql: &str) -> String {
     client.batch_execute(sql).await.unwrap();
-    read(client)
+    read_with(reader, client)
         .await
         .gap
         .unwrap_or_else(|| panic!("a gap after {sql}"))
@@ -28,6 +40,7 @@ async fn gap_after(client: &Client, sql: &str) -> String {
 async fn each_drift_is_a_gap_or_a_new_fingerprint() {
     let db = fresh_db().await;
     let client = connect_control(&pg_config(&db)).await.unwrap();
+    let mut reader = CoverageReader::default();
     apply_migrations(&db.connect().await).await;
     client
         .batch_execute(
@@ -37,7 +50,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         )
         .await
         .unwrap();
-    let first = read(&client).await;
+    let first = read_with(&mut reader, &client).await;
     assert_eq!(first.gap, None);
     assert!(first.table_oid.is_some());
 
@@ -58,7 +71,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         .batch_execute("VACUUM FREEZE pg_catalog.pg_publication")
         .await
         .unwrap();
-    let again = read(&client).await;
+    let again = read_with(&mut reader, &client).await;
     assert_eq!(again.fingerprint, first.fingerprint);
     assert!(again.wal_lsn > first.wal_lsn);
 
@@ -70,11 +83,12 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         )
         .await
         .unwrap();
-    let readded = read(&client).await;
+    let readded = read_with(&mut reader, &client).await;
     assert_eq!(readded.gap, None);
     assert_ne!(readded.fingerprint, first.fingerprint);
 
     let g = gap_after(
+        &mut reader,
         &client,
         "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events",
     )
@@ -90,6 +104,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         .unwrap();
 
     let g = gap_after(
+        &mut reader,
         &client,
         "ALTER PUBLICATION walbox_outbox SET (publish = 'update')",
     )
@@ -99,7 +114,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
         .batch_execute("ALTER PUBLICATION walbox_outbox SET (publish = 'insert')")
         .await
         .unwrap();
-    let restored = read(&client).await;
+    let restored = read_with(&mut reader, &client).await;
     assert_eq!(restored.gap, None);
     assert_ne!(
         restored.fingerprint, readded.fingerprint,
@@ -108,6 +123,7 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
 
     if walbox_test_harness::pg::server_version_num(&client).await >= 150_000 {
         let g = gap_after(
+            &mut reader,
             &client,
             "ALTER PUBLICATION walbox_outbox SET TABLE outbox_events WHERE (aggregate_type = 'order')",
         )
@@ -120,16 +136,17 @@ async fn each_drift_is_a_gap_or_a_new_fingerprint() {
     }
 
     // Dropped and recreated: gone from a FOR TABLE publication.
-    let before = read(&client).await;
+    let before = read_with(&mut reader, &client).await;
     let g = gap_after(
+        &mut reader,
         &client,
         "DROP TABLE outbox_events; CREATE TABLE outbox_events (id uuid, payload jsonb)",
     )
     .await;
     assert!(g.contains("does not include table"), "{g}");
-    let after = read(&client).await;
+    let after = read_with(&mut reader, &client).await;
     assert_ne!(after.table_oid, before.table_oid);
-    let g = gap_after(&client, "DROP TABLE outbox_events").await;
+    let g = gap_after(&mut reader, &client, "DROP TABLE outbox_events").await;
     assert!(g.contains("no longer exists"), "{g}");
 }
 

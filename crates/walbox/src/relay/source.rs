@@ -4,9 +4,8 @@ use std::collections::HashMap;
 
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use slot_manager::{
-    check_server, check_table, connect_control, coverage, domain_base_types, message_coverage,
-    start_streaming, Coverage, LogicalReplicationStream, PgConfig, ReplicationOptions, ShardFilter,
-    TableName,
+    check_server, check_table, connect_control, domain_base_types, start_streaming, Coverage,
+    CoverageReader, LogicalReplicationStream, PgConfig, ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -128,6 +127,8 @@ pub struct PostgresStream {
     /// The outbox table, when its rows are events.
     table: Option<TableName>,
     shard: Option<ShardFilter>,
+    /// The coverage statements, prepared on the control connection.
+    coverage: CoverageReader,
 }
 
 impl PostgresSource {
@@ -181,6 +182,7 @@ impl Source for PostgresSource {
                 publication: self.publication.clone(),
                 table: self.source.table().then(|| self.table.clone()),
                 shard: self.shard.clone(),
+                coverage: CoverageReader::default(),
             },
             confirmed: started.slot.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
             history: format!(
@@ -203,12 +205,15 @@ impl ReplicationStream for PostgresStream {
     }
 
     async fn coverage(&mut self) -> Result<Coverage, RunError> {
-        Ok(match &self.table {
-            Some(table) => {
-                coverage(&self.control, &self.publication, table, self.shard.as_ref()).await?
-            }
-            None => message_coverage(&self.control, &self.publication).await?,
-        })
+        Ok(self
+            .coverage
+            .read(
+                &self.control,
+                &self.publication,
+                self.table.as_ref(),
+                self.shard.as_ref(),
+            )
+            .await?)
     }
 
     async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus> {
