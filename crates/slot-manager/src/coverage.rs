@@ -102,7 +102,7 @@ impl ChangeInFlight {
 /// Reads coverage again and again on one connection: its statements are
 /// prepared on the first reading and reused (planning the catalog query
 /// took 1.9 ms of the primary's CPU per reading, executing it 0.24 ms,
-/// measured with pgbench on Postgres 15), as the relay reads every 100 ms
+/// measured with pgbench on Postgres 15), as the relay reads every 50 ms
 /// while events wait for the check.
 #[derive(Debug, Default)]
 pub struct CoverageReader {
