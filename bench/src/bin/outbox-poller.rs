@@ -21,7 +21,7 @@
 //! which is one reason walbox does not work this way).
 //!
 //! The table it expects (created by `scripts/bench` from `outbox_events`):
-//! walbox's outbox columns plus `seq bigserial` (the publishing order) and
+//! walbox's outbox columns (their `seq` identity is the publishing order) and
 //! `published_at timestamptz` (NULL until published), with an index
 //! `(seq) WHERE published_at IS NULL`.
 //!

@@ -11,7 +11,7 @@
 //!    frozen since, or older than the commit timestamps kept, have none and
 //!    come first: they are the oldest.)
 //! 2. Else a sequence column (an identity column, or one whose default is
-//!    `nextval`, as `walbox migrate`'s `seq`): insertion order. It differs
+//!    `nextval`, as `walbox migrate`'s `seq bigserial`): insertion order. It differs
 //!    from commit order for one aggregate only where two transactions
 //!    inserted events of that aggregate concurrently and committed in the
 //!    other order.
