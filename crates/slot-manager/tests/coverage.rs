@@ -182,6 +182,7 @@ async fn a_reading_sees_a_change_of_the_coverage_in_flight() {
         "an open INSERT is no change"
     );
     tx.rollback().await.unwrap();
+    let version = walbox_test_harness::pg::server_version_num(&client).await;
     for change in [
         "ALTER PUBLICATION walbox_outbox DROP TABLE outbox_events",
         "ALTER PUBLICATION walbox_outbox SET (publish = 'update')",
@@ -189,6 +190,12 @@ async fn a_reading_sees_a_change_of_the_coverage_in_flight() {
         "ALTER TABLE outbox_events RENAME TO outbox_old",
         "DROP TABLE outbox_events",
     ] {
+        // From Postgres 17, pg_publication_tables locks the table it
+        // lists: a reading waits for an open RENAME or DROP of it (and
+        // confirms nothing meanwhile) instead of seeing it in flight.
+        if version >= 170_000 && (change.contains("RENAME") || change.starts_with("DROP TABLE")) {
+            continue;
+        }
         let tx = app.transaction().await.unwrap();
         tx.batch_execute(change).await.unwrap();
         let reading = read(&client).await;
