@@ -34,9 +34,11 @@
 //! # Coverage
 //!
 //! The stream is silent when the outbox table leaves the publication. Every
-//! [`COVERAGE_INTERVAL`](session::COVERAGE_INTERVAL) the relay reads the
-//! publication's coverage of the table from the catalog; a reading that
-//! matches the previous one verifies the coverage up to the previous one's
+//! [`COVERAGE_INTERVAL`](session::COVERAGE_INTERVAL) (every
+//! [`COVERAGE_WHILE_WAITING`](session::COVERAGE_WHILE_WAITING) while
+//! delivered events wait) the relay reads the publication's coverage of the
+//! table from the catalog; a reading that matches the previous one, with no
+//! change of the coverage in flight, verifies the coverage up to its own
 //! WAL position, and nothing past the verified position is confirmed. A gap
 //! (the table not published for INSERT) or a change (the table recreated,
 //! the publication altered) stops the relay with the slot before any event

@@ -48,16 +48,17 @@ enum Read {
 /// How often the slot's retained WAL is sampled for the metrics.
 const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// How often the publication's coverage of the outbox table is read. A
-/// reading verifies the coverage up to the previous reading's WAL position,
-/// so confirmations trail the acks by up to two intervals.
+/// How often the publication's coverage of the outbox table is read while
+/// no delivered event waits for it. A reading verifies the coverage up to
+/// its own WAL position when no change of it is in flight, and nothing
+/// while one is (see `slot_manager::ChangeInFlight`).
 pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often the coverage is read while delivered events wait for it to be
 /// verified: what a crash re-sends is what waits here. Measured
 /// (`scripts/torture --only kill-9`, 10 kills under 3,000 events/s, 3 runs):
 /// 11,740–12,963 duplicates when a reading verified the one 250 ms before
 /// it; 4,165 (one run) with self-verifying readings every 100 ms and
-/// 100 ms between status updates; 1,665–1,755 at 50 ms and 50 ms. A
+/// 100 ms between status updates; 1,665–1,970 at 50 ms and 50 ms. A
 /// prepared reading costs the primary ~0.24 ms.
 pub(super) const COVERAGE_WHILE_WAITING: Duration = Duration::from_millis(50);
 /// How long a change of the coverage may stay in flight before walbox says
@@ -276,7 +277,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     }
 
     /// A coverage reading: a gap or a change stops the relay; otherwise the
-    /// previous reading's position is verified.
+    /// reading's own position is verified, unless a change of the coverage
+    /// was in flight.
     pub(super) fn on_coverage(
         &mut self,
         reading: Coverage,
