@@ -106,9 +106,11 @@ impl ChangeInFlight {
 /// while events wait for the check.
 #[derive(Debug, Default)]
 pub struct CoverageReader {
-    /// The WAL position statement, and the catalog one with the server
-    /// version it was made for.
-    prepared: Option<(Statement, Statement)>,
+    /// The WAL position statement.
+    position: Option<Statement>,
+    /// The catalog statement (made for the server version the first
+    /// reading found).
+    catalog: Option<Statement>,
 }
 
 impl CoverageReader {
@@ -122,14 +124,22 @@ impl CoverageReader {
         table: Option<&TableName>,
         shard: Option<&ShardFilter>,
     ) -> Result<Coverage, Error> {
-        let (position, catalog) = match &self.prepared {
-            Some(prepared) => prepared.clone(),
+        let position = match &self.position {
+            Some(position) => position.clone(),
             None => {
                 let position = client
                     .prepare(WAL_POSITION)
                     .await
                     .map_err(Error::sql("read the WAL position"))?;
-                let (_, version) = wal_position(client, &position).await?;
+                self.position.insert(position).clone()
+            }
+        };
+        // The WAL position first, in a statement of its own: the catalog
+        // read's snapshot must come after it (see [`ChangeInFlight`]).
+        let (wal_lsn, version) = wal_position(client, &position).await?;
+        let catalog = match &self.catalog {
+            Some(catalog) => catalog.clone(),
+            None => {
                 let sql = match table {
                     Some(_) => catalog_sql(version),
                     None => publication_sql(),
@@ -137,11 +147,9 @@ impl CoverageReader {
                 let catalog = client.prepare(&sql).await.map_err(Error::sql(
                     "read the publication's coverage of the outbox table",
                 ))?;
-                self.prepared = Some((position.clone(), catalog.clone()));
-                (position, catalog)
+                self.catalog.insert(catalog).clone()
             }
         };
-        let (wal_lsn, _) = wal_position(client, &position).await?;
         match table {
             Some(table) => read_table(client, &catalog, wal_lsn, publication, table, shard).await,
             None => read_publication(client, &catalog, wal_lsn, publication).await,
