@@ -27,6 +27,19 @@ pub(crate) struct Tally {
     pub(crate) confirmed_past: usize,
     /// Records whose value is not the event's payload.
     pub(crate) wrong_payloads: usize,
+    /// Events on the wrong topic: dead-lettered while they should have been
+    /// delivered, or the other way round (checked where a scenario knows).
+    pub(crate) misrouted: usize,
+}
+
+/// What a scenario knows about where each event belongs.
+pub(crate) struct Expect<'a> {
+    /// The highest position the slot that streams event `n` was seen
+    /// confirmed at.
+    pub(crate) confirmed: &'a dyn Fn(i64) -> Lsn,
+    /// Whether event `n` belongs on the dead-letter topic (`None`: the
+    /// scenario does not say).
+    pub(crate) dead_letter: Option<&'a dyn Fn(i64) -> bool>,
 }
 
 /// `n` and key of a record written by the load, if it is one.
@@ -126,7 +139,7 @@ pub(crate) async fn tally(
     topic: &str,
     dead_letters: &str,
     written: &BTreeMap<i64, Lsn>,
-    max_confirmed: Lsn,
+    expect: Expect<'_>,
 ) -> Tally {
     let mut main = read_all(kafka, topic).await;
     let dlq = read_all(kafka, dead_letters).await;
@@ -172,8 +185,14 @@ pub(crate) async fn tally(
     for (n, upper) in written {
         if !seen.contains(n) && !dead.contains(n) {
             t.missing += 1;
-            if *upper <= max_confirmed {
+            if *upper <= (expect.confirmed)(*n) {
                 t.confirmed_past += 1;
+            }
+        }
+        if let Some(dead_letter) = expect.dead_letter {
+            let belongs_dead = dead_letter(*n);
+            if (belongs_dead && seen.contains(n)) || (!belongs_dead && dead.contains(n)) {
+                t.misrouted += 1;
             }
         }
     }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use pgoutput_decoder::Lsn;
 use rdkafka::types::RDKafkaRespErr;
 
-use crate::check::{tally, Tally};
-use crate::world::{Broker, Load, LoadShape, World, KEYS};
+use crate::check::{tally, Expect, Tally};
+use crate::world::{no_aggregate_id, Broker, Load, LoadShape, World, KEYS};
 
 /// How hard the scenarios push.
 pub(crate) struct Scale {
@@ -57,6 +57,7 @@ pub(crate) enum Kind {
     BigPayloads,
     PgRestoreSameTimeline,
     HealKilled,
+    ShardsNullIds,
 }
 
 #[derive(Clone)]
@@ -95,6 +96,7 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("big-tx-kill-9", "one huge transaction, walbox killed with SIGKILL half-way through it", true, false, BigTxKilled),
         s("big-payloads", "100 KB payloads against the 64 MiB in-flight byte bound", false, false, BigPayloads),
         s("pg-restore", "Postgres stopped, its data directory restored to a copy taken seconds earlier (same system id and timeline, WAL behind what walbox delivered), started", true, false, PgRestoreSameTimeline),
+        s("shards-kill-9", "two shards (two slots, two processes), a tenth of the events with a NULL or empty aggregate id, both processes killed with SIGKILL and restarted, repeatedly", true, false, ShardsNullIds),
         s("heal-kill-9", "walbox resync killed with SIGKILL at each step of its heal (recorded, old slot dropped, new slot made, rows copied), each time resumed by walbox run", true, false, HealKilled),
     ]
 }
@@ -191,28 +193,33 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
     };
     // A million events need room on the mock cluster: ~16,000 per partition.
     let partitions = if s.kind == Kind::BigTxKilled { 64 } else { 3 };
-    let mut w = World::new(walbox, tansu, partitions, extra).await;
+    let shards = if s.kind == Kind::ShardsNullIds { 2 } else { 1 };
+    let mut w = World::new(walbox, tansu, partitions, extra, shards).await;
     w.start_walbox();
     let shape = match s.kind {
         Kind::SigtermMidTx => LoadShape {
             rate: scale.rate * 4,
             tx_size: 200,
             payload_bytes: 200,
+            null_ids: false,
         },
         Kind::BigPayloads => LoadShape {
             rate: 200,
             tx_size: 1,
             payload_bytes: 100_000,
+            null_ids: false,
         },
         Kind::BrokerKill9 => LoadShape {
             rate: scale.rate.min(500),
             tx_size: 5,
             payload_bytes: 200,
+            null_ids: false,
         },
         _ => LoadShape {
             rate: scale.rate,
             tx_size: 5,
             payload_bytes: 200,
+            null_ids: s.kind == Kind::ShardsNullIds,
         },
     };
     let load = Load::start(w.admin(), w.topic.clone(), 0, shape);
@@ -255,15 +262,54 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
     let max_confirmed = o
         .confirmed_at_stop
         .unwrap_or_else(|| w.samples.lock().unwrap().max_confirmed);
+    // Sharded: each event is judged against its own shard's slot (the
+    // shard filter's hash, computed by Postgres) and those without an
+    // aggregate id belong on the dead-letter topic.
+    let mut shard_of: BTreeMap<i64, usize> = BTreeMap::new();
+    let per_shard = w.samples.lock().unwrap().max_confirmed_per_shard.clone();
+    if w.shards > 1 {
+        let rows = client
+            .query(
+                "SELECT (payload->>'n')::int8, (hashtext(COALESCE(aggregate_id::text, '')) & 2147483647) % $1::int4 FROM outbox_events WHERE payload ? 'n'",
+                &[&(w.shards as i32)],
+            )
+            .await
+            .expect("read each event's shard");
+        shard_of = rows
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i32>(1) as usize))
+            .collect();
+    }
+    let confirmed = |n: i64| match shard_of.get(&n) {
+        Some(&i) if o.confirmed_at_stop.is_none() => {
+            per_shard.get(i).copied().unwrap_or(max_confirmed)
+        }
+        _ => max_confirmed,
+    };
+    let null_ids = s.kind == Kind::ShardsNullIds;
+    let dead_letter = |n: i64| no_aggregate_id(n).is_some();
     let t = tally(
         w.broker.kafka(),
         &w.topic,
         &w.dead_letters,
         &truth,
-        max_confirmed,
+        Expect {
+            confirmed: &confirmed,
+            dead_letter: null_ids.then_some(&dead_letter as &dyn Fn(i64) -> bool),
+        },
     )
     .await;
     o.check(t.order_violations == 0, "per-key order violated");
+    if null_ids {
+        let without = truth.keys().filter(|n| dead_letter(**n)).count();
+        o.notes.push(format!(
+            "{without} events without an aggregate id, each expected on the dead-letter topic"
+        ));
+    }
+    o.check(
+        t.misrouted == 0,
+        "events on the wrong topic (dead-lettered with an aggregate id, or delivered without one)",
+    );
     o.check(
         t.confirmed_past == 0,
         "the slot was confirmed past an undelivered event",
@@ -326,13 +372,14 @@ async fn expect_stop(w: &mut World, o: &mut Outcome, needle: &str) {
     o.notes.push(format!("walbox stopped: {}", last.trim()));
     let client = w.client().await;
     let now = walbox_test_harness::slot::confirmed_flush_lsn(&client, crate::world::SLOT).await;
+    // (The scenarios that stop walbox by itself run one process, on SLOT.)
     let seen = w.samples.lock().unwrap().max_confirmed;
     o.confirmed_at_stop = Some(now.unwrap_or(seen).max(seen));
 }
 
 async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
     match kind {
-        Kind::Kill9 => {
+        Kind::Kill9 | Kind::ShardsNullIds => {
             for _ in 0..scale.kills {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 w.kill9();

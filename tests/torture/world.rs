@@ -49,8 +49,11 @@ pub(crate) struct Written {
 /// What the samplers saw.
 #[derive(Default, Debug)]
 pub(crate) struct Samples {
-    /// The highest `confirmed_flush_lsn` seen.
+    /// The highest `confirmed_flush_lsn` seen (of the slowest shard's
+    /// slot when sharded: see `max_confirmed_per_shard`).
     pub(crate) max_confirmed: Lsn,
+    /// Sharded: the highest `confirmed_flush_lsn` seen per shard's slot.
+    pub(crate) max_confirmed_per_shard: Vec<Lsn>,
     /// walbox's peak resident set, over all its processes (KiB).
     pub(crate) peak_rss_kib: u64,
 }
@@ -62,26 +65,40 @@ pub(crate) struct World {
     pub(crate) broker: Broker,
     pub(crate) topic: String,
     pub(crate) dead_letters: String,
-    walbox: Option<Child>,
+    /// The walbox processes: one, or one per shard.
+    walbox: Vec<Child>,
     walbox_args: Vec<String>,
+    /// 1, or the number of shards (`--shards`), each its own process and slot.
+    pub(crate) shards: u32,
     logs: tempfile::TempDir,
     pub(crate) samples: Arc<Mutex<Samples>>,
-    walbox_pid: Arc<Mutex<Option<u32>>>,
+    walbox_pids: Arc<Mutex<Vec<u32>>>,
     walbox_bin: String,
 }
 
 pub(crate) const SLOT: &str = "walbox";
+
+/// The slots of `shards` shards: [`SLOT`], or `walbox_0` … `walbox_{N-1}`.
+pub(crate) fn slot_names(shards: u32) -> Vec<String> {
+    if shards <= 1 {
+        vec![SLOT.to_owned()]
+    } else {
+        (0..shards).map(|i| format!("{SLOT}_{i}")).collect()
+    }
+}
 /// Aggregates the load spreads its events over.
 pub(crate) const KEYS: i64 = 20;
 
 impl World {
     /// `partitions` for the events' topic (the mock cluster keeps about
-    /// 100,000 records or 5 MB per partition).
+    /// 100,000 records or 5 MB per partition); `shards` > 1 runs one walbox
+    /// per shard (`--shards`, `--shard i`), each on its own slot.
     pub(crate) async fn new(
         walbox_bin: &str,
         tansu: Option<(&str, &'static str)>,
         partitions: i32,
         extra: &[&str],
+        shards: u32,
     ) -> World {
         let pg = PgServer::start_default().expect("start a private Postgres");
         let pg_proxy = Proxy::start(format!("127.0.0.1:{}", pg.port())).await;
@@ -109,11 +126,12 @@ impl World {
             broker,
             topic,
             dead_letters,
-            walbox: None,
+            walbox: Vec::new(),
             walbox_args: extra.iter().map(|s| s.to_string()).collect(),
+            shards,
             logs: tempfile::tempdir().expect("a temp dir"),
             samples: Arc::new(Mutex::new(Samples::default())),
-            walbox_pid: Arc::new(Mutex::new(None)),
+            walbox_pids: Arc::new(Mutex::new(Vec::new())),
             walbox_bin: walbox_bin.to_owned(),
         };
         let client = world.client().await;
@@ -123,9 +141,17 @@ impl World {
             .batch_execute("ALTER TABLE outbox_events ALTER COLUMN event_type SET DEFAULT 'E'")
             .await
             .expect("set a default event type");
+        if shards > 1 {
+            // Sharded scenarios write events without an aggregate id.
+            client
+                .batch_execute("ALTER TABLE outbox_events ALTER COLUMN aggregate_id DROP NOT NULL")
+                .await
+                .expect("make aggregate_id nullable");
+        }
         let out = world
             .walbox_command()
             .arg("init-slot")
+            .args(world.shard_args(None))
             .output()
             .expect("run walbox init-slot");
         assert!(
@@ -155,6 +181,23 @@ impl World {
                 Err(e) => panic!("connect to Postgres: {e}"),
             }
         }
+    }
+
+    /// The slots walbox streams: [`SLOT`], or one per shard.
+    pub(crate) fn slots(&self) -> Vec<String> {
+        slot_names(self.shards)
+    }
+
+    /// `--shards N` (and `--shard i` for a process) when sharded.
+    fn shard_args(&self, shard: Option<u32>) -> Vec<String> {
+        if self.shards <= 1 {
+            return Vec::new();
+        }
+        let mut args = vec!["--shards".to_owned(), self.shards.to_string()];
+        if let Some(i) = shard {
+            args.extend(["--shard".to_owned(), i.to_string()]);
+        }
+        args
     }
 
     fn walbox_command(&self) -> Command {
@@ -198,29 +241,32 @@ impl World {
         args: &[&str],
         env: &[(&str, &str)],
     ) {
-        assert!(self.walbox.is_none(), "walbox is already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("open the walbox log");
-        let mut command = self.walbox_command();
-        command
-            .arg(subcommand)
-            .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
-            .args(["--mapping-topic-template", "{aggregate_type}"])
-            .args(["--dead-letter-topic", &self.dead_letters])
-            .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
-            .args(&self.walbox_args)
-            .args(args)
-            .envs(env.iter().copied());
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start walbox");
-        *self.walbox_pid.lock().unwrap() = Some(child.id());
-        self.walbox = Some(child);
+        assert!(self.walbox.is_empty(), "walbox is already running");
+        for shard in 0..self.shards {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.log_path())
+                .expect("open the walbox log");
+            let mut command = self.walbox_command();
+            command
+                .arg(subcommand)
+                .args(self.shard_args(Some(shard)))
+                .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
+                .args(["--mapping-topic-template", "{aggregate_type}"])
+                .args(["--dead-letter-topic", &self.dead_letters])
+                .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
+                .args(&self.walbox_args)
+                .args(args)
+                .envs(env.iter().copied());
+            let child = command
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start walbox");
+            self.walbox_pids.lock().unwrap().push(child.id());
+            self.walbox.push(child);
+        }
     }
 
     /// Waits up to `timeout` for walbox's log to contain `needle`.
@@ -246,9 +292,9 @@ impl World {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// Sends `signal` (`TERM`, `INT`, …) to walbox.
+    /// Sends `signal` (`TERM`, `INT`, …) to walbox (every shard's process).
     pub(crate) fn signal(&self, signal: &str) {
-        if let Some(c) = &self.walbox {
+        for c in &self.walbox {
             let _ = Command::new("kill")
                 .arg(format!("-{signal}"))
                 .arg(c.id().to_string())
@@ -256,28 +302,37 @@ impl World {
         }
     }
 
-    /// `kill -9` walbox and reap it.
+    /// `kill -9` walbox (every shard's process) and reap it.
     pub(crate) fn kill9(&mut self) {
-        if let Some(mut c) = self.walbox.take() {
+        for mut c in self.walbox.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
         }
-        *self.walbox_pid.lock().unwrap() = None;
+        self.walbox_pids.lock().unwrap().clear();
     }
 
-    /// Waits up to `timeout` for walbox to exit; its exit code, or `None`
-    /// if it is still running.
+    /// Waits up to `timeout` for walbox (every shard's process) to exit;
+    /// the exit code (the first non-zero one when sharded), or `None` if
+    /// one is still running.
     pub(crate) async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        if self.walbox.is_empty() {
+            return None;
+        }
         let deadline = Instant::now() + timeout;
+        let mut codes = Vec::new();
         loop {
-            if let Some(c) = &mut self.walbox {
-                if let Some(status) = c.try_wait().expect("wait for walbox") {
-                    self.walbox = None;
-                    *self.walbox_pid.lock().unwrap() = None;
-                    return Some(status.code().unwrap_or(-1));
+            let mut i = 0;
+            while i < self.walbox.len() {
+                if let Some(status) = self.walbox[i].try_wait().expect("wait for walbox") {
+                    let c = self.walbox.remove(i);
+                    self.walbox_pids.lock().unwrap().retain(|p| *p != c.id());
+                    codes.push(status.code().unwrap_or(-1));
+                } else {
+                    i += 1;
                 }
-            } else {
-                return None;
+            }
+            if self.walbox.is_empty() {
+                return codes.iter().copied().find(|c| *c != 0).or(Some(0));
             }
             if Instant::now() >= deadline {
                 return None;
@@ -286,11 +341,13 @@ impl World {
         }
     }
 
+    /// Whether walbox runs (every shard's process, when sharded).
     pub(crate) fn running(&mut self) -> bool {
-        match &mut self.walbox {
-            Some(c) => c.try_wait().ok().flatten().is_none(),
-            None => false,
-        }
+        !self.walbox.is_empty()
+            && self
+                .walbox
+                .iter_mut()
+                .all(|c| c.try_wait().ok().flatten().is_none())
     }
 
     /// Waits until the slot confirmed everything written so far (or
@@ -300,10 +357,13 @@ impl World {
         let head = current_wal_lsn(&client).await;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if confirmed_flush_lsn(&client, SLOT)
-                .await
-                .is_some_and(|c| c >= head)
-            {
+            let mut all = true;
+            for slot in self.slots() {
+                all &= confirmed_flush_lsn(&client, &slot)
+                    .await
+                    .is_some_and(|c| c >= head);
+            }
+            if all {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -316,7 +376,8 @@ impl World {
     /// sampled again once it is back).
     fn start_samplers(&self) {
         let samples = Arc::clone(&self.samples);
-        let pid = Arc::clone(&self.walbox_pid);
+        let pids = Arc::clone(&self.walbox_pids);
+        let slots = self.slots();
         let config = self.admin();
         tokio::spawn(async move {
             let mut client: Option<Client> = None;
@@ -326,13 +387,26 @@ impl World {
                     client = pg::connect(&config).await.ok();
                 }
                 if let Some(c) = &client {
-                    if let Ok(Some(lsn)) = try_confirmed_flush_lsn(c, SLOT).await {
+                    let mut seen = Vec::new();
+                    for slot in &slots {
+                        match try_confirmed_flush_lsn(c, slot).await {
+                            Ok(Some(lsn)) => seen.push(lsn),
+                            _ => break,
+                        }
+                    }
+                    if seen.len() == slots.len() {
                         let mut s = samples.lock().unwrap();
-                        s.max_confirmed = s.max_confirmed.max(lsn);
+                        let per_shard = &mut s.max_confirmed_per_shard;
+                        per_shard.resize(seen.len(), Lsn::new(0));
+                        for (max, lsn) in per_shard.iter_mut().zip(&seen) {
+                            *max = (*max).max(*lsn);
+                        }
+                        let slowest = per_shard.iter().copied().min().unwrap_or(Lsn::new(0));
+                        s.max_confirmed = s.max_confirmed.max(slowest);
                     }
                 }
-                let current = *pid.lock().unwrap();
-                if let Some(kib) = current.and_then(peak_rss_kib) {
+                let current = pids.lock().unwrap().clone();
+                for kib in current.into_iter().filter_map(peak_rss_kib) {
                     let mut s = samples.lock().unwrap();
                     s.peak_rss_kib = s.peak_rss_kib.max(kib);
                 }
@@ -376,6 +450,18 @@ pub(crate) struct LoadShape {
     pub(crate) rate: u32,
     pub(crate) tx_size: usize,
     pub(crate) payload_bytes: usize,
+    /// Some events get a NULL or an empty aggregate id ([`no_aggregate_id`]).
+    pub(crate) null_ids: bool,
+}
+
+/// With [`LoadShape::null_ids`]: event `n`'s aggregate id is NULL (`Some(true)`),
+/// empty (`Some(false)`), or `agg-<n mod KEYS>` (`None`).
+pub(crate) fn no_aggregate_id(n: i64) -> Option<bool> {
+    match n % 10 {
+        3 => Some(true),
+        7 => Some(false),
+        _ => None,
+    }
 }
 
 impl Load {
@@ -409,10 +495,12 @@ impl Load {
                 let c = client.as_ref().expect("connected");
                 let values: Vec<String> = (n..n + shape.tx_size as i64)
                     .map(|i| {
-                        format!(
-                            "('{aggregate_type}', 'agg-{}', '{{\"n\": {i}, \"f\": \"{filler}\"}}')",
-                            i % KEYS
-                        )
+                        let id = match no_aggregate_id(i).filter(|_| shape.null_ids) {
+                            Some(true) => "NULL".to_owned(),
+                            Some(false) => "''".to_owned(),
+                            None => format!("'agg-{}'", i % KEYS),
+                        };
+                        format!("('{aggregate_type}', {id}, '{{\"n\": {i}, \"f\": \"{filler}\"}}')")
                     })
                     .collect();
                 let sql = format!(
