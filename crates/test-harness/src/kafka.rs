@@ -112,6 +112,12 @@ impl TestKafka {
     ///
     /// With one line when an external broker does not answer within 10 s.
     pub async fn create_topic(&self, partitions: i32) -> String {
+        self.create_topic_with(partitions, 1).await
+    }
+
+    /// [`TestKafka::create_topic`] with `replication` copies of each
+    /// partition (an external cluster of that many brokers).
+    pub async fn create_topic_with(&self, partitions: i32, replication: i32) -> String {
         let topic = crate::unique_name("walbox_test").replace('_', "-");
         match self {
             TestKafka::Mock(m) => m
@@ -122,7 +128,7 @@ impl TestKafka {
                     .client_config()
                     .create()
                     .unwrap_or_else(|e| panic!("create an admin client for {bootstrap}: {e}"));
-                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(1));
+                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(replication));
                 let opts = AdminOptions::new().operation_timeout(Some(BROKER_TIMEOUT));
                 let created =
                     tokio::time::timeout(BROKER_TIMEOUT, admin.create_topics([&new], &opts)).await;

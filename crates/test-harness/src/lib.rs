@@ -9,6 +9,9 @@
 //!   fresh database with [`pg::fresh_db`].
 //! * **Kafka** ([`kafka`]): `WALBOX_TEST_KAFKA` (a bootstrap list) when set;
 //!   otherwise an in-process rdkafka `MockCluster`. Each test takes a random topic.
+//!   Tests of what only a real broker shows (transactions, replication,
+//!   leader failover, the Java partitioner) start Apache Kafka itself
+//!   ([`apache_kafka`], jars from `WALBOX_KAFKA_LIBS`).
 //! * **Docker**: with the `docker` feature and `WALBOX_TEST_DOCKER=1`, containers
 //!   supply both instead (see [`pg::shared`]).
 //! * Helpers: [`wait::wait_for`] (a condition with a deadline, never a bare
@@ -22,6 +25,7 @@
 // getpwnam, prctl, kill, atexit); each is commented where it is made.
 #![allow(unsafe_code)]
 
+pub mod apache_kafka;
 pub mod kafka;
 pub mod migrations;
 pub mod pg;

@@ -9,6 +9,8 @@
 //! * `consume`: prints the first N messages of a topic.
 //! * `mock-kafka`: starts an rdkafka MockCluster, prints its bootstrap list,
 //!   and holds it until SIGINT/SIGTERM, so other processes can use it.
+//! * `kafka`: starts Apache Kafka (KRaft, jars from `WALBOX_KAFKA_LIBS`),
+//!   prints its bootstrap list, and holds it until SIGINT/SIGTERM.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -46,6 +48,12 @@ enum Cmd {
         /// A topic to create, NAME:PARTITIONS (repeatable).
         #[arg(long = "topic", value_name = "NAME:PARTITIONS")]
         topics: Vec<String>,
+    },
+    /// Start Apache Kafka (KRaft, jars from WALBOX_KAFKA_LIBS); print its bootstrap list; hold until signalled.
+    Kafka {
+        /// Number of nodes (each a controller and a broker).
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
     },
     /// Print the first COUNT messages of a topic (partition, offset, key, headers, value).
     Consume {
@@ -169,6 +177,25 @@ async fn main() -> ExitCode {
             println!("pid={}", server.pid().unwrap_or(0));
             hold.wait().await;
             drop(server);
+            ExitCode::SUCCESS
+        }
+        Cmd::Kafka { nodes } => {
+            let hold = Hold::install();
+            let started = tokio::task::spawn_blocking(move || {
+                std::panic::catch_unwind(|| {
+                    walbox_test_harness::apache_kafka::KafkaCluster::start(nodes)
+                })
+            })
+            .await
+            .expect("the start thread");
+            let cluster = match started {
+                Ok(c) => c,
+                // The panic's message is already on stderr.
+                Err(_) => return ExitCode::FAILURE,
+            };
+            println!("{}", cluster.bootstrap());
+            hold.wait().await;
+            drop(cluster);
             ExitCode::SUCCESS
         }
         Cmd::Consume {

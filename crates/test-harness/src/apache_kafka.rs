@@ -1,0 +1,483 @@
+//! Apache Kafka itself, in KRaft mode, as plain `java` processes: one
+//! broker for most tests, three for the failover tests. The jars come from
+//! `WALBOX_KAFKA_LIBS` (scripts/install-kafka resolves them once from Maven
+//! Central). Each node is a combined controller and broker on two free
+//! ports, with its own data directory; the harness owns start, graceful
+//! stop, `kill -9`, restart and readiness (metadata that lists every
+//! running broker, polled, never a fixed sleep).
+//!
+//! The processes die with the test: each is spawned by a supervisor thread
+//! and gets a parent-death signal (SIGKILL) from it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::kafka::TestKafka;
+use crate::port::free_port;
+
+/// A cluster id (16 bytes, base64url): every test cluster may share it,
+/// they never meet.
+const CLUSTER_ID: &str = "d2FsYm94LXRlc3QtY2x1cw";
+/// How long a node may take to join (a JVM start on a busy 2-core machine).
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The directory of Kafka's jars named by `WALBOX_KAFKA_LIBS`, if set.
+pub fn libs_from_env() -> Option<String> {
+    std::env::var("WALBOX_KAFKA_LIBS")
+        .ok()
+        .filter(|d| !d.is_empty() && Path::new(d).is_dir())
+}
+
+/// A running Apache Kafka cluster.
+pub struct KafkaCluster {
+    libs: String,
+    dir: tempfile::TempDir,
+    nodes: Vec<Node>,
+    /// `name=value` lines added to every node's `server.properties`.
+    extra: Vec<(String, String)>,
+}
+
+struct Node {
+    id: usize,
+    port: u16,
+    controller_port: u16,
+    process: Option<Process>,
+}
+
+/// A `java` process and the thread that waits for it.
+struct Process {
+    pid: u32,
+    exited: mpsc::Receiver<()>,
+}
+
+impl KafkaCluster {
+    /// Starts `nodes` nodes (1 or 3) with the jars of `WALBOX_KAFKA_LIBS`
+    /// and waits until every broker serves metadata.
+    ///
+    /// # Panics
+    ///
+    /// With one line when the jars are missing or a node does not start
+    /// (its log's last lines included).
+    pub fn start(nodes: usize) -> KafkaCluster {
+        Self::start_with(nodes, &[])
+    }
+
+    /// [`KafkaCluster::start`] with `extra` broker settings.
+    pub fn start_with(nodes: usize, extra: &[(&str, &str)]) -> KafkaCluster {
+        let libs = libs_from_env().unwrap_or_else(|| {
+            panic!("WALBOX_KAFKA_LIBS is not set to Kafka's jars: run scripts/install-kafka (scripts/test does)")
+        });
+        let mut cluster = KafkaCluster {
+            libs,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            nodes: (1..=nodes)
+                .map(|id| Node {
+                    id,
+                    port: free_port(),
+                    controller_port: free_port(),
+                    process: None,
+                })
+                .collect(),
+            extra: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        // The storage tool is a JVM start each: format the nodes side by side.
+        let formats: Vec<_> = (0..nodes).map(|i| cluster.format(i)).collect();
+        for (i, f) in formats.into_iter().enumerate() {
+            let out = f.wait_with_output().expect("wait for Kafka's storage tool");
+            assert!(
+                out.status.success(),
+                "kafka.tools.StorageTool format (node {}): {}{}",
+                i + 1,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for i in 0..nodes {
+            cluster.spawn(i);
+        }
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// The bootstrap list (every node's broker port).
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// This cluster as the harness' broker (topics, consumers).
+    pub fn kafka(&self) -> TestKafka {
+        TestKafka::External {
+            bootstrap: self.bootstrap(),
+        }
+    }
+
+    /// How many nodes the cluster has (running or not).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the cluster has no nodes (never: it starts with one or more).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Node `i`'s broker id (`node.id`).
+    pub fn node_id(&self, i: usize) -> i32 {
+        self.nodes[i].id as i32
+    }
+
+    /// The index of the node whose `node.id` is `id`.
+    pub fn index_of(&self, id: i32) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.id as i32 == id)
+            .unwrap_or_else(|| panic!("no node with id {id}"))
+    }
+
+    /// Kills node `i` with SIGKILL and reaps it.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(p) = self.nodes[i].process.take() {
+            signal(p.pid, libc::SIGKILL);
+            let _ = p.exited.recv();
+        }
+    }
+
+    /// Stops node `i` with SIGTERM (a controlled shutdown: leadership moves
+    /// first) and waits for it to exit.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(p) = self.nodes[i].process.take() {
+            signal(p.pid, libc::SIGTERM);
+            if p.exited.recv_timeout(Duration::from_secs(60)).is_err() {
+                signal(p.pid, libc::SIGKILL);
+                let _ = p.exited.recv();
+            }
+        }
+    }
+
+    /// Stops node `i` with SIGSTOP (a black hole: connections stay open,
+    /// nothing answers) until [`KafkaCluster::resume`].
+    pub fn pause(&self, i: usize) {
+        if let Some(p) = &self.nodes[i].process {
+            signal(p.pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Resumes node `i` after [`KafkaCluster::pause`].
+    pub fn resume(&self, i: usize) {
+        if let Some(p) = &self.nodes[i].process {
+            signal(p.pid, libc::SIGCONT);
+        }
+    }
+
+    /// Starts node `i` again on its data (after a stop or kill) and waits
+    /// until every running broker serves metadata.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].process.is_none(), "node {i} is running");
+        self.spawn(i);
+        self.wait_ready();
+    }
+
+    /// Waits until the metadata lists every running node's broker.
+    pub fn wait_ready(&mut self) {
+        let running: Vec<i32> = self
+            .nodes
+            .iter()
+            .filter(|n| n.process.is_some())
+            .map(|n| n.id as i32)
+            .collect();
+        let bootstrap = self
+            .nodes
+            .iter()
+            .filter(|n| n.process.is_some())
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("reconnect.backoff.max.ms", "200")
+            .set("log_level", "0")
+            .create()
+            .expect("a metadata client");
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            for i in 0..self.nodes.len() {
+                self.check_alive(i);
+            }
+            if let Ok(md) = consumer.fetch_metadata(None, Duration::from_secs(2)) {
+                let mut seen: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
+                seen.sort_unstable();
+                if running.iter().all(|id| seen.contains(id)) {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "Apache Kafka (nodes {running:?}) not ready within {START_TIMEOUT:?}; last log lines:\n{}",
+                    self.log_tail(0, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The last `lines` lines of node `i`'s log.
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let mut text = String::new();
+        for name in ["server.log", "stdout.log"] {
+            let path = self.node_dir(i).join(name);
+            let all = std::fs::read_to_string(&path).unwrap_or_default();
+            let v: Vec<&str> = all.lines().collect();
+            let from = v.len().saturating_sub(lines);
+            text.push_str(&format!(
+                "--- {}\n{}\n",
+                path.display(),
+                v[from..].join("\n")
+            ));
+        }
+        text
+    }
+
+    /// Runs one of Kafka's command-line tools (a main class from the same
+    /// jars, e.g. `org.apache.kafka.tools.ConsoleProducer`) with `args`,
+    /// `stdin` on its standard input; returns its standard output.
+    ///
+    /// # Panics
+    ///
+    /// When the tool fails, with its standard error.
+    pub fn tool(&self, main_class: &str, args: &[&str], stdin: &[u8]) -> String {
+        use std::io::Write;
+        let mut child = self
+            .java()
+            .arg(main_class)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start java");
+        let mut input = child.stdin.take().expect("stdin");
+        let data = stdin.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("wait for java");
+        let _ = writer.join();
+        assert!(
+            out.status.success(),
+            "{main_class} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn node_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("node-{}", self.nodes[i].id))
+    }
+
+    /// A `java` command with the jars on the class path and a small heap.
+    fn java(&self) -> Command {
+        let heap = std::env::var("WALBOX_KAFKA_HEAP").unwrap_or_else(|_| "512m".into());
+        let mut c = Command::new(java_bin());
+        c.arg(format!("-Xmx{heap}"))
+            .arg("-Xms128m")
+            .arg("-XX:+UseSerialGC")
+            .arg("-Djava.awt.headless=true")
+            .arg("-cp")
+            .arg(format!("{}/*", self.libs));
+        c
+    }
+
+    fn properties(&self, i: usize) -> String {
+        let n = &self.nodes[i];
+        let count = self.nodes.len();
+        let voters = self
+            .nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let replication = count.min(3);
+        let min_isr = if count >= 3 { 2 } else { 1 };
+        let dir = self.node_dir(i);
+        let mut p = format!(
+            "process.roles=broker,controller\n\
+             node.id={id}\n\
+             controller.quorum.voters={voters}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             log.dirs={data}\n\
+             num.partitions=1\n\
+             default.replication.factor={replication}\n\
+             min.insync.replicas={min_isr}\n\
+             offsets.topic.replication.factor={replication}\n\
+             offsets.topic.num.partitions=5\n\
+             transaction.state.log.replication.factor={replication}\n\
+             transaction.state.log.min.isr={min_isr}\n\
+             transaction.state.log.num.partitions=5\n\
+             group.initial.rebalance.delay.ms=0\n\
+             num.network.threads=2\n\
+             num.io.threads=4\n\
+             log.flush.interval.messages=9223372036854775807\n\
+             auto.create.topics.enable=false\n",
+            id = n.id,
+            port = n.port,
+            cport = n.controller_port,
+            data = dir.join("data").display(),
+        );
+        for (k, v) in &self.extra {
+            p.push_str(&format!("{k}={v}\n"));
+        }
+        p
+    }
+
+    /// Writes node `i`'s configuration and starts formatting its storage.
+    fn format(&self, i: usize) -> std::process::Child {
+        let dir = self.node_dir(i);
+        std::fs::create_dir_all(&dir).expect("a node dir");
+        std::fs::write(dir.join("server.properties"), self.properties(i))
+            .expect("write properties");
+        std::fs::write(
+            dir.join("log4j2.properties"),
+            format!(
+                "rootLogger.level=INFO\n\
+                 rootLogger.appenderRef.f.ref=F\n\
+                 appender.f.type=File\n\
+                 appender.f.name=F\n\
+                 appender.f.fileName={}\n\
+                 appender.f.layout.type=PatternLayout\n\
+                 appender.f.layout.pattern=[%d] %p %m (%c)%n\n\
+                 logger.kafka.name=kafka\n\
+                 logger.kafka.level=INFO\n\
+                 logger.state.name=state.change.logger\n\
+                 logger.state.level=WARN\n",
+                dir.join("server.log").display()
+            ),
+        )
+        .expect("write log4j2.properties");
+        self.java()
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                dir.join("log4j2.properties").display()
+            ))
+            .args(["kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c"])
+            .arg(dir.join("server.properties"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start Kafka's storage tool: {e} (is a JDK 17+ installed?)"))
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let dir = self.node_dir(i);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("stdout.log"))
+            .expect("open the node's stdout log");
+        let mut cmd = self.java();
+        cmd.arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            dir.join("log4j2.properties").display()
+        ))
+        .arg("kafka.Kafka")
+        .arg(dir.join("server.properties"))
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone the log handle"))
+        .stderr(log);
+        self.nodes[i].process = Some(supervise(cmd));
+    }
+
+    /// Panics with the log when node `i` should run and exited.
+    fn check_alive(&self, i: usize) {
+        if let Some(p) = &self.nodes[i].process {
+            if p.exited.try_recv().is_ok() {
+                panic!(
+                    "Apache Kafka node {} exited; last log lines:\n{}",
+                    self.nodes[i].id,
+                    self.log_tail(i, 30)
+                );
+            }
+        }
+    }
+}
+
+impl Drop for KafkaCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill9(i);
+        }
+    }
+}
+
+/// `$JAVA_HOME/bin/java`, else `java` on PATH.
+fn java_bin() -> PathBuf {
+    match std::env::var_os("JAVA_HOME") {
+        Some(home) if Path::new(&home).join("bin/java").exists() => {
+            Path::new(&home).join("bin/java")
+        }
+        _ => PathBuf::from("java"),
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) with a pid this harness spawned and has not reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Spawns `cmd` from a thread that lives until the process exits, with a
+/// parent-death signal (SIGKILL) tied to that thread.
+fn supervise(mut cmd: Command) -> Process {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe system calls (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let (pid_tx, pid_rx) = mpsc::channel();
+    let (exit_tx, exited) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("apache-kafka".into())
+        .spawn(move || match cmd.spawn() {
+            Err(e) => {
+                let _ = pid_tx.send(Err(e));
+            }
+            Ok(mut child) => {
+                let _ = pid_tx.send(Ok(child.id()));
+                let _ = child.wait();
+                let _ = exit_tx.send(());
+            }
+        })
+        .expect("spawn a supervisor thread");
+    let pid = pid_rx
+        .recv()
+        .expect("the supervisor thread")
+        .unwrap_or_else(|e| panic!("start java: {e} (is a JDK 17+ installed?)"));
+    Process { pid, exited }
+}
