@@ -324,7 +324,9 @@ impl World {
             let mut i = 0;
             while i < self.walbox.len() {
                 if let Some(status) = self.walbox[i].try_wait().expect("wait for walbox") {
-                    let c = self.walbox.remove(i);
+                    // Reaped by try_wait: wait returns its status at once.
+                    let mut c = self.walbox.remove(i);
+                    let _ = c.wait();
                     self.walbox_pids.lock().unwrap().retain(|p| *p != c.id());
                     codes.push(status.code().unwrap_or(-1));
                 } else {
