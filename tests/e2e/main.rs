@@ -2,6 +2,7 @@
 //! Postgres, a Kafka broker (the MockCluster, or Tansu in `scripts/test`'s
 //! second pass), signals, kill -9, restarts.
 
+mod apache_kafka;
 mod backfill;
 mod bad_inputs;
 mod config;

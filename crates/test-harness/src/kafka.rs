@@ -118,6 +118,18 @@ impl TestKafka {
     /// [`TestKafka::create_topic`] with `replication` copies of each
     /// partition (an external cluster of that many brokers).
     pub async fn create_topic_with(&self, partitions: i32, replication: i32) -> String {
+        self.create_topic_configured(partitions, replication, &[])
+            .await
+    }
+
+    /// [`TestKafka::create_topic_with`] with topic settings (`config`, e.g.
+    /// `cleanup.policy=compact`; the mock cluster ignores them).
+    pub async fn create_topic_configured(
+        &self,
+        partitions: i32,
+        replication: i32,
+        config: &[(&str, &str)],
+    ) -> String {
         let topic = crate::unique_name("walbox_test").replace('_', "-");
         match self {
             TestKafka::Mock(m) => m
@@ -128,7 +140,10 @@ impl TestKafka {
                     .client_config()
                     .create()
                     .unwrap_or_else(|e| panic!("create an admin client for {bootstrap}: {e}"));
-                let new = NewTopic::new(&topic, partitions, TopicReplication::Fixed(replication));
+                let new = config.iter().fold(
+                    NewTopic::new(&topic, partitions, TopicReplication::Fixed(replication)),
+                    |t, (k, v)| t.set(k, v),
+                );
                 let opts = AdminOptions::new().operation_timeout(Some(BROKER_TIMEOUT));
                 let created =
                     tokio::time::timeout(BROKER_TIMEOUT, admin.create_topics([&new], &opts)).await;
@@ -222,7 +237,29 @@ pub async fn consume_until_quiet(
     quiet: Duration,
     timeout: Duration,
 ) -> Result<Vec<OwnedMessage>, String> {
-    let config = kafka.client_config();
+    consume_until_quiet_with(kafka.client_config(), topic, quiet, timeout).await
+}
+
+/// [`consume_until_quiet`] with `isolation.level=read_uncommitted`: also
+/// what aborted (and still open) transactions wrote, which a
+/// `read_committed` consumer (the default) never sees.
+pub async fn consume_uncommitted_until_quiet(
+    kafka: &TestKafka,
+    topic: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
+    let mut config = kafka.client_config();
+    config.set("isolation.level", "read_uncommitted");
+    consume_until_quiet_with(config, topic, quiet, timeout).await
+}
+
+async fn consume_until_quiet_with(
+    config: ClientConfig,
+    topic: &str,
+    quiet: Duration,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         consume_blocking(&config, &topic, None, Some(quiet), timeout)
@@ -238,8 +275,13 @@ fn consume_blocking(
     quiet: Option<Duration>,
     timeout: Duration,
 ) -> Result<Vec<OwnedMessage>, String> {
+    let mut config = config.clone();
+    if config.get("isolation.level").is_none() {
+        // librdkafka's default, said out loud: what a consumer of walbox's
+        // exactly-once topics must use.
+        config.set("isolation.level", "read_committed");
+    }
     let consumer: BaseConsumer = config
-        .clone()
         .set("group.id", crate::unique_name("walbox_test_group"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
