@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rdkafka::message::Message;
 use walbox_test_harness::apache_kafka::KafkaCluster;
-use walbox_test_harness::kafka::consume_uncommitted_until_quiet;
+use walbox_test_harness::kafka::{consume_uncommitted_until_quiet, consume_until_quiet};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
 
@@ -96,4 +96,168 @@ async fn kill_9_five_times_leaves_every_event_exactly_once_for_read_committed_co
     );
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success(), "{}", relay.log());
+}
+
+/// For 10,000 keys, the partition walbox chose for each key's event is the
+/// one Kafka's own Java producer (the console producer, default
+/// partitioner) chooses for the same key and partition count: consumers
+/// that join walbox's topics with Java-produced ones see one key in one
+/// partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_lands_in_the_partition_the_java_producer_chooses() {
+    const KEYS: usize = 10_000;
+    const PARTITIONS: i32 = 7;
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let by_walbox = kafka.create_topic(PARTITIONS).await;
+    let by_java = kafka.create_topic(PARTITIONS).await;
+
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &by_walbox]);
+    insert_events(&client, 0, KEYS, |_| 500, KEYS).await;
+    assert_eq!(expect_all(&kafka, &by_walbox, KEYS).await, 0);
+    stop(&mut relay).await;
+
+    let lines: String = (0..KEYS).map(|n| format!("agg-{n}\t{n}\n")).collect();
+    tokio::task::block_in_place(|| {
+        kafka_cluster.tool(
+            "org.apache.kafka.tools.ConsoleProducer",
+            &[
+                "--bootstrap-server",
+                &kafka_cluster.bootstrap(),
+                "--topic",
+                &by_java,
+                "--property",
+                "parse.key=true",
+                "--property",
+                "key.separator=\t",
+            ],
+            lines.as_bytes(),
+        )
+    });
+    let partitions = |messages: Vec<rdkafka::message::OwnedMessage>| -> HashMap<Vec<u8>, i32> {
+        messages
+            .into_iter()
+            .map(|m| (m.key().unwrap_or_default().to_vec(), m.partition()))
+            .collect()
+    };
+    let java = wait_for_records(&kafka, &by_java, KEYS).await;
+    let walbox = partitions(
+        consume_until_quiet(
+            &kafka,
+            &by_walbox,
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap(),
+    );
+    let java = partitions(java);
+    assert_eq!(java.len(), KEYS);
+    let differ: Vec<_> = walbox
+        .iter()
+        .filter(|(k, p)| java.get(*k) != Some(*p))
+        .take(5)
+        .map(|(k, p)| (String::from_utf8_lossy(k), p, java.get(k)))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "keys in another partition than Java's (key, walbox's, Java's): {differ:?}"
+    );
+    let used: std::collections::HashSet<i32> = walbox.values().copied().collect();
+    assert_eq!(used.len(), PARTITIONS as usize, "every partition used");
+}
+
+/// Every record of `topic` once it holds `count`.
+async fn wait_for_records(
+    kafka: &walbox_test_harness::kafka::TestKafka,
+    topic: &str,
+    count: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    walbox_test_harness::wait::wait_for(
+        "the Java producer's records",
+        Duration::from_secs(60),
+        || async {
+            let got = consume_until_quiet(
+                kafka,
+                topic,
+                Duration::from_secs(2),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            if got.len() >= count {
+                Ok(got)
+            } else {
+                Err(format!("{} of {count}", got.len()))
+            }
+        },
+    )
+    .await
+}
+
+/// A zombie: the first instance frozen (SIGSTOP) mid-stream, a second one
+/// with the same transactional id takes the slot over and streams, then the
+/// first is resumed (SIGCONT). Its producer is fenced: it exits, and
+/// nothing it wrote after the takeover is visible; a `read_committed`
+/// consumer sees every event exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_zombie_is_fenced_and_writes_nothing_visible() {
+    const TOTAL: usize = 3_000;
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let progress = progress_topic(&kafka).await;
+    let flags = exactly_once(&topic, &progress);
+
+    let writer = spawn_writer(
+        db.connect().await,
+        30,
+        TOTAL / 30,
+        Duration::from_millis(300),
+        |chunk, k| 1 + (chunk + k) % 20,
+        50,
+    );
+    let mut zombie = spawn_run(&db, &kafka, &flags);
+    wait_log(&zombie, "streaming from the slot").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // mid-stream
+    signal(&zombie, "-STOP");
+    // The slot is free once Postgres' wal_sender_timeout (10 s in tests)
+    // ends the frozen instance's walsender.
+    let mut successor = spawn_run(&db, &kafka, &flags);
+    wait_log(&successor, "streaming from the slot").await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the successor commits a while
+    signal(&zombie, "-CONT");
+    let (status, _) = wait_exit(&mut zombie).await;
+    let zombie_log = zombie.log();
+    assert!(!status.success(), "the zombie exited cleanly\n{zombie_log}");
+    writer.await.unwrap();
+    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let last = zombie_log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last.contains("another walbox instance with transactional id"),
+        "the zombie's last line does not say it was fenced off: {last}"
+    );
+    assert_eq!(
+        duplicates,
+        0,
+        "read_committed saw {duplicates} events twice\nzombie:\n{zombie_log}\nsuccessor:\n{}",
+        successor.log()
+    );
+    sigterm(&successor);
+    assert!(
+        wait_exit(&mut successor).await.0.success(),
+        "{}",
+        successor.log()
+    );
 }

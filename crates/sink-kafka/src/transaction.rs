@@ -78,6 +78,10 @@ impl TxnError {
         let message = format!("{what}: {e}");
         let kind = match e {
             KafkaError::Transaction(t) => match t.code() {
+                // librdkafka's own code for a producer fenced mid-produce
+                // (Apache Kafka answers the produce with an old-epoch
+                // error, which librdkafka raises as fatal "fenced").
+                RDKafkaErrorCode::Fenced => TxnErrorKind::Fenced,
                 RDKafkaErrorCode::ProducerFenced
                 | RDKafkaErrorCode::InvalidProducerEpoch
                 | RDKafkaErrorCode::InvalidProducerIdMapping
