@@ -261,3 +261,87 @@ async fn a_resumed_zombie_is_fenced_and_writes_nothing_visible() {
         successor.log()
     );
 }
+
+/// Another producer's transaction open on the progress topic (another
+/// shard's, or a killed one's until its `transaction.timeout.ms`) holds a
+/// `read_committed` reader's end of partition at its first record. walbox
+/// committed more progress after it; Postgres crashes and re-sends what
+/// Kafka already holds. The restart reads its own latest progress (it waits
+/// for the open transaction to end) and writes nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_committed_behind_another_producers_open_transaction_is_read() {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let (server, url, client) = private_outbox().await;
+    let topic = kafka.create_topic(3).await;
+    let progress = progress_topic(&kafka).await;
+    let flags = exactly_once(&topic, &progress);
+    let run = || {
+        let mut command = std::process::Command::new(walbox_e2e::walbox_bin());
+        command.env("WALBOX_PG_URL", &url).env("WALBOX_LOG", "info");
+        spawn_run_with(command, &kafka, &flags)
+    };
+    let mut relay = run();
+    insert_events(&client, 0, 100, |k| 1 + k % 10, 7).await;
+    assert_eq!(expect_all(&kafka, &topic, 100).await, 0);
+
+    // Another producer opens a transaction on the progress topic.
+    let other: ThreadedProducer<DefaultProducerContext> = kafka
+        .client_config()
+        .set("transactional.id", "another-shard")
+        .set("transaction.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    let t = Duration::from_secs(30);
+    tokio::task::block_in_place(|| {
+        other.init_transactions(t).unwrap();
+        other.begin_transaction().unwrap();
+        other
+            .send(
+                BaseRecord::to(&progress)
+                    .key("another-shard")
+                    .payload("open"),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        other.flush(t).unwrap();
+    });
+    // walbox commits past it.
+    insert_events(&client, 100, 300, |k| 1 + k % 10, 7).await;
+    assert_eq!(expect_all(&kafka, &topic, 300).await, 0);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    stop(&mut relay).await;
+
+    // A crash of Postgres: the slot goes back to the last checkpoint, and
+    // Postgres will send events Kafka already holds again.
+    drop(client);
+    let server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.stop_immediate();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    let mut relay = run();
+    // The other producer ends its transaction a while later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| other.abort_transaction(t).unwrap());
+    insert_events(&client, 300, 350, |k| 1 + k % 10, 7).await;
+    let duplicates = expect_all(&kafka, &topic, 350).await;
+    let log = relay.log();
+    assert_eq!(
+        duplicates, 0,
+        "walbox resumed from progress older than its own latest\n{log}"
+    );
+    assert!(
+        log.contains("resuming after the committed progress"),
+        "{log}"
+    );
+    stop(&mut relay).await;
+}

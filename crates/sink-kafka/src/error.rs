@@ -69,6 +69,22 @@ impl DeliveryError {
         }
     }
 
+    /// The record failed because its producer was fenced: a newer producer
+    /// initialised the same transactional id (librdkafka raises it as a
+    /// fatal error whose cause names the fencing; the report carries that
+    /// cause's code).
+    pub fn is_fenced(&self) -> bool {
+        self.kind == DeliveryErrorKind::Fatal
+            && matches!(
+                self.code,
+                Some(
+                    RDKafkaErrorCode::Fenced
+                        | RDKafkaErrorCode::ProducerFenced
+                        | RDKafkaErrorCode::InvalidProducerEpoch
+                )
+            )
+    }
+
     /// Classifies a delivery report's error.
     pub(crate) fn from_kafka(e: &KafkaError) -> DeliveryError {
         let code = e.rdkafka_error_code();

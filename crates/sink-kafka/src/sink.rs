@@ -349,7 +349,7 @@ pub struct Reports<T: Send + Sync + 'static> {
     rx: mpsc::Receiver<Raw<T>>,
     /// Keeps the producer, and so its delivery callbacks, alive while
     /// reports are awaited.
-    _producer: Arc<Inner<T>>,
+    producer: Arc<Inner<T>>,
 }
 
 /// A startup check looks for a definite refusal this often.
@@ -441,7 +441,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             },
             Reports {
                 rx,
-                _producer: inner,
+                producer: inner,
             },
         ))
     }
@@ -928,9 +928,29 @@ impl<T: Send + Sync + 'static> Reports<T> {
         drop(pending.permits);
         Some(Report {
             token: pending.token,
-            result: report,
+            result: report.map_err(|e| self.with_fatal_cause(e)),
             returned,
         })
+    }
+
+    /// A report of librdkafka's generic "fatal error" names the producer's
+    /// actual fatal error (e.g. fenced by a newer producer with the same
+    /// transactional id), code and reason.
+    fn with_fatal_cause(&self, e: DeliveryError) -> DeliveryError {
+        if e.code != Some(RDKafkaErrorCode::Fatal) {
+            return e;
+        }
+        match self.producer.producer.client().fatal_error() {
+            Some((code, reason)) => DeliveryError::new(
+                e.kind,
+                Some(code),
+                crate::config::redact_values(
+                    &format!("{}: {reason}", e.message),
+                    &self.producer.secrets,
+                ),
+            ),
+            None => e,
+        }
     }
 }
 

@@ -455,6 +455,9 @@ struct BrokerState {
     open_txn: Vec<Record<()>>,
     /// The next commit fails with this.
     fail_next_commit: Option<TxnError>,
+    /// The next reads of the progress fail (a leader election, a
+    /// transaction still open on the progress topic).
+    failing_reads: usize,
     commits: usize,
     aborts: usize,
 }
@@ -492,6 +495,7 @@ impl Broker {
                     epoch: 0,
                     open_txn: Vec::new(),
                     fail_next_commit: None,
+                    failing_reads: 0,
                     commits: 0,
                     aborts: 0,
                 })),
@@ -521,6 +525,11 @@ impl Broker {
             kind,
             message: format!("injected {kind:?}"),
         });
+    }
+
+    /// The next `n` reads of the committed progress fail.
+    pub(super) fn fail_progress_reads(&self, n: usize) {
+        self.state.lock().unwrap().failing_reads = n;
     }
 
     /// Transactions committed and aborted so far.
@@ -709,7 +718,11 @@ impl Destination for Broker {
     }
 
     async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String> {
-        let state = self.state.lock().unwrap();
+        let mut state = self.state.lock().unwrap();
+        if state.failing_reads > 0 {
+            state.failing_reads -= 1;
+            return Err(format!("read topic {topic}: injected leader election"));
+        }
         Ok(state
             .delivered
             .iter()

@@ -208,6 +208,16 @@ pub enum RunError {
     /// Exactly-once cannot work with this broker or producer.
     #[error("exactly-once delivery: {0}")]
     Transactions(String),
+    /// Exactly-once: the committed progress could not be read (a broker
+    /// unreachable, a leader election, a transaction still open on the
+    /// progress topic): nothing is streamed until it is.
+    #[error("exactly-once delivery: could not read the committed progress from topic {topic}: {detail}; nothing is streamed until it is read, trying again")]
+    ProgressUnread {
+        /// The progress topic.
+        topic: String,
+        /// What failed.
+        detail: String,
+    },
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
@@ -240,7 +250,7 @@ impl RunError {
         match self {
             _ if self.slot_busy() => "slot_busy",
             RunError::Postgres(_) => "postgres",
-            RunError::Aborted(_) => "transactions",
+            RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             _ => "other",
         }
     }
@@ -258,7 +268,7 @@ impl RunError {
     pub fn is_transient(&self) -> bool {
         match self {
             RunError::Postgres(e) => e.is_transient(),
-            RunError::Aborted(_) => true,
+            RunError::Aborted(_) | RunError::ProgressUnread { .. } => true,
             _ => false,
         }
     }

@@ -179,6 +179,51 @@ async fn a_crash_mid_transaction_then_a_restart_writes_each_event_once() {
     );
 }
 
+/// The committed progress cannot be read when the restart begins (a
+/// leader election on the progress topic, a transaction still open on it):
+/// that is never "no progress". The session ends without streaming, the
+/// next one reads the progress and skips what Kafka already holds.
+#[tokio::test(start_paused = true)]
+async fn a_progress_read_that_fails_is_retried_never_taken_for_no_progress() {
+    let fx = fixture(DeadLetters::halt(), 100);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    let mut first = FakeSource::default();
+    let s1 = first.session(10);
+    s1.send(relation());
+    s1.transaction(190, &refs(&events("a", 3)));
+    let b = broker.clone();
+    let killed = process(&config, &mut first, &broker, || {
+        b.commits_and_aborts().0 == 1
+    })
+    .await;
+    assert!(killed.is_none());
+    // Postgres re-sends T1 (the slot never saw its confirmation), twice:
+    // once to the session whose read fails, once to the next.
+    broker.fail_progress_reads(2);
+    let mut second = FakeSource::default();
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        let s = second.session(10);
+        s.send(relation());
+        s.transaction(190, &refs(&events("a", 3)));
+        s.transaction(290, &refs(&events("b", 2)));
+        servers.push(s);
+    }
+    let b = broker.clone();
+    let last = servers.last().unwrap();
+    let killed = process(&config, &mut second, &broker, || {
+        visible(&b, "events").len() >= 5 && last.confirmed() == 300
+    })
+    .await;
+    assert!(killed.is_none(), "the relay ended: {killed:?}");
+    assert_eq!(
+        visible(&broker, "events"),
+        ["a0", "a1", "a2", "b0", "b1"],
+        "each event once: T1 skipped after the progress was read"
+    );
+}
+
 /// The database restored from a snapshot on the same timeline after walbox
 /// committed past the snapshot: the progress record lies beyond the
 /// server's WAL and describes none of it; the restored server's new

@@ -76,6 +76,10 @@ pub(super) struct Transactions {
     pub(super) config: ExactlyOnce,
     /// `init_transactions` done (once per process, after the first session
     /// acquired the slot: a standby waiting for the slot fences no one).
+    producer_ready: bool,
+    /// The committed progress was read (after `init_transactions`, which
+    /// ends what an earlier instance left open); until then every session
+    /// reads it again.
     initialized: bool,
     /// The last committed progress, when it belongs to this session's history.
     committed: Option<Position>,
@@ -101,6 +105,7 @@ impl Transactions {
     pub(super) fn new(config: ExactlyOnce) -> Self {
         Transactions {
             config,
+            producer_ready: false,
             initialized: false,
             committed: None,
             history: String::new(),
@@ -235,16 +240,25 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             return Ok(());
         }
         let id = eos.config.transactional_id.clone();
-        destination
-            .init_transactions()
-            .await
-            .map_err(|e| txn_error(&id, e))?;
-        eos.initialized = true;
+        if !eos.producer_ready {
+            destination
+                .init_transactions()
+                .await
+                .map_err(|e| txn_error(&id, e))?;
+            eos.producer_ready = true;
+        }
         let topic = &eos.config.progress_topic;
-        let value = destination
-            .last_committed(topic, &id)
-            .await
-            .map_err(|e| RunError::Transactions(format!("read the progress topic {topic}: {e}")))?;
+        // Unread progress is never "no progress": the session ends and the
+        // next one reads again.
+        let value =
+            destination
+                .last_committed(topic, &id)
+                .await
+                .map_err(|e| RunError::ProgressUnread {
+                    topic: topic.clone(),
+                    detail: e,
+                })?;
+        eos.initialized = true;
         eos.committed = match value.map(|v| Position::decode(&v)) {
             None => {
                 tracing::info!(%topic, transactional_id = %id, "exactly-once: no committed progress yet; starting from the slot's position");
@@ -465,6 +479,13 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             eos.refused.insert(token.lsn, error.clone());
             eos.doom(format!("the broker refused an event for good ({error})"));
             return Ok(());
+        }
+        if error.is_fenced() {
+            // Another instance with this transactional id took over.
+            return Err(RunError::Fenced {
+                id: eos.config.transactional_id.clone(),
+                detail: error.message,
+            });
         }
         if error.kind == DeliveryErrorKind::Permanent || error.kind == DeliveryErrorKind::Fatal {
             return Err(self.delivery_failed(&token, error));
