@@ -336,6 +336,16 @@ impl Server {
         self.send(commit(final_lsn, final_lsn + 10));
     }
 
+    /// A transaction whose rows all decode at one WAL position, as a
+    /// `COPY` (one multi-insert WAL record) does.
+    pub(super) fn copy_transaction(&self, final_lsn: u64, events: &[(&str, Option<&str>)]) {
+        self.send(begin(final_lsn));
+        for (id, key) in events {
+            self.send(insert(final_lsn - 80, id, *key, "{}"));
+        }
+        self.send(commit(final_lsn, final_lsn + 10));
+    }
+
     /// Messages the relay has not read yet (still in the socket, as it were).
     pub(super) fn unread(&self) -> usize {
         self.unread.load(Ordering::SeqCst)

@@ -303,7 +303,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     fn queue(&mut self, mut event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
         self.queued_in_transaction += 1;
         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
-        if let Some(error) = self.transactions.as_ref().and_then(|t| t.refusal(lsn)) {
+        if let Some(error) = self
+            .transactions
+            .as_ref()
+            .and_then(|t| t.refusal(lsn, t.current_index()))
+        {
             // Refused for good before: straight to the dead-letter topic.
             let token = self.token(Arc::clone(&event.topic), lsn, Some(DeadLetterKind::Refused))?;
             let returned = Record {
@@ -386,6 +390,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         Ok(Token {
             event: self.progress.event()?,
             lsn,
+            index: self.transactions.as_ref().map_or(0, |t| t.current_index()),
             commit_time: self.commit_time,
             topic,
             dead_letter,

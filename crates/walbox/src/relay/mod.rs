@@ -88,6 +88,10 @@ pub struct Token {
     event: EventToken,
     /// The row's WAL position.
     lsn: Lsn,
+    /// Exactly-once: the event's index among its Postgres transaction's
+    /// events. With `lsn` it names the event: a `COPY`'s rows share one
+    /// WAL position.
+    index: u64,
     commit_time: PgTimestamp,
     /// The topic the event was meant for (empty when the row named none).
     topic: Arc<str>,

@@ -458,6 +458,35 @@ async fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction(
     assert_eq!(visible(&fx.broker, "dlq"), ["e1"]);
 }
 
+/// A `COPY` into the outbox decodes its rows at one WAL position: the
+/// refusal of one of them dead-letters that one on the replay, not its
+/// siblings.
+#[tokio::test(start_paused = true)]
+async fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
+    let mut fx = fixture(DeadLetters::to_topic("dlq"), 100);
+    let first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    let rows = [("e1", Some("a")), ("e2", Some("b")), ("e3", Some("c"))];
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.copy_transaction(190, &rows);
+            until("3 in flight", || b.pending() == 3).await;
+            b.ack_oldest();
+            b.refuse_oldest(too_large());
+            until("aborted", || b.commits_and_aborts().1 == 1).await;
+            second.send(relation());
+            second.copy_transaction(190, &rows);
+            until("confirmed", || second.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(visible(&fx.broker, "events"), ["e1", "e3"]);
+    assert_eq!(visible(&fx.broker, "dlq"), ["e2"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
     let mut fx = fixture(DeadLetters::halt(), 100);

@@ -93,9 +93,10 @@ pub(super) struct Transactions {
     rows: u64,
     /// The last Postgres transaction whose Commit was read.
     last_commit: Option<Lsn>,
-    /// Events the broker refused for good, by WAL position: dead-lettered
+    /// Events the broker refused for good, by WAL position and index in
+    /// their transaction (a `COPY`'s rows share a position): dead-lettered
     /// on their replay.
-    refused: HashMap<Lsn, DeliveryError>,
+    refused: HashMap<(Lsn, u64), DeliveryError>,
     /// The open transaction failed (why, since when): nothing more is sent
     /// or read, and the session ends once its records have reported.
     doomed: Option<(String, Instant)>,
@@ -154,11 +155,17 @@ impl Transactions {
     /// was refused for good: its replay goes to the dead-letter topic. Kept
     /// until the transaction holding the dead-letter copy commits (if that
     /// one aborts too, the next replay dead-letters it again).
-    pub(super) fn refusal(&self, lsn: Lsn) -> Option<DeliveryError> {
+    pub(super) fn refusal(&self, lsn: Lsn, index: u64) -> Option<DeliveryError> {
         if self.refused.is_empty() {
             return None;
         }
-        self.refused.get(&lsn).cloned()
+        self.refused.get(&(lsn, index)).cloned()
+    }
+
+    /// The index of the open transaction's current event (the one
+    /// [`Transactions::next_row_skipped`] was last asked about).
+    pub(super) fn current_index(&self) -> u64 {
+        self.rows.saturating_sub(1)
     }
 
     /// True while records may not be sent (the transaction commits, or failed).
@@ -360,6 +367,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             token: Token {
                 event: self.progress.marker(),
                 lsn: position.commit_lsn,
+                index: 0,
                 commit_time: PgTimestamp::default(),
                 topic: Arc::from(""),
                 dead_letter: None,
@@ -433,7 +441,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         eos.committed = Some(position);
         if !eos.refused.is_empty() {
             for t in tokens.iter().filter(|t| t.dead_letter.is_some()) {
-                eos.refused.remove(&t.lsn);
+                eos.refused.remove(&(t.lsn, t.index));
             }
         }
         self.metrics.transactions_committed.inc();
@@ -476,7 +484,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             && self.config.dead_letters.topic().is_some();
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
             tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
-            eos.refused.insert(token.lsn, error.clone());
+            eos.refused.insert((token.lsn, token.index), error.clone());
             eos.doom(format!("the broker refused an event for good ({error})"));
             return Ok(());
         }
