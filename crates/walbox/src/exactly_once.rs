@@ -39,6 +39,8 @@
 use std::time::Duration;
 
 use pgoutput_decoder::Lsn;
+
+use crate::config::EventSource;
 use serde::{Deserialize, Serialize};
 
 /// The progress record's format version.
@@ -53,6 +55,10 @@ pub struct Position {
     pub commit_lsn: Lsn,
     /// `None`: that whole transaction; `Some(n)`: its first `n` outbox rows.
     pub events: Option<u64>,
+    /// What `events` counts: the `source` of the run that wrote the record
+    /// (rows, messages, or both). `None` in records of walbox versions that
+    /// did not say.
+    pub counts: Option<EventSource>,
 }
 
 /// What to do with a replayed transaction's outbox rows.
@@ -105,6 +111,7 @@ impl Position {
             history: self.history.clone(),
             commit_lsn: self.commit_lsn.to_string(),
             events: self.events,
+            counts: self.counts,
             walbox: env!("CARGO_PKG_VERSION").to_owned(),
         })
         .expect("a record serialises")
@@ -128,6 +135,7 @@ impl Position {
             history: r.history,
             commit_lsn,
             events: r.events,
+            counts: r.counts,
         })
     }
 }
@@ -152,6 +160,8 @@ struct Record {
     history: String,
     commit_lsn: String,
     events: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    counts: Option<EventSource>,
     walbox: String,
 }
 
@@ -188,6 +198,8 @@ pub struct ExactlyOnce {
     pub transactional_id: String,
     /// The slot, written into each record for operators.
     pub slot: String,
+    /// Where events come from: what a record's event count counts.
+    pub source: EventSource,
     /// When to commit.
     pub bounds: Bounds,
 }
@@ -201,6 +213,7 @@ mod tests {
             history: "h1".into(),
             commit_lsn: Lsn::from(lsn),
             events,
+            counts: Some(EventSource::Table),
         }
     }
 

@@ -851,6 +851,7 @@ impl Config {
             progress_topic,
             transactional_id,
             slot,
+            source: r.source,
             bounds: Bounds {
                 max_events: count("max_events", t.max_events, d.max_events, 1)?,
                 max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,

@@ -22,6 +22,7 @@ fn exactly_once(max_events: usize) -> Option<ExactlyOnce> {
         progress_topic: "progress".into(),
         transactional_id: "walbox-test".into(),
         slot: "walbox".into(),
+        source: crate::config::EventSource::Table,
         bounds: Bounds {
             max_events,
             max_bytes: 1 << 20,
@@ -300,6 +301,56 @@ async fn a_postgres_transaction_larger_than_the_bound_is_split_and_resumed_insid
     s2.send(relation());
     s2.transaction(10_000, &refs(&big));
     let killed = process(&config, &mut second, &broker, || s2.confirmed() == 10_010).await;
+    assert!(killed.is_none());
+    let want: Vec<String> = big.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(visible(&broker, "events"), want, "each row once, in order");
+}
+
+/// Killed inside a split transaction, restarted with another `source`:
+/// the progress counts that transaction's events as the old source read
+/// them (rows only, say), the new one would count rows and messages, and
+/// skip the wrong ones. The restart refuses, in one line that says how to
+/// get past it, and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_restart_inside_a_split_transaction_with_another_source_is_refused() {
+    let fx = fixture(DeadLetters::halt(), 10);
+    let config = fx.config.clone();
+    let broker = fx.broker.clone();
+    let big = events("x", 25);
+    let mut first = FakeSource::default();
+    let s1 = first.session(10);
+    s1.send(relation());
+    s1.transaction(10_000, &refs(&big));
+    let b = broker.clone();
+    let killed = process(&config, &mut first, &broker, || {
+        b.commits_and_aborts().0 == 2
+    })
+    .await;
+    assert!(killed.is_none());
+    let p = committed(&broker).unwrap();
+    assert_eq!(p.events, Some(20));
+    let mut other = config.clone();
+    other.exactly_once.as_mut().unwrap().source = crate::config::EventSource::Both;
+    let mut second = FakeSource::default();
+    let s2 = second.session(10);
+    s2.send(relation());
+    s2.transaction(10_000, &refs(&big));
+    let ended = process(&other, &mut second, &broker, || s2.confirmed() == 10_010).await;
+    let Some(Err(e)) = ended else {
+        panic!("the restart with another source went on: {ended:?}");
+    };
+    let message = e.to_string();
+    assert!(
+        message.contains("source = table") && message.contains("source = both"),
+        "{message}"
+    );
+    assert_eq!(visible(&broker, "events").len(), 20, "nothing more written");
+    // With the source it was written with, it finishes the transaction.
+    let mut third = FakeSource::default();
+    let s3 = third.session(10);
+    s3.send(relation());
+    s3.transaction(10_000, &refs(&big));
+    let killed = process(&config, &mut third, &broker, || s3.confirmed() == 10_010).await;
     assert!(killed.is_none());
     let want: Vec<String> = big.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(visible(&broker, "events"), want, "each row once, in order");

@@ -210,6 +210,7 @@ impl Transactions {
             history: self.history.clone(),
             commit_lsn,
             events,
+            counts: Some(self.config.source),
         }
     }
 }
@@ -278,6 +279,15 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             Some(Ok(p)) if p.beyond(server_wal) => {
                 wal_behind_the_record(&p, server_wal, &metrics);
                 None
+            }
+            // Inside a split transaction, the count is of what the source
+            // that wrote it reads: another source would skip other events.
+            Some(Ok(p)) if p.events.is_some() && p.counts.is_some_and(|c| c != eos.config.source) => {
+                let (was, now) = (source_name(p.counts), source_name(Some(eos.config.source)));
+                return Err(RunError::Transactions(format!(
+                    "the committed progress of {id} stops inside a Postgres transaction ({p}, counted with source = {was}); this run has source = {now}, which counts that transaction's events differently and would skip the wrong ones: run with source = {was} until walbox has passed transaction {lsn}, then change it",
+                    lsn = p.commit_lsn
+                )));
             }
             Some(Ok(p)) => {
                 tracing::info!(%topic, transactional_id = %id, after = %p, "exactly-once: resuming after the committed progress");
@@ -550,6 +560,17 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                 }
             }
         }
+    }
+}
+
+/// A source as the configuration names it.
+fn source_name(source: Option<crate::config::EventSource>) -> &'static str {
+    use crate::config::EventSource;
+    match source {
+        Some(EventSource::Table) => "table",
+        Some(EventSource::Messages) => "messages",
+        Some(EventSource::Both) => "both",
+        None => "unknown",
     }
 }
 
