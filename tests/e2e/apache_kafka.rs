@@ -345,3 +345,67 @@ async fn progress_committed_behind_another_producers_open_transaction_is_read() 
     );
     stop(&mut relay).await;
 }
+
+/// Exactly-once, the broker frozen (SIGSTOP: connections open, nothing
+/// answers) with a Kafka transaction open: SIGTERM ends walbox within
+/// `shutdown_timeout_secs` (5 s here) and a little, a second SIGTERM at
+/// once; neither confirms past the last commit, and after the broker is
+/// back every event arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_in_exactly_once_mode_with_the_broker_frozen() {
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let progress = progress_topic(&kafka).await;
+    let mut flags = exactly_once(&topic, &progress);
+    // Transactions stay open long enough for the freeze to find one.
+    flags.extend([
+        "--transactions-max-ms",
+        "3000",
+        "--shutdown-timeout-secs",
+        "5",
+    ]);
+    let mut total = 0;
+    let mut took = Vec::new();
+    for second_sigterm in [false, true] {
+        let mut relay = spawn_run(&db, &kafka, &flags);
+        wait_log(&relay, "streaming from the slot").await;
+        insert_events(&client, total, total + 200, |k| 1 + k % 10, 7).await;
+        total += 200;
+        tokio::time::sleep(Duration::from_millis(500)).await; // sent, not committed
+        kafka_cluster.pause(0);
+        let t0 = std::time::Instant::now();
+        sigterm(&relay);
+        if second_sigterm {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sigterm(&relay);
+        }
+        let (status, _) = wait_exit(&mut relay).await;
+        let elapsed = t0.elapsed();
+        kafka_cluster.resume(0);
+        let log = relay.log();
+        assert!(status.success(), "{log}");
+        let bound = if second_sigterm {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(5 + 1 + 3)
+        };
+        assert!(
+            elapsed <= bound,
+            "second SIGTERM: {second_sigterm}: exit after {elapsed:?} (bound {bound:?})\n{log}"
+        );
+        took.push(elapsed);
+    }
+    eprintln!(
+        "exit with the broker frozen: after SIGTERM {:?}, after a second SIGTERM {:?}",
+        took[0], took[1]
+    );
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let duplicates = expect_all(&kafka, &topic, total).await;
+    assert_eq!(duplicates, 0, "{}", relay.log());
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    stop(&mut relay).await;
+}

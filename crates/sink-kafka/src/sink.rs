@@ -651,6 +651,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// otherwise waited for up to [`MISSING_TOPIC_GRACE`] (one created a
     /// moment before its first record is not refused). While the brokers
     /// are unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
+    /// Remembers that the brokers know `topic`: its records are produced
+    /// without another check.
+    pub(crate) fn remember_known(&self, topic: &str) {
+        let mut known = self.inner.known_topics.lock().expect("not poisoned");
+        if known.len() >= MAX_KNOWN_TOPICS {
+            known.clear();
+        }
+        known.insert(topic.to_owned());
+    }
+
     async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
         if self
             .inner
@@ -685,11 +695,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         loop {
             match self.topic_verdict(topic).await {
                 TopicVerdict::Known => {
-                    let mut known = self.inner.known_topics.lock().expect("not poisoned");
-                    if known.len() >= MAX_KNOWN_TOPICS {
-                        known.clear();
-                    }
-                    known.insert(topic.to_owned());
+                    self.remember_known(topic);
                     return Ok(());
                 }
                 TopicVerdict::Missing(e) => {

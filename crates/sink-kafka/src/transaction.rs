@@ -184,7 +184,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     "topic {topic}: no broker answered a metadata request"
                 ))
             }
-            TopicVerdict::Known | TopicVerdict::Unsure => {}
+            // Its records are produced without another check.
+            TopicVerdict::Known => self.remember_known(topic),
+            TopicVerdict::Unsure => {}
         }
         let admin = self.admin().map_err(|e| e.to_string())?;
         // A broker that does not implement DescribeConfigs (librdkafka's

@@ -431,7 +431,9 @@ async fn stream(
         crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
     stall_watch.abort();
     // Flush what is left; anything unacked was never confirmed.
-    let flush_for = if *urgency.borrow() == Stop::Now {
+    // Exactly-once: what counts committed (and was flushed by its commit);
+    // a transaction left open is aborted by the next start, not flushed.
+    let flush_for = if *urgency.borrow() == Stop::Now || settings.exactly_once.is_some() {
         Duration::ZERO
     } else {
         SINK_SHUTDOWN_TIMEOUT

@@ -468,6 +468,9 @@ struct BrokerState {
     /// The next reads of the progress fail (a leader election, a
     /// transaction still open on the progress topic).
     failing_reads: usize,
+    /// Every broker is down: commits and aborts time out (30 s and 10 s,
+    /// as the sink's bounds).
+    unresponsive: bool,
     commits: usize,
     aborts: usize,
 }
@@ -506,6 +509,7 @@ impl Broker {
                     open_txn: Vec::new(),
                     fail_next_commit: None,
                     failing_reads: 0,
+                    unresponsive: false,
                     commits: 0,
                     aborts: 0,
                 })),
@@ -535,6 +539,11 @@ impl Broker {
             kind,
             message: format!("injected {kind:?}"),
         });
+    }
+
+    /// Every broker down (`true`) or back: commits and aborts time out.
+    pub(super) fn set_unresponsive(&self, down: bool) {
+        self.state.lock().unwrap().unresponsive = down;
     }
 
     /// The next `n` reads of the committed progress fail.
@@ -753,6 +762,13 @@ impl Destination for Broker {
     }
 
     async fn commit(&self) -> Result<(), TxnError> {
+        if self.state.lock().unwrap().unresponsive {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            return Err(TxnError {
+                kind: TxnErrorKind::Retriable,
+                message: "commit timed out (brokers down)".into(),
+            });
+        }
         let mut state = self.state.lock().unwrap();
         assert!(
             self.in_txn.load(Ordering::SeqCst),
@@ -774,6 +790,13 @@ impl Destination for Broker {
     }
 
     async fn abort(&self) -> Result<(), TxnError> {
+        if self.state.lock().unwrap().unresponsive {
+            tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+            return Err(TxnError {
+                kind: TxnErrorKind::Retriable,
+                message: "abort timed out (brokers down)".into(),
+            });
+        }
         let mut state = self.state.lock().unwrap();
         self.check_epoch(&state)?;
         // Queued records are purged (and reported as such).

@@ -28,6 +28,12 @@ use crate::progress::{History, Progress, EAGER_GAP};
 /// select loop (at-least-once mode): bounded so that reports, timers and
 /// signals wait for no more than a few hundred microseconds.
 const READ_BATCH: usize = 128;
+/// Exactly-once, shutting down: how long past the shutdown's bound (or
+/// after a second signal) a commit under way, or the abort of the open
+/// Kafka transaction, may still take. Past it the transaction is left to
+/// the next start (which completes or aborts it) or the broker's
+/// `transaction.timeout.ms`; nothing is confirmed past the last commit.
+pub(super) const END_GRACE: Duration = Duration::from_secs(1);
 
 /// How long reading pauses when the received messages ran out while
 /// walbox is behind (see `Session::behind`): the timer's resolution.
@@ -228,7 +234,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         .await;
         // Exactly-once: what was sent in a transaction that did not commit
         // is discarded, and written again by the next session.
-        let result = match (result, self.abort_open().await) {
+        let abort_by = match &result {
+            Ok(Ending::Drain { deadline }) => Some((*deadline).max(Instant::now()) + END_GRACE),
+            Ok(Ending::Now) => Some(Instant::now() + END_GRACE),
+            _ => None,
+        };
+        let aborted = self.abort_open_within(shutdown, abort_by).await;
+        let result = match (result, aborted) {
             (Ok(ending), Ok(())) => Ok(ending),
             (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
             // A producer that could not abort cannot start the next
@@ -460,13 +472,17 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     let deadline = Instant::now() + self.config.shutdown_timeout;
                     if self.progress.in_transaction() {
                         tracing::info!("shutting down: reading the rest of the open transaction first");
-                        finish_by.as_mut().reset(deadline);
                     }
+                    finish_by.as_mut().reset(deadline);
                     finishing = Some(deadline);
                     Ok(())
                 }
                 () = &mut finish_by, if finishing.is_some() => {
-                    tracing::warn!("shutdown timeout inside a transaction: its events are sent again after restart");
+                    if self.progress.in_transaction() {
+                        tracing::warn!("shutdown timeout inside a transaction: its events are sent again after restart");
+                    } else {
+                        tracing::warn!("shutdown timeout before the open Kafka transaction committed: its events are sent again after restart");
+                    }
                     break Ok(Ending::Drain { deadline: Instant::now() });
                 }
                 () = &mut status_due => {
@@ -497,7 +513,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 // every turn, so it would starve the `reserve` below.
                 () = &mut txn_due, if open_until.is_some() && waiting.is_none() => Ok(()),
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() && sending => {
-                    self.send_front(permit).await
+                    // A send can wait (the first record of a topic is
+                    // checked against the brokers): a second signal cuts it.
+                    tokio::select! {
+                        biased;
+                        sent = self.send_front(permit) => sent,
+                        () = &mut now => break Ok(Ending::Now),
+                    }
                 }
                 // Read only while nothing waits for room: memory stays within
                 // the in-flight bounds plus one record.
@@ -528,12 +550,36 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 break Err(e);
             }
         };
-        // A commit under way finishes first (bounded by its timeout): its
-        // outcome decides what the abort at the session's end undoes.
+        // A commit under way finishes first (bounded by its timeout, and
+        // when shutting down by the shutdown's bound and a second signal):
+        // its outcome decides what the abort at the session's end undoes.
         if let Some(commit) = committing.take() {
-            let outcome = commit.await;
-            if let Ok(Some(update)) = self.on_committed(outcome) {
-                let _ = stream.send_status(update).await;
+            let cut = match (&result, finishing) {
+                (Ok(Ending::Now), _) => Some(Instant::now()),
+                (_, Some(deadline)) => Some(deadline.max(Instant::now()) + END_GRACE),
+                _ => None,
+            };
+            // `now` already ended the loop when the ending is Now.
+            let signalled = matches!(result, Ok(Ending::Now));
+            let outcome = tokio::select! {
+                biased;
+                outcome = commit => Some(outcome),
+                () = &mut now, if !signalled => None,
+                () = tokio::time::sleep_until(cut.unwrap_or_else(Instant::now)), if cut.is_some() => None,
+            };
+            match outcome {
+                Some(outcome) => {
+                    if let Ok(Some(update)) = self.on_committed(outcome) {
+                        let _ = stream.send_status(update).await;
+                    }
+                }
+                None => {
+                    tracing::warn!("shutting down before the Kafka transaction's commit finished: the next start completes or aborts it; nothing is confirmed past the last commit");
+                    if let Some(eos) = self.transactions.as_mut() {
+                        eos.abandon();
+                    }
+                    return Ok(Ending::Now);
+                }
             }
         }
         result
@@ -631,6 +677,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         shutdown: &mut watch::Receiver<Stop>,
         deadline: Instant,
     ) -> Result<(), RunError> {
+        if self.transactions.is_some() {
+            // Exactly-once: what is confirmed is what committed, and the
+            // open transaction was ended before; a record sent now would
+            // open a Kafka transaction nobody commits.
+            self.outgoing.clear();
+            return Ok(());
+        }
         let now = stopped(shutdown, Stop::Now);
         tokio::pin!(now);
         while self.progress.unacked_events() > 0 {

@@ -5,6 +5,7 @@
 //! tests check what a `read_committed` consumer would see: every event
 //! once, in order, across crashes, aborts, splits and takeovers.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sink_kafka::{DeliveryError, DeliveryErrorKind, TxnErrorKind};
@@ -554,4 +555,106 @@ async fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
         .await;
     assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
     assert_eq!(visible(&fx.broker, "events"), Vec::<String>::new());
+}
+
+/// A fixture whose Kafka transactions stay open up to 10 s after their
+/// first event (so a shutdown finds one open), shutting down within
+/// `shutdown`.
+fn slow_closing(shutdown: Duration) -> Fixture {
+    let mut fx = fixture(DeadLetters::halt(), 100);
+    fx.config.exactly_once.as_mut().unwrap().bounds.max_time = Duration::from_secs(10);
+    fx.config.shutdown_timeout = shutdown;
+    fx
+}
+
+/// SIGTERM between Postgres transactions, with a Kafka transaction open
+/// over complete ones: it is committed (not aborted on a false "timeout
+/// inside a transaction"), and the slot confirmed past it.
+#[tokio::test(start_paused = true)]
+async fn sigterm_between_transactions_commits_the_open_kafka_transaction() {
+    let mut fx = slow_closing(Duration::from_secs(20));
+    let server = fx.source.session(10);
+    let status = server.status_handle();
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+            until("2 in flight", || b.pending() == 2).await;
+            b.ack_all();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(b.commits_and_aborts(), (0, 0), "open: its bound is 10 s");
+            stop.send(Stop::Graceful).unwrap();
+            until("confirmed", || server.confirmed() == 200).await;
+            std::future::pending::<()>().await;
+        })
+        .await;
+    result.unwrap();
+    let confirmed = status
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|u| u.flush.as_u64())
+        .max();
+    assert_eq!(
+        (fx.broker.commits_and_aborts(), confirmed),
+        ((1, 0), Some(200)),
+        "(commits, aborts), and the slot's last confirmation"
+    );
+    assert_eq!(visible(&fx.broker, "events"), ["e1", "e2"]);
+}
+
+/// Every broker down when SIGTERM comes, a Kafka transaction open: the
+/// shutdown ends within its bound (plus the one second an abort is given
+/// after it), not after the commit's and the aborts' own timeouts; and a
+/// second signal ends it at once. What stays open is aborted by the next
+/// start (or the broker's transaction timeout); nothing is confirmed past
+/// the last commit.
+#[tokio::test(start_paused = true)]
+async fn the_shutdown_bound_and_the_second_signal_hold_with_the_brokers_down() {
+    for second_signal in [false, true] {
+        let mut fx = slow_closing(Duration::from_secs(5));
+        let server = fx.source.session(10);
+        let b = fx.broker.clone();
+        let started = Arc::new(Mutex::new(None));
+        let at = Arc::clone(&started);
+        let status = server.status_handle();
+        let result = fx
+            .run(|stop| async move {
+                server.send(relation());
+                server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
+                until("2 in flight", || b.pending() == 2).await;
+                b.set_unresponsive(true);
+                *at.lock().unwrap() = Some(tokio::time::Instant::now());
+                stop.send(Stop::Graceful).unwrap();
+                if second_signal {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    stop.send(Stop::Now).unwrap();
+                }
+                std::future::pending::<()>().await;
+            })
+            .await;
+        result.unwrap();
+        let took = started.lock().unwrap().unwrap().elapsed();
+        let bound = if second_signal {
+            Duration::from_millis(200) + Duration::from_secs(1)
+        } else {
+            Duration::from_secs(5 + 1)
+        };
+        assert!(
+            took <= bound,
+            "second signal: {second_signal}: the shutdown took {took:?} (bound {bound:?})"
+        );
+        let confirmed = status
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|u| u.flush.as_u64())
+            .max();
+        assert!(
+            confirmed.unwrap_or(0) <= 10,
+            "confirmed past an uncommitted transaction: {confirmed:?}"
+        );
+        assert!(visible(&fx.broker, "events").is_empty());
+    }
 }

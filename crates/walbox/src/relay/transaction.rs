@@ -28,10 +28,11 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report, TxnError, Txn
 use tokio::time::Instant;
 
 use super::session::Session;
-use super::{Deliveries, Destination, RunError, Token};
+use super::{Deliveries, Destination, RunError, Stop, Token};
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
 use crate::metrics::Metrics;
 use crate::progress::{Ack, History};
+use tokio::sync::watch;
 
 /// At most this many refused events are remembered for their replay; more
 /// at once stops walbox (something is refusing everything).
@@ -191,6 +192,12 @@ impl Transactions {
             KafkaTxn::Open { since, .. } => Some(*since + self.config.bounds.max_time),
             _ => None,
         }
+    }
+
+    /// Forgets the open Kafka transaction without ending it (shutting down
+    /// past its bound): the next start's `init_transactions` aborts it.
+    pub(super) fn abandon(&mut self) {
+        self.txn = KafkaTxn::Idle;
     }
 
     /// True when no Kafka transaction is open.
@@ -525,6 +532,29 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
 
     /// At a session's end: aborts a transaction left open, so the next
     /// session starts a new one (its events are written again then).
+    /// [`Session::abort_open`], given up at `by` or on a second signal
+    /// (the transaction is then left open: the next start aborts it).
+    pub(super) async fn abort_open_within(
+        &mut self,
+        shutdown: &watch::Receiver<Stop>,
+        by: Option<Instant>,
+    ) -> Result<(), RunError> {
+        let mut signals = shutdown.clone();
+        // After the second signal `by` is the grace left.
+        let already_now = *signals.borrow() == Stop::Now;
+        let left_open = tokio::select! {
+            biased;
+            r = self.abort_open() => return r,
+            () = super::session::stopped(&mut signals, Stop::Now), if !already_now => "a second signal",
+            () = tokio::time::sleep_until(by.unwrap_or_else(Instant::now)), if by.is_some() => "the shutdown timeout",
+        };
+        tracing::warn!("{left_open}: the open Kafka transaction is left to the next start, which aborts it (read_committed consumers wait until then, or the broker's transaction.timeout.ms); nothing is confirmed past the last commit");
+        if let Some(eos) = self.transactions.as_mut() {
+            eos.abandon();
+        }
+        Ok(())
+    }
+
     pub(super) async fn abort_open(&mut self) -> Result<(), RunError> {
         let destination = self.destination;
         let Some(eos) = self.transactions.as_mut() else {
