@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rdkafka::message::Message;
 use walbox_test_harness::apache_kafka::KafkaCluster;
-use walbox_test_harness::kafka::{consume_uncommitted_until_quiet, consume_until_quiet};
+use walbox_test_harness::kafka::{consume_n, consume_uncommitted_until_quiet, consume_until_quiet};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
 
@@ -408,4 +408,134 @@ async fn shutdown_is_bounded_in_exactly_once_mode_with_the_broker_frozen() {
     let head = current_wal_lsn(&client).await;
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
     stop(&mut relay).await;
+}
+
+/// Inserts events `from..to` in one transaction (payload `{"n": i, "pad": …}`,
+/// key `agg-{i % 7}`), event `big` with `big_bytes` of random hex padding
+/// (which compression cannot shrink below half).
+async fn insert_with_one_big(
+    client: &tokio_postgres::Client,
+    from: i64,
+    to: i64,
+    big: i64,
+    big_bytes: i32,
+) {
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'agg-' || (n % 7), 'E' || n, \
+                    jsonb_build_object('n', n, 'pad', CASE WHEN n = $3 THEN \
+                        (SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, $4 / 32) g) \
+                        ELSE '' END) \
+             FROM generate_series($1::int8, $2::int8 - 1) n",
+            &[&from, &to, &big, &big_bytes],
+        )
+        .await
+        .unwrap();
+}
+
+/// Gapless on the real broker: a record Apache Kafka refuses for good (the
+/// topic's `max.message.bytes`, which only the broker knows) stops walbox
+/// without a dead-letter topic, and nothing after it is stored (the broker
+/// checks the idempotent producer's sequences, so what was pipelined
+/// behind it fails too); the slot stays before it. Restarted with a
+/// dead-letter topic, the refused event goes there and the rest follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_broker_refuses_for_good_leaves_nothing_after_it_on_the_topic() {
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka
+        .create_topic_configured(1, 1, &[("max.message.bytes", "2000")])
+        .await;
+    let before = current_wal_lsn(&client).await;
+    // Pipelined: many small requests in flight behind the refused one.
+    let flags = [
+        "--mapping-topic-template",
+        &topic,
+        "--kafka-property",
+        "linger.ms=0",
+        "--kafka-property",
+        "batch.num.messages=1",
+    ];
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    wait_log(&relay, "streaming from the slot").await;
+    insert_with_one_big(&client, 0, 300, 40, 8000).await;
+    let status = exit_within(&mut relay, Duration::from_secs(40)).await;
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "walbox went on past a refused event\n{log}"
+    );
+    let last = log
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    assert!(
+        last.contains("too large") || last.contains("TooLarge"),
+        "{last}"
+    );
+    let stored: Vec<i64> = consume_until_quiet(
+        &kafka,
+        &topic,
+        Duration::from_secs(3),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(n_of)
+    .collect();
+    assert!(
+        stored.iter().all(|n| *n < 40),
+        "records after the refused event 40 were stored: {:?}",
+        stored
+            .iter()
+            .filter(|n| **n >= 40)
+            .take(10)
+            .collect::<Vec<_>>()
+    );
+    let confirmed = walbox_test_harness::slot::confirmed_flush_lsn(&client, "walbox")
+        .await
+        .unwrap();
+    assert!(
+        confirmed <= before,
+        "the slot passed the refused event's transaction"
+    );
+    eprintln!(
+        "{} of the 40 events before the refused one were stored; none after it",
+        stored.len()
+    );
+
+    let dead = kafka.create_topic(1).await;
+    let mut with_dlq = flags.to_vec();
+    with_dlq.extend(["--dead-letter-topic", &dead]);
+    let mut relay = spawn_run(&db, &kafka, &with_dlq);
+    let dead_lettered = consume_n(&kafka, &dead, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(n_of(&dead_lettered[0]), 40);
+    let all = wait_for_records(&kafka, &topic, 299).await;
+    let distinct: std::collections::BTreeSet<i64> = all.iter().map(n_of).collect();
+    assert_eq!(distinct.len(), 299, "every event but the refused one");
+    assert!(!distinct.contains(&40));
+    stop(&mut relay).await;
+}
+
+/// Waits up to `timeout` for walbox to exit; panics with its log otherwise.
+async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = relay.child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let log = relay.log();
+            let _ = relay.child.kill();
+            panic!("walbox did not exit within {timeout:?}\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
