@@ -539,3 +539,102 @@ async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::process::Exit
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The broker leading `topic`'s partition `p`.
+fn leader_of(kafka: &walbox_test_harness::kafka::TestKafka, topic: &str, p: i32) -> i32 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = kafka.client_config().create().unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    md.topics()[0].partitions()[p as usize].leader()
+}
+
+/// Three brokers (and a controller of their own), the topic replicated
+/// three times with `min.insync.replicas=2`, walbox at its defaults
+/// (acks=all, idempotent): the leader of a partition killed with SIGKILL
+/// while 10,000 events stream loses nothing, and each key's events arrive
+/// in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_leader_killed_mid_stream_loses_nothing() {
+    const TOTAL: usize = 10_000;
+    let mut kafka_cluster = tokio::task::block_in_place(|| KafkaCluster::start_brokers(3, &[]));
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic_with(3, 3).await;
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    wait_log(&relay, "streaming from the slot").await;
+    let writer = spawn_writer(
+        db.connect().await,
+        20,
+        TOTAL / 20,
+        Duration::from_millis(150),
+        |chunk, k| 1 + (chunk + k) % 20,
+        50,
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let leader = tokio::task::block_in_place(|| leader_of(&kafka, &topic, 0));
+    let killed = kafka_cluster.index_of(leader);
+    tokio::task::block_in_place(|| kafka_cluster.kill9(killed));
+    writer.await.unwrap();
+    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    eprintln!("{TOTAL} events, broker {leader} (leader of partition 0) killed mid-stream: {duplicates} duplicates, none missing");
+    tokio::task::block_in_place(|| kafka_cluster.restart(killed));
+    stop(&mut relay).await;
+}
+
+/// Two of three brokers down: the partitions' in-sync replicas shrink below
+/// `min.insync.replicas=2` and the broker answers `NOT_ENOUGH_REPLICAS`.
+/// walbox keeps running and waits; the slot does not move past the events
+/// the broker did not take; once the brokers are back, every event arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_of_three_brokers_down_walbox_waits_and_recovers() {
+    let mut kafka_cluster = tokio::task::block_in_place(|| KafkaCluster::start_brokers(3, &[]));
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic_with(3, 3).await;
+    let mut relay = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    insert_events(&client, 0, 100, |k| 1 + k % 10, 7).await;
+    assert_eq!(expect_all(&kafka, &topic, 100).await, 0);
+    let before = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", before, Duration::from_secs(30)).await;
+
+    tokio::task::block_in_place(|| {
+        kafka_cluster.kill9(0);
+        kafka_cluster.kill9(1);
+    });
+    insert_events(&client, 100, 300, |k| 1 + k % 10, 7).await;
+    // Long enough for the controller to fence the two brokers (a 6 s
+    // session timeout here) and the survivor to refuse writes.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "walbox exited\n{}",
+        relay.log()
+    );
+    let confirmed = walbox_test_harness::slot::confirmed_flush_lsn(&client, "walbox")
+        .await
+        .unwrap();
+    let head = current_wal_lsn(&client).await;
+    assert!(
+        confirmed < head,
+        "the slot moved past events no broker took: {confirmed} ≥ {head}"
+    );
+    let log = relay.log();
+    eprintln!(
+        "two of three brokers down for 12 s: walbox running, slot at {confirmed} (head {head}); NOT_ENOUGH_REPLICAS in its log: {}",
+        log.contains("NOT_ENOUGH_REPLICAS") || log.contains("Not enough in-sync replicas")
+    );
+    tokio::task::block_in_place(|| {
+        kafka_cluster.restart(0);
+        kafka_cluster.restart(1);
+    });
+    let duplicates = expect_all(&kafka, &topic, 300).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    eprintln!("after the brokers came back: every event, {duplicates} duplicates");
+    stop(&mut relay).await;
+}

@@ -85,6 +85,21 @@ impl DeliveryError {
             )
     }
 
+    /// Adds what to grant when the broker refused for lack of a right: the
+    /// ACL a principal needs to write to `topic` (idempotently), in words an
+    /// operator can paste into `kafka-acls`.
+    pub(crate) fn with_authorization_hint(mut self, topic: &str) -> Self {
+        let hint = match self.code {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => format!(
+                "walbox's principal needs Write and Describe on topic {topic} (kafka-acls --add --allow-principal User:… --operation Write --operation Describe --topic {topic})"
+            ),
+            Some(RDKafkaErrorCode::ClusterAuthorizationFailed) => "the broker gave walbox's idempotent producer no producer id: its principal needs Write on the event topics (Kafka 3.0+) or IdempotentWrite on the cluster (kafka-acls --add --allow-principal User:… --operation IdempotentWrite --cluster)".to_owned(),
+            _ => return self,
+        };
+        self.message = format!("{}; {hint}", self.message);
+        self
+    }
+
     /// Classifies a delivery report's error.
     pub(crate) fn from_kafka(e: &KafkaError) -> DeliveryError {
         let code = e.rdkafka_error_code();

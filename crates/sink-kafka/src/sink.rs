@@ -218,7 +218,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                 returned: None,
             },
             Err((e, m)) => {
-                let error = DeliveryError::from_kafka(e);
+                let error = DeliveryError::from_kafka(e).with_authorization_hint(m.topic());
                 self.gap.note(error.kind);
                 // Copied only for the rare permanent refusal.
                 let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
@@ -954,7 +954,8 @@ impl<T: Send + Sync + 'static> Reports<T> {
                     &format!("{}: {reason}", e.message),
                     &self.producer.secrets,
                 ),
-            ),
+            )
+            .with_authorization_hint(""),
             None => e,
         }
     }

@@ -40,13 +40,53 @@ pub struct KafkaCluster {
     nodes: Vec<Node>,
     /// `name=value` lines added to every node's `server.properties`.
     extra: Vec<(String, String)>,
+    /// A secured listener for clients beside the harness' own plaintext one.
+    secured: Option<SecuredListener>,
+}
+
+/// A secured client listener ([`KafkaCluster::start_secured`]): TLS with the
+/// harness' certificates, optionally requiring client certificates, and
+/// optionally SASL (SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN, each of
+/// `users`), optionally with the standard authorizer (ACLs; the harness'
+/// own plaintext listener, whose clients are `User:ANONYMOUS`, is a super
+/// user, so topics and ACLs are made through it).
+pub struct Secured<'a> {
+    /// The server certificate and the CA clients trust.
+    pub certs: &'a crate::tls::Certificates,
+    /// Client certificates required (mutual TLS).
+    pub client_auth: bool,
+    /// SASL over TLS (`SASL_SSL`) instead of TLS alone (`SSL`).
+    pub sasl: bool,
+    /// `(user, password)` for SCRAM (both mechanisms) and PLAIN.
+    pub users: &'a [(&'a str, &'a str)],
+    /// ACLs enforced by `StandardAuthorizer`.
+    pub authorizer: bool,
+}
+
+struct SecuredListener {
+    port: u16,
+    sasl: bool,
+    users: Vec<(String, String)>,
+    properties: Vec<(String, String)>,
 }
 
 struct Node {
     id: usize,
+    role: Role,
     port: u16,
     controller_port: u16,
     process: Option<Process>,
+}
+
+/// What a node runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A controller and a broker in one process.
+    Combined,
+    /// A broker only.
+    Broker,
+    /// A KRaft controller only (serves no clients).
+    Controller,
 }
 
 /// A `java` process and the thread that waits for it.
@@ -69,15 +109,38 @@ impl KafkaCluster {
 
     /// [`KafkaCluster::start`] with `extra` broker settings.
     pub fn start_with(nodes: usize, extra: &[(&str, &str)]) -> KafkaCluster {
+        let roles = vec![Role::Combined; nodes];
+        Self::start_roles(&roles, extra)
+    }
+
+    /// `brokers` brokers beside one dedicated KRaft controller (node id
+    /// 100), which stays up whatever happens to the brokers: with two of
+    /// three brokers down the cluster still moves leadership and shrinks
+    /// in-sync replica sets, so producers meet `NOT_ENOUGH_REPLICAS`. Node
+    /// `i` (0-based) is broker `i + 1`; the controller is the last node.
+    pub fn start_brokers(brokers: usize, extra: &[(&str, &str)]) -> KafkaCluster {
+        let mut roles = vec![Role::Broker; brokers];
+        roles.push(Role::Controller);
+        Self::start_roles(&roles, extra)
+    }
+
+    fn start_roles(roles: &[Role], extra: &[(&str, &str)]) -> KafkaCluster {
         let libs = libs_from_env().unwrap_or_else(|| {
             panic!("WALBOX_KAFKA_LIBS is not set to Kafka's jars: run scripts/install-kafka (scripts/test does)")
         });
         let mut cluster = KafkaCluster {
             libs,
             dir: tempfile::tempdir().expect("a temp dir"),
-            nodes: (1..=nodes)
-                .map(|id| Node {
-                    id,
+            nodes: roles
+                .iter()
+                .enumerate()
+                .map(|(i, role)| Node {
+                    id: if *role == Role::Controller {
+                        100 + i
+                    } else {
+                        i + 1
+                    },
+                    role: *role,
                     port: free_port(),
                     controller_port: free_port(),
                     process: None,
@@ -87,8 +150,162 @@ impl KafkaCluster {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            secured: None,
         };
-        // The storage tool is a JVM start each: format the nodes side by side.
+        cluster.format_and_start();
+        cluster
+    }
+
+    /// One node with a secured listener for clients ([`Secured`]) beside
+    /// the harness' plaintext one; [`KafkaCluster::secured_bootstrap`] names it.
+    pub fn start_secured(secured: Secured<'_>) -> KafkaCluster {
+        let libs = libs_from_env().unwrap_or_else(|| {
+            panic!("WALBOX_KAFKA_LIBS is not set to Kafka's jars: run scripts/install-kafka (scripts/test does)")
+        });
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let certs = secured.certs;
+        // Kafka reads a PEM key store: the private key (PKCS#8) and its chain.
+        let keystore = dir.path().join("server-keystore.pem");
+        let mut pem = std::fs::read_to_string(certs.server_key()).expect("read the server key");
+        pem.push_str(
+            &std::fs::read_to_string(certs.server_cert()).expect("read the server certificate"),
+        );
+        std::fs::write(&keystore, pem).expect("write the key store");
+        let listener = "listener.name.external";
+        let mut properties = vec![
+            (format!("{listener}.ssl.keystore.type"), "PEM".to_owned()),
+            (
+                format!("{listener}.ssl.keystore.location"),
+                keystore.display().to_string(),
+            ),
+            (format!("{listener}.ssl.truststore.type"), "PEM".to_owned()),
+            (
+                format!("{listener}.ssl.truststore.location"),
+                certs.ca().display().to_string(),
+            ),
+            (
+                format!("{listener}.ssl.client.auth"),
+                if secured.client_auth {
+                    "required"
+                } else {
+                    "none"
+                }
+                .to_owned(),
+            ),
+        ];
+        if secured.sasl {
+            let plain_users: String = secured
+                .users
+                .iter()
+                .map(|(u, p)| format!(" user_{u}=\"{p}\""))
+                .collect();
+            properties.extend([
+                (
+                    format!("{listener}.sasl.enabled.mechanisms"),
+                    "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".to_owned(),
+                ),
+                (
+                    format!("{listener}.scram-sha-256.sasl.jaas.config"),
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;".to_owned(),
+                ),
+                (
+                    format!("{listener}.scram-sha-512.sasl.jaas.config"),
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;".to_owned(),
+                ),
+                (
+                    format!("{listener}.plain.sasl.jaas.config"),
+                    format!("org.apache.kafka.common.security.plain.PlainLoginModule required{plain_users};"),
+                ),
+            ]);
+        }
+        if secured.authorizer {
+            properties.extend([
+                (
+                    "authorizer.class.name".to_owned(),
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer".to_owned(),
+                ),
+                ("super.users".to_owned(), "User:ANONYMOUS".to_owned()),
+                (
+                    "allow.everyone.if.no.acl.found".to_owned(),
+                    "false".to_owned(),
+                ),
+            ]);
+        }
+        let mut cluster = KafkaCluster {
+            libs,
+            dir,
+            nodes: vec![Node {
+                id: 1,
+                role: Role::Combined,
+                port: free_port(),
+                controller_port: free_port(),
+                process: None,
+            }],
+            extra: Vec::new(),
+            secured: Some(SecuredListener {
+                port: free_port(),
+                sasl: secured.sasl,
+                users: secured
+                    .users
+                    .iter()
+                    .map(|(u, p)| (u.to_string(), p.to_string()))
+                    .collect(),
+                properties,
+            }),
+        };
+        cluster.format_and_start();
+        cluster
+    }
+
+    /// The secured listener's address ([`KafkaCluster::start_secured`]).
+    pub fn secured_bootstrap(&self) -> String {
+        let s = self.secured.as_ref().expect("a secured cluster");
+        format!("127.0.0.1:{}", s.port)
+    }
+
+    /// Allows `principal` (`User:name`) `operation` (`Write`, `Describe`,
+    /// `IdempotentWrite`, …) on `resource` (`--topic T`, `--cluster`,
+    /// `--transactional-id ID`, with its name) through Kafka's own ACL tool.
+    pub fn allow(&self, principal: &str, operation: &str, resource: &[&str]) {
+        let bootstrap = self.bootstrap();
+        let mut args = vec![
+            "--bootstrap-server",
+            &bootstrap,
+            "--add",
+            "--allow-principal",
+            principal,
+            "--operation",
+            operation,
+        ];
+        args.extend(resource);
+        self.tool("org.apache.kafka.tools.AclCommand", &args, b"");
+    }
+
+    /// The storage tool's `--add-scram` arguments for the secured
+    /// listener's users (SCRAM-SHA-256 and -512 each).
+    fn scram_credentials(&self) -> Vec<String> {
+        let Some(sec) = self.secured.as_ref().filter(|s| s.sasl) else {
+            return Vec::new();
+        };
+        sec.users
+            .iter()
+            .flat_map(|(u, p)| {
+                ["SCRAM-SHA-256", "SCRAM-SHA-512"].map(|m| {
+                    [
+                        "--add-scram".to_owned(),
+                        format!("{m}=[name={u},password={p}]"),
+                    ]
+                })
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Formats every node's storage (side by side: a JVM start each),
+    /// starts them and waits until they serve.
+    fn format_and_start(&mut self) {
+        let nodes = self.nodes.len();
+        let cluster = self;
         let formats: Vec<_> = (0..nodes).map(|i| cluster.format(i)).collect();
         for (i, f) in formats.into_iter().enumerate() {
             let out = f.wait_with_output().expect("wait for Kafka's storage tool");
@@ -104,13 +321,13 @@ impl KafkaCluster {
             cluster.spawn(i);
         }
         cluster.wait_ready();
-        cluster
     }
 
-    /// The bootstrap list (every node's broker port).
+    /// The bootstrap list (every broker's port).
     pub fn bootstrap(&self) -> String {
         self.nodes
             .iter()
+            .filter(|n| n.role != Role::Controller)
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
@@ -191,16 +408,20 @@ impl KafkaCluster {
 
     /// Waits until the metadata lists every running node's broker.
     pub fn wait_ready(&mut self) {
+        let serving = |n: &&Node| n.process.is_some() && n.role != Role::Controller;
         let running: Vec<i32> = self
             .nodes
             .iter()
-            .filter(|n| n.process.is_some())
+            .filter(serving)
             .map(|n| n.id as i32)
             .collect();
+        if running.is_empty() {
+            return;
+        }
         let bootstrap = self
             .nodes
             .iter()
-            .filter(|n| n.process.is_some())
+            .filter(serving)
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",");
@@ -301,24 +522,47 @@ impl KafkaCluster {
 
     fn properties(&self, i: usize) -> String {
         let n = &self.nodes[i];
-        let count = self.nodes.len();
         let voters = self
             .nodes
             .iter()
+            .filter(|n| n.role != Role::Broker)
             .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
             .collect::<Vec<_>>()
             .join(",");
-        let replication = count.min(3);
-        let min_isr = if count >= 3 { 2 } else { 1 };
+        let brokers = self
+            .nodes
+            .iter()
+            .filter(|n| n.role != Role::Controller)
+            .count();
+        let replication = brokers.min(3);
+        let min_isr = if brokers >= 3 { 2 } else { 1 };
         let dir = self.node_dir(i);
+        let (roles, listeners, advertised) = match n.role {
+            Role::Combined => (
+                "broker,controller",
+                format!(
+                    "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                    n.port, n.controller_port
+                ),
+                format!("PLAINTEXT://127.0.0.1:{}", n.port),
+            ),
+            Role::Broker => (
+                "broker",
+                format!("PLAINTEXT://127.0.0.1:{}", n.port),
+                format!("PLAINTEXT://127.0.0.1:{}", n.port),
+            ),
+            Role::Controller => (
+                "controller",
+                format!("CONTROLLER://127.0.0.1:{}", n.controller_port),
+                String::new(),
+            ),
+        };
         let mut p = format!(
-            "process.roles=broker,controller\n\
+            "process.roles={roles}\n\
              node.id={id}\n\
              controller.quorum.voters={voters}\n\
-             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
-             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+             listeners={listeners}\n\
              controller.listener.names=CONTROLLER\n\
-             inter.broker.listener.name=PLAINTEXT\n\
              listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
              log.dirs={data}\n\
              num.partitions=1\n\
@@ -332,13 +576,39 @@ impl KafkaCluster {
              group.initial.rebalance.delay.ms=0\n\
              num.network.threads=2\n\
              num.io.threads=4\n\
-             log.flush.interval.messages=9223372036854775807\n\
+             replica.lag.time.max.ms=5000\n\
+             broker.session.timeout.ms=6000\n\
+             broker.heartbeat.interval.ms=1000\n\
              auto.create.topics.enable=false\n",
             id = n.id,
-            port = n.port,
-            cport = n.controller_port,
             data = dir.join("data").display(),
         );
+        if n.role != Role::Controller {
+            p.push_str(&format!(
+                "advertised.listeners={advertised}\ninter.broker.listener.name=PLAINTEXT\n"
+            ));
+        }
+        if let Some(sec) = &self.secured {
+            // The clients' listener beside the harness' plaintext one.
+            let protocol = if sec.sasl { "SASL_SSL" } else { "SSL" };
+            let external = format!("EXTERNAL://127.0.0.1:{}", sec.port);
+            p = p
+                .replace(
+                    &format!("listeners={listeners}\n"),
+                    &format!("listeners={listeners},{external}\n"),
+                )
+                .replace(
+                    &format!("advertised.listeners={advertised}\n"),
+                    &format!("advertised.listeners={advertised},{external}\n"),
+                )
+                .replace(
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n",
+                    &format!("listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,EXTERNAL:{protocol}\n"),
+                );
+            for (k, v) in &sec.properties {
+                p.push_str(&format!("{k}={v}\n"));
+            }
+        }
         for (k, v) in &self.extra {
             p.push_str(&format!("{k}={v}\n"));
         }
@@ -376,6 +646,7 @@ impl KafkaCluster {
             ))
             .args(["kafka.tools.StorageTool", "format", "-t", CLUSTER_ID, "-c"])
             .arg(dir.join("server.properties"))
+            .args(self.scram_credentials())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

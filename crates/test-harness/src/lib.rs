@@ -32,7 +32,6 @@ pub mod pg;
 pub mod port;
 pub mod proxy;
 pub mod slot;
-pub mod stunnel;
 pub mod tansu;
 pub mod tls;
 pub mod wait;

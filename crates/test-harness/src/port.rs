@@ -1,5 +1,5 @@
 //! Free local ports for servers the tests start (Postgres, Tansu,
-//! stunnel, Prometheus).
+//! Apache Kafka, Prometheus).
 //!
 //! A port found free by binding port 0 lies in the kernel's ephemeral range,
 //! the one it also gives every outgoing connection a local port from. Between
