@@ -1,5 +1,8 @@
 //! `delivery = "exactly-once"` end to end: the walbox binary, a private
-//! Postgres, and librdkafka's MockCluster (transactions) or Tansu (none).
+//! Postgres, and librdkafka's MockCluster (the transaction protocol), or
+//! Apache Kafka whose transaction coordinator cannot start (a broker that
+//! runs no transactions). What only a real broker shows is in
+//! `apache_kafka.rs`.
 //!
 //! The MockCluster speaks the transaction protocol but keeps no
 //! transaction state in its logs: it writes no commit or abort markers and
@@ -18,7 +21,6 @@ use std::time::Duration;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least};
-use walbox_test_harness::tansu::Tansu;
 
 use crate::support::*;
 
@@ -198,14 +200,15 @@ async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_without_transactions_is_refused_in_one_line() {
-    let Some(bin) = Tansu::bin_from_env() else {
-        eprintln!("WALBOX_TANSU_BIN is not set (scripts/test sets it): no broker without transactions here, test not run");
-        return;
-    };
-    let tansu = Tansu::start(&bin);
-    let kafka = TestKafka::External {
-        bootstrap: tansu.bootstrap(),
-    };
+    // One broker whose transaction state topic wants three replicas: its
+    // transaction coordinator never becomes available.
+    let broker = tokio::task::block_in_place(|| {
+        walbox_test_harness::apache_kafka::KafkaCluster::start_with(
+            1,
+            &[("transaction.state.log.replication.factor", "3")],
+        )
+    });
+    let kafka = broker.kafka();
     wait_broker(&kafka).await;
     let topic = kafka.create_topic(1).await;
     // walbox creates it, compacted.

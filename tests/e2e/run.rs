@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use rdkafka::message::Message;
+use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
@@ -13,7 +14,6 @@ use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, wait_retained_below,
     write_wal_elsewhere,
 };
-use walbox_test_harness::tansu::Tansu;
 use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
@@ -552,16 +552,8 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
-    let Ok(bin) = std::env::var("WALBOX_TANSU_BIN") else {
-        eprintln!(
-            "WALBOX_TANSU_BIN is not set (scripts/test sets it): nothing to kill, test not run"
-        );
-        return;
-    };
-    let mut tansu = Tansu::start(&bin);
-    let kafka = TestKafka::External {
-        bootstrap: tansu.bootstrap(),
-    };
+    let mut broker = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let kafka = broker.kafka();
     wait_broker(&kafka).await;
     let topic = kafka.create_topic(3).await;
 
@@ -573,7 +565,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
 
     // Broker gone; the application keeps writing.
     let lines_before_outage = relay.log().lines().count();
-    tansu.kill9();
+    tokio::task::block_in_place(|| broker.kill9(0));
     insert_events(&client, 200, 250, |_| 50, 10).await;
     let after_first_unacked_commit = current_wal_lsn(&client).await;
     insert_events(&client, 250, 500, |k| 1 + k % 20, 10).await;
@@ -618,7 +610,7 @@ async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
         outage_lines.join("\n")
     );
 
-    tansu.up();
+    tokio::task::block_in_place(|| broker.restart(0));
     let duplicates = expect_all(&kafka, &topic, 500).await;
     eprintln!("{checks} checks during a 20 s broker outage; after restart all 500 events present, {duplicates} duplicates");
     wait_confirmed_at_least(

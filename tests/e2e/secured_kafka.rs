@@ -383,6 +383,7 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         ("writer", "w-secret"),
         ("reader", "r-secret"),
         ("nowrite", "n-secret"),
+        ("nocreate", "c-secret"),
     ];
     let broker = secured_broker(
         Secured {
@@ -399,6 +400,8 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         ],
     );
     let cluster = &broker.cluster;
+    // A topic nobody made, which nocreate may write but not create.
+    let missing = walbox_test_harness::unique_name("never-created").replace('_', "-");
     // Topics are made through the harness' plaintext listener (a super user).
     let topic = cluster.kafka().create_topic(2).await;
     let progress = cluster
@@ -417,6 +420,9 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         // reader: no Write on the topic; nowrite: no Write anywhere, no
         // IdempotentWrite.
         cluster.allow("User:writer", "Write", &["--topic", &topic]);
+        for op in ["Write", "Describe"] {
+            cluster.allow("User:nocreate", op, &["--topic", &missing]);
+        }
         for user in ["writer", "reader"] {
             cluster.allow(&format!("User:{user}"), "IdempotentWrite", &["--cluster"]);
         }
@@ -427,7 +433,8 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
     let client = init(&db).await;
     let ca = path(&certs.ca());
     let run = |user: &str, password: &str, extra: &[&str]| {
-        let mut flags = sasl_flags(&ca, "SCRAM-SHA-256", user, &topic);
+        let target = if user == "nocreate" { &missing } else { &topic };
+        let mut flags = sasl_flags(&ca, "SCRAM-SHA-256", user, target);
         flags.extend(extra.iter().map(|s| s.to_string()));
         let mut command = walbox(&db, &[]);
         command.env("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", password);
@@ -459,6 +466,12 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
                 progress.as_str(),
             ][..],
             "transactional id",
+        ),
+        (
+            "nocreate",
+            "c-secret",
+            &["--topics-create", "true"][..],
+            "needs Create on the topic",
         ),
     ] {
         let (command, flags) = run(user, password, extra);

@@ -1,13 +1,13 @@
-//! Topics walbox creates (`topics.create`), against a real broker: the
-//! MockCluster has no CreateTopics, so this needs Tansu (`WALBOX_TANSU_BIN`,
-//! set by scripts/test).
+//! Topics walbox creates (`topics.create`), against Apache Kafka itself
+//! (`WALBOX_KAFKA_LIBS`; the MockCluster has no CreateTopics), with its
+//! automatic topic creation off, as production clusters run.
 
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, headers_of, TestKafka};
 use walbox_test_harness::pg::fresh_db;
-use walbox_test_harness::tansu::{Tansu, MEMORY};
 
 use crate::support::{expect_all, init, insert_events, spawn_run, stop, wait_broker};
 
@@ -24,15 +24,8 @@ fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
-    let Some(bin) = Tansu::bin_from_env() else {
-        eprintln!("WALBOX_TANSU_BIN is not set (scripts/test sets it): test not run");
-        return;
-    };
-    let port = walbox_test_harness::port::free_port();
-    let _tansu = Tansu::start_with(&bin, port, port, MEMORY);
-    let kafka = TestKafka::External {
-        bootstrap: format!("127.0.0.1:{port}"),
-    };
+    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let kafka = cluster.kafka();
     wait_broker(&kafka).await;
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -74,4 +67,19 @@ async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
     assert_eq!(headers_of(&dead[0])["walbox.error.kind"], "unmappable");
     let log = stop(&mut relay).await;
     assert!(log.contains("created topic"), "{log}");
+    // The settings given are the topic's own.
+    let described = tokio::task::block_in_place(|| {
+        cluster.tool(
+            "org.apache.kafka.tools.TopicCommand",
+            &[
+                "--bootstrap-server",
+                &cluster.bootstrap(),
+                "--describe",
+                "--topic",
+                &topic,
+            ],
+            b"",
+        )
+    });
+    assert!(described.contains("retention.ms=604800000"), "{described}");
 }

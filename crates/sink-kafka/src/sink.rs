@@ -788,16 +788,15 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 tracing::info!(topic, partitions = ?spec.partitions, replication_factor = ?spec.replication_factor, "created topic");
                 Ok(())
             }
-            Ok([Err((_, code)), ..]) => Err(refused(format!(
-                "{code}{}",
+            Ok([Err((_, code)), ..]) => Err(refused(
                 if *code == RDKafkaErrorCode::TopicAuthorizationFailed
                     || *code == RDKafkaErrorCode::ClusterAuthorizationFailed
                 {
-                    " (grant walbox CreateTopics, or create the topic yourself)"
+                    format!("{code} (walbox's principal needs Create on the topic or the cluster: kafka-acls --add --allow-principal User:… --operation Create --topic {topic}; or create the topic yourself)")
                 } else {
-                    ""
-                }
-            ))),
+                    code.to_string()
+                },
+            )),
             Ok(_) => Err(refused("no answer for the topic".into())),
             Err(e) => Err(refused(self.inner.redact(&e.to_string()))),
         }
