@@ -7,7 +7,7 @@ use pgoutput_decoder::Lsn;
 use rdkafka::types::RDKafkaRespErr;
 
 use crate::check::{tally, Expect, Tally};
-use crate::world::{no_aggregate_id, Broker, Load, LoadShape, World, KEYS};
+use crate::world::{no_aggregate_id, Broker, BrokerKind, Load, LoadShape, World, KEYS};
 
 /// How hard the scenarios push.
 pub(crate) struct Scale {
@@ -58,6 +58,9 @@ pub(crate) enum Kind {
     PgRestoreSameTimeline,
     HealKilled,
     ShardsNullIds,
+    LeaderKill9,
+    LeaderBlackhole,
+    RollingRestart,
 }
 
 #[derive(Clone)]
@@ -65,17 +68,34 @@ pub(crate) struct Scenario {
     pub(crate) name: &'static str,
     pub(crate) fault: &'static str,
     pub(crate) quick: bool,
-    pub(crate) needs_tansu: bool,
+    pub(crate) broker: BrokerKind,
+    /// `delivery = "exactly-once"`: a `read_committed` consumer must see
+    /// no duplicates.
+    pub(crate) exactly_once: bool,
     pub(crate) kind: Kind,
 }
 
 pub(crate) fn all() -> Vec<Scenario> {
     use Kind::*;
-    let s = |name, fault, quick, needs_tansu, kind| Scenario {
+    let s = |name, fault, quick, on_kafka: bool, kind| Scenario {
         name,
         fault,
         quick,
-        needs_tansu,
+        broker: if on_kafka {
+            BrokerKind::Kafka
+        } else {
+            BrokerKind::Mock
+        },
+        exactly_once: false,
+        kind,
+    };
+    // On three Apache Kafka brokers, in both delivery modes.
+    let three = |name, fault, quick, exactly_once, kind| Scenario {
+        name,
+        fault,
+        quick,
+        broker: BrokerKind::Kafka3,
+        exactly_once,
         kind,
     };
     vec![
@@ -83,8 +103,8 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("sigterm-mid-tx", "SIGTERM inside 200-event transactions, then a restart (no duplicates allowed)", true, false, SigtermMidTx),
         s("second-sigterm", "SIGTERM, and another one 50 ms later: exit at once", true, false, SecondSigterm),
         s("broker-down", "every broker down (MockCluster), then up", true, false, BrokerDown),
-        s("broker-kill-9", "the broker process (Tansu on SQLite, 500 events/s) killed with SIGKILL and restarted", false, true, BrokerKill9),
-        s("broker-blackhole", "the broker's (Tansu in memory) connections stop forwarding without closing, then resume", false, true, BrokerBlackhole),
+        s("broker-kill-9", "the broker process (Apache Kafka, one node) killed with SIGKILL and restarted on its data", false, true, BrokerKill9),
+        s("broker-blackhole", "the broker (Apache Kafka, one node) frozen with SIGSTOP: connections stay open, nothing answers; then SIGCONT", false, true, BrokerBlackhole),
         s("refused-topic", "events of one aggregate type go to a topic the broker refuses for good", true, false, RefusedTopic),
         s("pg-fast-restart", "Postgres fast shutdown and start while walbox runs", true, false, PgFastRestart),
         s("pg-crash", "Postgres immediate shutdown (crash recovery) and start", false, false, PgCrash),
@@ -97,6 +117,12 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("big-payloads", "100 KB payloads against the 64 MiB in-flight byte bound", false, false, BigPayloads),
         s("pg-restore", "Postgres stopped, its data directory restored to a copy taken seconds earlier (same system id and timeline, WAL behind what walbox delivered), started", true, false, PgRestoreSameTimeline),
         s("shards-kill-9", "two shards (two slots, two processes), a tenth of the events with a NULL or empty aggregate id, both processes killed with SIGKILL and restarted, repeatedly", true, false, ShardsNullIds),
+        three("kafka3-leader-kill-9", "three Apache Kafka brokers (replication 3, min.insync.replicas 2): the leader of partition 0 killed with SIGKILL, restarted later", true, false, LeaderKill9),
+        three("kafka3-leader-kill-9-eos", "as kafka3-leader-kill-9, exactly-once (no duplicates allowed for read_committed)", true, true, LeaderKill9),
+        three("kafka3-blackhole", "three brokers: the leader of partition 0 frozen with SIGSTOP, then SIGCONT", false, false, LeaderBlackhole),
+        three("kafka3-blackhole-eos", "as kafka3-blackhole, exactly-once", false, true, LeaderBlackhole),
+        three("kafka3-rolling-restart", "three brokers restarted one after another (SIGTERM, start, wait until it serves)", false, false, RollingRestart),
+        three("kafka3-rolling-restart-eos", "as kafka3-rolling-restart, exactly-once", false, true, RollingRestart),
         s("heal-kill-9", "walbox resync killed with SIGKILL at each step of its heal (recorded, old slot dropped, new slot made, rows copied), each time resumed by walbox run", true, false, HealKilled),
     ]
 }
@@ -175,26 +201,18 @@ impl Outcome {
     }
 }
 
-pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option<&str>) -> Row {
+pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
     let extra: &[&str] = match s.kind {
         Kind::DriftColumns => &["--mapping-event-type", ""],
         _ => &[],
     };
-    // Killing the broker needs storage that survives it; SQLite is slow to
-    // read back, so the load on it is lighter.
-    let storage = match s.kind {
-        Kind::BrokerKill9 => walbox_test_harness::tansu::SQLITE,
-        _ => walbox_test_harness::tansu::MEMORY,
-    };
-    let tansu = if s.needs_tansu {
-        tansu.map(|b| (b, storage))
-    } else {
-        None
-    };
     // A million events need room on the mock cluster: ~16,000 per partition.
     let partitions = if s.kind == Kind::BigTxKilled { 64 } else { 3 };
     let shards = if s.kind == Kind::ShardsNullIds { 2 } else { 1 };
-    let mut w = World::new(walbox, tansu, partitions, extra, shards).await;
+    let mut w = World::new(walbox, s.broker, partitions, extra, shards).await;
+    if s.exactly_once {
+        w.exactly_once().await;
+    }
     w.start_walbox();
     let shape = match s.kind {
         Kind::SigtermMidTx => LoadShape {
@@ -225,6 +243,11 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str, tansu: Option
     let load = Load::start(w.admin(), w.topic.clone(), 0, shape);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut o = Outcome::default();
+    if s.exactly_once {
+        o.duplicates_forbidden = true;
+        o.notes
+            .push("exactly-once, read back with read_committed".into());
+    }
     fault(s.kind, scale, &mut w, &mut o).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let written = load.stop().await;
@@ -435,21 +458,60 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
             o.notes.push(format!("{:?} outage", scale.fault));
         }
         Kind::BrokerKill9 => {
-            if let Broker::Tansu { tansu, .. } = &mut w.broker {
-                tansu.kill9();
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                tansu.up();
-            }
+            let cluster = w.broker.cluster();
+            tokio::task::block_in_place(|| cluster.kill9(0));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let cluster = w.broker.cluster();
+            tokio::task::block_in_place(|| cluster.restart(0));
             o.check(w.running(), "walbox exited while the broker was down");
         }
         Kind::BrokerBlackhole => {
-            if let Broker::Tansu { proxy, .. } = &w.broker {
-                proxy.blackhole(true);
-                tokio::time::sleep(scale.fault).await;
-                proxy.blackhole(false);
-            }
+            w.broker.cluster().pause(0);
+            tokio::time::sleep(scale.fault).await;
+            w.broker.cluster().resume(0);
             o.check(w.running(), "walbox exited during the black hole");
             o.notes.push(format!("{:?} black hole", scale.fault));
+        }
+        Kind::LeaderKill9 => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let i = w.leader_of_partition_0();
+            let cluster = w.broker.cluster();
+            tokio::task::block_in_place(|| cluster.kill9(i));
+            tokio::time::sleep(scale.fault).await;
+            let cluster = w.broker.cluster();
+            tokio::task::block_in_place(|| cluster.restart(i));
+            o.check(w.running(), "walbox exited while a broker was down");
+            o.notes.push(format!(
+                "broker {} (leader of partition 0) down {:?}",
+                i + 1,
+                scale.fault
+            ));
+        }
+        Kind::LeaderBlackhole => {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let i = w.leader_of_partition_0();
+            w.broker.cluster().pause(i);
+            tokio::time::sleep(scale.fault).await;
+            w.broker.cluster().resume(i);
+            o.check(w.running(), "walbox exited while a broker was frozen");
+            o.notes.push(format!(
+                "broker {} (leader of partition 0) frozen {:?}",
+                i + 1,
+                scale.fault
+            ));
+        }
+        Kind::RollingRestart => {
+            for i in 0..3 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let cluster = w.broker.cluster();
+                tokio::task::block_in_place(|| {
+                    cluster.stop(i);
+                    cluster.restart(i);
+                });
+            }
+            o.check(w.running(), "walbox exited during the rolling restart");
+            o.notes
+                .push("each of the three brokers stopped and started in turn".into());
         }
         Kind::RefusedTopic => {
             let refused = format!("{}-refused", w.topic);

@@ -8,32 +8,49 @@ use std::time::{Duration, Instant};
 
 use pgoutput_decoder::Lsn;
 use tokio_postgres::{Client, Config};
+use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
-use walbox_test_harness::port::free_port;
 use walbox_test_harness::proxy::Proxy;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn, try_current_wal_lsn,
 };
-use walbox_test_harness::tansu::Tansu;
 
 /// The broker of a scenario.
 pub(crate) enum Broker {
     /// librdkafka's mock cluster, in this process.
     Mock(TestKafka),
-    /// A Tansu process behind a proxy that can black-hole it.
-    Tansu {
-        tansu: Tansu,
-        proxy: Proxy,
+    /// Apache Kafka: one node, or three brokers beside a controller.
+    Kafka {
+        cluster: KafkaCluster,
         kafka: TestKafka,
     },
+}
+
+/// Which broker a scenario runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BrokerKind {
+    Mock,
+    /// Apache Kafka, one node.
+    Kafka,
+    /// Apache Kafka, three brokers (replication factor 3,
+    /// `min.insync.replicas=2`) and a controller of their own.
+    Kafka3,
 }
 
 impl Broker {
     pub(crate) fn kafka(&self) -> &TestKafka {
         match self {
-            Broker::Mock(k) | Broker::Tansu { kafka: k, .. } => k,
+            Broker::Mock(k) | Broker::Kafka { kafka: k, .. } => k,
+        }
+    }
+
+    /// The Apache Kafka cluster, for its faults.
+    pub(crate) fn cluster(&mut self) -> &mut KafkaCluster {
+        match self {
+            Broker::Kafka { cluster, .. } => cluster,
+            Broker::Mock(_) => panic!("the scenario runs on the mock cluster"),
         }
     }
 }
@@ -95,31 +112,30 @@ impl World {
     /// per shard (`--shards`, `--shard i`), each on its own slot.
     pub(crate) async fn new(
         walbox_bin: &str,
-        tansu: Option<(&str, &'static str)>,
+        broker: BrokerKind,
         partitions: i32,
         extra: &[&str],
         shards: u32,
     ) -> World {
         let pg = PgServer::start_default().expect("start a private Postgres");
         let pg_proxy = Proxy::start(format!("127.0.0.1:{}", pg.port())).await;
-        let broker = match tansu {
-            None => Broker::Mock(TestKafka::mock(1)),
-            Some((bin, storage)) => {
-                let port = free_port();
-                let proxy = Proxy::start(format!("127.0.0.1:{port}")).await;
-                let tansu = Tansu::start_with(bin, port, proxy.port(), storage);
-                let kafka = TestKafka::External {
-                    bootstrap: tansu.bootstrap(),
-                };
-                Broker::Tansu {
-                    tansu,
-                    proxy,
-                    kafka,
-                }
+        let (broker, replication) = match broker {
+            BrokerKind::Mock => (Broker::Mock(TestKafka::mock(1)), 1),
+            BrokerKind::Kafka | BrokerKind::Kafka3 => {
+                let cluster = tokio::task::block_in_place(|| {
+                    if broker == BrokerKind::Kafka3 {
+                        KafkaCluster::start_brokers(3, &[])
+                    } else {
+                        KafkaCluster::start(1)
+                    }
+                });
+                let kafka = cluster.kafka();
+                let replication = if broker == BrokerKind::Kafka3 { 3 } else { 1 };
+                (Broker::Kafka { cluster, kafka }, replication)
             }
         };
-        let topic = create_topic(broker.kafka(), partitions).await;
-        let dead_letters = create_topic(broker.kafka(), 1).await;
+        let topic = create_topic(broker.kafka(), partitions, replication).await;
+        let dead_letters = create_topic(broker.kafka(), 1, replication).await;
         let world = World {
             pg,
             pg_proxy,
@@ -181,6 +197,42 @@ impl World {
                 Err(e) => panic!("connect to Postgres: {e}"),
             }
         }
+    }
+
+    /// Runs walbox in exactly-once mode, its progress in a compacted topic
+    /// of this world's broker.
+    pub(crate) async fn exactly_once(&mut self) {
+        let replication = match &self.broker {
+            Broker::Kafka { cluster, .. } if cluster.len() > 1 => 3,
+            _ => 1,
+        };
+        let progress = self
+            .broker
+            .kafka()
+            .create_topic_configured(1, replication, &[("cleanup.policy", "compact")])
+            .await;
+        self.walbox_args.extend([
+            "--delivery".to_owned(),
+            "exactly-once".to_owned(),
+            "--transactions-progress-topic".to_owned(),
+            progress,
+        ]);
+    }
+
+    /// The index of the broker leading partition 0 of the events' topic.
+    pub(crate) fn leader_of_partition_0(&mut self) -> usize {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let c: BaseConsumer = self
+            .broker
+            .kafka()
+            .client_config()
+            .create()
+            .expect("a client");
+        let md = c
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+            .expect("the topic's metadata");
+        let leader = md.topics()[0].partitions()[0].leader();
+        self.broker.cluster().index_of(leader)
     }
 
     /// The slots walbox streams: [`SLOT`], or one per shard.
@@ -424,8 +476,9 @@ impl Drop for World {
     }
 }
 
-async fn create_topic(kafka: &TestKafka, partitions: i32) -> String {
-    tokio::time::timeout(Duration::from_secs(60), kafka.create_topic(partitions))
+async fn create_topic(kafka: &TestKafka, partitions: i32, replication: i32) -> String {
+    let create = kafka.create_topic_with(partitions, replication);
+    tokio::time::timeout(Duration::from_secs(60), create)
         .await
         .expect("create a topic within 60 s")
 }

@@ -268,6 +268,95 @@ async fn consume_until_quiet_with(
     .map_err(|e| format!("consumer thread: {e}"))?
 }
 
+/// Every record of `topic` a `read_committed` consumer sees, read until the
+/// consumer's position in each partition reaches the high watermark taken
+/// at the start (what a `read_uncommitted` client is told): exact also on
+/// transactional topics, whose commit markers and aborted records take
+/// offsets no record is returned for. Records written after the start may
+/// be included.
+pub async fn consume_to_end(
+    kafka: &TestKafka,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
+    let config = kafka.client_config();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || consume_to_end_blocking(&config, &topic, timeout))
+        .await
+        .map_err(|e| format!("consumer thread: {e}"))?
+}
+
+fn consume_to_end_blocking(
+    config: &ClientConfig,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<OwnedMessage>, String> {
+    let deadline = Instant::now() + timeout;
+    let ends: BaseConsumer = config
+        .clone()
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| format!("create a consumer: {e}"))?;
+    let consumer: BaseConsumer = config
+        .clone()
+        .set("group.id", crate::unique_name("walbox_test_group"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|e| format!("create a consumer: {e}"))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), BROKER_TIMEOUT)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let partitions = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len() as i32);
+    let mut tpl = TopicPartitionList::new();
+    let mut targets: HashMap<i32, i64> = HashMap::new();
+    for p in 0..partitions {
+        let (_, high) = ends
+            .fetch_watermarks(topic, p, BROKER_TIMEOUT)
+            .map_err(|e| format!("watermarks of {topic} [{p}]: {e}"))?;
+        if high > 0 {
+            targets.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    consumer.assign(&tpl).map_err(|e| format!("assign: {e}"))?;
+    let mut out = Vec::new();
+    while !targets.is_empty() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "read {topic}: partitions {:?} not read to their end within {timeout:?} ({} records so far)",
+                targets.keys().collect::<Vec<_>>(),
+                out.len()
+            ));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if m.offset() + 1 >= targets.get(&m.partition()).copied().unwrap_or(i64::MAX) {
+                    targets.remove(&m.partition());
+                }
+                out.push(m.detach());
+                continue;
+            }
+            Some(Err(e)) => return Err(format!("read {topic}: {e}")),
+            None => {}
+        }
+        let position = consumer.position().map_err(|e| e.to_string())?;
+        for e in position.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                if o >= targets.get(&e.partition()).copied().unwrap_or(i64::MAX) {
+                    targets.remove(&e.partition());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn consume_blocking(
     config: &ClientConfig,
     topic: &str,
