@@ -1,5 +1,5 @@
 //! End-to-end tests of the `walbox` binary as operators run it: real
-//! Postgres, a Kafka broker (the MockCluster, or Tansu in `scripts/test`'s
+//! Postgres, a Kafka broker (the MockCluster, or Apache Kafka in `scripts/test`'s
 //! second pass), signals, kill -9, restarts.
 
 mod apache_kafka;

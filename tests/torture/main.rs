@@ -8,8 +8,8 @@
 //! ```text
 //! walbox-torture [--quick] [--only NAME[,NAME…]] [--write-doc FILE]
 //! ```
-//! Needs `WALBOX_BIN` (the walbox binary) and, for the scenarios with a real
-//! broker process, `WALBOX_TANSU_BIN`; the Postgres binaries are found as by
+//! Needs `WALBOX_BIN` (the walbox binary) and, for the scenarios on Apache
+//! Kafka, `WALBOX_KAFKA_LIBS`; the Postgres binaries are found as by
 //! the tests (`WALBOX_PG_BIN`, else Debian's).
 //!
 //! For digging into a failure: `WALBOX_TORTURE_LOG` sets walbox's log filter

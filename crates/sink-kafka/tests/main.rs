@@ -1,5 +1,5 @@
 //! sink-kafka against librdkafka's MockCluster (fault injection) and the
-//! environment's broker (Tansu in `scripts/test`'s second pass).
+//! environment's broker (Apache Kafka in `scripts/test`'s second pass).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -411,7 +411,7 @@ async fn shutdown_accounts_for_every_record_in_flight() {
     }
 }
 
-/// Against the environment's broker: Tansu in `scripts/test`'s second pass.
+/// Against the environment's broker: Apache Kafka in `scripts/test`'s second pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_records_with_headers_and_timestamps_round_trip_through_the_broker() {
     let kafka = TestKafka::from_env();

@@ -18,7 +18,7 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Kafka broker a test talks to.
 pub enum TestKafka {
-    /// A broker process named by `WALBOX_TEST_KAFKA` (in CI: Tansu).
+    /// A broker process named by `WALBOX_TEST_KAFKA` (in CI: Apache Kafka).
     External {
         /// The bootstrap list.
         bootstrap: String,

@@ -1,4 +1,4 @@
-//! Free local ports for servers the tests start (Postgres, Tansu,
+//! Free local ports for servers the tests start (Postgres,
 //! Apache Kafka, Prometheus).
 //!
 //! A port found free by binding port 0 lies in the kernel's ephemeral range,

@@ -96,7 +96,7 @@ async fn round_trip(kafka: &TestKafka) {
     assert_eq!(all.len(), 3);
 }
 
-/// Against the environment's broker: Tansu when `WALBOX_TEST_KAFKA` is set
+/// Against the environment's broker: Apache Kafka when `WALBOX_TEST_KAFKA` is set
 /// (as in `scripts/test`'s second pass), else the MockCluster.
 #[tokio::test]
 async fn keyed_message_with_headers_round_trips_through_the_test_broker() {
