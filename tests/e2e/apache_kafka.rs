@@ -654,3 +654,106 @@ async fn with_two_of_three_brokers_down_walbox_waits_and_recovers() {
     eprintln!("after the brokers came back: every event, {duplicates} duplicates");
     stop(&mut relay).await;
 }
+
+/// Postgres transactions of 2,000 events, each split across Kafka
+/// transactions of at most 300, walbox killed with SIGKILL three times
+/// while they stream (so inside split transactions): the progress record's
+/// count cuts each replayed transaction where Kafka's copy ends, and a
+/// `read_committed` consumer sees every event exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_split_across_kafka_transactions_survive_kill_9_exactly_once() {
+    const TOTAL: usize = 12_000;
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let progress = progress_topic(&kafka).await;
+    let mut flags = exactly_once(&topic, &progress);
+    flags.extend(["--transactions-max-events", "300"]);
+    let writer = spawn_writer(
+        db.connect().await,
+        6,
+        TOTAL / 6,
+        Duration::from_millis(300),
+        |_, _| 2_000,
+        40,
+    );
+    let mut split_resumes = 0;
+    for _ in 0..3 {
+        let mut relay = spawn_run(&db, &kafka, &flags);
+        wait_log(&relay, "streaming from the slot").await;
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        signal(&relay, "-KILL");
+        wait_exit(&mut relay).await;
+        split_resumes += relay.log().matches("its first").count();
+    }
+    writer.await.unwrap();
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let log = relay.log();
+    split_resumes += log.matches("its first").count();
+    eprintln!("{TOTAL} events in transactions of 2,000 split by 300, 3 kill -9s: {duplicates} duplicates for read_committed, {split_resumes} restarts resumed inside a split transaction");
+    assert_eq!(duplicates, 0, "{log}");
+    stop(&mut relay).await;
+}
+
+/// walbox frozen (SIGSTOP) with a Kafka transaction open for longer than
+/// the producer's `transaction.timeout.ms` (5 s here): the broker aborts it.
+/// Resumed, walbox finds its transaction gone, writes its events again in
+/// a new one, and a `read_committed` consumer sees every event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_the_broker_expires_is_written_again_once() {
+    let kafka_cluster = cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let progress = progress_topic(&kafka).await;
+    let mut flags = exactly_once(&topic, &progress);
+    flags.extend([
+        "--transactions-max-ms",
+        "2000",
+        "--kafka-property",
+        "transaction.timeout.ms=5000",
+    ]);
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    wait_log(&relay, "streaming from the slot").await;
+    insert_events(&client, 0, 100, |k| 1 + k % 10, 7).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // sent, not committed
+    signal(&relay, "-STOP");
+    // The coordinator aborts a transaction open past its timeout (it
+    // checks every transaction.abort.timed.out.transaction.cleanup.interval.ms,
+    // 10 s by default).
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    signal(&relay, "-CONT");
+    insert_events(&client, 100, 200, |k| 1 + k % 10, 7).await;
+    // Whether it carries on or stops to be restarted, every event arrives once.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let exited = relay.child.try_wait().unwrap();
+    let first_log = relay.log();
+    if exited.is_some() {
+        relay = spawn_run(&db, &kafka, &flags);
+    }
+    let duplicates = expect_all(&kafka, &topic, 200).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let said = first_log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.starts_with("walbox:"))
+        .map(|l| l.chars().take(300).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!(
+        "after the broker expired its transaction, walbox {}:\n{said}",
+        if exited.is_some() {
+            "exited (restarted)"
+        } else {
+            "carried on"
+        }
+    );
+    assert_eq!(duplicates, 0, "{first_log}\n{}", relay.log());
+    stop(&mut relay).await;
+}
