@@ -198,7 +198,7 @@ pub enum RunError {
     Drift(String),
     /// Exactly-once: another instance with the same transactional id took
     /// over; this one must stop.
-    #[error("another walbox instance with transactional id {id} took over (this one is fenced off: {detail}); stopping, the other one carries on")]
+    #[error("the Kafka producer with transactional id {id} was fenced off ({detail}): another walbox instance with this id took over, or the broker aborted a transaction left open past transaction.timeout.ms (this process paused or starved); stopping: nothing uncommitted is visible, and the next start writes it again")]
     Fenced {
         /// The transactional id.
         id: String,
