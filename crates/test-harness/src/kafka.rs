@@ -376,16 +376,26 @@ fn consume_blocking(
         .set("auto.offset.reset", "earliest")
         .create()
         .map_err(|e| format!("create a consumer: {e}"))?;
-    let md = consumer
-        .fetch_metadata(Some(topic), BROKER_TIMEOUT)
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
-    let partitions = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().len())
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("topic {topic} has no partitions"))?;
+    let deadline = Instant::now() + timeout;
+    // A topic walbox creates itself (topics.create) appears with its first
+    // event: wait for it within the timeout.
+    let partitions = loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), BROKER_TIMEOUT)
+            .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        let found = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len());
+        if found > 0 {
+            break found;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("topic {topic} has no partitions"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
@@ -394,7 +404,6 @@ fn consume_blocking(
     consumer
         .assign(&tpl)
         .map_err(|e| format!("assign {topic}: {e}"))?;
-    let deadline = Instant::now() + timeout;
     let mut got = Vec::new();
     let mut last_arrival = Instant::now();
     loop {
