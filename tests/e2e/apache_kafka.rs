@@ -524,22 +524,6 @@ async fn a_record_the_broker_refuses_for_good_leaves_nothing_after_it_on_the_top
     stop(&mut relay).await;
 }
 
-/// Waits up to `timeout` for walbox to exit; panics with its log otherwise.
-async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(status) = relay.child.try_wait().unwrap() {
-            return status;
-        }
-        if std::time::Instant::now() > deadline {
-            let log = relay.log();
-            let _ = relay.child.kill();
-            panic!("walbox did not exit within {timeout:?}\n{log}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The broker leading `topic`'s partition `p`.
 fn leader_of(kafka: &walbox_test_harness::kafka::TestKafka, topic: &str, p: i32) -> i32 {
     use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -17,7 +17,8 @@ use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::tls::{Certificates, CLIENT_KEY_PASSWORD};
 
 use crate::support::{
-    expect_all, init, insert_events, spawn_run_with, stop, wait_broker, wait_exit, walbox,
+    exit_within, expect_all, init, insert_events, spawn_run_with, stop, wait_broker, wait_exit,
+    walbox,
 };
 
 /// A one-node Apache Kafka whose client listener is secured as `secured`
@@ -477,17 +478,7 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         let (command, flags) = run(user, password, extra);
         let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
         let mut relay = spawn_run_with(command, kafka, &flag_refs);
-        let deadline = std::time::Instant::now() + Duration::from_secs(40);
-        let status = loop {
-            if let Some(status) = relay.child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = relay.child.kill();
-                panic!("{user}: walbox did not stop within 40 s\n{}", relay.log());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let status = exit_within(&mut relay, Duration::from_secs(40)).await;
         let log = relay.log();
         let line = error_line(status, &log);
         assert!(!log.contains(password), "{log}");

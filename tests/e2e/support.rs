@@ -386,3 +386,19 @@ pub(crate) async fn wait_broker(kafka: &TestKafka) {
     })
     .await;
 }
+
+/// Waits up to `timeout` for walbox to exit; panics with its log otherwise.
+pub(crate) async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = relay.child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let log = relay.log();
+            let _ = relay.child.kill();
+            panic!("walbox did not exit within {timeout:?}\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
