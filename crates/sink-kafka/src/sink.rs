@@ -938,16 +938,26 @@ impl<T: Send + Sync + 'static> Reports<T> {
         })
     }
 
-    /// A report of librdkafka's generic "fatal error" names the producer's
-    /// actual fatal error (e.g. fenced by a newer producer with the same
-    /// transactional id), code and reason.
+    /// A report of librdkafka's generic "fatal error", or of a record it
+    /// purged because the producer hit a fatal error (a record never sent
+    /// when no producer id could be had), names the producer's actual fatal
+    /// error (e.g. fenced by a newer producer with the same transactional
+    /// id, or no right to a producer id), code and reason. A record purged
+    /// at a shutdown, with no fatal error, stays purged.
     fn with_fatal_cause(&self, e: DeliveryError) -> DeliveryError {
-        if e.code != Some(RDKafkaErrorCode::Fatal) {
+        if !matches!(
+            e.code,
+            Some(
+                RDKafkaErrorCode::Fatal
+                    | RDKafkaErrorCode::PurgeQueue
+                    | RDKafkaErrorCode::PurgeInflight
+            )
+        ) {
             return e;
         }
         match self.producer.producer.client().fatal_error() {
             Some((code, reason)) => DeliveryError::new(
-                e.kind,
+                DeliveryErrorKind::Fatal,
                 Some(code),
                 crate::config::redact_values(
                     &format!("{}: {reason}", e.message),
