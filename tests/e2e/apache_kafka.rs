@@ -317,17 +317,7 @@ async fn progress_committed_behind_another_producers_open_transaction_is_read() 
     // A crash of Postgres: the slot goes back to the last checkpoint, and
     // Postgres will send events Kafka already holds again.
     drop(client);
-    let server = tokio::task::spawn_blocking(move || {
-        let mut server = server;
-        server.stop_immediate();
-        server.start().unwrap();
-        server
-    })
-    .await
-    .unwrap();
-    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
-        .await
-        .unwrap();
+    let (_server, client) = crash_and_restart(server).await; // held to the end: dropping it stops Postgres
     let mut relay = run();
     // The other producer ends its transaction a while later.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -36,25 +36,6 @@ fn exactly_once_flags<'a>(topic: &'a str, progress: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// Stops Postgres as a crash does and starts it again: a slot whose only
-/// change was its confirmed position goes back to the last checkpoint
-/// (before Postgres 17). Returns the server and a new client.
-async fn crash_and_restart(
-    mut server: walbox_test_harness::pg::PgServer,
-) -> (walbox_test_harness::pg::PgServer, tokio_postgres::Client) {
-    let server = tokio::task::spawn_blocking(move || {
-        server.stop_immediate();
-        server.start().unwrap();
-        server
-    })
-    .await
-    .unwrap();
-    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
-        .await
-        .unwrap();
-    (server, client)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_committed_is_written_twice_when_walbox_and_postgres_restart() {
     let (server, url, client) = private_outbox().await;

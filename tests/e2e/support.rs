@@ -402,3 +402,22 @@ pub(crate) async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::pr
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Stops Postgres as a crash does and starts it again: a slot whose only
+/// change was its confirmed position goes back to the last checkpoint
+/// (before Postgres 17). Returns the server and a new client.
+pub(crate) async fn crash_and_restart(
+    mut server: walbox_test_harness::pg::PgServer,
+) -> (walbox_test_harness::pg::PgServer, tokio_postgres::Client) {
+    let server = tokio::task::spawn_blocking(move || {
+        server.stop_immediate();
+        server.start().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let client = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    (server, client)
+}
