@@ -1,4 +1,5 @@
-//! A test-only encoder: the inverse of the decoder, for round-trip tests.
+//! The inverse of the decoder: for round-trip tests, and for other crates' tests
+//! through [`crate::test_util`] (feature `test-util`).
 
 use bytes::{BufMut, Bytes, BytesMut};
 

@@ -42,8 +42,10 @@ mod time;
 mod transaction;
 mod tuple;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-util"))]
 mod encode;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 #[cfg(test)]
 mod tests;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use bytes::{BufMut, BytesMut};
+use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
 use sink_kafka::{
     Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
@@ -27,46 +27,25 @@ pub(super) const JSONB: u32 = 3802;
 /// The fake outbox table's OID.
 pub(super) const OUTBOX: u32 = 16_384;
 
-fn xlog(lsn: u64, data: BytesMut) -> ReplicationMessage {
-    xlog_to(lsn, lsn, data)
-}
-
-/// XLogData at `lsn`, sent when the server's WAL ended at `wal_end`.
-fn xlog_to(lsn: u64, wal_end: u64, data: BytesMut) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'w');
-    b.put_u64(lsn);
-    b.put_u64(wal_end);
-    b.put_i64(0);
-    b.put_slice(&data);
-    ReplicationMessage::parse(b.freeze()).expect("a valid XLogData")
-}
-
-fn cstr(b: &mut BytesMut, s: &str) {
-    b.put_slice(s.as_bytes());
-    b.put_u8(0);
+/// XLogData at `lsn` (the server's WAL ending there too).
+fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
+    frames::xlog(Lsn::from(lsn), Lsn::from(lsn), data)
 }
 
 /// `Begin` of the transaction committing at `final_lsn`, at the time
 /// `final_lsn` microseconds after the Postgres epoch.
 pub(super) fn begin(final_lsn: u64) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'B');
-    b.put_u64(final_lsn);
-    b.put_i64(final_lsn as i64);
-    b.put_u32(1000);
-    xlog(final_lsn.saturating_sub(50), b)
+    let time = PgTimestamp::from_pg_micros(final_lsn as i64);
+    xlog(
+        final_lsn.saturating_sub(50),
+        frames::begin(Lsn::from(final_lsn), time, 1000),
+    )
 }
 
 /// `Commit` of that transaction, ending at `end_lsn`.
 pub(super) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'C');
-    b.put_u8(0);
-    b.put_u64(final_lsn);
-    b.put_u64(end_lsn);
-    b.put_i64(0);
-    xlog_to(final_lsn, end_lsn, b)
+    let (at, end) = (Lsn::from(final_lsn), Lsn::from(end_lsn));
+    frames::xlog(at, end, frames::commit(at, end, PgTimestamp::default()))
 }
 
 /// The fake outbox table's columns: walbox's defaults.
@@ -85,20 +64,7 @@ pub(super) fn relation() -> ReplicationMessage {
 
 /// `Relation` for table `public.<name>` with OID `oid` and `columns`.
 pub(super) fn relation_of(oid: u32, name: &str, columns: &[(&str, u32)]) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'R');
-    b.put_u32(oid);
-    cstr(&mut b, "public");
-    cstr(&mut b, name);
-    b.put_u8(b'd');
-    b.put_u16(columns.len() as u16);
-    for (name, oid) in columns {
-        b.put_u8(0);
-        cstr(&mut b, name);
-        b.put_u32(*oid);
-        b.put_i32(-1);
-    }
-    xlog(0, b)
+    xlog(0, frames::relation(oid, "public", name, columns))
 }
 
 /// `Insert` of an outbox row at `lsn`; `None` columns are NULL.
@@ -123,22 +89,7 @@ pub(super) fn insert(
 
 /// `Insert` into the relation `oid` at `lsn` of these column values.
 pub(super) fn insert_row(lsn: u64, oid: u32, values: &[Option<&str>]) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'I');
-    b.put_u32(oid);
-    b.put_u8(b'N');
-    b.put_u16(values.len() as u16);
-    for v in values {
-        match v {
-            None => b.put_u8(b'n'),
-            Some(v) => {
-                b.put_u8(b't');
-                b.put_u32(v.len() as u32);
-                b.put_slice(v.as_bytes());
-            }
-        }
-    }
-    xlog(lsn, b)
+    xlog(lsn, frames::insert(oid, values))
 }
 
 /// A logical decoding message at `lsn` (`Message`, protocol 1).
@@ -148,14 +99,8 @@ pub(super) fn message(
     prefix: &str,
     content: &str,
 ) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'M');
-    b.put_u8(u8::from(transactional));
-    b.put_u64(lsn);
-    cstr(&mut b, prefix);
-    b.put_u32(content.len() as u32);
-    b.put_slice(content.as_bytes());
-    xlog(lsn, b)
+    let data = frames::message(transactional, Lsn::from(lsn), prefix, content.as_bytes());
+    xlog(lsn, data)
 }
 
 /// A version 1 event envelope.
@@ -178,12 +123,7 @@ pub(super) fn highest_confirmed(status: &Mutex<Vec<StandbyStatusUpdate>>) -> Opt
 
 /// A primary keepalive.
 pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
-    let mut b = BytesMut::new();
-    b.put_u8(b'k');
-    b.put_u64(wal_end);
-    b.put_i64(0);
-    b.put_u8(u8::from(reply));
-    ReplicationMessage::parse(b.freeze()).expect("a valid keepalive")
+    frames::keepalive(Lsn::from(wal_end), reply)
 }
 
 // ---- source ---------------------------------------------------------------
