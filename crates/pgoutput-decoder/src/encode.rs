@@ -10,6 +10,7 @@ use crate::text::Text;
 use crate::tuple::TupleData;
 
 /// A column value to encode.
+#[cfg(test)]
 #[derive(Clone, Debug)]
 pub(crate) enum Value {
     Null,
@@ -18,6 +19,7 @@ pub(crate) enum Value {
     Binary(Vec<u8>),
 }
 
+#[cfg(test)]
 pub(crate) fn tuple(values: &[Value]) -> TupleData {
     let mut b = BytesMut::new();
     for v in values {

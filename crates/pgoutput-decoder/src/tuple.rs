@@ -130,7 +130,7 @@ impl TupleData {
     }
 
     /// Wraps already encoded column entries; for encoders in tests.
-    #[cfg(any(test, feature = "test-util"))]
+    #[cfg(test)]
     pub(crate) fn from_raw(count: u16, data: Bytes) -> TupleData {
         TupleData { count, data }
     }
