@@ -255,6 +255,18 @@ pub struct MappedEvent {
 }
 
 impl MappedEvent {
+    /// The record of this event, carrying `token` to its delivery report.
+    pub fn into_record<T>(self, token: T) -> sink_kafka::Record<T> {
+        sink_kafka::Record {
+            topic: self.topic,
+            key: Some(self.key),
+            value: self.value,
+            headers: self.headers,
+            timestamp_ms: self.timestamp_ms,
+            token,
+        }
+    }
+
     /// The value of the header `name`, if the record has one.
     pub fn header(&self, name: &str) -> Option<&Bytes> {
         self.headers

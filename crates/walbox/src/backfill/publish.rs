@@ -154,14 +154,7 @@ impl Rows<'_> {
         let tuple = TupleData::from_text(values.iter().map(|v| v.as_deref().map(str::as_bytes)))
             .ok_or(BackfillError::RowTooLarge(n))?;
         match self.mapping.map(self.indexes, &tuple) {
-            Ok(event) => Ok(Record {
-                topic: event.topic,
-                key: Some(event.key),
-                value: event.value,
-                headers: event.headers,
-                timestamp_ms: event.timestamp_ms,
-                token: (n, false),
-            }),
+            Ok(event) => Ok(event.into_record((n, false))),
             Err(error) => {
                 let topic = self.mapping.topic_of(self.indexes, &tuple);
                 let event_id = self.mapping.event_id_of(self.indexes, &tuple);

@@ -2,14 +2,21 @@
 //! [`Progress`](crate::progress::Progress) deciding what may be confirmed.
 //!
 //! ```text
-//!  Source ─► XLogData / keepalive ─► Session::on_message ─► mapping ─► outgoing ─► Destination::send ─► broker
-//!    ▲                                  │ progress.begin/event/commit                                    │
-//!    └── status update ◄── progress ◄───┴──────── progress.ack ◄── Session::on_report ◄── Deliveries::next
-//!                                                  (refused + dead-letter topic: a copy joins outgoing)
+//!  Source ─► XLogData / keepalive ─► Core::on_message ─► mapping ─► queued ─► Destination::send ─► broker
+//!    ▲                                  │ progress.begin/event/commit                                 │
+//!    └── status update ◄── progress ◄───┴──────── progress.ack ◄── Core::on_report ◄── Deliveries::next
+//!                                                  (refused + dead-letter topic: a copy is queued)
 //! ```
 //!
-//! The relay is generic over its two ends, so its loop runs in unit tests
-//! against in-memory fakes (see `tests.rs`):
+//! What the relay decides lives in its core (`core/`): a synchronous state
+//! machine without I/O that takes inputs (a replication message, a delivery
+//! report, a coverage reading, a commit's outcome, a tick) and returns
+//! effects (records to send, a status update, a Kafka transaction to begin,
+//! commit or abort, a position to save, an error to stop with); its tests
+//! feed it frames (`core/tests.rs`). The session (`session.rs`) is the loop
+//! that feeds it and carries the effects out. The relay is generic over its
+//! two ends, so that loop runs in unit tests against in-memory fakes (see
+//! `tests.rs`):
 //! - a [`Source`] opens replication sessions ([`ReplicationStream`]s): in
 //!   production, Postgres through slot-manager ([`PostgresSource`]);
 //! - a [`Destination`] takes records and [`Deliveries`] reports their fate:
@@ -45,11 +52,10 @@
 //! the change could have hidden.
 
 mod backoff;
+mod core;
 mod destination;
-mod handlers;
 mod session;
 mod source;
-mod transaction;
 
 #[cfg(test)]
 mod fakes;
@@ -243,7 +249,7 @@ pub enum RunError {
 impl RunError {
     /// A transactional failure of the producer with `transactional_id`.
     pub fn from_txn(transactional_id: &str, e: sink_kafka::TxnError) -> RunError {
-        transaction::txn_error(transactional_id, e)
+        core::txn_error(transactional_id, e)
     }
 
     /// Why a session ended, as `walbox_reconnects_total`'s `reason` label:

@@ -1,28 +1,23 @@
-//! One replication session at a time: the select loop, the drain on
-//! shutdown, and the state the handlers (`handlers.rs`) work on.
+//! One replication session at a time: the select loop that feeds the
+//! [`Core`] its inputs and carries out its effects, the drain on shutdown.
+//! Everything that waits is here; everything that decides is in the core.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 
-use pgoutput_decoder::{Decoder, Lsn, PgTimestamp};
-use sink_kafka::Record;
+use pgoutput_decoder::PgTimestamp;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use slot_manager::{describe_change, ChangeInFlight, Coverage};
-
-use super::transaction::Transactions;
+use super::core::{txn_error, Core, EosStartup, SessionStart};
 use super::{
     Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Started,
-    Stop, Token,
+    Stop,
 };
-use crate::mapping::{ColumnIndexes, MapError, Topics};
 use crate::metrics::Metrics;
-use crate::progress::{History, Progress, EAGER_GAP};
 
 /// At most this many received messages are handled in one turn of the
 /// select loop (at-least-once mode): bounded so that reports, timers and
@@ -36,12 +31,8 @@ const READ_BATCH: usize = 128;
 pub(super) const END_GRACE: Duration = Duration::from_secs(1);
 
 /// How long reading pauses when the received messages ran out while
-/// walbox is behind (see `Session::behind`): the timer's resolution.
+/// walbox is behind (see [`Core::behind`]): the timer's resolution.
 const READ_PAUSE: Duration = Duration::from_millis(1);
-
-/// How old the transaction being read must be for walbox to count as
-/// draining a backlog.
-const BEHIND: Duration = Duration::from_millis(100);
 
 /// How a turn of reading ended.
 enum Read {
@@ -67,10 +58,6 @@ pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
 /// 100 ms between status updates; 1,665–1,970 at 50 ms and 50 ms. A
 /// prepared reading costs the primary ~0.24 ms.
 pub(super) const COVERAGE_WHILE_WAITING: Duration = Duration::from_millis(50);
-/// How long a change of the coverage may stay in flight before walbox says
-/// that confirmation waits for it.
-const PENDING_CHANGE_REPORT: Duration = Duration::from_secs(10);
-
 /// How long a coverage reading may take before the session is deemed broken.
 const COVERAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -96,44 +83,13 @@ enum Ending {
     Now,
 }
 
-/// The relay's state across sessions, and the current session's.
+/// The relay's two ends and its core.
 pub(super) struct Session<'a, D, R> {
-    pub(super) config: &'a RelayConfig,
-    pub(super) destination: &'a D,
+    config: &'a RelayConfig,
+    destination: &'a D,
     reports: &'a mut R,
-    pub(super) metrics: Arc<Metrics>,
-    /// The one owner of what may be confirmed.
-    pub(super) progress: Progress,
-    /// Records waiting for room: the event just mapped, dead-letter copies.
-    pub(super) outgoing: VecDeque<Record<Token>>,
-    /// Outbox relations by OID (the root table; partitions publish as the
-    /// root), resolved from this session's Relation messages.
-    pub(super) outbox: HashMap<u32, Arc<Result<ColumnIndexes, MapError>>>,
-    /// The open transaction's commit time (from Begin).
-    pub(super) commit_time: PgTimestamp,
-    /// Events the open transaction queued so far (for commit to read).
-    pub(super) queued_in_transaction: u64,
-    /// Topic names by aggregate type, shared by the records and tokens of
-    /// their events.
-    pub(super) topics: Topics,
-    /// The last reading of the publication's coverage of the outbox table
-    /// (kept across sessions: a change between two sessions is a change).
-    pub(super) coverage: Option<Coverage>,
-    /// The server history of the last session.
-    history: Option<String>,
-    /// Since when readings find a change of the coverage in flight, and
-    /// whether that was reported.
-    change_pending_since: Option<(Instant, bool)>,
-    /// This session's domain types of the outbox table (OID → base OID).
-    pub(super) domains: HashMap<u32, u32>,
-    /// Exactly-once mode's state; `None` in at-least-once mode.
-    pub(super) transactions: Option<Transactions>,
-    /// The position last saved (`config.save_positions`), and whether a
-    /// failure to save was reported.
-    saved_position: Option<Lsn>,
-    save_failure_reported: bool,
-    /// A non-transactional message with the events' prefix was reported.
-    pub(super) nontransactional_reported: bool,
+    metrics: Arc<Metrics>,
+    core: Core<'a>,
 }
 
 /// Resolves when `shutdown` asks for at least `level`; never if its sender
@@ -155,21 +111,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             config,
             destination,
             reports,
-            metrics,
-            progress: Progress::new(config.status_interval, EAGER_GAP),
-            outgoing: VecDeque::new(),
-            outbox: HashMap::new(),
-            commit_time: PgTimestamp::default(),
-            queued_in_transaction: 0,
-            topics: Topics::default(),
-            coverage: None,
-            history: None,
-            change_pending_since: None,
-            domains: HashMap::new(),
-            transactions: config.exactly_once.clone().map(Transactions::new),
-            saved_position: None,
-            save_failure_reported: false,
-            nontransactional_reported: false,
+            metrics: metrics.clone(),
+            core: Core::new(config, metrics),
         }
     }
 
@@ -197,33 +140,31 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         };
         backoff.reset();
         self.metrics.set_streaming(true);
-        let delivered = self.progress.delivered();
-        let same = match &self.history {
-            Some(before) if *before != history => {
-                tracing::warn!(before = %before, now = %history, "the server's history changed (failover or restore): resuming from the slot's position");
-                self.metrics.count_history_change("timeline");
-                History::New
-            }
-            Some(_) if server_wal < delivered => {
-                tracing::warn!(server_wal = %server_wal, %delivered, "the server's WAL ends before what walbox delivered: it was restored on the same timeline (a disk snapshot, or a backup started without recovery); its transactions at those positions are new, resuming from the slot's position");
-                self.metrics.count_history_change("wal_behind");
-                History::New
-            }
-            _ => History::Same,
+        let start = SessionStart {
+            confirmed,
+            history: &history,
+            server_wal,
+            domains,
         };
-        self.history = Some(history.clone());
-        if same == History::New {
-            // The last reading's WAL position belongs to the old history:
-            // it verifies nothing here. Coverage starts over from a baseline.
-            self.coverage = None;
+        if let EosStartup::ReadProgress {
+            register,
+            topic,
+            transactional_id,
+        } = self.core.start_session(start)
+        {
+            if register {
+                self.destination
+                    .init_transactions()
+                    .await
+                    .map_err(|e| txn_error(&transactional_id, e))?;
+                self.core.on_producer_registered();
+            }
+            let read = self
+                .destination
+                .last_committed(&topic, &transactional_id)
+                .await;
+            self.core.on_progress_read(read, server_wal)?;
         }
-        if let Some(delivered) = self.progress.start_session(confirmed, same) {
-            tracing::warn!(slot = %confirmed, %delivered, "the slot resumed before what walbox confirmed (Postgres restarted before a checkpoint?); transactions up to the confirmed position are skipped, not sent twice");
-        }
-        self.outgoing.clear();
-        self.outbox.clear();
-        self.domains = domains;
-        self.start_transactions(&history, server_wal, same).await?;
         tracing::info!(lsn = %confirmed, "streaming from the slot");
 
         let result = async {
@@ -254,7 +195,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     self.drain(&mut stream, shutdown, deadline).await?;
                     self.verify_coverage_now(&mut stream).await?;
                 }
-                let update = self.progress.final_update(Instant::now());
+                let update = self.core.final_update(Instant::now());
                 match stream.send_status(update).await {
                     Ok(()) => tracing::info!(lsn = %update.flush, "confirmed on shutdown"),
                     Err(e) => tracing::warn!(error = %e, "could not send the final status update"),
@@ -270,7 +211,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     let _ = self.verify_coverage_now(&mut stream).await;
                 }
                 let _ = stream
-                    .send_status(self.progress.final_update(Instant::now()))
+                    .send_status(self.core.final_update(Instant::now()))
                     .await;
                 Err(e)
             }
@@ -285,59 +226,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
             .await
             .map_err(|_| presumed_dead("the publication check", COVERAGE_TIMEOUT))??;
-        self.on_coverage(reading)
-    }
-
-    /// A coverage reading: a gap or a change stops the relay; otherwise the
-    /// reading's own position is verified, unless a change of the coverage
-    /// was in flight.
-    pub(super) fn on_coverage(
-        &mut self,
-        reading: Coverage,
-    ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
-        let held = self.progress.confirmable();
-        if let Some(gap) = &reading.gap {
-            tracing::error!(%gap, slot = %held, "the outbox table is not published");
-            return Err(RunError::Drift(format!(
-                "{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox"
-            )));
-        }
-        let verified = match &self.coverage {
-            Some(before) if before.fingerprint != reading.fingerprint => {
-                let what = describe_change(before, &reading);
-                tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
-                return Err(RunError::Drift(format!(
-                    "{what} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. \
-                     Check that publication covers table {} for INSERT, then restart walbox; rows inserted while it did not \
-                     are in the table but not in the stream (docs/operations.md, \"Publication drift\")",
-                    self.config.table
-                )));
-            }
-            // A reading verifies the coverage up to its own position when
-            // no change of it was in flight; while one is, nothing (see
-            // `slot_manager::ChangeInFlight`).
-            _ => match reading.in_flight {
-                ChangeInFlight::Nothing => Some(reading.wal_lsn),
-                ChangeInFlight::Pending => None,
-            },
-        };
-        self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held);
-        self.coverage = Some(reading);
-        Ok(verified.and_then(|lsn| self.progress.covered(lsn, Instant::now())))
-    }
-
-    /// Says once when a change of the publication or the table stays in
-    /// flight for long: confirmation waits for it.
-    fn note_pending_change(&mut self, pending: bool, held: Lsn) {
-        match (pending, self.change_pending_since) {
-            (false, _) => self.change_pending_since = None,
-            (true, None) => self.change_pending_since = Some((Instant::now(), false)),
-            (true, Some((since, false))) if since.elapsed() >= PENDING_CHANGE_REPORT => {
-                tracing::warn!(slot = %held, waited = ?since.elapsed(), "a transaction changing the publication or the outbox table has not ended (open, or waiting for synchronous standbys): the slot is not confirmed past its start until it ends");
-                self.change_pending_since = Some((since, true));
-            }
-            (true, Some(_)) => {}
-        }
+        self.core.on_coverage(reading)
     }
 
     /// Verifies the coverage up to now before the final confirmation: one
@@ -347,11 +236,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         &mut self,
         stream: &mut S,
     ) -> Result<(), RunError> {
-        if self.progress.delivered() <= self.progress.confirmable() {
+        if !self.core.awaiting_coverage() {
             return Ok(());
         }
         self.check_coverage(stream).await?;
-        if self.progress.delivered() > self.progress.confirmable() {
+        if self.core.awaiting_coverage() {
             tokio::time::sleep(COVERAGE_WHILE_WAITING).await;
             self.check_coverage(stream).await?;
         }
@@ -366,7 +255,6 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         stream: &mut S,
         shutdown: &mut watch::Receiver<Stop>,
     ) -> Result<Ending, RunError> {
-        let mut decoder = Decoder::new(1).expect("version 1 is supported");
         // The timers live across iterations and are reset only when their
         // deadline moves. A fresh `sleep_until` per iteration registers with
         // the runtime's timer wheel every time, and from this thread that
@@ -374,7 +262,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         // a backlog drain.
         let sample = tokio::time::sleep_until(Instant::now());
         tokio::pin!(sample);
-        let status_due = tokio::time::sleep_until(self.progress.next_due());
+        let status_due = tokio::time::sleep_until(self.core.next_status_due());
         tokio::pin!(status_due);
         let mut coverage_read = Instant::now();
         let coverage_due = tokio::time::sleep_until(coverage_read + COVERAGE_INTERVAL);
@@ -408,35 +296,35 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         tokio::pin!(pause);
         let result = loop {
             if let Some(deadline) = finishing {
-                let idle = self.transactions.as_ref().is_none_or(|t| t.idle());
-                if !self.progress.in_transaction() && idle {
+                if !self.core.in_transaction() && self.core.transaction_idle() {
                     break Ok(Ending::Drain { deadline });
                 }
             }
-            if self.transactions.is_some() {
-                if let Some(e) = self.doomed_and_heard() {
+            if self.core.exactly_once() {
+                if let Some(e) = self.core.doomed_and_heard(destination.in_flight()) {
                     break Err(e);
                 }
-                self.maybe_close(Instant::now(), finishing.is_some());
-                if committing.is_none() && self.ready_to_commit() {
+                self.core.close_if_due(Instant::now(), finishing.is_some());
+                if committing.is_none() && self.core.start_commit() {
                     committing = Some(destination.commit().boxed_local());
                 }
             }
-            let busy = self.transactions.as_ref().is_some_and(|t| t.busy());
-            let sending = !self.transactions.as_ref().is_some_and(|t| t.committing());
-            let open_until = self.transactions.as_ref().and_then(|t| t.due());
+            let busy = self.core.transaction_busy();
+            let sending = !self.core.commit_under_way();
+            let open_until = self.core.transaction_due();
             if let Some(due) = open_until {
                 if txn_due.deadline() != due {
                     txn_due.as_mut().reset(due);
                 }
             }
-            self.update_gauges();
-            let due = self.progress.next_due();
+            self.core
+                .update_gauges(destination.in_flight(), destination.in_flight_bytes());
+            let due = self.core.next_status_due();
             if status_due.deadline() != due {
                 status_due.as_mut().reset(due);
             }
             let due = coverage_read
-                + if self.progress.delivered() > self.progress.confirmable() {
+                + if self.core.awaiting_coverage() {
                     COVERAGE_WHILE_WAITING
                 } else {
                     COVERAGE_INTERVAL
@@ -444,7 +332,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if coverage_due.deadline() != due {
                 coverage_due.as_mut().reset(due);
             }
-            let waiting = self.outgoing.front().map(Record::size);
+            let waiting = self.core.waiting();
             if waiting.is_some() || busy {
                 heard = Instant::now();
             }
@@ -454,7 +342,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             let step: Result<(), RunError> = tokio::select! {
                 biased;
                 report = self.reports.next() => {
-                    let batch = self.transactions.is_none();
+                    let batch = !self.core.exactly_once();
                     match self.on_reports(report.expect("the destination outlives the relay"), batch) {
                         Ok(update) => send_status(stream, update).await,
                         Err(e) => Err(e),
@@ -462,7 +350,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 committed = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
                     committing = None;
-                    match self.on_committed(committed) {
+                    match self.core.on_committed(committed) {
                         Ok(update) => send_status(stream, update).await,
                         Err(e) => Err(e),
                     }
@@ -470,7 +358,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 () = &mut now => break Ok(Ending::Now),
                 () = &mut stop, if finishing.is_none() => {
                     let deadline = Instant::now() + self.config.shutdown_timeout;
-                    if self.progress.in_transaction() {
+                    if self.core.in_transaction() {
                         tracing::info!("shutting down: reading the rest of the open transaction first");
                     }
                     finish_by.as_mut().reset(deadline);
@@ -478,7 +366,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     Ok(())
                 }
                 () = &mut finish_by, if finishing.is_some() => {
-                    if self.progress.in_transaction() {
+                    if self.core.in_transaction() {
                         tracing::warn!("shutdown timeout inside a transaction: its events are sent again after restart");
                     } else {
                         tracing::warn!("shutdown timeout before the open Kafka transaction committed: its events are sent again after restart");
@@ -486,7 +374,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     break Ok(Ending::Drain { deadline: Instant::now() });
                 }
                 () = &mut status_due => {
-                    let mut update = self.progress.tick(Instant::now());
+                    let mut update = self.core.tick(Instant::now());
                     if let Some(u) = &mut update {
                         u.reply_requested = heard.elapsed() >= REPLY_AFTER;
                     }
@@ -527,9 +415,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     heard = Instant::now();
                     // At-least-once, not shutting down: the messages already
                     // received follow in this turn (see `READ_BATCH`).
-                    let batch = if self.transactions.is_none() && finishing.is_none() { READ_BATCH } else { 1 };
-                    match self.on_messages(stream, &mut decoder, message, batch).await {
-                        Ok(Read::Empty) if batch > 1 && self.behind() => {
+                    let batch = if !self.core.exactly_once() && finishing.is_none() { READ_BATCH } else { 1 };
+                    match self.on_messages(stream, message, batch).await {
+                        Ok(Read::Empty) if batch > 1 && self.core.behind() => {
                             pausing = true;
                             pause.as_mut().reset(Instant::now() + READ_PAUSE);
                             Ok(())
@@ -569,15 +457,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             };
             match outcome {
                 Some(outcome) => {
-                    if let Ok(Some(update)) = self.on_committed(outcome) {
+                    if let Ok(Some(update)) = self.core.on_committed(outcome) {
                         let _ = stream.send_status(update).await;
                     }
                 }
                 None => {
                     tracing::warn!("shutting down before the Kafka transaction's commit finished: the next start completes or aborts it; nothing is confirmed past the last commit");
-                    if let Some(eos) = self.transactions.as_mut() {
-                        eos.abandon();
-                    }
+                    self.core.abandon_transaction();
                     return Ok(Ending::Now);
                 }
             }
@@ -593,16 +479,15 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     async fn on_messages<S: ReplicationStream>(
         &mut self,
         stream: &mut S,
-        decoder: &mut Decoder,
         first: Result<pgoutput_decoder::ReplicationMessage, RunError>,
         batch: usize,
     ) -> Result<Read, RunError> {
         let mut message = first;
         for _ in 1..batch {
-            let update = self.on_message(decoder, message?)?;
+            let update = self.core.on_message(message?)?;
             send_status(stream, update).await?;
             self.send_while_room().await?;
-            if !self.outgoing.is_empty() {
+            if self.core.waiting().is_some() {
                 return Ok(Read::Full);
             }
             match stream.next().now_or_never() {
@@ -610,38 +495,26 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 None => return Ok(Read::Empty),
             }
         }
-        let update = self.on_message(decoder, message?)?;
+        let update = self.core.on_message(message?)?;
         send_status(stream, update).await?;
         self.send_while_room().await?;
         Ok(Read::Full)
-    }
-
-    /// Whether reading should pause for [`READ_PAUSE`] after the received
-    /// messages ran out: the open (or last) transaction committed more than
-    /// [`BEHIND`] ago, so walbox is draining a backlog the walsender sends
-    /// as fast as it can. Its socket then fills while walbox waits, and the
-    /// next turn reads many events at once instead of waking per event
-    /// (pgoutput sends each change with its own write); the latency added
-    /// is within the lag there already is. Live, nothing pauses.
-    fn behind(&self) -> bool {
-        let age = PgTimestamp::now().as_unix_micros() - self.commit_time.as_unix_micros();
-        self.commit_time != PgTimestamp::default() && age > BEHIND.as_micros() as i64
     }
 
     /// Handles `first` and, when `batch`, every report already waiting;
     /// returns the last status update due.
     fn on_reports(
         &mut self,
-        first: sink_kafka::Report<Token>,
+        first: sink_kafka::Report<super::Token>,
         batch: bool,
     ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
         // One reading of the clocks for the reports at hand: they arrived
         // within microseconds of each other.
         let (now, wall) = (Instant::now(), PgTimestamp::now());
-        let mut update = self.on_report(first, now, wall)?;
+        let mut update = self.core.on_report(first, now, wall)?;
         if batch {
             while let Some(Some(report)) = self.reports.next().now_or_never() {
-                update = self.on_report(report, now, wall)?.or(update);
+                update = self.core.on_report(report, now, wall)?.or(update);
             }
         }
         Ok(update)
@@ -651,7 +524,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     /// costs no extra turn of the loop. Whatever must wait for room is left
     /// to the loop's `reserve` branch.
     async fn send_while_room(&mut self) -> Result<(), RunError> {
-        while let Some(size) = self.outgoing.front().map(Record::size) {
+        while let Some(size) = self.core.waiting() {
             let Some(permit) = self.destination.reserve(size).now_or_never() else {
                 return Ok(());
             };
@@ -663,9 +536,16 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     /// Sends the first waiting record with the room reserved for it (in
     /// exactly-once mode, inside the open Kafka transaction).
     async fn send_front(&mut self, permit: D::Permit) -> Result<(), RunError> {
-        let record = self.outgoing.pop_front().expect("a record is waiting");
-        self.before_send(&record)?;
-        self.destination.send(permit, record).await;
+        let send = self
+            .core
+            .take_send(Instant::now())
+            .expect("a record is waiting");
+        if send.begin_transaction {
+            if let Err(e) = self.destination.begin() {
+                return Err(self.core.on_begin_failed(e));
+            }
+        }
+        self.destination.send(permit, send.record).await;
         Ok(())
     }
 
@@ -677,22 +557,20 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         shutdown: &mut watch::Receiver<Stop>,
         deadline: Instant,
     ) -> Result<(), RunError> {
-        if self.transactions.is_some() {
-            // Exactly-once: what is confirmed is what committed, and the
-            // open transaction was ended before; a record sent now would
-            // open a Kafka transaction nobody commits.
-            self.outgoing.clear();
+        if self.core.exactly_once() {
+            // The open transaction was ended before.
+            self.core.drop_waiting();
             return Ok(());
         }
         let now = stopped(shutdown, Stop::Now);
         tokio::pin!(now);
-        while self.progress.unacked_events() > 0 {
-            let waiting = self.outgoing.front().map(Record::size);
+        while self.core.unacked_events() > 0 {
+            let waiting = self.core.waiting();
             tokio::select! {
                 biased;
                 report = self.reports.next() => {
                     let report = report.expect("the destination outlives the relay");
-                    let update = self.on_report(report, Instant::now(), PgTimestamp::now())?;
+                    let update = self.core.on_report(report, Instant::now(), PgTimestamp::now())?;
                     // Best effort: the final update follows anyway.
                     if let Some(update) = update {
                         let _ = stream.send_status(update).await;
@@ -700,7 +578,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 () = &mut now => {
                     tracing::warn!(
-                        unacked = self.progress.unacked_events(),
+                        unacked = self.core.unacked_events(),
                         "second signal: leaving events unconfirmed (they are resent after restart)"
                     );
                     return Ok(());
@@ -710,7 +588,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     tracing::warn!(
-                        unacked = self.progress.unacked_events(),
+                        unacked = self.core.unacked_events(),
                         "shutdown timeout: leaving events unconfirmed (they are resent after restart)"
                     );
                     return Ok(());
@@ -720,49 +598,51 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         Ok(())
     }
 
-    fn update_gauges(&self) {
-        let m = &self.metrics;
-        m.in_flight_events.set(self.destination.in_flight() as i64);
-        m.in_flight_bytes
-            .set(self.destination.in_flight_bytes() as i64);
-        m.received_lsn
-            .set(self.progress.received_lsn().as_u64() as i64);
-        m.confirmed_lsn
-            .set(self.progress.confirmable().as_u64() as i64);
-        m.set_commit_times(
-            self.progress.delivered_commit_time().map(|(_, t)| t),
-            self.progress.oldest_unacked_commit_time(),
-        );
-    }
-
     /// Saves the delivered position and its commit time when it moved
-    /// (`save_positions`). A failure is reported once and does not stop
-    /// streaming: it only leaves the saved position older (more events
-    /// republished if the slot is ever lost, never fewer).
+    /// (`save_positions`).
     async fn save_position<S: ReplicationStream>(&mut self, stream: &mut S) {
-        if !self.config.save_positions {
-            return;
-        }
-        let Some((delivered, committed)) = self.progress.delivered_commit_time() else {
+        let Some((delivered, committed)) = self.core.position_to_save() else {
             return;
         };
-        if self.saved_position == Some(delivered) {
-            return;
+        let result = stream.save_position(delivered, committed).await;
+        self.core.on_position_saved(delivered, result);
+    }
+
+    /// At a session's end: aborts a Kafka transaction left open, so the
+    /// next session starts a new one (its events are written again then).
+    async fn abort_open(&mut self) -> Result<(), RunError> {
+        if !self.core.abort_needed() {
+            return Ok(());
         }
-        match stream.save_position(delivered, committed).await {
-            Ok(()) => {
-                self.saved_position = Some(delivered);
-                if self.save_failure_reported {
-                    tracing::info!("saving the delivered position in walbox.positions again");
-                    self.save_failure_reported = false;
-                }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self.destination.abort().await;
+            if self.core.on_aborted(result, attempt)? {
+                return Ok(());
             }
-            Err(e) if !self.save_failure_reported => {
-                self.save_failure_reported = true;
-                tracing::warn!(error = %e, "cannot save the delivered position in walbox.positions: should the slot be lost, walbox republishes from the last position saved, or cannot recreate it (grant walbox's role INSERT and UPDATE on walbox.positions, or CREATE on the database)");
-            }
-            Err(_) => {}
         }
+    }
+
+    /// [`Session::abort_open`], given up at `by` or on a second signal (the
+    /// transaction is then left open: the next start aborts it).
+    async fn abort_open_within(
+        &mut self,
+        shutdown: &watch::Receiver<Stop>,
+        by: Option<Instant>,
+    ) -> Result<(), RunError> {
+        let mut signals = shutdown.clone();
+        // After the second signal `by` is the grace left.
+        let already_now = *signals.borrow() == Stop::Now;
+        let left_open = tokio::select! {
+            biased;
+            r = self.abort_open() => return r,
+            () = stopped(&mut signals, Stop::Now), if !already_now => "a second signal",
+            () = tokio::time::sleep_until(by.unwrap_or_else(Instant::now)), if by.is_some() => "the shutdown timeout",
+        };
+        tracing::warn!("{left_open}: the open Kafka transaction is left to the next start, which aborts it (read_committed consumers wait until then, or the broker's transaction.timeout.ms); nothing is confirmed past the last commit");
+        self.core.abandon_transaction();
+        Ok(())
     }
 }
 

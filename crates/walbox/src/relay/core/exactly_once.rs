@@ -1,4 +1,4 @@
-//! Exactly-once mode in the session: Kafka transactions around the events,
+//! Exactly-once mode in the core: Kafka transactions around the events,
 //! each closed by a progress record (the rule is in
 //! [`crate::exactly_once`]).
 //!
@@ -27,12 +27,25 @@ use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
 use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind};
 use tokio::time::Instant;
 
-use super::session::Session;
-use super::{Deliveries, Destination, RunError, Stop, Token};
+use super::Core;
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
 use crate::metrics::Metrics;
 use crate::progress::{Ack, History};
-use tokio::sync::watch;
+use crate::relay::{RunError, Token};
+
+/// What exactly-once mode needs before a session streams.
+pub(in crate::relay) enum EosStartup {
+    /// Nothing (at-least-once mode, or the progress is known).
+    Ready,
+    /// Register the producer (`register`, once per process), then read the
+    /// committed progress of `transactional_id` in `topic` and hand it to
+    /// [`Core::on_progress_read`].
+    ReadProgress {
+        register: bool,
+        topic: String,
+        transactional_id: String,
+    },
+}
 
 /// At most this many refused events are remembered for their replay; more
 /// at once stops walbox (something is refusing everything).
@@ -222,22 +235,21 @@ impl Transactions {
     }
 }
 
-impl<D: Destination, R: Deliveries> Session<'_, D, R> {
-    /// At a session's start: registers the producer (once) and reads the
-    /// last committed progress.
-    /// `server_wal` is the server's WAL position as the session started, and
-    /// `same` whether the session found the server on the history of the
-    /// one before.
-    pub(super) async fn start_transactions(
+impl Core<'_> {
+    /// At a session's start: what exactly-once mode must do before
+    /// streaming (register the producer once, read the committed progress
+    /// until it was read). `server_wal` is the server's WAL position as the
+    /// session started, and `same` whether the session found the server on
+    /// the history of the one before.
+    pub(super) fn start_transactions(
         &mut self,
         history: &str,
         server_wal: Lsn,
         same: History,
-    ) -> Result<(), RunError> {
-        let destination = self.destination;
+    ) -> EosStartup {
         let metrics = Arc::clone(&self.metrics);
-        let Some(eos) = self.transactions.as_mut() else {
-            return Ok(());
+        let Some(eos) = self.eos.as_mut() else {
+            return EosStartup::Ready;
         };
         let new_history =
             same == History::New || (!eos.history.is_empty() && eos.history != history);
@@ -252,27 +264,43 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             wal_behind_the_record(&p, server_wal, &metrics);
         }
         if eos.initialized {
-            return Ok(());
+            return EosStartup::Ready;
         }
-        let id = eos.config.transactional_id.clone();
-        if !eos.producer_ready {
-            destination
-                .init_transactions()
-                .await
-                .map_err(|e| txn_error(&id, e))?;
+        EosStartup::ReadProgress {
+            register: !eos.producer_ready,
+            topic: eos.config.progress_topic.clone(),
+            transactional_id: eos.config.transactional_id.clone(),
+        }
+    }
+
+    /// The producer is registered (`init_transactions` done, once per
+    /// process: a standby waiting for the slot fences no one).
+    pub(in crate::relay) fn on_producer_registered(&mut self) {
+        if let Some(eos) = self.eos.as_mut() {
             eos.producer_ready = true;
         }
+    }
+
+    /// The committed progress as read from the progress topic (its last
+    /// value for walbox's transactional id): where this session resumes.
+    /// Unread progress is never "no progress": the session ends and the
+    /// next one reads again.
+    pub(in crate::relay) fn on_progress_read(
+        &mut self,
+        read: Result<Option<Bytes>, String>,
+        server_wal: Lsn,
+    ) -> Result<(), RunError> {
+        let metrics = Arc::clone(&self.metrics);
+        let Some(eos) = self.eos.as_mut() else {
+            return Ok(());
+        };
+        let history = eos.history.clone();
+        let id = eos.config.transactional_id.clone();
         let topic = &eos.config.progress_topic;
-        // Unread progress is never "no progress": the session ends and the
-        // next one reads again.
-        let value =
-            destination
-                .last_committed(topic, &id)
-                .await
-                .map_err(|e| RunError::ProgressUnread {
-                    topic: topic.clone(),
-                    detail: e,
-                })?;
+        let value = read.map_err(|e| RunError::ProgressUnread {
+            topic: topic.clone(),
+            detail: e,
+        })?;
         eos.initialized = true;
         eos.committed = match value.map(|v| Position::decode(&v)) {
             None => {
@@ -309,18 +337,16 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         Ok(())
     }
 
-    /// Before a record is sent: a transaction must be open.
-    pub(super) fn before_send(&mut self, record: &Record<Token>) -> Result<(), RunError> {
-        let destination = self.destination;
-        let Some(eos) = self.transactions.as_mut() else {
-            return Ok(());
+    /// Before a record is sent: a transaction must be open. True when one
+    /// must be begun first.
+    pub(super) fn before_send(&mut self, record: &Record<Token>, now: Instant) -> bool {
+        let Some(eos) = self.eos.as_mut() else {
+            return false;
         };
-        if let KafkaTxn::Idle = eos.txn {
-            destination
-                .begin()
-                .map_err(|e| txn_error(&eos.config.transactional_id, e))?;
+        let begin = matches!(eos.txn, KafkaTxn::Idle);
+        if begin {
             eos.txn = KafkaTxn::Open {
-                since: Instant::now(),
+                since: now,
                 events: 0,
                 bytes: 0,
                 tokens: Vec::new(),
@@ -340,15 +366,25 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             KafkaTxn::Closing { .. } if record.token.progress_record => {}
             other => unreachable!("a record sent while the transaction is {other:?}"),
         }
-        Ok(())
+        begin
+    }
+
+    /// The Kafka transaction [`Core::take_send`] asked for could not begin:
+    /// none is open, and the session ends with this error.
+    pub(in crate::relay) fn on_begin_failed(&mut self, e: TxnError) -> RunError {
+        let Some(eos) = self.eos.as_mut() else {
+            unreachable!("a transaction is begun only in exactly-once mode")
+        };
+        eos.txn = KafkaTxn::Idle;
+        txn_error(&eos.config.transactional_id, e)
     }
 
     /// Closes the open transaction when a bound is reached (or `finishing`
     /// once no Postgres transaction is open) and nothing waits to be sent:
     /// queues its progress record.
-    pub(super) fn maybe_close(&mut self, now: Instant, finishing: bool) {
+    pub(in crate::relay) fn close_if_due(&mut self, now: Instant, finishing: bool) {
         let in_transaction = self.progress.in_transaction();
-        let Some(eos) = self.transactions.as_mut() else {
+        let Some(eos) = self.eos.as_mut() else {
             return;
         };
         if eos.doomed.is_some() {
@@ -398,8 +434,8 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     }
 
     /// True when the progress record is sent: the commit may start.
-    pub(super) fn ready_to_commit(&mut self) -> bool {
-        let Some(eos) = self.transactions.as_mut() else {
+    pub(in crate::relay) fn start_commit(&mut self) -> bool {
+        let Some(eos) = self.eos.as_mut() else {
             return false;
         };
         if !matches!(eos.txn, KafkaTxn::Closing { .. }) || !self.outgoing.is_empty() {
@@ -419,11 +455,11 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
 
     /// The commit's outcome: the events are delivered (acked to the
     /// progress, which may make a status update due), or the session ends.
-    pub(super) fn on_committed(
+    pub(in crate::relay) fn on_committed(
         &mut self,
         result: Result<(), TxnError>,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
-        let Some(eos) = self.transactions.as_mut() else {
+        let Some(eos) = self.eos.as_mut() else {
             return Ok(None);
         };
         let KafkaTxn::Committing {
@@ -493,7 +529,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
             return Err(RunError::DeadLetter(error));
         }
         let eos = self
-            .transactions
+            .eos
             .as_mut()
             .expect("reports are transactional in exactly-once mode");
         let to_dead_letter = error.kind == DeliveryErrorKind::Permanent
@@ -523,72 +559,84 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     }
 
     /// Exactly-once: a failed transaction ends the session once every record
-    /// sent in it has reported (or [`DOOMED_WAIT`] passed).
-    pub(super) fn doomed_and_heard(&self) -> Option<RunError> {
-        let (why, since) = self.transactions.as_ref()?.doomed.as_ref()?;
-        let heard = self.destination.in_flight() == 0 || since.elapsed() >= DOOMED_WAIT;
+    /// sent in it has reported (`in_flight` is 0) or [`DOOMED_WAIT`] passed.
+    pub(in crate::relay) fn doomed_and_heard(&self, in_flight: usize) -> Option<RunError> {
+        let (why, since) = self.eos.as_ref()?.doomed.as_ref()?;
+        let heard = in_flight == 0 || since.elapsed() >= DOOMED_WAIT;
         heard.then(|| RunError::Aborted(why.clone()))
     }
 
-    /// At a session's end: aborts a transaction left open, so the next
-    /// session starts a new one (its events are written again then).
-    /// [`Session::abort_open`], given up at `by` or on a second signal
-    /// (the transaction is then left open: the next start aborts it).
-    pub(super) async fn abort_open_within(
-        &mut self,
-        shutdown: &watch::Receiver<Stop>,
-        by: Option<Instant>,
-    ) -> Result<(), RunError> {
-        let mut signals = shutdown.clone();
-        // After the second signal `by` is the grace left.
-        let already_now = *signals.borrow() == Stop::Now;
-        let left_open = tokio::select! {
-            biased;
-            r = self.abort_open() => return r,
-            () = super::session::stopped(&mut signals, Stop::Now), if !already_now => "a second signal",
-            () = tokio::time::sleep_until(by.unwrap_or_else(Instant::now)), if by.is_some() => "the shutdown timeout",
-        };
-        tracing::warn!("{left_open}: the open Kafka transaction is left to the next start, which aborts it (read_committed consumers wait until then, or the broker's transaction.timeout.ms); nothing is confirmed past the last commit");
-        if let Some(eos) = self.transactions.as_mut() {
-            eos.abandon();
-        }
-        Ok(())
+    /// True while records may not be sent (the transaction commits, or failed).
+    pub(in crate::relay) fn commit_under_way(&self) -> bool {
+        self.eos.as_ref().is_some_and(Transactions::committing)
     }
 
-    pub(super) async fn abort_open(&mut self) -> Result<(), RunError> {
-        let destination = self.destination;
-        let Some(eos) = self.transactions.as_mut() else {
-            return Ok(());
+    /// True while nothing new may be read: the transaction closes, commits
+    /// or failed.
+    pub(in crate::relay) fn transaction_busy(&self) -> bool {
+        self.eos.as_ref().is_some_and(Transactions::busy)
+    }
+
+    /// When the open transaction reaches its time bound.
+    pub(in crate::relay) fn transaction_due(&self) -> Option<Instant> {
+        self.eos.as_ref().and_then(Transactions::due)
+    }
+
+    /// True when no Kafka transaction is open (always, in at-least-once mode).
+    pub(in crate::relay) fn transaction_idle(&self) -> bool {
+        self.eos.as_ref().is_none_or(Transactions::idle)
+    }
+
+    /// Forgets the open Kafka transaction without ending it (shutting down
+    /// past its bound): the next start's `init_transactions` aborts it.
+    pub(in crate::relay) fn abandon_transaction(&mut self) {
+        if let Some(eos) = self.eos.as_mut() {
+            eos.abandon();
+        }
+    }
+
+    /// At a session's end: true when a Kafka transaction is open and must be
+    /// aborted (so the next session starts a new one; its events are written
+    /// again then). Its progress record, if queued, is dropped.
+    pub(in crate::relay) fn abort_needed(&mut self) -> bool {
+        let Some(eos) = self.eos.as_mut() else {
+            return false;
         };
         if eos.idle() {
-            return Ok(());
+            return false;
         }
         eos.txn = KafkaTxn::Idle;
         self.outgoing.retain(|r| !r.token.progress_record);
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            match destination.abort().await {
-                Ok(()) => {
-                    tracing::info!("aborted the open Kafka transaction");
-                    self.metrics.transactions_aborted.inc();
-                    return Ok(());
-                }
-                // Timed out: called again, as librdkafka asks.
-                Err(e) if e.kind == TxnErrorKind::Retriable && attempts < ABORT_ATTEMPTS => {
-                    tracing::warn!(error = %e, "the abort did not finish in time; aborting again");
-                }
-                Err(e) if e.kind == TxnErrorKind::Fenced => {
-                    return Err(txn_error(&eos.config.transactional_id, e))
-                }
-                // The producer cannot go on: a restart starts a new one
-                // (and its init completes what is open).
-                Err(e) => {
-                    return Err(RunError::Transactions(format!(
-                        "could not abort the open Kafka transaction: {e}"
-                    )))
-                }
+        true
+    }
+
+    /// The outcome of the `attempt`th abort: `Ok(true)` when done,
+    /// `Ok(false)` when it is to be called again (it timed out, as
+    /// librdkafka asks), or why the producer cannot go on (a restart starts
+    /// a new one, and its init completes what is open).
+    pub(in crate::relay) fn on_aborted(
+        &mut self,
+        result: Result<(), TxnError>,
+        attempt: u32,
+    ) -> Result<bool, RunError> {
+        let id = self
+            .eos
+            .as_ref()
+            .map_or("", |e| e.config.transactional_id.as_str());
+        match result {
+            Ok(()) => {
+                tracing::info!("aborted the open Kafka transaction");
+                self.metrics.transactions_aborted.inc();
+                Ok(true)
             }
+            Err(e) if e.kind == TxnErrorKind::Retriable && attempt < ABORT_ATTEMPTS => {
+                tracing::warn!(error = %e, "the abort did not finish in time; aborting again");
+                Ok(false)
+            }
+            Err(e) if e.kind == TxnErrorKind::Fenced => Err(txn_error(id, e)),
+            Err(e) => Err(RunError::Transactions(format!(
+                "could not abort the open Kafka transaction: {e}"
+            ))),
         }
     }
 }
@@ -605,7 +653,7 @@ fn source_name(source: Option<crate::config::EventSource>) -> &'static str {
 }
 
 /// A transactional failure as the relay reports it.
-pub(super) fn txn_error(id: &str, e: TxnError) -> RunError {
+pub(in crate::relay) fn txn_error(id: &str, e: TxnError) -> RunError {
     match e.kind {
         TxnErrorKind::Fenced => RunError::Fenced {
             id: id.to_owned(),

@@ -1,21 +1,18 @@
-//! The session's handlers: what each replication message and each delivery
-//! report does to the progress, the outgoing records and the metrics. They
-//! never wait: the loop in `session.rs` does all the waiting.
+//! Replication messages: what each one does to the progress, the queued
+//! records and the metrics. Rows and event messages are mapped here (or
+//! dead-lettered, or stop the relay).
 
 use std::sync::Arc;
 
 use pgoutput_decoder::{
-    Decoder, LogicalMessage, Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate, TupleData,
+    LogicalMessage, Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
-use sink_kafka::{DeliveryError, Record, Report};
 use tokio::time::Instant;
 
-use super::session::Session;
-use super::{Deliveries, Destination, RunError, Token};
-use crate::dead_letter::{failure_kind, DeadLetterKind, Origin};
+use super::Core;
+use crate::dead_letter::{DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
-use crate::metrics::{KindLabels, TopicLabel};
-use crate::progress::Ack;
+use crate::relay::{RunError, Token};
 
 /// What is known of an event that cannot be mapped, for its dead-letter copy.
 #[derive(Default)]
@@ -27,110 +24,10 @@ struct Unmapped {
     payload: Option<bytes::Bytes>,
 }
 
-impl<D: Destination, R: Deliveries> Session<'_, D, R> {
-    /// A delivery report received at `now` (`wall`, on the wall clock): ack
-    /// the event, dead-letter it, or stop.
-    pub(super) fn on_report(
-        &mut self,
-        report: Report<Token>,
-        now: Instant,
-        wall: PgTimestamp,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
-        if self.transactions.is_some() {
-            return self.on_transactional_report(report).map(|()| None);
-        }
-        let Report {
-            token,
-            result,
-            returned,
-        } = report;
-        match result {
-            Ok(_) => {
-                let update = match self.progress.ack(token.event, now)? {
-                    Ack::Current(update) => update,
-                    Ack::Stale => return Ok(None),
-                };
-                self.count_delivered(&token, wall);
-                Ok(update)
-            }
-            Err(error) => {
-                if !self.progress.is_current(token.event) {
-                    // Its transaction is re-sent by the new session.
-                    tracing::debug!(%error, "a report of an earlier session failed; ignored");
-                    return Ok(None);
-                }
-                if token.dead_letter.is_some() {
-                    tracing::error!(%error, lsn = %token.lsn, "the dead-letter copy failed");
-                    return Err(RunError::DeadLetter(error));
-                }
-                let copy = Token {
-                    dead_letter: Some(DeadLetterKind::Refused),
-                    ..token.clone()
-                };
-                match self
-                    .config
-                    .dead_letters
-                    .refused(&error, returned, token.lsn, copy)
-                {
-                    Some(record) => {
-                        tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, dead_letter_topic = %record.topic, "broker refused an event; dead-lettering it");
-                        self.outgoing.push_back(record);
-                        Ok(None)
-                    }
-                    None => Err(self.delivery_failed(&token, error)),
-                }
-            }
-        }
-    }
-
-    /// Metrics of an event delivered at `wall` (at least once:
-    /// acknowledged; exactly once: its transaction committed).
-    pub(super) fn count_delivered(&self, token: &Token, wall: PgTimestamp) {
-        let topic = self.metrics.topic_label(&token.topic);
-        match token.dead_letter {
-            Some(kind) => {
-                self.metrics
-                    .dead_lettered
-                    .get_or_create(&KindLabels {
-                        topic,
-                        kind: kind.as_str(),
-                    })
-                    .inc();
-            }
-            None => {
-                self.metrics
-                    .published
-                    .get_or_create(&TopicLabel { topic })
-                    .inc();
-                let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
-                self.metrics
-                    .commit_to_ack
-                    .observe(micros.max(0) as f64 / 1e6);
-                self.metrics.commit_to_ack_exact.record(micros);
-                if let (Some(spans), Some(span)) = (&self.config.spans, &token.span) {
-                    spans.end(span, token.commit_time, &token.topic, token.lsn);
-                }
-            }
-        }
-    }
-
-    /// A delivery that failed and stops walbox: counted, logged, returned.
-    pub(super) fn delivery_failed(&self, token: &Token, error: DeliveryError) -> RunError {
-        self.metrics
-            .failed
-            .get_or_create(&KindLabels {
-                topic: self.metrics.topic_label(&token.topic),
-                kind: failure_kind(error.kind),
-            })
-            .inc();
-        tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
-        RunError::Delivery(error)
-    }
-
+impl Core<'_> {
     /// Handles one frame; returns the status update due, if any.
-    pub(super) fn on_message(
+    pub(in crate::relay) fn on_message(
         &mut self,
-        decoder: &mut Decoder,
         message: ReplicationMessage,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let xlog = match message {
@@ -146,12 +43,12 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         };
         self.progress.received(xlog.wal_end());
         let lsn = xlog.wal_start();
-        match decoder.decode(xlog.into_data())? {
+        match self.decoder.decode(xlog.into_data())? {
             LogicalMessage::Begin(b) => {
                 self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
                 self.queued_in_transaction = 0;
-                if let Some(t) = &mut self.transactions {
+                if let Some(t) = &mut self.eos {
                     t.begin(b.final_lsn());
                 }
             }
@@ -165,7 +62,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
                         .record_n(micros, self.queued_in_transaction);
                     self.queued_in_transaction = 0;
                 }
-                if let Some(t) = &mut self.transactions {
+                if let Some(t) = &mut self.eos {
                     t.commit(c.commit_lsn());
                 }
                 return Ok(self
@@ -287,10 +184,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
     /// re-sent and Kafka has already (exactly-once: counted first, whether
     /// skipped or not, since the count is the event's index).
     fn skip_replayed(&mut self) -> bool {
-        let in_kafka = self
-            .transactions
-            .as_mut()
-            .is_some_and(|t| t.next_row_skipped());
+        let in_kafka = self.eos.as_mut().is_some_and(|t| t.next_row_skipped());
         if in_kafka || self.progress.replaying() {
             self.metrics.replays_skipped.inc();
             return true;
@@ -304,20 +198,13 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         self.queued_in_transaction += 1;
         tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
         if let Some(error) = self
-            .transactions
+            .eos
             .as_ref()
             .and_then(|t| t.refusal(lsn, t.current_index()))
         {
             // Refused for good before: straight to the dead-letter topic.
             let token = self.token(Arc::clone(&event.topic), lsn, Some(DeadLetterKind::Refused))?;
-            let returned = Record {
-                topic: event.topic,
-                key: Some(event.key),
-                value: event.value,
-                headers: event.headers,
-                timestamp_ms: event.timestamp_ms,
-                token: (),
-            };
+            let returned = event.into_record(());
             if let Some(record) =
                 self.config
                     .dead_letters
@@ -331,14 +218,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         }
         let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
-        self.outgoing.push_back(Record {
-            topic: event.topic,
-            key: Some(event.key),
-            value: event.value,
-            headers: event.headers,
-            timestamp_ms: event.timestamp_ms,
-            token,
-        });
+        self.outgoing.push_back(event.into_record(token));
         Ok(())
     }
 
@@ -390,7 +270,7 @@ impl<D: Destination, R: Deliveries> Session<'_, D, R> {
         Ok(Token {
             event: self.progress.event()?,
             lsn,
-            index: self.transactions.as_ref().map_or(0, |t| t.current_index()),
+            index: self.eos.as_ref().map_or(0, |t| t.current_index()),
             commit_time: self.commit_time,
             topic,
             dead_letter,
