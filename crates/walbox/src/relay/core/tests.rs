@@ -1,1 +1,350 @@
+//! The core alone, synchronously: frames in, effects out. No runtime, no
+//! fakes of the two ends: a test states the messages the server sends and
+//! the reports the broker gives, and reads what the core asks for (records
+//! to send, the position it would confirm, the error it stops with).
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pgoutput_decoder::test_util as frames;
+use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage};
+use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError};
+use slot_manager::{ChangeInFlight, Coverage, TableName};
+use tokio::time::Instant;
+
+use super::{Core, EosStartup, SessionStart, ToSend};
+use crate::config::EventSource;
+use crate::dead_letter::{DeadLetterKind, DeadLetters};
+use crate::exactly_once::{Bounds, ExactlyOnce};
+use crate::mapping::OutboxMapping;
+use crate::metrics::Metrics;
+use crate::relay::{RelayConfig, RunError, Token};
+
+const OUTBOX: u32 = 16_384;
+const HISTORY: &str = "7000000000000000001/1";
+
+fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> RelayConfig {
+    RelayConfig {
+        table: TableName::new("public", "outbox_events"),
+        mapping: OutboxMapping {
+            headers: None,
+            timestamp: None,
+            topic_template: "events".into(),
+            ..OutboxMapping::default()
+        },
+        source: EventSource::Table,
+        message_prefix: "walbox".into(),
+        dead_letters,
+        status_interval: Duration::from_secs(1),
+        shutdown_timeout: Duration::from_secs(30),
+        exactly_once,
+        save_positions: false,
+        spans: None,
+    }
+}
+
+fn transactions(max_events: usize) -> Option<ExactlyOnce> {
+    Some(ExactlyOnce {
+        progress_topic: "progress".into(),
+        transactional_id: "walbox-test".into(),
+        slot: "walbox".into(),
+        source: EventSource::Table,
+        bounds: Bounds {
+            max_events,
+            max_bytes: 1 << 20,
+            max_time: Duration::from_secs(60),
+        },
+    })
+}
+
+fn at(lsn: u64) -> Lsn {
+    Lsn::from(lsn)
+}
+
+fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
+    frames::xlog(at(lsn), at(lsn), data)
+}
+
+/// The frames of one transaction committing at `commit` (ending at
+/// `commit + 8`) with one outbox row per `(lsn, id, aggregate id)`.
+fn transaction(commit: u64, rows: &[(u64, &str, Option<&str>)]) -> Vec<ReplicationMessage> {
+    let time = PgTimestamp::from_pg_micros(1_000);
+    let columns = [
+        ("id", 2950),
+        ("aggregate_type", 25),
+        ("aggregate_id", 25),
+        ("event_type", 25),
+        ("payload", 3802),
+    ];
+    let mut frames = vec![
+        xlog(commit - 100, frames::begin(at(commit), time, 700)),
+        xlog(
+            commit - 100,
+            frames::relation(OUTBOX, "public", "outbox_events", &columns),
+        ),
+    ];
+    for (lsn, id, aggregate) in rows {
+        let values = [
+            Some(*id),
+            Some("order"),
+            *aggregate,
+            Some("Created"),
+            Some(r#"{"n":1}"#),
+        ];
+        frames.push(xlog(*lsn, frames::insert(OUTBOX, &values)));
+    }
+    frames.push(frames::xlog(
+        at(commit),
+        at(commit + 8),
+        frames::commit(at(commit), at(commit + 8), time),
+    ));
+    frames
+}
+
+/// A reading that verifies the coverage up to `wal`.
+fn covered(wal: u64) -> Coverage {
+    Coverage {
+        wal_lsn: at(wal),
+        table_oid: Some(OUTBOX),
+        gap: None,
+        fingerprint: "covered".into(),
+        in_flight: ChangeInFlight::Nothing,
+    }
+}
+
+/// A core on `config` with a session started at the slot's position `slot`
+/// (exactly-once: registered, no progress committed yet).
+fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
+    let mut core = Core::new(config, Metrics::new());
+    start(&mut core, slot);
+    core.on_coverage(covered(1 << 20)).unwrap();
+    core
+}
+
+fn start(core: &mut Core<'_>, slot: u64) {
+    let start = SessionStart {
+        confirmed: at(slot),
+        history: HISTORY,
+        server_wal: at(1 << 20),
+        domains: HashMap::new(),
+    };
+    if let EosStartup::ReadProgress { .. } = core.start_session(start) {
+        core.on_producer_registered();
+        core.on_progress_read(Ok(None), at(1 << 20)).unwrap();
+    }
+}
+
+fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
+    for frame in frames {
+        core.on_message(frame).unwrap();
+    }
+}
+
+/// Every record the core asks to send now.
+fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
+    std::iter::from_fn(|| core.take_send(Instant::now())).collect()
+}
+
+fn acked(token: Token) -> Report<Token> {
+    Report {
+        token,
+        result: Ok(Delivered {
+            partition: 0,
+            offset: 0,
+        }),
+        returned: None,
+    }
+}
+
+fn refused(record: Record<Token>) -> Report<Token> {
+    let Record {
+        topic,
+        key,
+        value,
+        headers,
+        timestamp_ms,
+        token,
+    } = record;
+    Report {
+        token,
+        result: Err(DeliveryError {
+            kind: DeliveryErrorKind::Permanent,
+            code: None,
+            message: "Broker: Message size too large".into(),
+        }),
+        returned: Some(Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp_ms,
+            token: (),
+        }),
+    }
+}
+
+fn report(core: &mut Core<'_>, report: Report<Token>) -> Result<(), RunError> {
+    core.on_report(report, Instant::now(), PgTimestamp::now())
+        .map(|_| ())
+}
+
+/// The position the core would confirm now.
+fn confirmable(core: &mut Core<'_>) -> u64 {
+    core.final_update(Instant::now()).flush.as_u64()
+}
+
+fn header<'r>(record: &'r Record<Token>, name: &str) -> Option<&'r [u8]> {
+    record
+        .headers
+        .iter()
+        .find(|h| h.name == name)
+        .map(|h| h.value.as_ref())
+}
+
+#[test]
+fn an_event_is_sent_keyed_and_confirmed_only_once_acked() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("order-7"))]));
+    let mut sent = sends(&mut core);
+    assert_eq!(sent.len(), 1);
+    let send = sent.remove(0);
+    assert!(!send.begin_transaction);
+    let record = send.record;
+    assert_eq!(&*record.topic, "events");
+    assert_eq!(record.key.as_deref(), Some(&b"order-7"[..]));
+    assert_eq!(header(&record, "id"), Some(&b"e-1"[..]));
+    assert_eq!(record.value.as_deref(), Some(&br#"{"n":1}"#[..]));
+    assert_eq!(confirmable(&mut core), 0, "nothing confirmed before the ack");
+    report(&mut core, acked(record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 1_008);
+}
+
+#[test]
+fn the_slot_waits_for_the_oldest_unacked_event() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    feed(&mut core, transaction(2_000, &[(1_950, "e-2", Some("b"))]));
+    let sent = sends(&mut core);
+    let [first, second] = <[ToSend; 2]>::try_from(sent).ok().expect("two records");
+    report(&mut core, acked(second.record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 0, "the first event is not acked");
+    report(&mut core, acked(first.record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 2_008);
+}
+
+#[test]
+fn a_refused_event_is_dead_lettered_before_the_slot_passes_it() {
+    let config = config(DeadLetters::to_topic("dead"), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let record = sends(&mut core).remove(0).record;
+    report(&mut core, refused(record)).unwrap();
+    assert_eq!(confirmable(&mut core), 0, "refused, not delivered");
+    let copy = sends(&mut core).remove(0).record;
+    assert_eq!(&*copy.topic, "dead");
+    assert_eq!(copy.key.as_deref(), Some(&b"a"[..]));
+    assert_eq!(copy.token.dead_letter, Some(DeadLetterKind::Refused));
+    report(&mut core, acked(copy.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 1_008);
+}
+
+#[test]
+fn without_a_dead_letter_topic_a_refusal_stops_before_the_event() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let record = sends(&mut core).remove(0).record;
+    let stopped = report(&mut core, refused(record)).unwrap_err();
+    assert!(matches!(stopped, RunError::Delivery(_)), "{stopped}");
+    assert_eq!(confirmable(&mut core), 0);
+}
+
+#[test]
+fn an_unmappable_row_stops_before_it_without_a_dead_letter_topic() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    let mut frames = transaction(1_000, &[(950, "e-1", None)]);
+    let commit = frames.pop().unwrap();
+    let insert = frames.pop().unwrap();
+    feed(&mut core, frames);
+    let stopped = core.on_message(insert).unwrap_err();
+    assert!(matches!(stopped, RunError::Map(_)), "{stopped}");
+    drop(commit);
+    assert_eq!(confirmable(&mut core), 0);
+}
+
+#[test]
+fn a_replay_of_what_was_delivered_is_not_sent_again() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let record = sends(&mut core).remove(0).record;
+    report(&mut core, acked(record.token)).unwrap();
+    // The server restarted before a checkpoint: the slot resumes at 0.
+    start(&mut core, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    assert!(sends(&mut core).is_empty(), "the replay is skipped");
+    feed(&mut core, transaction(2_000, &[(1_950, "e-2", Some("a"))]));
+    let next = sends(&mut core);
+    assert_eq!(next.len(), 1);
+    assert_eq!(header(&next[0].record, "id"), Some(&b"e-2"[..]));
+}
+
+#[test]
+fn a_changed_coverage_stops_with_the_slot_before_what_it_could_hide() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let record = sends(&mut core).remove(0).record;
+    report(&mut core, acked(record.token)).unwrap();
+    let changed = Coverage {
+        fingerprint: "recreated".into(),
+        table_oid: Some(OUTBOX + 1),
+        ..covered(1 << 21)
+    };
+    let stopped = core.on_coverage(changed).unwrap_err();
+    assert!(matches!(stopped, RunError::Drift(_)), "{stopped}");
+}
+
+#[test]
+fn exactly_once_events_are_delivered_only_when_their_transaction_commits() {
+    let config = config(DeadLetters::halt(), transactions(1));
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let event = sends(&mut core).remove(0);
+    assert!(event.begin_transaction, "the first record opens a transaction");
+    core.close_if_due(Instant::now(), false);
+    let progress = sends(&mut core).remove(0);
+    assert!(!progress.begin_transaction);
+    assert_eq!(&*progress.record.topic, "progress");
+    assert!(core.start_commit());
+    report(&mut core, acked(event.record.token)).unwrap();
+    report(&mut core, acked(progress.record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 0, "acked but not committed");
+    core.on_committed(Ok(())).unwrap();
+    assert_eq!(confirmable(&mut core), 1_008);
+}
+
+#[test]
+fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
+    let config = config(DeadLetters::halt(), transactions(1));
+    let mut core = started(&config, 0);
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let event = sends(&mut core).remove(0);
+    core.close_if_due(Instant::now(), false);
+    let progress = sends(&mut core).remove(0);
+    assert!(core.start_commit());
+    report(&mut core, acked(event.record.token)).unwrap();
+    report(&mut core, acked(progress.record.token)).unwrap();
+    let failed = TxnError {
+        kind: sink_kafka::TxnErrorKind::Abortable,
+        message: "Broker: Coordinator not available".into(),
+    };
+    let stopped = core.on_committed(Err(failed)).unwrap_err();
+    assert!(matches!(stopped, RunError::Aborted(_)), "{stopped}");
+    assert!(core.abort_needed(), "the transaction is aborted");
+    assert_eq!(confirmable(&mut core), 0);
+}
