@@ -16,7 +16,6 @@ pub mod format;
 pub mod logging;
 pub mod mapping;
 pub mod metrics;
-pub mod positions;
 pub mod progress;
 pub mod relay;
 pub mod retention;

@@ -7,7 +7,7 @@
 //! once it is older than the retention **and** its transaction was
 //! delivered: its timestamp is before the commit time of the newest
 //! delivered transaction (saved in `walbox.positions`, see
-//! [`crate::positions`]) less the recreate margin.
+//! [`crate::bookkeeping::positions`]) less the recreate margin.
 //! Until walbox saved a position, nothing is removed.
 //!
 //! Two ways, chosen by the table:
@@ -146,7 +146,7 @@ impl Retention {
     /// The newest timestamp that may go, as text; `None` before every slot
     /// saved a delivered position.
     async fn cutoff(&self, client: &Client) -> Result<Option<String>, Error> {
-        let row = crate::positions::select_every(
+        let row = crate::bookkeeping::positions::select_every(
             client,
             "least(now() - make_interval(secs => $2), min(committed_at) - make_interval(secs => $3))::text",
             &[&self.slots, &self.keep.as_secs_f64(), &self.margin.as_secs_f64()],

@@ -5,12 +5,12 @@ use std::time::Duration;
 use slot_manager::slot_status;
 use tokio_postgres::Client;
 
-use super::store::{self, Request};
 use super::{backfill, BackfillError, Outcome, Plan};
+use crate::bookkeeping::backfills::{self as store, Request};
 
 /// Recreates the invalidated `slot` and republishes the outbox rows whose
 /// timestamp is at or after the commit time walbox last saved, less
-/// `margin` (see [`crate::positions`]).
+/// `margin` (see [`crate::bookkeeping::positions`]).
 ///
 /// Every transaction after the saved position committed after the saved
 /// commit time; its rows carry a timestamp taken before their commit (the
@@ -22,7 +22,7 @@ pub async fn heal(
     control: &mut Client,
     margin: Duration,
 ) -> Result<Outcome, BackfillError> {
-    let since = crate::positions::saved_commit_time(control, plan.slot, margin)
+    let since = crate::bookkeeping::positions::saved_commit_time(control, plan.slot, margin)
         .await?
         .ok_or_else(|| BackfillError::NoSavedPosition(plan.slot.to_owned()))?;
     tracing::warn!(

@@ -22,7 +22,6 @@ pub mod cursor;
 mod heal;
 pub mod order;
 mod publish;
-pub mod store;
 
 use std::time::Duration;
 
@@ -30,11 +29,11 @@ use sink_kafka::DeliveryError;
 use slot_manager::{slot_status, PgConfig, ReplicationClient, TableName};
 use tokio_postgres::Client;
 
+pub use crate::bookkeeping::backfills::Request;
+use crate::bookkeeping::backfills::{self as store, Publishing, State};
 use crate::config::RunSettings;
 use crate::mapping::{MapError, OutboxMapping};
 pub use heal::{heal, republish_since};
-pub use store::Request;
-use store::{Publishing, State};
 
 /// Rows read from `walbox.backfill_rows` at a time.
 const BATCH: i64 = 2_000;
@@ -243,48 +242,4 @@ async fn start(
         consistent_point: exported.consistent_point,
         columns,
     })
-}
-
-/// The request of `slot`'s unfinished backfill or heal, in any state
-/// (`walbox run` finishes it before streaming), if any. Its record holds
-/// all a rerun needs: the condition (for a heal, the time it republishes
-/// from) and the order; a record in state `snapshot` is started over (its
-/// slot, if any, never streamed), one in `publishing` resumes after its
-/// saved cursor.
-pub async fn resumable(
-    client: &Client,
-    slot: &str,
-) -> Result<Option<Request>, slot_manager::Error> {
-    Ok(match store::load(client, slot).await? {
-        Some((request, State::Snapshot | State::Publishing(_))) => Some(request),
-        _ => None,
-    })
-}
-
-/// Whether `slot` has a backfill that is not done (then `walbox run` must
-/// not stream yet): `(published, total)`.
-pub async fn unfinished(
-    client: &Client,
-    slot: &str,
-) -> Result<Option<(u64, u64)>, slot_manager::Error> {
-    Ok(match store::load(client, slot).await? {
-        Some((_, State::Snapshot)) => Some((0, 0)),
-        Some((_, State::Publishing(p))) => Some((p.published, p.total)),
-        _ => None,
-    })
-}
-
-/// The slot's backfill in a few words, for `walbox status`.
-pub async fn describe(client: &Client, slot: &str) -> Result<Option<String>, slot_manager::Error> {
-    Ok(store::load(client, slot).await?.map(|(request, state)| {
-        let what = format!("{:?} ordered by {:?}", request.condition, request.order_by);
-        match state {
-            State::Snapshot => format!("unfinished, before its snapshot was copied ({what}); `walbox run` or a rerun of the command that began it finishes it"),
-            State::Publishing(p) => format!(
-                "unfinished: {} of {} events published ({what}); `walbox run` or a rerun of `walbox init-slot --backfill` finishes it",
-                p.published, p.total
-            ),
-            State::Done { total } => format!("done: {total} events ({what})"),
-        }
-    }))
 }

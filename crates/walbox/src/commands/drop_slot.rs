@@ -40,7 +40,7 @@ pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
         }
         println!("slot {:?}: {}", c.slot, outcome(dropped.slot));
         // A backfill's bookkeeping belongs to its slot.
-        if let Err(e) = crate::backfill::store::forget(&client, &c.slot).await {
+        if let Err(e) = crate::bookkeeping::backfills::forget(&client, &c.slot).await {
             tracing::warn!(error = %e, "the slot's backfill record in walbox.backfills was not removed");
         }
         if args.drop_publication {

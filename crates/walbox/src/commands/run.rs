@@ -343,7 +343,7 @@ async fn prepare_slot(
         settings,
     };
     let finished = async {
-        if let Some(request) = crate::backfill::resumable(&control, &c.slot).await? {
+        if let Some(request) = crate::bookkeeping::backfills::resumable(&control, &c.slot).await? {
             tracing::info!(slot = %c.slot, condition = %request.condition, "finishing the interrupted backfill or heal before streaming");
             crate::backfill::backfill(plan, &mut control, &request).await?;
         }

@@ -86,7 +86,7 @@ async fn status(
     } else {
         message_coverage(client, &c.publication).await?
     };
-    let saved = crate::positions::saved(client, &c.slot)
+    let saved = crate::bookkeeping::positions::saved(client, &c.slot)
         .await?
         .map(|(lsn, committed, saved)| format!("{lsn} (commit {committed}, saved {saved})"));
     Ok(Status {
@@ -110,7 +110,7 @@ async fn status(
         publication_covers: covered.gap.is_none(),
         publication_problem: covered.gap,
         saved_position: saved,
-        backfill: crate::backfill::describe(client, &c.slot).await?,
+        backfill: crate::bookkeeping::backfills::describe(client, &c.slot).await?,
     })
 }
 

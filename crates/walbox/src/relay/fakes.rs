@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use slot_manager::{ChangeInFlight, Coverage};
 
-use super::{Deliveries, Destination, ReplicationStream, RunError, Source, Started, Token};
+use super::{Deliveries, Destination, Input, ReplicationStream, RunError, Source, Started, Token};
 
 // ---- frames ---------------------------------------------------------------
 
@@ -336,11 +336,11 @@ impl Source for FakeSource {
 }
 
 impl ReplicationStream for FakeStream {
-    async fn next(&mut self) -> Result<ReplicationMessage, RunError> {
+    async fn next(&mut self) -> Result<Input, RunError> {
         match self.rx.recv().await {
             Some(item) => {
                 self.unread.fetch_sub(1, Ordering::SeqCst);
-                item
+                item.map(Input::Message)
             }
             None => Err(RunError::Postgres(slot_manager::Error::StreamEnded)),
         }

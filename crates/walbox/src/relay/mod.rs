@@ -86,7 +86,7 @@ use crate::spans::{EventSpan, Spans};
 
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
-pub use source::{PostgresSource, ReplicationStream, Source, Started};
+pub use source::{CopiedRow, Input, PostgresSource, ReplicationStream, Source, Started};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::core::{txn_error, Core, EosStartup, SessionStart};
 use super::{
-    Backoff, Deliveries, Destination, RelayConfig, ReplicationStream, RunError, Source, Started,
-    Stop,
+    Backoff, Deliveries, Destination, Input, RelayConfig, ReplicationStream, RunError, Source,
+    Started, Stop,
 };
 use crate::metrics::Metrics;
 
@@ -40,6 +40,8 @@ enum Read {
     Empty,
     /// The batch was full, or records wait for room.
     Full,
+    /// The stream ended ([`Input::End`]).
+    End,
 }
 
 /// How often the slot's retained WAL is sampled for the metrics.
@@ -71,6 +73,10 @@ const REPLY_AFTER: Duration = Duration::from_secs(10);
 /// session starts.
 pub(super) const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the deliveries of a stream that ended may take to report
+/// (the producer's own timeouts end each one well before).
+const EXHAUSTED_DRAIN: Duration = Duration::from_secs(3600);
+
 /// How long starting a session (connections, checks, START_REPLICATION) may
 /// take before it is retried.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -81,6 +87,9 @@ enum Ending {
     Drain { deadline: Instant },
     /// Immediate shutdown: confirm what was acked and go.
     Now,
+    /// The stream ended (a backfill's rows are all read): wait for every
+    /// delivery, confirm.
+    Exhausted,
 }
 
 /// The relay's two ends and its core.
@@ -191,7 +200,12 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         };
         match result {
             Ok(ending) => {
-                if let Ending::Drain { deadline } = ending {
+                let deadline = match ending {
+                    Ending::Drain { deadline } => Some(deadline),
+                    Ending::Exhausted => Some(Instant::now() + EXHAUSTED_DRAIN),
+                    Ending::Now => None,
+                };
+                if let Some(deadline) = deadline {
                     self.drain(&mut stream, shutdown, deadline).await?;
                     self.verify_coverage_now(&mut stream).await?;
                 }
@@ -422,6 +436,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                             pause.as_mut().reset(Instant::now() + READ_PAUSE);
                             Ok(())
                         }
+                        Ok(Read::End) => break Ok(Ending::Exhausted),
                         other => other.map(|_| ()),
                     }
                 }
@@ -471,7 +486,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         result
     }
 
-    /// Handles `first` and then up to `batch - 1` more messages that can be
+    /// Handles `first` and then up to `batch - 1` more inputs that can be
     /// read without waiting, while each one's records found room at once.
     /// A turn of the select loop polls every branch, registers wakers and
     /// reads the clock: once per message it was about a third of walbox's
@@ -479,12 +494,15 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     async fn on_messages<S: ReplicationStream>(
         &mut self,
         stream: &mut S,
-        first: Result<pgoutput_decoder::ReplicationMessage, RunError>,
+        first: Result<Input, RunError>,
         batch: usize,
     ) -> Result<Read, RunError> {
         let mut message = first;
         for _ in 1..batch {
-            let update = self.core.on_message(message?)?;
+            let update = match message? {
+                Input::End => return Ok(Read::End),
+                input => self.core.on_input(input)?,
+            };
             send_status(stream, update).await?;
             self.send_while_room().await?;
             if self.core.waiting().is_some() {
@@ -495,7 +513,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 None => return Ok(Read::Empty),
             }
         }
-        let update = self.core.on_message(message?)?;
+        let update = match message? {
+            Input::End => return Ok(Read::End),
+            input => self.core.on_input(input)?,
+        };
         send_status(stream, update).await?;
         self.send_while_room().await?;
         Ok(Read::Full)

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
+use pgoutput_decoder::{
+    Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
+};
 use slot_manager::{
     check_server, check_table, connect_control, domain_base_types, start_streaming, Coverage,
     CoverageReader, LogicalReplicationStream, PgConfig, ReplicationOptions, ShardFilter, TableName,
@@ -44,13 +46,45 @@ pub struct Started<S> {
     pub domains: HashMap<u32, u32>,
 }
 
-/// One replication session.
+/// What a stream yields to the relay's core.
+#[derive(Debug)]
+pub enum Input {
+    /// A replication message: XLogData or a keepalive.
+    Message(ReplicationMessage),
+    /// The outbox table's columns as the catalog has them, for the rows
+    /// that follow (a backfill's stream: it has no Relation messages).
+    Relation(RelationBody),
+    /// A row copied out of the outbox table (a backfill's stream).
+    Row(CopiedRow),
+    /// Nothing more will come: the session delivers what it read, confirms
+    /// it and ends.
+    End,
+}
+
+/// A row of the outbox table read with SQL, not from the WAL.
+#[derive(Debug)]
+pub struct CopiedRow {
+    /// Its number in publishing order, from 1: the position the status
+    /// updates of its stream confirm.
+    pub n: u64,
+    /// The OID of the [`Input::Relation`] that describes it.
+    pub relation: u32,
+    /// Its values, in the relation's column order.
+    pub tuple: TupleData,
+    /// The WAL position it is reported at (in logs and dead-letter
+    /// headers): for a backfill, the slot's consistent point, which it
+    /// committed before.
+    pub lsn: Lsn,
+}
+
+/// One session's stream: a replication session, or a backfill's rows.
 #[allow(async_fn_in_trait)]
 pub trait ReplicationStream {
-    /// The next XLogData or keepalive. Cancel-safe.
-    async fn next(&mut self) -> Result<ReplicationMessage, RunError>;
+    /// The next input. Cancel-safe.
+    async fn next(&mut self) -> Result<Input, RunError>;
 
-    /// Sends a standby status update (moves the slot's confirmed position).
+    /// Sends a standby status update (moves the slot's confirmed position;
+    /// a backfill's stream saves its cursor).
     async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError>;
 
     /// What the publication publishes of the outbox table now (a catalog
@@ -134,7 +168,7 @@ pub struct PostgresStream {
 impl PostgresSource {
     /// Refuses to stream while the slot has an unfinished backfill or heal.
     async fn check_no_backfill(&self, control: &Client) -> Result<(), RunError> {
-        match crate::backfill::unfinished(control, &self.slot).await? {
+        match crate::bookkeeping::backfills::unfinished(control, &self.slot).await? {
             Some((published, total)) => Err(RunError::BackfillPending {
                 slot: self.slot.clone(),
                 published,
@@ -196,8 +230,8 @@ impl Source for PostgresSource {
 }
 
 impl ReplicationStream for PostgresStream {
-    async fn next(&mut self) -> Result<ReplicationMessage, RunError> {
-        Ok(self.stream.next_message().await?)
+    async fn next(&mut self) -> Result<Input, RunError> {
+        Ok(Input::Message(self.stream.next_message().await?))
     }
 
     async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
@@ -230,7 +264,8 @@ impl ReplicationStream for PostgresStream {
         delivered: Lsn,
         committed: PgTimestamp,
     ) -> Result<(), String> {
-        let save = crate::positions::save(&self.control, &self.slot, delivered, committed);
+        let save =
+            crate::bookkeeping::positions::save(&self.control, &self.slot, delivered, committed);
         match tokio::time::timeout(std::time::Duration::from_secs(5), save).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err("no answer within 5 s".into()),

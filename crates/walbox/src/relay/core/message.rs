@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use pgoutput_decoder::{
-    LogicalMessage, Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate, TupleData,
+    LogicalMessage, Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate,
+    TupleData,
 };
 use tokio::time::Instant;
 
 use super::Core;
 use crate::dead_letter::{DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
-use crate::relay::{RunError, Token};
+use crate::relay::{CopiedRow, RunError, Token};
 
 /// What is known of an event that cannot be mapped, for its dead-letter copy.
 #[derive(Default)]
@@ -69,24 +70,7 @@ impl Core<'_> {
                     .progress
                     .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?);
             }
-            LogicalMessage::Relation(r) => {
-                // The outbox is the configured name or the table's OID: a
-                // replay may carry the table under an earlier name, or an
-                // earlier table of the same name. The message describes
-                // the tuples that follow it, so the mapping is resolved
-                // again from it every time (a column dropped, a table
-                // renamed: never a stale column position).
-                let table = &self.config.table;
-                let named = r.namespace() == table.schema() && r.name() == table.name();
-                let current = self.coverage.as_ref().and_then(|c| c.table_oid);
-                if named || current == Some(r.oid()) || self.outbox.contains_key(&r.oid()) {
-                    if !named {
-                        tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
-                    }
-                    let resolved = self.config.mapping.resolve_with(&r, &self.domains);
-                    self.outbox.insert(r.oid(), Arc::new(resolved));
-                }
-            }
+            LogicalMessage::Relation(r) => self.on_relation(&r),
             LogicalMessage::Insert(insert) => {
                 let Some(columns) = self.outbox.get(&insert.relation_oid()) else {
                     return Ok(None); // another table (publication changed by hand)
@@ -122,6 +106,44 @@ impl Core<'_> {
             other => return Err(RunError::Unexpected(other.tag() as char)),
         }
         Ok(None)
+    }
+
+    /// A relation's description. The outbox is the configured name or the
+    /// table's OID: a replay may carry the table under an earlier name, or
+    /// an earlier table of the same name. The message describes the tuples
+    /// that follow it, so the mapping is resolved again from it every time
+    /// (a column dropped, a table renamed: never a stale column position).
+    pub(in crate::relay) fn on_relation(&mut self, r: &RelationBody) {
+        let table = &self.config.table;
+        let named = r.namespace() == table.schema() && r.name() == table.name();
+        let current = self.coverage.as_ref().and_then(|c| c.table_oid);
+        if named || current == Some(r.oid()) || self.outbox.contains_key(&r.oid()) {
+            if !named {
+                tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
+            }
+            let resolved = self.config.mapping.resolve_with(r, &self.domains);
+            self.outbox.insert(r.oid(), Arc::new(resolved));
+        }
+    }
+
+    /// A row copied out of the outbox table (a backfill): one event in a
+    /// transaction of its own at position `row.n`, mapped, dead-lettered or
+    /// refused exactly as a streamed row. Returns the status update due.
+    pub(in crate::relay) fn on_row(
+        &mut self,
+        row: CopiedRow,
+    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        let at = Lsn::from(row.n);
+        let columns = self
+            .outbox
+            .get(&row.relation)
+            .map(Arc::clone)
+            .expect("a backfill's stream describes its relation before its rows");
+        self.progress.received(at);
+        self.progress.begin_at(at, PgTimestamp::default())?;
+        self.commit_time = PgTimestamp::default();
+        self.on_insert(&columns, &row.tuple, row.lsn)?;
+        Ok(self.progress.commit(at, at, Instant::now())?)
     }
 
     /// Maps an inserted row and queues its record (or its dead-letter

@@ -7,6 +7,7 @@
 //! | a session started                       | [`Core::start_session`]         | exactly-once: register, read the progress  |
 //! | the committed progress read             | [`Core::on_progress_read`]      | stop (unreadable, or another source)       |
 //! | a replication message                   | [`Core::on_message`]            | records queued; a status update            |
+//! | a backfill's row (and its relation)     | [`Core::on_row`], [`Core::on_relation`] | its record queued; a status update |
 //! | a delivery report                       | [`Core::on_report`]             | a status update; a dead-letter copy queued; stop |
 //! | a coverage reading                      | [`Core::on_coverage`]           | a status update; stop (drift)              |
 //! | a tick of the status timer              | [`Core::tick`]                  | a status update                            |
@@ -39,7 +40,7 @@ use sink_kafka::Record;
 use slot_manager::Coverage;
 use tokio::time::Instant;
 
-use super::{RelayConfig, Token};
+use super::{Input, RelayConfig, RunError, Token};
 use crate::mapping::{ColumnIndexes, MapError, Topics};
 use crate::metrics::Metrics;
 use crate::progress::{History, Progress, EAGER_GAP};
@@ -175,6 +176,23 @@ impl<'a> Core<'a> {
         self.outbox.clear();
         self.domains = domains;
         self.start_transactions(history, server_wal, same)
+    }
+
+    /// One input of a stream (not [`Input::End`], which the session
+    /// handles); returns the status update due, if any.
+    pub(super) fn on_input(
+        &mut self,
+        input: Input,
+    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        match input {
+            Input::Message(message) => self.on_message(message),
+            Input::Relation(relation) => {
+                self.on_relation(&relation);
+                Ok(None)
+            }
+            Input::Row(row) => self.on_row(row),
+            Input::End => Ok(None),
+        }
     }
 
     /// The size of the first record waiting to be sent, if any.

@@ -86,11 +86,14 @@ impl Core<'_> {
                     .published
                     .get_or_create(&TopicLabel { topic })
                     .inc();
-                let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
-                self.metrics
-                    .commit_to_ack
-                    .observe(micros.max(0) as f64 / 1e6);
-                self.metrics.commit_to_ack_exact.record(micros);
+                // A backfilled row has no commit time: no latency.
+                if token.commit_time != PgTimestamp::default() {
+                    let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
+                    self.metrics
+                        .commit_to_ack
+                        .observe(micros.max(0) as f64 / 1e6);
+                    self.metrics.commit_to_ack_exact.record(micros);
+                }
                 if let (Some(spans), Some(span)) = (&self.config.spans, &token.span) {
                     spans.end(span, token.commit_time, &token.topic, token.lsn);
                 }

@@ -206,7 +206,10 @@ fn header<'r>(record: &'r Record<Token>, name: &str) -> Option<&'r [u8]> {
 fn an_event_is_sent_keyed_and_confirmed_only_once_acked() {
     let config = config(DeadLetters::halt(), None);
     let mut core = started(&config, 0);
-    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("order-7"))]));
+    feed(
+        &mut core,
+        transaction(1_000, &[(950, "e-1", Some("order-7"))]),
+    );
     let mut sent = sends(&mut core);
     assert_eq!(sent.len(), 1);
     let send = sent.remove(0);
@@ -216,7 +219,11 @@ fn an_event_is_sent_keyed_and_confirmed_only_once_acked() {
     assert_eq!(record.key.as_deref(), Some(&b"order-7"[..]));
     assert_eq!(header(&record, "id"), Some(&b"e-1"[..]));
     assert_eq!(record.value.as_deref(), Some(&br#"{"n":1}"#[..]));
-    assert_eq!(confirmable(&mut core), 0, "nothing confirmed before the ack");
+    assert_eq!(
+        confirmable(&mut core),
+        0,
+        "nothing confirmed before the ack"
+    );
     report(&mut core, acked(record.token)).unwrap();
     assert_eq!(confirmable(&mut core), 1_008);
 }
@@ -315,7 +322,10 @@ fn exactly_once_events_are_delivered_only_when_their_transaction_commits() {
     let mut core = started(&config, 0);
     feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
     let event = sends(&mut core).remove(0);
-    assert!(event.begin_transaction, "the first record opens a transaction");
+    assert!(
+        event.begin_transaction,
+        "the first record opens a transaction"
+    );
     core.close_if_due(Instant::now(), false);
     let progress = sends(&mut core).remove(0);
     assert!(!progress.begin_transaction);

@@ -339,3 +339,47 @@ pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// The request of `slot`'s unfinished backfill or heal, in any state
+/// (`walbox run` finishes it before streaming), if any. Its record holds
+/// all a rerun needs: the condition (for a heal, the time it republishes
+/// from) and the order; a record in state `snapshot` is started over (its
+/// slot, if any, never streamed), one in `publishing` resumes after its
+/// saved cursor.
+pub async fn resumable(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<Request>, slot_manager::Error> {
+    Ok(match load(client, slot).await? {
+        Some((request, State::Snapshot | State::Publishing(_))) => Some(request),
+        _ => None,
+    })
+}
+
+/// Whether `slot` has a backfill that is not done (then `walbox run` must
+/// not stream yet): `(published, total)`.
+pub async fn unfinished(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<(u64, u64)>, slot_manager::Error> {
+    Ok(match load(client, slot).await? {
+        Some((_, State::Snapshot)) => Some((0, 0)),
+        Some((_, State::Publishing(p))) => Some((p.published, p.total)),
+        _ => None,
+    })
+}
+
+/// The slot's backfill in a few words, for `walbox status`.
+pub async fn describe(client: &Client, slot: &str) -> Result<Option<String>, slot_manager::Error> {
+    Ok(load(client, slot).await?.map(|(request, state)| {
+        let what = format!("{:?} ordered by {:?}", request.condition, request.order_by);
+        match state {
+            State::Snapshot => format!("unfinished, before its snapshot was copied ({what}); `walbox run` or a rerun of the command that began it finishes it"),
+            State::Publishing(p) => format!(
+                "unfinished: {} of {} events published ({what}); `walbox run` or a rerun of `walbox init-slot --backfill` finishes it",
+                p.published, p.total
+            ),
+            State::Done { total } => format!("done: {total} events ({what})"),
+        }
+    }))
+}

@@ -1,6 +1,10 @@
-//! walbox's own tables in Postgres, in the schema `walbox`: a backfill's
-//! state ([`crate::backfill::store`]) and the saved delivered position
-//! ([`crate::positions`]). Each is created on first use, by whoever may.
+//! walbox's own tables in Postgres, in the schema `walbox`, and every
+//! statement walbox runs against them: a backfill's or heal's state and
+//! copied rows ([`backfills`]) and the saved delivered position
+//! ([`positions`]). Each table is created on first use, by whoever may.
+
+pub mod backfills;
+pub mod positions;
 
 use slot_manager::Error;
 use tokio_postgres::Client;
