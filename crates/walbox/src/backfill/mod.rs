@@ -10,7 +10,7 @@
 //! Resuming: the matching rows are first copied out of the snapshot into
 //! `walbox.backfill_rows`, numbered in publishing order ([`store`]); the
 //! number of the last row that was delivered with all before it is saved
-//! every second. A rerun after a crash publishes from there: duplicates are
+//! as it moves (at most every 50 ms). A rerun after a crash publishes from there: duplicates are
 //! at most the rows in flight or delivered in the last second, never a
 //! loss. `walbox run` refuses to stream while a backfill is unfinished, so
 //! one aggregate's backfilled events always precede its streamed ones.
@@ -18,14 +18,12 @@
 //! The backfill writes with the at-least-once producer, exactly-once mode
 //! included: its rows carry their event ids for deduplication.
 
-pub mod cursor;
 mod heal;
 pub mod order;
 mod publish;
 
 use std::time::Duration;
 
-use sink_kafka::DeliveryError;
 use slot_manager::{slot_status, PgConfig, ReplicationClient, TableName};
 use tokio_postgres::Client;
 
@@ -37,7 +35,8 @@ pub use heal::{heal, republish_since};
 
 /// Rows read from `walbox.backfill_rows` at a time.
 const BATCH: i64 = 2_000;
-/// How often the cursor is saved.
+/// How often the cursor is saved while it does not move (it is saved
+/// when it moves, at most every 50 ms).
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// How often a progress line is written.
 const REPORT_EVERY: Duration = Duration::from_secs(2);
@@ -70,26 +69,14 @@ pub enum BackfillError {
     /// The table cannot be mapped (a column's type).
     #[error(transparent)]
     Mapping(MapError),
-    /// A row too large for a Kafka record.
-    #[error("backfill row {0}: too large to publish")]
-    RowTooLarge(u64),
-    /// A row that cannot be mapped, with no dead-letter topic.
-    #[error("backfill row {n}: {error}; set dead_letter_topic to publish such rows there, or fix the row, then rerun to resume")]
-    Unmappable {
-        /// The row's number.
-        n: u64,
-        /// Why.
-        error: MapError,
-    },
-    /// A delivery failed (with no dead-letter topic, or not for good).
-    #[error("backfill row {n}: {error}; rerun `walbox init-slot --backfill` to resume after row {resume_after}")]
-    Delivery {
-        /// The row's number.
-        n: u64,
-        /// Why.
-        error: DeliveryError,
-        /// Where a rerun resumes.
+    /// Publishing stopped: a row that cannot be mapped with no dead-letter
+    /// topic, a delivery that failed, Postgres.
+    #[error("{source}; the backfill stopped with every row up to {resume_after} delivered: fix the cause and rerun `walbox init-slot --backfill` (or `walbox run`) to resume after it")]
+    Stopped {
+        /// Rows up to this one were delivered (the saved cursor).
         resume_after: u64,
+        /// Why.
+        source: Box<crate::relay::RunError>,
     },
     /// The producer.
     #[error(transparent)]

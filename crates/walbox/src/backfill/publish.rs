@@ -1,23 +1,37 @@
-//! Publishing the copied rows: mapped exactly like streamed ones, sent
-//! within the producer's in-flight bounds, the delivered prefix saved every
-//! second ([`super::cursor`]).
+//! Publishing the copied rows: they are a second source of the relay, fed
+//! to the same core as streamed rows ([`crate::relay::run_once`]), so one
+//! path maps them, bounds what is in flight, dead-letters what cannot be
+//! delivered and decides what counts as delivered.
+//!
+//! The rows' stream yields the outbox table's relation (from the catalog),
+//! then the rows after the saved cursor in publishing order, read
+//! [`BATCH`] at a time, then [`Input::End`]. Row `n` stands at position
+//! `n`: the core's status updates confirm the last row delivered with every
+//! row before it, and the stream saves that as the cursor (as it moves, at
+//! most every 50 ms). A rerun after a crash resumes after it.
 
-use std::collections::VecDeque;
-use std::time::Instant;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-use pgoutput_decoder::{Lsn, RelationBody, TupleData};
-use sink_kafka::{Record, Sink};
-use slot_manager::domain_base_types;
+use pgoutput_decoder::{Lsn, PgTimestamp, RelationBody, StandbyStatusUpdate, TupleData};
+use sink_kafka::Sink;
+use slot_manager::{domain_base_types, ChangeInFlight, Coverage};
 use tokio_postgres::Client;
 
-use super::cursor::Cursor;
-use super::store::{self, Publishing};
 use super::{BackfillError, Outcome, Plan, BATCH, REPORT_EVERY, SAVE_EVERY};
-use crate::dead_letter::{DeadLetters, Origin};
-use crate::mapping::{ColumnIndexes, OutboxMapping};
+use crate::bookkeeping::backfills::{self as store, Publishing};
+use crate::config::EventSource;
+use crate::metrics::Metrics;
+use crate::relay::{
+    CopiedRow, Input, RelayConfig, ReplicationStream, RunError, Source, Started, Token,
+};
 
-/// A record's token: its row, and whether it is the dead-letter copy.
-type Token = (u64, bool);
+/// The OID the rows' relation goes by (the catalog's is not needed).
+const RELATION: u32 = 0;
 
 /// Publishes rows after `p.published`, saving the cursor as deliveries
 /// arrive.
@@ -28,103 +42,57 @@ pub(super) async fn publish(
     resumed: bool,
 ) -> Result<Outcome, BackfillError> {
     let relation = RelationBody::from_catalog(
-        0,
+        RELATION,
         plan.table.schema(),
         plan.table.name(),
         p.columns.iter().cloned(),
     );
     let domains = domain_base_types(control, plan.table).await?;
-    let indexes = plan
-        .mapping
+    // A table that cannot be mapped at all is one error before anything is
+    // sent, not one per row.
+    plan.mapping
         .resolve_with(&relation, &domains)
         .map_err(BackfillError::Mapping)?;
     let mut sink_config = plan.settings.sink.clone();
     // Not in a Kafka transaction: see the module's documentation.
     sink_config.transactional_id = None;
-    let (sink, mut reports) =
-        Sink::<Token>::new(&sink_config).map_err(crate::relay::RunError::from)?;
+    let (sink, mut reports) = Sink::<Token>::new(&sink_config).map_err(RunError::from)?;
     crate::relay::check_brokers(&sink, &sink_config.bootstrap_servers).await?;
 
-    let rows = Rows {
-        mapping: plan.mapping,
-        indexes: &indexes,
-        dead_letters: &plan.settings.dead_letters,
-        consistent_point: p.consistent_point,
+    let config = RelayConfig {
+        table: plan.table.clone(),
+        mapping: plan.mapping.clone(),
+        source: EventSource::Table,
+        message_prefix: String::new(),
+        dead_letters: plan.settings.dead_letters.clone(),
+        status_interval: SAVE_EVERY,
+        shutdown_timeout: Duration::ZERO,
+        exactly_once: None,
+        save_positions: false,
+        spans: None,
     };
-    let mut cursor = Cursor::after(p.published);
-    let mut read_up_to = p.published;
-    let mut outgoing: VecDeque<Record<Token>> = VecDeque::new();
-    let mut dead_lettered = 0u64;
-    let mut saved = p.published;
+    let saved = Rc::new(Cell::new(p.published));
+    let mut rows = Rows {
+        control,
+        slot: plan.slot,
+        publishing: p,
+        relation: Some(relation),
+        domains: Some(domains),
+        saved: Rc::clone(&saved),
+    };
     let started = Instant::now();
-    let mut save = tokio::time::interval(SAVE_EVERY);
-    save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut report = tokio::time::interval(REPORT_EVERY);
-    report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    report.tick().await;
-    while cursor.done() < p.total {
-        if outgoing.is_empty() && read_up_to < p.total && sink.in_flight() < BATCH as usize {
-            for (n, values) in store::rows_after(control, plan.slot, read_up_to, BATCH).await? {
-                read_up_to = n;
-                outgoing.push_back(rows.record(n, &values)?);
-            }
-            if outgoing.is_empty() {
-                // Fewer rows than recorded (deleted by hand): nothing more.
-                read_up_to = p.total;
-                for n in cursor.done() + 1..=p.total {
-                    cursor.delivered(n);
-                }
-                continue;
-            }
+    let metrics = Metrics::new();
+    let ran = crate::relay::run_once(&config, &mut rows, &sink, &mut reports, metrics).await;
+    drop(sink);
+    let dead_lettered = match ran {
+        Ok(finished) => finished.dead_lettered,
+        Err(source) => {
+            return Err(BackfillError::Stopped {
+                resume_after: saved.get(),
+                source: Box::new(source),
+            })
         }
-        let size = outgoing.front().map_or(0, Record::size);
-        tokio::select! {
-            biased;
-            Some(r) = reports.next() => {
-                let (n, is_copy) = r.token;
-                match r.result {
-                    Ok(_) => {
-                        dead_lettered += u64::from(is_copy);
-                        cursor.delivered(n);
-                    }
-                    Err(error) => {
-                        let copy = if is_copy { None } else { plan.settings.dead_letters.refused(&error, r.returned, p.consistent_point, (n, true)) };
-                        match copy {
-                            Some(copy) => {
-                                tracing::warn!(%error, row = n, dead_letter_topic = %copy.topic, "dead-lettering the backfill row the broker refused");
-                                outgoing.push_front(copy);
-                            }
-                            None => {
-                                let resume_after = cursor.done();
-                                let _ = store::save(control, plan.slot, resume_after).await;
-                                return Err(BackfillError::Delivery { n, error, resume_after });
-                            }
-                        }
-                    }
-                }
-            }
-            permit = sink.reserve(size), if !outgoing.is_empty() => {
-                if let Some(record) = outgoing.pop_front() {
-                    sink.send(permit, record).await;
-                }
-            }
-            _ = save.tick() => {
-                if cursor.done() > saved {
-                    store::save(control, plan.slot, cursor.done()).await?;
-                    saved = cursor.done();
-                }
-            }
-            _ = report.tick() => {
-                let done = cursor.done();
-                tracing::info!(
-                    published = done,
-                    total = p.total,
-                    percent = format!("{:.1}", 100.0 * done as f64 / p.total.max(1) as f64),
-                    "backfill progress"
-                );
-            }
-        }
-    }
+    };
     tracing::info!(
         slot = plan.slot,
         published = p.total - p.published,
@@ -132,7 +100,6 @@ pub(super) async fn publish(
         elapsed = ?started.elapsed(),
         "backfill published"
     );
-    drop(sink);
     Ok(Outcome::Published {
         total: p.total,
         published: p.total - p.published,
@@ -141,40 +108,152 @@ pub(super) async fn publish(
     })
 }
 
-/// Turns copied rows into records, exactly as streamed rows.
-struct Rows<'a> {
-    mapping: &'a OutboxMapping,
-    indexes: &'a ColumnIndexes,
-    dead_letters: &'a DeadLetters,
-    consistent_point: Lsn,
+/// The copied rows as a source: one session, from the saved cursor.
+struct Rows<'c> {
+    control: &'c Client,
+    slot: &'c str,
+    publishing: &'c Publishing,
+    relation: Option<RelationBody>,
+    domains: Option<HashMap<u32, u32>>,
+    /// The cursor last saved.
+    saved: Rc<Cell<u64>>,
 }
 
-impl Rows<'_> {
-    fn record(&self, n: u64, values: &[Option<String>]) -> Result<Record<Token>, BackfillError> {
-        let tuple = TupleData::from_text(values.iter().map(|v| v.as_deref().map(str::as_bytes)))
-            .ok_or(BackfillError::RowTooLarge(n))?;
-        match self.mapping.map(self.indexes, &tuple) {
-            Ok(event) => Ok(event.into_record((n, false))),
-            Err(error) => {
-                let topic = self.mapping.topic_of(self.indexes, &tuple);
-                let event_id = self.mapping.event_id_of(self.indexes, &tuple);
-                let payload = tuple.value_bytes(self.indexes.payload_index());
-                let origin = Origin {
-                    topic: topic.as_deref(),
-                    lsn: self.consistent_point,
-                    event_id: event_id.as_deref(),
-                };
-                match self
-                    .dead_letters
-                    .unmappable(&error, payload, origin, (n, true))
-                {
-                    Some(copy) => {
-                        tracing::warn!(%error, row = n, dead_letter_topic = %copy.topic, "dead-lettering the backfill row that cannot be mapped");
-                        Ok(copy)
-                    }
-                    None => Err(BackfillError::Unmappable { n, error }),
-                }
-            }
-        }
+impl<'c> Source for Rows<'c> {
+    type Stream = RowStream<'c>;
+
+    async fn start(&mut self) -> Result<Started<RowStream<'c>>, RunError> {
+        let (Some(relation), Some(domains)) = (self.relation.take(), self.domains.take()) else {
+            unreachable!("a backfill publishes in one session")
+        };
+        let p = self.publishing;
+        Ok(Started {
+            stream: RowStream {
+                control: self.control,
+                slot: self.slot,
+                total: p.total,
+                consistent_point: p.consistent_point,
+                relation: Some(relation),
+                buffered: VecDeque::new(),
+                read_up_to: p.published,
+                fetch: None,
+                saved: Rc::clone(&self.saved),
+                reported: Instant::now(),
+            },
+            confirmed: Lsn::from(p.published),
+            history: format!("backfill of slot {}", self.slot),
+            server_wal: Lsn::from(p.total),
+            domains,
+        })
     }
+}
+
+type Batch = Result<Vec<(u64, Vec<Option<String>>)>, slot_manager::Error>;
+
+/// The rows after the cursor, [`BATCH`] at a time.
+struct RowStream<'c> {
+    control: &'c Client,
+    slot: &'c str,
+    total: u64,
+    consistent_point: Lsn,
+    /// Yielded first.
+    relation: Option<RelationBody>,
+    /// Rows read and not yielded yet.
+    buffered: VecDeque<(u64, Vec<Option<String>>)>,
+    /// The last row read.
+    read_up_to: u64,
+    /// The batch being read: kept across calls, so `next` is cancel-safe.
+    fetch: Option<Pin<Box<dyn Future<Output = Batch> + 'c>>>,
+    saved: Rc<Cell<u64>>,
+    /// When progress was last logged.
+    reported: Instant,
+}
+
+impl RowStream<'_> {
+    /// Reads the batch being read, if any, into the buffer.
+    async fn finish_fetch(&mut self) -> Result<(), RunError> {
+        let Some(fetch) = self.fetch.as_mut() else {
+            return Ok(());
+        };
+        let batch = fetch.await;
+        self.fetch = None;
+        let batch = batch?;
+        match batch.last() {
+            Some((n, _)) => self.read_up_to = *n,
+            // Fewer rows than recorded (deleted by hand): nothing more.
+            None => self.read_up_to = self.total,
+        }
+        self.buffered.extend(batch);
+        Ok(())
+    }
+}
+
+impl ReplicationStream for RowStream<'_> {
+    async fn next(&mut self) -> Result<Input, RunError> {
+        if let Some(relation) = self.relation.take() {
+            return Ok(Input::Relation(relation));
+        }
+        if self.buffered.is_empty() && self.read_up_to < self.total {
+            let (control, slot, after) = (self.control, self.slot, self.read_up_to);
+            self.fetch
+                .get_or_insert_with(|| Box::pin(store::rows_after(control, slot, after, BATCH)));
+            self.finish_fetch().await?;
+        }
+        let Some((n, values)) = self.buffered.pop_front() else {
+            return Ok(Input::End);
+        };
+        let tuple = TupleData::from_text(values.iter().map(|v| v.as_deref().map(str::as_bytes)))
+            .ok_or(RunError::RowTooLarge { n })?;
+        Ok(Input::Row(CopiedRow {
+            n,
+            relation: RELATION,
+            tuple,
+            lsn: self.consistent_point,
+        }))
+    }
+
+    /// Saves the cursor: every row up to `flush` was delivered.
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+        let done = update.flush.as_u64();
+        if done > self.saved.get() {
+            // One statement at a time on the connection: the batch being
+            // read first (tokio-postgres hands a statement's rows over as
+            // they are read, so another statement's answer waits behind
+            // them until they are taken).
+            self.finish_fetch().await?;
+            store::save(self.control, self.slot, done).await?;
+            self.saved.set(done);
+        }
+        if self.reported.elapsed() >= REPORT_EVERY {
+            self.reported = Instant::now();
+            tracing::info!(
+                published = done,
+                total = self.total,
+                percent = format!("{:.1}", 100.0 * done as f64 / self.total.max(1) as f64),
+                "backfill progress"
+            );
+        }
+        Ok(())
+    }
+
+    /// The rows are not the stream of a publication: nothing to verify.
+    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+        Ok(Coverage {
+            wal_lsn: Lsn::from(self.total),
+            table_oid: None,
+            gap: None,
+            fingerprint: "backfill".into(),
+            in_flight: ChangeInFlight::Nothing,
+        })
+    }
+
+    async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus> {
+        None
+    }
+
+    async fn save_position(&mut self, _: Lsn, _: PgTimestamp) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn close(self) {}
 }

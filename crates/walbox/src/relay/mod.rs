@@ -218,6 +218,12 @@ pub enum RunError {
     /// Exactly-once cannot work with this broker or producer.
     #[error("exactly-once delivery: {0}")]
     Transactions(String),
+    /// A backfill row too large for a record.
+    #[error("backfill row {n} is too large to publish")]
+    RowTooLarge {
+        /// The row's number.
+        n: u64,
+    },
     /// Exactly-once: the committed progress could not be read (a broker
     /// unreachable, a leader election, a transaction still open on the
     /// progress topic): nothing is streamed until it is.
@@ -282,6 +288,37 @@ impl RunError {
             _ => false,
         }
     }
+}
+
+/// What a stream that ended ([`Input::End`]) delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Dead-letter copies delivered.
+    pub dead_lettered: u64,
+}
+
+/// Runs one session from `source` into `destination` until its stream ends
+/// and every record sent has its report (a backfill's rows), or an error.
+/// Nothing is retried: a rerun resumes from what the stream saved.
+pub async fn run_once<S, D, R>(
+    config: &RelayConfig,
+    source: &mut S,
+    destination: &D,
+    reports: &mut R,
+    metrics: Arc<Metrics>,
+) -> Result<Finished, RunError>
+where
+    S: Source,
+    D: Destination,
+    R: Deliveries,
+{
+    // No signal ends it: its sender is gone.
+    let (_, mut shutdown) = watch::channel(Stop::No);
+    let mut session = session::Session::new(config, destination, reports, metrics).ending();
+    session
+        .run(source, &mut shutdown, &mut Backoff::new())
+        .await?;
+    Ok(session.finished())
 }
 
 /// The longest a standby waits between attempts to take the slot.

@@ -99,6 +99,9 @@ pub(super) struct Session<'a, D, R> {
     reports: &'a mut R,
     metrics: Arc<Metrics>,
     core: Core<'a>,
+    /// The source's stream ends ([`super::run_once`], a backfill's rows):
+    /// its own log lines say what it does, not the slot's.
+    ends: bool,
 }
 
 /// Resolves when `shutdown` asks for at least `level`; never if its sender
@@ -122,6 +125,20 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             reports,
             metrics: metrics.clone(),
             core: Core::new(config, metrics),
+            ends: false,
+        }
+    }
+
+    /// A session of a source whose stream ends ([`super::run_once`]).
+    pub(super) fn ending(mut self) -> Self {
+        self.ends = true;
+        self
+    }
+
+    /// What the sessions delivered, for [`super::run_once`].
+    pub(super) fn finished(&self) -> super::Finished {
+        super::Finished {
+            dead_lettered: self.core.dead_lettered(),
         }
     }
 
@@ -174,7 +191,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 .await;
             self.core.on_progress_read(read, server_wal)?;
         }
-        tracing::info!(lsn = %confirmed, "streaming from the slot");
+        if !self.ends {
+            tracing::info!(lsn = %confirmed, "streaming from the slot");
+        }
 
         let result = async {
             let update = self.check_coverage(&mut stream).await?;
@@ -211,6 +230,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 let update = self.core.final_update(Instant::now());
                 match stream.send_status(update).await {
+                    Ok(()) if self.ends => {}
                     Ok(()) => tracing::info!(lsn = %update.flush, "confirmed on shutdown"),
                     Err(e) => tracing::warn!(error = %e, "could not send the final status update"),
                 }

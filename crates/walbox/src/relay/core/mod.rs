@@ -109,6 +109,8 @@ pub(super) struct Core<'a> {
     save_failure_reported: bool,
     /// A non-transactional message with the events' prefix was reported.
     nontransactional_reported: bool,
+    /// Dead-letter copies delivered.
+    dead_lettered: u64,
 }
 
 impl<'a> Core<'a> {
@@ -134,6 +136,7 @@ impl<'a> Core<'a> {
             saved_position: None,
             save_failure_reported: false,
             nontransactional_reported: false,
+            dead_lettered: 0,
         }
     }
 
@@ -193,6 +196,11 @@ impl<'a> Core<'a> {
             Input::Row(row) => self.on_row(row),
             Input::End => Ok(None),
         }
+    }
+
+    /// Dead-letter copies delivered so far.
+    pub(super) fn dead_lettered(&self) -> u64 {
+        self.dead_lettered
     }
 
     /// The size of the first record waiting to be sent, if any.

@@ -69,10 +69,11 @@ impl Core<'_> {
 
     /// Metrics of an event delivered at `wall` (at least once:
     /// acknowledged; exactly once: its transaction committed).
-    pub(super) fn count_delivered(&self, token: &Token, wall: PgTimestamp) {
+    pub(super) fn count_delivered(&mut self, token: &Token, wall: PgTimestamp) {
         let topic = self.metrics.topic_label(&token.topic);
         match token.dead_letter {
             Some(kind) => {
+                self.dead_lettered += 1;
                 self.metrics
                     .dead_lettered
                     .get_or_create(&KindLabels {

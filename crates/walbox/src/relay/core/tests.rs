@@ -358,3 +358,60 @@ fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
     assert!(core.abort_needed(), "the transaction is aborted");
     assert_eq!(confirmable(&mut core), 0);
 }
+
+/// A backfill's row of `relation` (the catalog's columns, OID 0).
+fn row(n: u64, id: &str, aggregate: Option<&str>) -> crate::relay::CopiedRow {
+    let values = [
+        Some(id),
+        Some("order"),
+        aggregate,
+        Some("Created"),
+        Some(r#"{"n":1}"#),
+    ];
+    crate::relay::CopiedRow {
+        n,
+        relation: 0,
+        tuple: pgoutput_decoder::TupleData::from_text(values.iter().map(|v| v.map(str::as_bytes)))
+            .unwrap(),
+        lsn: at(77),
+    }
+}
+
+#[test]
+fn backfilled_rows_go_the_same_way_and_confirm_the_delivered_prefix() {
+    let config = config(DeadLetters::to_topic("dead"), None);
+    let mut core = started(&config, 10);
+    let relation = pgoutput_decoder::RelationBody::from_catalog(
+        0,
+        "public",
+        "outbox_events",
+        [
+            ("id", 2950),
+            ("aggregate_type", 25),
+            ("aggregate_id", 25),
+            ("event_type", 25),
+            ("payload", 3802),
+        ]
+        .map(|(n, t)| (n.to_owned(), t)),
+    );
+    core.on_relation(&relation);
+    core.on_row(row(11, "e-11", Some("a"))).unwrap();
+    // No aggregate id: unmappable, dead-lettered.
+    core.on_row(row(12, "e-12", None)).unwrap();
+    core.on_row(row(13, "e-13", Some("b"))).unwrap();
+    let [first, unmappable, third] = <[ToSend; 3]>::try_from(sends(&mut core))
+        .ok()
+        .expect("three records");
+    assert_eq!(header(&first.record, "id"), Some(&b"e-11"[..]));
+    assert_eq!(&*unmappable.record.topic, "dead");
+    assert_eq!(
+        unmappable.record.token.dead_letter,
+        Some(DeadLetterKind::Unmappable)
+    );
+    report(&mut core, acked(third.record.token)).unwrap();
+    report(&mut core, acked(first.record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 11, "row 12 is not delivered yet");
+    report(&mut core, acked(unmappable.record.token)).unwrap();
+    assert_eq!(confirmable(&mut core), 13);
+    assert_eq!(core.dead_lettered(), 1);
+}
