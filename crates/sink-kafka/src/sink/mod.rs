@@ -25,25 +25,27 @@
 //! producer queue is full anyway, and then for deliveries, not on a timer.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer,
-};
-use rdkafka::ClientContext;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{redact_values, SinkConfig, TopicSpec};
 use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
-use crate::problem::{BrokerProblem, ProblemLog, Verdict};
+use crate::problem::{BrokerProblem, ProblemLog};
 use crate::record::Record;
+
+mod committed;
+mod context;
+mod topics;
+
+use context::{Gap, Movement, Pending, Raw, SinkContext};
 
 /// Where a delivered record landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,124 +68,6 @@ pub struct Report<T> {
     pub returned: Option<Record<()>>,
 }
 
-/// What travels with a record through librdkafka.
-struct Pending<T> {
-    token: T,
-    permits: Permit,
-}
-
-/// A delivery callback's result, sent to [`Reports`] with the permits.
-struct Raw<T> {
-    pending: Pending<T>,
-    report: Result<Delivered, DeliveryError>,
-    returned: Option<Record<()>>,
-}
-
-struct SinkContext<T> {
-    tx: mpsc::Sender<Raw<T>>,
-    room: Arc<Notify>,
-    /// Secret property values, scrubbed from librdkafka's messages.
-    secrets: Arc<[String]>,
-    /// Connection-level failures, for the startup check and for logging
-    /// each one once rather than on every reconnect.
-    problems: Arc<ProblemLog>,
-    gap: Arc<Gap>,
-    movement: Arc<Movement>,
-    stats: Arc<crate::stats::StatsCell>,
-}
-
-/// When the sink last saw deliveries move: a report, or records starting
-/// to wait after none did. See [`Sink::stalled_for`].
-struct Movement {
-    start: Instant,
-    /// Milliseconds since `start`.
-    last: AtomicU64,
-}
-
-impl Movement {
-    fn new() -> Movement {
-        Movement {
-            start: Instant::now(),
-            last: AtomicU64::new(0),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Relaxed);
-    }
-
-    fn since(&self) -> Duration {
-        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
-        self.start.elapsed().saturating_sub(last)
-    }
-}
-
-/// Whether a record failed for good while the sink is gapless (see
-/// [`SinkConfig::gapless`]): from then on nothing more is produced.
-struct Gap {
-    gapless: bool,
-    failed: AtomicBool,
-}
-
-impl Gap {
-    /// Notes a record's failure.
-    fn note(&self, kind: DeliveryErrorKind) {
-        if self.gapless
-            && matches!(
-                kind,
-                DeliveryErrorKind::Permanent | DeliveryErrorKind::Fatal
-            )
-        {
-            self.failed.store(true, Ordering::Release);
-        }
-    }
-
-    /// True when nothing more may be produced.
-    fn closed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
-    }
-}
-
-impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
-    fn error(&self, error: KafkaError, reason: &str) {
-        let reason = redact_values(reason, &self.secrets);
-        let verdict = match error.rdkafka_error_code() {
-            Some(code) => self.problems.record(code, &reason),
-            None => Verdict::Log(None),
-        };
-        match verdict {
-            Verdict::Quiet => {}
-            Verdict::Log(Some(problem)) if problem.kind.is_definite() => {
-                tracing::error!(%problem, "Kafka refuses walbox's connection; deliveries wait until this is fixed (nothing is confirmed past them)");
-            }
-            Verdict::Log(_) => {
-                let error = redact_values(&error.to_string(), &self.secrets);
-                tracing::warn!(%error, %reason, "kafka client error");
-            }
-        }
-    }
-
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        self.stats.record(&statistics);
-    }
-
-    // librdkafka's own log lines repeat what the error callback reports
-    // (above, deduplicated and scrubbed); keep the rest.
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        if fac == "FAIL" {
-            return;
-        }
-        // walbox sets this one on purpose (see SinkConfig::gapless); the
-        // "experimental" warning would greet every start.
-        if fac == "CONFWARN" && log_message.contains("enable.gapless.guarantee is experimental") {
-            return;
-        }
-        let line = redact_values(log_message, &self.secrets);
-        rdkafka::client::DefaultClientContext.log(level, fac, &line);
-    }
-}
-
 /// librdkafka's refusal of a configuration, naming the property but never
 /// its value (its own message ends with the value).
 fn describe_create_error(error: &KafkaError, config: &SinkConfig) -> String {
@@ -202,57 +86,6 @@ fn describe_create_error(error: &KafkaError, config: &SinkConfig) -> String {
         }
     };
     config.redact(&text)
-}
-
-impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
-    type DeliveryOpaque = Box<Pending<T>>;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, pending: Box<Pending<T>>) {
-        let raw = match result {
-            Ok(m) => Raw {
-                pending: *pending,
-                report: Ok(Delivered {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                }),
-                returned: None,
-            },
-            Err((e, m)) => {
-                let error = DeliveryError::from_kafka(e).with_authorization_hint(m.topic());
-                self.gap.note(error.kind);
-                // Copied only for the rare permanent refusal.
-                let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
-                    topic: m.topic().into(),
-                    key: m.key().map(Bytes::copy_from_slice),
-                    value: m.payload().map(Bytes::copy_from_slice),
-                    headers: m
-                        .headers()
-                        .map(|hs| {
-                            hs.iter()
-                                .map(|h| crate::Header {
-                                    name: h.key.to_owned().into(),
-                                    value: Bytes::copy_from_slice(h.value.unwrap_or_default()),
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    timestamp_ms: m.timestamp().to_millis(),
-                    token: (),
-                });
-                Raw {
-                    pending: *pending,
-                    report: Err(error),
-                    returned,
-                }
-            }
-        };
-        self.movement.touch();
-        // Never waits: the channel has a place for every record in flight.
-        if let Err(mpsc::error::TrySendError::Full(raw)) = self.tx.try_send(raw) {
-            let _ = self.tx.blocking_send(raw);
-        }
-        self.room.notify_waiters();
-    }
 }
 
 /// librdkafka's transactional calls.
@@ -300,27 +133,6 @@ struct Inner<T: Send + Sync + 'static> {
     secrets: Arc<[String]>,
 }
 
-/// The refusal of a record whose topic the broker does not know.
-fn missing_topic(topic: &str) -> DeliveryError {
-    DeliveryError::new(
-        DeliveryErrorKind::Permanent,
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition),
-        format!("topic {topic} does not exist (waited {MISSING_TOPIC_GRACE:?}): create it, set topics.create = true, or fix the topic template"),
-    )
-}
-
-/// What a topic check found.
-pub(crate) enum TopicVerdict {
-    Known,
-    /// The broker does not know the topic (yet).
-    Missing(DeliveryError),
-    Refused(DeliveryError),
-    /// The broker answered without a clear verdict: produce.
-    Unsure,
-    /// No broker answered.
-    NoBroker,
-}
-
 /// What a metadata request found (the Kafka protocol carries no broker
 /// version to report).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -354,27 +166,6 @@ pub struct Reports<T: Send + Sync + 'static> {
 
 /// A startup check looks for a definite refusal this often.
 const BROKER_CHECK_SLICE: Duration = Duration::from_millis(500);
-/// How long the first send to a topic may take to learn whether it exists.
-const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-/// After a topic check found no broker, checks are skipped for this long
-/// (records are produced and librdkafka waits for the brokers): an outage
-/// costs one check's timeout, not one per new topic.
-const BROKERS_DOWN_BACKOFF: Duration = Duration::from_secs(30);
-/// How long a topic the broker does not know is waited for before it
-/// counts as refused. Kept short: the caller waits meanwhile (and answers
-/// no keepalive), and a topic created just before its first record shows
-/// in metadata well within it.
-const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(5);
-/// After a topic was found missing, its records are refused at once for
-/// this long (each one waiting out the grace would stall the stream); then
-/// it is looked up again.
-const MISSING_TOPIC_MEMORY: Duration = Duration::from_secs(30);
-/// How often a missing topic is looked up again meanwhile.
-const TOPIC_RECHECK: Duration = Duration::from_millis(500);
-/// At most this many topics are remembered as checked; past it the set
-/// starts over (a topic template fed by arbitrary values must not grow
-/// memory).
-const MAX_KNOWN_TOPICS: usize = 10_000;
 /// Per-record overhead librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 128;
 
@@ -646,162 +437,6 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
     }
 
-    /// Checks once per topic that the broker knows it. A topic it does not
-    /// know is created when [`SinkConfig::create_topics`] says how, and
-    /// otherwise waited for up to [`MISSING_TOPIC_GRACE`] (one created a
-    /// moment before its first record is not refused). While the brokers
-    /// are unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
-    /// Remembers that the brokers know `topic`: its records are produced
-    /// without another check.
-    pub(crate) fn remember_known(&self, topic: &str) {
-        let mut known = self.inner.known_topics.lock().expect("not poisoned");
-        if known.len() >= MAX_KNOWN_TOPICS {
-            known.clear();
-        }
-        known.insert(topic.to_owned());
-    }
-
-    async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
-        if self
-            .inner
-            .known_topics
-            .lock()
-            .expect("not poisoned")
-            .contains(topic)
-        {
-            return Ok(());
-        }
-        let down_until = *self.inner.brokers_down_until.lock().expect("not poisoned");
-        if down_until.is_some_and(|t| Instant::now() < t) {
-            return Ok(());
-        }
-        // Found missing a moment ago: refused at once; found missing a while
-        // ago: one more look, without the grace.
-        let mut deadline = Instant::now() + MISSING_TOPIC_GRACE;
-        {
-            let mut missing = self.inner.missing_topics.lock().expect("not poisoned");
-            match missing.get(topic) {
-                Some(since) if since.elapsed() < MISSING_TOPIC_MEMORY => {
-                    return Err(missing_topic(topic))
-                }
-                Some(_) => {
-                    missing.remove(topic);
-                    deadline = Instant::now();
-                }
-                None => {}
-            }
-        }
-        let mut created = false;
-        loop {
-            match self.topic_verdict(topic).await {
-                TopicVerdict::Known => {
-                    self.remember_known(topic);
-                    return Ok(());
-                }
-                TopicVerdict::Missing(e) => {
-                    if let (Some(spec), false) = (&self.inner.create_topics, created) {
-                        self.create_topic(topic, spec).await?;
-                        created = true;
-                    } else if Instant::now() >= deadline {
-                        let mut missing = self.inner.missing_topics.lock().expect("not poisoned");
-                        if missing.len() >= MAX_KNOWN_TOPICS {
-                            missing.clear();
-                        }
-                        missing.insert(topic.to_owned(), Instant::now());
-                        return Err(e);
-                    } else if !created {
-                        tracing::info!(topic, "topic does not exist (yet); waiting up to {MISSING_TOPIC_GRACE:?} for it");
-                    }
-                    tokio::time::sleep(TOPIC_RECHECK).await;
-                }
-                TopicVerdict::Refused(e) => return Err(e),
-                TopicVerdict::Unsure => return Ok(()),
-                TopicVerdict::NoBroker => {
-                    tracing::warn!(topic, "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}");
-                    *self.inner.brokers_down_until.lock().expect("not poisoned") =
-                        Some(Instant::now() + BROKERS_DOWN_BACKOFF);
-                    return Ok(());
-                }
-            }
-        }
-    }
-
-    /// What the broker's metadata says about `topic`.
-    pub(crate) async fn topic_verdict(&self, topic: &str) -> TopicVerdict {
-        let inner = Arc::clone(&self.inner);
-        let name = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
-            match inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT) {
-                Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
-                    Some(t) if t.error().is_none() && !t.partitions().is_empty() => TopicVerdict::Known,
-                    Some(t) => match t.error().map(RDKafkaErrorCode::from) {
-                        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
-                            TopicVerdict::Missing(missing_topic(&name))
-                        }
-                        Some(code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::TopicAuthorizationFailed)) => {
-                            TopicVerdict::Refused(DeliveryError::new(
-                                DeliveryErrorKind::Permanent,
-                                Some(code),
-                                format!("topic {name} cannot be produced to: {code} (grant walbox Write on it, or fix the topic template)"),
-                            ))
-                        }
-                        // Leader election and the like: produce and let librdkafka wait.
-                        _ => TopicVerdict::Unsure,
-                    },
-                    None => TopicVerdict::Unsure,
-                },
-                // The broker is unreachable: not the topic's fault; librdkafka waits.
-                Err(_) => TopicVerdict::NoBroker,
-            }
-        })
-        .await
-        .unwrap_or(TopicVerdict::Unsure)
-    }
-
-    /// Creates `topic` as `spec` says. An existing topic is fine (another
-    /// process made it first); a refusal is permanent for this record.
-    pub(crate) async fn create_topic(
-        &self,
-        topic: &str,
-        spec: &TopicSpec,
-    ) -> Result<(), DeliveryError> {
-        let refused = |why: String| {
-            DeliveryError::new(
-                DeliveryErrorKind::Permanent,
-                None,
-                format!("topic {topic} does not exist and could not be created: {why}"),
-            )
-        };
-        let admin = self.inner.admin().map_err(|e| refused(e.to_string()))?;
-        let mut new = NewTopic::new(
-            topic,
-            spec.partitions.unwrap_or(-1),
-            TopicReplication::Fixed(spec.replication_factor.unwrap_or(-1)),
-        );
-        for (k, v) in &spec.config {
-            new = new.set(k, v);
-        }
-        let options = AdminOptions::new().operation_timeout(Some(TOPIC_CHECK_TIMEOUT));
-        let result = admin.create_topics([&new], &options).await;
-        match result.as_deref() {
-            Ok([Ok(_)]) | Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
-                tracing::info!(topic, partitions = ?spec.partitions, replication_factor = ?spec.replication_factor, "created topic");
-                Ok(())
-            }
-            Ok([Err((_, code)), ..]) => Err(refused(
-                if *code == RDKafkaErrorCode::TopicAuthorizationFailed
-                    || *code == RDKafkaErrorCode::ClusterAuthorizationFailed
-                {
-                    format!("{code} (walbox's principal needs Create on the topic or the cluster: kafka-acls --add --allow-principal User:… --operation Create --topic {topic}; or create the topic yourself)")
-                } else {
-                    code.to_string()
-                },
-            )),
-            Ok(_) => Err(refused("no answer for the topic".into())),
-            Err(e) => Err(refused(self.inner.redact(&e.to_string()))),
-        }
-    }
-
     /// Waits up to `timeout` for everything in flight to be delivered
     /// (blocking the calling thread is avoided). Returns true when nothing
     /// is left in librdkafka's queues.
@@ -855,26 +490,6 @@ impl<T: Send + Sync + 'static> Sink<T> {
         })
         .await
         .expect("a producer call does not panic")
-    }
-
-    pub(crate) fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
-        self.inner.admin()
-    }
-
-    pub(crate) fn redact(&self, text: &str) -> String {
-        self.inner.redact(text)
-    }
-
-    pub(crate) fn secrets(&self) -> Arc<[String]> {
-        Arc::clone(&self.inner.secrets)
-    }
-
-    pub(crate) fn create_topics_spec(&self) -> Option<TopicSpec> {
-        self.inner.create_topics.clone()
-    }
-
-    pub(crate) fn consumer_config(&self) -> rdkafka::ClientConfig {
-        self.inner.connection.clone()
     }
 }
 
