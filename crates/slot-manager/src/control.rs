@@ -417,7 +417,7 @@ pub async fn drop_slot(
             .await
         {
             let user = current_user(client).await;
-            return Err(crate::stream::classify_slot_error(
+            return Err(crate::error::classify_slot_error(
                 slot,
                 Error::from_db(e, "drop the slot").explain_replication_refusal(&user),
             ));

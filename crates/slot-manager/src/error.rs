@@ -236,6 +236,47 @@ impl Error {
     }
 }
 
+/// Turns the server's answers about a slot into the errors callers act on.
+pub(crate) fn classify_slot_error(slot: &str, e: Error) -> Error {
+    let Error::Server {
+        code,
+        message,
+        detail,
+        ..
+    } = &e
+    else {
+        return e;
+    };
+    let invalidated =
+        |text: &str| text.contains("invalidated") || text.contains("no longer get changes");
+    match code.as_str() {
+        "42704" => Error::SlotMissing {
+            slot: slot.to_owned(),
+        },
+        "55006" => {
+            // "replication slot \"x\" is active for PID 1234"
+            let pid = message
+                .rsplit(' ')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            Error::SlotActive {
+                slot: slot.to_owned(),
+                pid,
+            }
+        }
+        // "can no longer get changes from replication slot" (PG 13/14), or
+        // "cannot read from logical replication slot" with an "invalidated"
+        // detail (PG 15+).
+        "55000" if invalidated(message) || detail.as_deref().is_some_and(invalidated) => {
+            Error::SlotInvalidated {
+                slot: slot.to_owned(),
+            }
+        }
+        _ => e,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,5 +340,52 @@ mod tests {
             pid: 1
         }
         .is_transient());
+    }
+
+    #[test]
+    fn classifies_slot_errors() {
+        let server = |code: &str, message: &str| Error::Server {
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+            hint: None,
+        };
+        assert!(matches!(
+            classify_slot_error(
+                "s",
+                server("42704", "replication slot \"s\" does not exist")
+            ),
+            Error::SlotMissing { .. }
+        ));
+        assert!(matches!(
+            classify_slot_error(
+                "s",
+                server("55006", "replication slot \"s\" is active for PID 4242")
+            ),
+            Error::SlotActive { pid: 4242, .. }
+        ));
+        assert!(matches!(
+            classify_slot_error(
+                "s",
+                server(
+                    "55000",
+                    "can no longer get changes from replication slot \"s\""
+                )
+            ),
+            Error::SlotInvalidated { .. }
+        ));
+        let pg15 = Error::Server {
+            code: "55000".into(),
+            message: "cannot read from logical replication slot \"s\"".into(),
+            detail: Some(
+                "This slot has been invalidated because it exceeded the maximum reserved size."
+                    .into(),
+            ),
+            hint: None,
+        };
+        assert!(matches!(
+            classify_slot_error("s", pg15),
+            Error::SlotInvalidated { .. }
+        ));
     }
 }

@@ -11,7 +11,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pgoutput_decoder::{Lsn, RelationBody, TupleData};
-use walbox::format::EventFormat;
+use walbox::mapping::format::EventFormat;
 use walbox::mapping::{OutboxMapping, Topics};
 
 const PAYLOAD: &str = r#"{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "total": 4711, "order_id": "order-711"}"#;
@@ -89,7 +89,8 @@ fn bench(c: &mut Criterion) {
         c.bench_function(&format!("map/message/{name}"), |b| {
             b.iter(|| {
                 black_box(
-                    walbox::envelope::map(&mapping, black_box(&content), lsn, &mut topics).unwrap(),
+                    walbox::mapping::envelope::map(&mapping, black_box(&content), lsn, &mut topics)
+                        .unwrap(),
                 )
             })
         });

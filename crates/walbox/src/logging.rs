@@ -79,7 +79,7 @@ pub fn fatal(line: &str) {
         // The shape and key order of tracing-subscriber's JSON lines.
         let object = format!(
             r#"{{"timestamp":{},"level":"ERROR","fields":{{"message":{}}},"target":"walbox"}}"#,
-            serde_json::Value::from(crate::timestamp::rfc3339_ms(now)),
+            serde_json::Value::from(crate::mapping::timestamp::rfc3339_ms(now)),
             serde_json::Value::from(line),
         );
         eprintln!("{object}");

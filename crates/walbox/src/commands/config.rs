@@ -11,12 +11,10 @@ pub struct ConfigArgs {
     settings: RunFlags,
 }
 
-/// Validates everything `run` needs; prints `key = value  (source)` lines.
+/// Validates everything `run` needs (the same checks, [`crate::config::Config::for_run`]); prints `key = value  (source)` lines.
 pub fn run(args: ConfigArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
-    config.connection()?;
-    config.mapping()?;
-    config.run()?;
+    config.for_run()?;
     let rows = config.effective();
     let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
     for (key, value, source) in rows {

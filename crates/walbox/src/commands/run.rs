@@ -10,7 +10,7 @@ use slot_manager::connect_control;
 
 use super::{loaded, CliError};
 use crate::backfill::Plan;
-use crate::config::{Connection, RunFlags, RunSettings};
+use crate::config::{Connection, RunFlags, RunPlan, RunSettings};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
 use crate::relay::{PostgresSource, RelayConfig, RunError, Stop, Token};
@@ -120,17 +120,11 @@ fn startup_settings(config: &crate::config::Config) -> String {
 /// Streams until a signal (exit 0) or a definite error.
 pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
-    let c = config.connection()?;
-    if c.shards > 1 && c.shard.is_none() {
-        return Err(crate::config::ConfigError(format!(
-            "shards = {}: say which shard this process streams (--shard 0 to {}, WALBOX_SHARD or shard in the file); each shard runs as its own process",
-            c.shards,
-            c.shards - 1
-        ))
-        .into());
-    }
-    let mapping = config.mapping()?;
-    let settings = config.run()?;
+    let RunPlan {
+        connection: c,
+        mapping,
+        settings,
+    } = config.for_run()?;
 
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -165,13 +159,8 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
 
     let retention = match (settings.retention, &mapping.timestamp) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(crate::config::ConfigError(
-                "retention needs the timestamp column (mapping.timestamp) to tell old rows".into(),
-            )
-            .into())
-        }
+        // Checked by `Config::for_run`.
+        (None, _) | (Some(_), None) => None,
         // With shards, shard 0 deletes for all, bounded by every shard's
         // delivered position.
         (Some(_), Some(_)) if c.shard.as_ref().is_some_and(|s| s.index > 0) => None,
@@ -393,27 +382,16 @@ async fn stream(
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await
-            .map_err(RunError::Transactions)?;
+            .map_err(|e| {
+                RunError::Transactions(crate::relay::TransactionsError::ProgressTopic(e))
+            })?;
         sink_kafka::probe_transactions(&settings.sink, &eos.progress_topic, TXN_PROBE_TIMEOUT)
             .await
             .map_err(|e| RunError::from_txn(&eos.transactional_id, e))?;
         tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
     }
     let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
-    let required_columns = mapping
-        .required_columns()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    let mut source = PostgresSource::new(
-        c.pg.clone(),
-        c.slot.clone(),
-        c.publication.clone(),
-        c.table.clone(),
-        required_columns,
-        c.source,
-    )
-    .with_shard(c.shard.clone());
+    let mut source = PostgresSource::new(c.clone(), mapping);
     let relay = RelayConfig {
         table: c.table.clone(),
         mapping: mapping.clone(),

@@ -2,6 +2,9 @@ use std::path::PathBuf;
 
 use super::table::{Kind, SETTINGS};
 use super::*;
+use crate::mapping::format::EventFormat;
+use crate::mapping::OutboxMapping;
+use std::time::Duration;
 
 fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -696,4 +699,46 @@ fn sources_and_formats() {
             .to_string();
         assert!(e.contains(expected), "{e}");
     }
+}
+
+#[test]
+fn config_refuses_what_run_refuses() {
+    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "k:9092");
+    // Every check `run` makes is `for_run`'s, which `walbox config` calls.
+    let sharded = load(None, &[PG, BROKERS, ("WALBOX_SHARDS", "2")], &[]).unwrap();
+    let e = sharded.for_run().unwrap_err().to_string();
+    assert!(e.contains("say which shard this process streams"), "{e}");
+    let one = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_SHARDS", "2"), ("WALBOX_SHARD", "1")],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(one.for_run().unwrap().connection.slot, "walbox_1");
+    // No timestamp column (empty: none).
+    let retention = load(
+        None,
+        &[
+            PG,
+            BROKERS,
+            ("WALBOX_RETENTION", "7d"),
+            ("WALBOX_MAPPING_TIMESTAMP", ""),
+        ],
+        &[],
+    )
+    .unwrap();
+    let e = retention.for_run().unwrap_err().to_string();
+    assert!(e.contains("retention needs the timestamp column"), "{e}");
+    let with_column = load(
+        None,
+        &[
+            PG,
+            BROKERS,
+            ("WALBOX_RETENTION", "7d"),
+            ("WALBOX_MAPPING_TIMESTAMP", "created_at"),
+        ],
+        &[],
+    )
+    .unwrap();
+    with_column.for_run().unwrap();
 }

@@ -54,38 +54,31 @@
 mod backoff;
 mod core;
 mod destination;
+mod error;
 mod session;
 mod source;
 
 #[cfg(test)]
-mod fakes;
-#[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_exactly_once;
-#[cfg(test)]
-mod tests_messages;
-#[cfg(test)]
-mod tests_no_loss;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgoutput_decoder::{DecodeError, Lsn, PgTimestamp};
-use sink_kafka::DeliveryError;
+use pgoutput_decoder::{Lsn, PgTimestamp};
 use slot_manager::TableName;
 use tokio::sync::watch;
 
 use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
 use crate::exactly_once::ExactlyOnce;
-use crate::mapping::{MapError, OutboxMapping};
+use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
-use crate::progress::{EventToken, ProgressError};
+use crate::progress::EventToken;
 use crate::spans::{EventSpan, Spans};
 
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
+pub use error::{AbortCause, DriftError, RunError, TransactionsError};
 pub use source::{CopiedRow, Input, PostgresSource, ReplicationStream, Source, Started};
 
 /// What travels with an event to the broker and back.
@@ -149,145 +142,6 @@ pub struct RelayConfig {
     pub save_positions: bool,
     /// A span per event, exported over OTLP; `None`: off.
     pub spans: Option<Spans>,
-}
-
-/// Why the relay stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RunError {
-    /// Postgres (connection, slot, preflight).
-    #[error(transparent)]
-    Postgres(#[from] slot_manager::Error),
-    /// A row could not be mapped and no dead-letter topic is configured.
-    #[error(
-        "{0}; the slot stays before this event (configure a dead-letter topic to skip such rows)"
-    )]
-    Map(#[from] MapError),
-    /// The broker refused an event for good, or the producer failed.
-    #[error("{0}; the slot stays before this event")]
-    Delivery(DeliveryError),
-    /// The dead-letter copy of an event failed too.
-    #[error("the dead-letter copy failed too: {0}; the slot stays before this event")]
-    DeadLetter(DeliveryError),
-    /// The producer could not be created.
-    #[error(transparent)]
-    Sink(#[from] sink_kafka::SinkError),
-    /// The brokers did not answer at startup.
-    #[error("Kafka brokers {brokers} did not answer within 10 s")]
-    Broker {
-        /// The bootstrap list.
-        brokers: String,
-        /// Why.
-        #[source]
-        source: Box<sink_kafka::SinkError>,
-    },
-    /// A broker refused walbox's connection at startup (TLS or SASL).
-    #[error("Kafka brokers {brokers} refused the connection: {problem}")]
-    BrokerRefused {
-        /// The bootstrap list.
-        brokers: String,
-        /// What was refused, and which settings to check.
-        problem: Box<sink_kafka::BrokerProblem>,
-    },
-    /// The stream broke the transaction rules.
-    #[error(transparent)]
-    Protocol(#[from] ProgressError),
-    /// A replication message could not be decoded.
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    /// A tuple does not match its Relation message.
-    #[error("{0}: the stream is inconsistent; the slot stays before this event")]
-    ColumnCount(#[from] pgoutput_decoder::ColumnCountMismatch),
-    /// The publication no longer publishes the outbox table's INSERTs as it
-    /// did: the message says what changed and what to do.
-    #[error("{0}")]
-    Drift(String),
-    /// Exactly-once: another instance with the same transactional id took
-    /// over; this one must stop.
-    #[error("the Kafka producer with transactional id {id} was fenced off ({detail}): another walbox instance with this id took over, or the broker aborted a transaction left open past transaction.timeout.ms (this process paused or starved); stopping: nothing uncommitted is visible, and the next start writes it again")]
-    Fenced {
-        /// The transactional id.
-        id: String,
-        /// The broker's words.
-        detail: String,
-    },
-    /// Exactly-once: the Kafka transaction was aborted; a new session writes
-    /// its events again after the last committed progress.
-    #[error("{0}; the Kafka transaction was aborted and its events are written again from the last committed progress")]
-    Aborted(String),
-    /// Exactly-once cannot work with this broker or producer.
-    #[error("exactly-once delivery: {0}")]
-    Transactions(String),
-    /// A backfill row too large for a record.
-    #[error("backfill row {n} is too large to publish")]
-    RowTooLarge {
-        /// The row's number.
-        n: u64,
-    },
-    /// Exactly-once: the committed progress could not be read (a broker
-    /// unreachable, a leader election, a transaction still open on the
-    /// progress topic): nothing is streamed until it is.
-    #[error("exactly-once delivery: could not read the committed progress from topic {topic}: {detail}; nothing is streamed until it is read, trying again")]
-    ProgressUnread {
-        /// The progress topic.
-        topic: String,
-        /// What failed.
-        detail: String,
-    },
-    /// Unexpected message for the negotiated protocol.
-    #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
-    Unexpected(char),
-    /// The slot has an unfinished backfill or heal: nothing may be streamed
-    /// from it before its rows are published (an aggregate's new events
-    /// would overtake its old ones). The caller finishes it, or waits while
-    /// another instance does.
-    #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
-    BackfillPending {
-        /// The slot.
-        slot: String,
-        /// Rows published so far.
-        published: u64,
-        /// Rows in the backfill (0 before its snapshot was copied).
-        total: u64,
-    },
-}
-
-impl RunError {
-    /// A transactional failure of the producer with `transactional_id`.
-    pub fn from_txn(transactional_id: &str, e: sink_kafka::TxnError) -> RunError {
-        core::txn_error(transactional_id, e)
-    }
-
-    /// Why a session ended, as `walbox_reconnects_total`'s `reason` label:
-    /// `slot_busy` (another instance streams from the slot), `postgres`
-    /// (connection or server), `transactions` (an aborted Kafka
-    /// transaction), `other`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            _ if self.slot_busy() => "slot_busy",
-            RunError::Postgres(_) => "postgres",
-            RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
-            _ => "other",
-        }
-    }
-
-    /// True when another process streams from the slot: this instance is a
-    /// standby.
-    pub fn slot_busy(&self) -> bool {
-        matches!(
-            self,
-            RunError::Postgres(slot_manager::Error::SlotActive { .. })
-        )
-    }
-
-    /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            RunError::Postgres(e) => e.is_transient(),
-            RunError::Aborted(_) | RunError::ProgressUnread { .. } => true,
-            _ => false,
-        }
-    }
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

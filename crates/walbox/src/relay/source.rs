@@ -7,12 +7,13 @@ use pgoutput_decoder::{
 };
 use slot_manager::{
     check_server, check_table, connect_control, domain_base_types, start_streaming, Coverage,
-    CoverageReader, LogicalReplicationStream, PgConfig, ReplicationOptions, ShardFilter, TableName,
+    CoverageReader, LogicalReplicationStream, ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
 use super::RunError;
-use crate::config::EventSource;
+use crate::config::Connection;
+use crate::mapping::OutboxMapping;
 
 /// Opens replication sessions. The relay runs on one task, so these futures
 /// need not be `Send`.
@@ -106,47 +107,33 @@ pub trait ReplicationStream {
 /// The production source: a Postgres slot through slot-manager.
 #[derive(Debug)]
 pub struct PostgresSource {
-    pg: PgConfig,
-    slot: String,
-    publication: String,
-    table: TableName,
+    /// Where Postgres is and what to stream (one shard's, when sharded).
+    connection: Connection,
+    /// The columns the mapping reads, checked at every session's start
+    /// (when rows are events).
     required_columns: Vec<String>,
     options: ReplicationOptions,
-    source: EventSource,
-    /// The shard streamed, when sharded.
-    shard: Option<ShardFilter>,
 }
 
 impl PostgresSource {
-    /// Streams `slot` through `publication`; every session first checks that
-    /// `table` has `required_columns` (when its rows are events, per
-    /// `source`), and asks for logical decoding messages when they are.
-    pub fn new(
-        pg: PgConfig,
-        slot: String,
-        publication: String,
-        table: TableName,
-        required_columns: Vec<String>,
-        source: EventSource,
-    ) -> Self {
-        let mut options = ReplicationOptions::new(publication.clone());
-        options.messages = source.messages();
+    /// Streams `connection`'s slot through its publication; every session
+    /// first checks that the table has the columns `mapping` reads (when its
+    /// rows are events), and asks for logical decoding messages when they
+    /// are. A sharded connection names its shard, whose publication holds
+    /// the shard's row filter.
+    pub fn new(connection: Connection, mapping: &OutboxMapping) -> Self {
+        let mut options = ReplicationOptions::new(connection.publication.clone());
+        options.messages = connection.source.messages();
+        let required_columns = mapping
+            .required_columns()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         PostgresSource {
-            pg,
-            slot,
-            options,
-            publication,
-            table,
+            connection,
             required_columns,
-            source,
-            shard: None,
+            options,
         }
-    }
-
-    /// Streams one shard: its publication must hold the shard's row filter.
-    pub fn with_shard(mut self, shard: Option<ShardFilter>) -> Self {
-        self.shard = shard;
-        self
     }
 }
 
@@ -168,9 +155,10 @@ pub struct PostgresStream {
 impl PostgresSource {
     /// Refuses to stream while the slot has an unfinished backfill or heal.
     async fn check_no_backfill(&self, control: &Client) -> Result<(), RunError> {
-        match crate::bookkeeping::backfills::unfinished(control, &self.slot).await? {
+        let slot = &self.connection.slot;
+        match crate::bookkeeping::backfills::unfinished(control, slot).await? {
             Some((published, total)) => Err(RunError::BackfillPending {
-                slot: self.slot.clone(),
+                slot: slot.clone(),
                 published,
                 total,
             }),
@@ -183,22 +171,22 @@ impl Source for PostgresSource {
     type Stream = PostgresStream;
 
     async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
-        let control = connect_control(&self.pg).await?;
-        let (least, why) = crate::config::least_server(self.source, self.shard.is_some());
+        let c = &self.connection;
+        let control = connect_control(&c.pg).await?;
+        let (least, why) = c.least_server();
         check_server(&control, least, why).await?;
-        if self.source.table() {
+        if c.source.table() {
             let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
-            check_table(&control, &self.table, &columns).await?;
+            check_table(&control, &c.table, &columns).await?;
         }
         self.check_no_backfill(&control).await?;
         crate::testpoint::reached("stream.checked").await;
-        let domains = if self.source.table() {
-            domain_base_types(&control, &self.table).await?
+        let domains = if c.source.table() {
+            domain_base_types(&control, &c.table).await?
         } else {
             HashMap::new()
         };
-        let started =
-            start_streaming(&self.pg, &control, &self.slot, Lsn::ZERO, &self.options).await?;
+        let started = start_streaming(&c.pg, &control, &c.slot, Lsn::ZERO, &self.options).await?;
         // Again now that this session holds the slot: another instance may
         // have begun a heal between the check above and START_REPLICATION
         // (it records the heal before it drops and remakes the slot, so a
@@ -212,10 +200,10 @@ impl Source for PostgresSource {
             stream: PostgresStream {
                 stream: started.stream,
                 control,
-                slot: self.slot.clone(),
-                publication: self.publication.clone(),
-                table: self.source.table().then(|| self.table.clone()),
-                shard: self.shard.clone(),
+                slot: c.slot.clone(),
+                publication: c.publication.clone(),
+                table: c.source.table().then(|| c.table.clone()),
+                shard: c.shard.clone(),
                 coverage: CoverageReader::default(),
             },
             confirmed: started.slot.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),

@@ -6,7 +6,7 @@ use slot_manager::{describe_change, ChangeInFlight, Coverage};
 use tokio::time::Instant;
 
 use super::Core;
-use crate::relay::RunError;
+use crate::relay::{DriftError, RunError};
 
 /// How long a change of the coverage may stay in flight before walbox says
 /// that confirmation waits for it.
@@ -23,20 +23,20 @@ impl Core<'_> {
         let held = self.progress.confirmable();
         if let Some(gap) = &reading.gap {
             tracing::error!(%gap, slot = %held, "the outbox table is not published");
-            return Err(RunError::Drift(format!(
-                "{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox"
-            )));
+            return Err(RunError::Drift(DriftError::NotPublished {
+                gap: gap.clone(),
+                held,
+            }));
         }
         let verified = match &self.coverage {
             Some(before) if before.fingerprint != reading.fingerprint => {
                 let what = describe_change(before, &reading);
                 tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
-                return Err(RunError::Drift(format!(
-                    "{what} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. \
-                     Check that publication covers table {} for INSERT, then restart walbox; rows inserted while it did not \
-                     are in the table but not in the stream (docs/operations.md, \"Publication drift\")",
-                    self.config.table
-                )));
+                return Err(RunError::Drift(DriftError::Changed {
+                    change: what,
+                    held,
+                    table: self.config.table.clone(),
+                }));
             }
             // A reading verifies the coverage up to its own position when
             // no change of it was in flight; while one is, nothing (see

@@ -31,7 +31,7 @@ use super::Core;
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
 use crate::metrics::Metrics;
 use crate::progress::{Ack, History};
-use crate::relay::{RunError, Token};
+use crate::relay::{AbortCause, RunError, Token, TransactionsError};
 
 /// What exactly-once mode needs before a session streams.
 pub(in crate::relay) enum EosStartup {
@@ -113,7 +113,7 @@ pub(super) struct Transactions {
     refused: HashMap<(Lsn, u64), DeliveryError>,
     /// The open transaction failed (why, since when): nothing more is sent
     /// or read, and the session ends once its records have reported.
-    doomed: Option<(String, Instant)>,
+    doomed: Option<(AbortCause, Instant)>,
 }
 
 impl Transactions {
@@ -135,7 +135,7 @@ impl Transactions {
     }
 
     /// The open transaction failed; the first reason is kept.
-    fn doom(&mut self, why: String) {
+    fn doom(&mut self, why: AbortCause) {
         if self.doomed.is_none() {
             self.doomed = Some((why, Instant::now()));
         }
@@ -317,21 +317,30 @@ impl Core<'_> {
             }
             // Inside a split transaction, the count is of what the source
             // that wrote it reads: another source would skip other events.
-            Some(Ok(p)) if p.events.is_some() && p.counts.is_some_and(|c| c != eos.config.source) => {
+            Some(Ok(p))
+                if p.events.is_some() && p.counts.is_some_and(|c| c != eos.config.source) =>
+            {
                 let (was, now) = (source_name(p.counts), source_name(Some(eos.config.source)));
-                return Err(RunError::Transactions(format!(
-                    "the committed progress of {id} stops inside a Postgres transaction ({p}, counted with source = {was}); this run has source = {now}, which counts that transaction's events differently and would skip the wrong ones: run with source = {was} until walbox has passed transaction {lsn}, then change it",
-                    lsn = p.commit_lsn
-                )));
+                return Err(RunError::Transactions(TransactionsError::SourceChanged {
+                    id,
+                    progress: p.to_string(),
+                    was,
+                    now,
+                    lsn: p.commit_lsn,
+                }));
             }
             Some(Ok(p)) => {
                 tracing::info!(%topic, transactional_id = %id, after = %p, "exactly-once: resuming after the committed progress");
                 Some(p)
             }
             Some(Err(e)) => {
-                return Err(RunError::Transactions(format!(
-                    "the last progress record of {id} in topic {topic} is unreadable ({e}); see docs/guarantees.md, \"Resetting the progress\""
-                )))
+                return Err(RunError::Transactions(
+                    TransactionsError::ProgressUnreadable {
+                        id,
+                        topic: topic.clone(),
+                        detail: e.to_string(),
+                    },
+                ))
             }
         };
         Ok(())
@@ -487,7 +496,7 @@ impl Core<'_> {
                 position,
             };
             return Err(match e.kind {
-                TxnErrorKind::Abortable => RunError::Aborted(format!("the commit failed: {e}")),
+                TxnErrorKind::Abortable => RunError::Aborted(AbortCause::CommitFailed(e)),
                 _ => txn_error(&eos.config.transactional_id, e),
             });
         }
@@ -538,7 +547,7 @@ impl Core<'_> {
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
             tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
             eos.refused.insert((token.lsn, token.index), error.clone());
-            eos.doom(format!("the broker refused an event for good ({error})"));
+            eos.doom(AbortCause::Refused(error));
             return Ok(());
         }
         if error.is_fenced() {
@@ -554,7 +563,7 @@ impl Core<'_> {
         // The other records of the transaction fail too, each with its
         // reason: all are heard before the session ends, so an event refused
         // for good is known as such, whichever report comes first.
-        eos.doom(format!("a record failed: {error}"));
+        eos.doom(AbortCause::RecordFailed(error));
         Ok(())
     }
 
@@ -634,9 +643,7 @@ impl Core<'_> {
                 Ok(false)
             }
             Err(e) if e.kind == TxnErrorKind::Fenced => Err(txn_error(id, e)),
-            Err(e) => Err(RunError::Transactions(format!(
-                "could not abort the open Kafka transaction: {e}"
-            ))),
+            Err(e) => Err(RunError::Transactions(TransactionsError::AbortFailed(e))),
         }
     }
 }
@@ -654,17 +661,7 @@ fn source_name(source: Option<crate::config::EventSource>) -> &'static str {
 
 /// A transactional failure as the relay reports it.
 pub(in crate::relay) fn txn_error(id: &str, e: TxnError) -> RunError {
-    match e.kind {
-        TxnErrorKind::Fenced => RunError::Fenced {
-            id: id.to_owned(),
-            detail: e.message,
-        },
-        TxnErrorKind::Unsupported => RunError::Transactions(format!(
-            "{e}: the brokers must support Kafka transactions (Apache Kafka 0.11 or later, with the transaction state topic available) and grant walbox Write on transactional id {id}; use delivery = \"at-least-once\" otherwise"
-        )),
-        TxnErrorKind::Abortable | TxnErrorKind::Retriable => RunError::Aborted(e.to_string()),
-        _ => RunError::Transactions(e.to_string()),
-    }
+    RunError::from_txn(id, e)
 }
 
 /// The committed progress lies past the end of the server's WAL: the server

@@ -189,12 +189,12 @@ impl Core<'_> {
         if self.skip_replayed() {
             return Ok(());
         }
-        match crate::envelope::map(&self.config.mapping, content, lsn, &mut self.topics) {
+        match crate::mapping::envelope::map(&self.config.mapping, content, lsn, &mut self.topics) {
             Ok(event) => self.queue(event, lsn),
             Err(e) => {
                 let unmapped = Unmapped {
                     topic: None,
-                    event_id: crate::envelope::event_id_of(content),
+                    event_id: crate::mapping::envelope::event_id_of(content),
                     payload: Some(content.clone()),
                 };
                 self.on_unmappable(e, unmapped, lsn)

@@ -143,7 +143,7 @@ pub fn map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::EventFormat;
+    use crate::mapping::format::EventFormat;
 
     fn lsn() -> Lsn {
         "0/16B3748".parse().unwrap()

@@ -20,9 +20,9 @@
 use bytes::Bytes;
 use sink_kafka::Header;
 
+use crate::mapping::timestamp::rfc3339_ms;
 use crate::mapping::MappedEvent;
 use crate::spans::{TRACEPARENT, TRACESTATE};
-use crate::timestamp::rfc3339_ms;
 
 /// How an event becomes a record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

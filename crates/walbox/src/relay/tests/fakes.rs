@@ -15,7 +15,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use slot_manager::{ChangeInFlight, Coverage};
 
-use super::{Deliveries, Destination, Input, ReplicationStream, RunError, Source, Started, Token};
+use crate::relay::{
+    Deliveries, Destination, Input, ReplicationStream, RunError, Source, Started, Token,
+};
 
 // ---- frames ---------------------------------------------------------------
 

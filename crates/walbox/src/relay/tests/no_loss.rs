@@ -7,9 +7,9 @@ use super::fakes::{
     self, begin, commit, header, insert, insert_row, keepalive, relation, relation_of, COLUMNS,
     OUTBOX, TEXT, UUID,
 };
-use super::tests::{idle, until, Fixture};
-use super::{RunError, Stop};
+use super::{idle, until, Fixture};
 use crate::dead_letter::{headers, DeadLetters};
+use crate::relay::{RunError, Stop};
 use slot_manager::ChangeInFlight;
 
 #[tokio::test(start_paused = true)]

@@ -16,6 +16,15 @@
 //!
 //! Column positions are resolved once per Relation message
 //! ([`OutboxMapping::resolve`]); mapping a row is then one pass over its tuple.
+//!
+//! Beside it: [`envelope`] (an event emitted as a logical decoding message,
+//! mapped the same way), [`format`] (how the value and headers are written:
+//! as stored, CloudEvents, Debezium's envelope) and [`timestamp`] (the
+//! record timestamp from a column's text).
+
+pub mod envelope;
+pub mod format;
+pub mod timestamp;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +33,8 @@ use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
 use sink_kafka::Header;
 
-use crate::format::{Attributes, EventFormat};
-use crate::timestamp::parse_timestamp_ms;
+use format::{Attributes, EventFormat};
+use timestamp::parse_timestamp_ms;
 
 /// Type OIDs the payload column may have.
 const JSON: u32 = 114;

@@ -2,11 +2,11 @@
 //! or `both`), against the in-memory fakes.
 
 use super::fakes::{self, begin, commit, envelope, header, insert, key_of, message, relation};
-use super::tests::{idle, until, Fixture};
-use super::{RunError, Stop};
+use super::{idle, until, Fixture};
 use crate::config::EventSource;
 use crate::dead_letter::{headers, DeadLetters};
 use crate::mapping::MapError;
+use crate::relay::{RunError, Stop};
 
 fn fixture(source: EventSource, dead_letters: DeadLetters) -> Fixture {
     let mut fx = Fixture::new(dead_letters, 100, 1024);

@@ -1,6 +1,11 @@
 //! The relay loop against in-memory fakes: no Postgres, no Kafka. Time is
 //! paused, so timers (status interval, backoff) run instantly and in order.
 
+mod exactly_once;
+mod fakes;
+mod messages;
+mod no_loss;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +14,12 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind};
 use slot_manager::TableName;
 use tokio::sync::watch;
 
-use super::fakes::{
-    self, begin, commit, header, insert, keepalive, key_of, relation, Broker, FakeSource,
-};
 use super::{run, RelayConfig, RunError, Stop};
 use crate::config::EventSource;
 use crate::dead_letter::{headers, DeadLetters};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
+use fakes::{begin, commit, header, insert, keepalive, key_of, relation, Broker, FakeSource};
 
 fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
@@ -40,16 +43,16 @@ fn config(dead_letters: DeadLetters) -> RelayConfig {
 
 /// A relay's world: its configuration, a scripted source, a fake broker
 /// bounded to `events` and `kib` in flight, and its metrics.
-pub(super) struct Fixture {
-    pub(super) config: RelayConfig,
-    pub(super) source: FakeSource,
-    pub(super) broker: Broker,
+struct Fixture {
+    config: RelayConfig,
+    source: FakeSource,
+    broker: Broker,
     reports: fakes::FakeReports,
-    pub(super) metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
 }
 
 impl Fixture {
-    pub(super) fn new(dead_letters: DeadLetters, events: usize, kib: usize) -> Fixture {
+    fn new(dead_letters: DeadLetters, events: usize, kib: usize) -> Fixture {
         let (broker, reports) = Broker::new(events, kib);
         Fixture {
             config: config(dead_letters),
@@ -62,7 +65,7 @@ impl Fixture {
 
     /// Runs the relay beside `script`, which gets the shutdown switch;
     /// returns the relay's result once it ended.
-    pub(super) async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
+    async fn run<F, Fut>(&mut self, script: F) -> Result<(), RunError>
     where
         F: FnOnce(watch::Sender<Stop>) -> Fut,
         Fut: Future<Output = ()>,
@@ -105,7 +108,7 @@ impl Fixture {
 }
 
 /// Lets the relay run until `cond` holds (virtual time; panics after a minute).
-pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..6000 {
         if cond() {
             return;
@@ -116,7 +119,7 @@ pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// Lets the relay run for `ms` of virtual time.
-pub(super) async fn idle(ms: u64) {
+async fn idle(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 

@@ -12,11 +12,11 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind, TxnErrorKind};
 use tokio::sync::watch;
 
 use super::fakes::{header, relation, Broker, FakeSource};
-use super::tests::{idle, until, Fixture};
-use super::{run, RelayConfig, RunError, Stop};
+use super::{idle, until, Fixture};
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce, Position};
 use crate::metrics::Metrics;
+use crate::relay::{run, RelayConfig, RunError, Stop};
 
 fn exactly_once(max_events: usize) -> Option<ExactlyOnce> {
     Some(ExactlyOnce {

@@ -1,0 +1,164 @@
+//! The settings as the file spells them ([`super::table::SETTINGS`]), merged
+//! from every layer before they are checked.
+
+use std::collections::BTreeMap;
+
+use super::{whole, EventSource, LogFormat, MappingPreset};
+use serde::{Deserialize, Serialize};
+
+/// How an event becomes a Kafka record's value and headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawFormat {
+    #[default]
+    AsStored,
+    CloudeventsBinary,
+    CloudeventsStructured,
+    Debezium,
+}
+
+/// The merged settings, as the file spells them (see [`table::SETTINGS`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Raw {
+    pub(super) pg_url: Option<String>,
+    pub(super) slot: String,
+    pub(super) publication: String,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) shards: u64,
+    #[serde(deserialize_with = "whole::opt_u64")]
+    pub(super) shard: Option<u64>,
+    pub(super) table: String,
+    pub(super) source: EventSource,
+    pub(super) message_prefix: String,
+    pub(super) log_format: LogFormat,
+    pub(super) format: RawFormat,
+    pub(super) cloudevents_source: Option<String>,
+    pub(super) mapping: RawMapping,
+    pub(super) kafka: RawKafka,
+    pub(super) topics: RawTopics,
+    pub(super) delivery: Delivery,
+    pub(super) transactions: RawTransactions,
+    pub(super) dead_letter_topic: Option<String>,
+    pub(super) on_slot_invalidated: OnSlotInvalidated,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) slot_recreate_margin_secs: u64,
+    pub(super) retention: Option<String>,
+    pub(super) otlp_endpoint: Option<String>,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) max_in_flight_events: u64,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) max_in_flight_bytes: u64,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) status_interval_ms: u64,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) shutdown_timeout_secs: u64,
+    pub(super) metrics_addr: Option<String>,
+}
+
+impl Default for Raw {
+    fn default() -> Self {
+        Raw {
+            pg_url: None,
+            slot: "walbox".into(),
+            publication: "walbox_outbox".into(),
+            shards: 1,
+            shard: None,
+            table: "public.outbox_events".into(),
+            source: EventSource::Table,
+            message_prefix: "walbox".into(),
+            log_format: LogFormat::Text,
+            format: RawFormat::AsStored,
+            cloudevents_source: None,
+            mapping: RawMapping::default(),
+            kafka: RawKafka::default(),
+            topics: RawTopics::default(),
+            delivery: Delivery::AtLeastOnce,
+            transactions: RawTransactions::default(),
+            dead_letter_topic: None,
+            on_slot_invalidated: OnSlotInvalidated::Fail,
+            slot_recreate_margin_secs: 600,
+            retention: None,
+            otlp_endpoint: None,
+            max_in_flight_events: 10_000,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            status_interval_ms: 1000,
+            shutdown_timeout_secs: 20,
+            metrics_addr: None,
+        }
+    }
+}
+
+/// `[mapping]`: `None` takes the preset's column.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawMapping {
+    pub(super) preset: MappingPreset,
+    pub(super) topic_template: Option<String>,
+    pub(super) id: Option<String>,
+    pub(super) aggregate_type: Option<String>,
+    pub(super) aggregate_id: Option<String>,
+    pub(super) event_type: Option<String>,
+    pub(super) payload: Option<String>,
+    pub(super) headers: Option<String>,
+    pub(super) timestamp: Option<String>,
+    pub(super) header_columns: BTreeMap<String, String>,
+}
+
+/// `[kafka]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawKafka {
+    pub(super) brokers: Option<String>,
+    pub(super) properties: BTreeMap<String, String>,
+}
+
+/// `[topics]`: creating missing topics.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawTopics {
+    pub(super) create: bool,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) partitions: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) replication_factor: Option<u64>,
+    pub(super) config: BTreeMap<String, String>,
+}
+
+/// What `walbox run` does with a slot that lost WAL it needed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnSlotInvalidated {
+    /// Stop, saying what to do.
+    #[default]
+    Fail,
+    /// Recreate the slot and republish from the outbox table (see
+    /// [`crate::backfill::heal`]).
+    Recreate,
+}
+
+/// What walbox promises about each event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Every event at least once; duplicates only after a crash or reconnect.
+    #[default]
+    AtLeastOnce,
+    /// Every event once for `read_committed` consumers, through Kafka
+    /// transactions (see [`crate::exactly_once`]).
+    ExactlyOnce,
+}
+
+/// `[transactions]`: exactly-once mode's settings.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawTransactions {
+    pub(super) id: Option<String>,
+    pub(super) progress_topic: Option<String>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) max_events: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) max_bytes: Option<u64>,
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) max_ms: Option<u64>,
+}

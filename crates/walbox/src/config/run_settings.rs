@@ -1,0 +1,292 @@
+//! What `walbox run` needs beyond the connection and the mapping: the
+//! producer, the dead-letter policy, exactly-once, retention, timers.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sink_kafka::{SinkConfig, TopicSpec};
+
+use super::connection::shard_name;
+
+use super::{Config, ConfigError, Connection, Delivery, EventSource, OnSlotInvalidated};
+use crate::dead_letter::DeadLetters;
+use crate::exactly_once::{Bounds, ExactlyOnce};
+use crate::mapping::OutboxMapping;
+
+/// What `walbox run` needs beyond the connection and mapping.
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    /// The producer.
+    pub sink: SinkConfig,
+    /// What happens to undeliverable events.
+    pub dead_letters: DeadLetters,
+    /// Status update interval.
+    pub status_interval: Duration,
+    /// Shutdown drain bound.
+    pub shutdown_timeout: Duration,
+    /// Where to serve metrics and health endpoints.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Exactly-once mode; `None`: at least once.
+    pub exactly_once: Option<ExactlyOnce>,
+    /// Recreating an invalidated slot: `None` to stop instead; else how far
+    /// before the last delivered commit the republishing starts.
+    pub recreate_margin: Option<Duration>,
+    /// How far before the last delivered commit rows stay (retention and
+    /// recreating alike).
+    pub margin: Duration,
+    /// Delete outbox rows older than this; `None`: keep them.
+    pub retention: Option<Duration>,
+    /// The prefix of the logical decoding messages that are events.
+    pub message_prefix: String,
+    /// Where to export a span per event; `None`: off.
+    pub otlp_endpoint: Option<String>,
+}
+
+/// Everything `walbox run` needs, checked together: `walbox config` makes
+/// the same checks, so the two never disagree.
+#[derive(Clone, Debug)]
+pub struct RunPlan {
+    /// Where Postgres is and what to stream (this process's shard).
+    pub connection: Connection,
+    /// Which columns hold what.
+    pub mapping: OutboxMapping,
+    /// The producer, policies and timers.
+    pub settings: RunSettings,
+}
+
+impl Config {
+    /// What `walbox run` needs: the connection (naming its shard when the
+    /// outbox is sharded), the mapping and the run settings, with the checks
+    /// that need more than one of them.
+    pub fn for_run(&self) -> Result<RunPlan, ConfigError> {
+        let connection = self.connection()?;
+        if connection.shards > 1 && connection.shard.is_none() {
+            return Err(ConfigError(format!(
+                "shards = {}: say which shard this process streams (--shard 0 to {}, WALBOX_SHARD or shard in the file); each shard runs as its own process",
+                connection.shards,
+                connection.shards - 1
+            )));
+        }
+        let mapping = self.mapping()?;
+        let settings = self.run()?;
+        if settings.retention.is_some() && mapping.timestamp.is_none() {
+            return Err(ConfigError(
+                "retention needs the timestamp column (mapping.timestamp) to tell old rows".into(),
+            ));
+        }
+        Ok(RunPlan {
+            connection,
+            mapping,
+            settings,
+        })
+    }
+}
+
+impl Config {
+    /// What `walbox run` needs, checked.
+    pub fn run(&self) -> Result<RunSettings, ConfigError> {
+        let r = &self.raw;
+        let brokers = r.kafka.brokers.clone().ok_or_else(|| {
+            ConfigError(
+                "kafka.brokers is required (--kafka-brokers, WALBOX_KAFKA_BROKERS or [kafka] brokers in the file)"
+                    .into(),
+            )
+        })?;
+        let mut sink = SinkConfig::new(brokers);
+        sink.properties = r.kafka.properties.clone();
+        if r.max_in_flight_events == 0 {
+            return Err(ConfigError(
+                "max_in_flight_events: must be at least 1".into(),
+            ));
+        }
+        if r.max_in_flight_bytes < 1024 {
+            return Err(ConfigError(
+                "max_in_flight_bytes: must be at least 1024".into(),
+            ));
+        }
+        sink.max_in_flight = usize::try_from(r.max_in_flight_events)
+            .map_err(|_| ConfigError("max_in_flight_events: too large".into()))?;
+        sink.max_in_flight_bytes = usize::try_from(r.max_in_flight_bytes)
+            .map_err(|_| ConfigError("max_in_flight_bytes: too large".into()))?;
+        if r.status_interval_ms == 0 {
+            return Err(ConfigError("status_interval_ms: must be above 0".into()));
+        }
+        let metrics_addr = match &r.metrics_addr {
+            None => None,
+            Some(a) => Some(a.parse().map_err(|_| {
+                ConfigError(format!(
+                    "metrics_addr {a:?}: expected HOST:PORT with an IP address, e.g. 0.0.0.0:9756"
+                ))
+            })?),
+        };
+        let dead_letters = match &r.dead_letter_topic {
+            Some(t) if t.is_empty() => {
+                return Err(ConfigError("dead_letter_topic: must not be empty".into()))
+            }
+            Some(t) => DeadLetters::to_topic(t.clone()),
+            None => DeadLetters::halt(),
+        };
+        sink.create_topics = self.topic_spec()?;
+        // Without a dead-letter topic an event that fails for good stops
+        // walbox, and nothing after it may be written ahead of it.
+        sink.gapless = r.dead_letter_topic.is_none();
+        let exactly_once = self.exactly_once()?;
+        sink.transactional_id = exactly_once.as_ref().map(|e| e.transactional_id.clone());
+        if r.message_prefix.is_empty() {
+            return Err(ConfigError("message_prefix: must not be empty".into()));
+        }
+        if r.source != EventSource::Table && r.on_slot_invalidated == OnSlotInvalidated::Recreate {
+            return Err(ConfigError(
+                "on_slot_invalidated = \"recreate\" republishes rows of the outbox table; events written as messages (source = messages or both) are in no table and would be lost: use fail".into(),
+            ));
+        }
+        if r.shards > 1 && r.on_slot_invalidated == OnSlotInvalidated::Recreate {
+            return Err(ConfigError(
+                "on_slot_invalidated = \"recreate\" is not supported with shards > 1: the heal republishes every row of the table, not the shard's own, so each shard would send every other shard's events again: use fail (docs/operations.md, \"Sharded streaming\")".into(),
+            ));
+        }
+        if r.source == EventSource::Messages && r.retention.is_some() {
+            return Err(ConfigError(
+                "retention deletes rows of the outbox table; with source = messages there is none: remove it".into(),
+            ));
+        }
+        let otlp_endpoint = match &r.otlp_endpoint {
+            None => None,
+            Some(e) if e.starts_with("http://") && e.len() > "http://".len() => Some(e.clone()),
+            Some(e) if e.starts_with("https://") => {
+                return Err(ConfigError(format!(
+                    "otlp_endpoint {e:?}: this build exports over plain HTTP only; point it at a local collector agent or sidecar (http://…:4318)"
+                )))
+            }
+            Some(e) => {
+                return Err(ConfigError(format!(
+                    "otlp_endpoint {e:?}: expected an OTLP/HTTP URL such as http://127.0.0.1:4318"
+                )))
+            }
+        };
+        Ok(RunSettings {
+            otlp_endpoint,
+            message_prefix: r.message_prefix.clone(),
+            sink,
+            dead_letters,
+            status_interval: Duration::from_millis(r.status_interval_ms),
+            shutdown_timeout: Duration::from_secs(r.shutdown_timeout_secs),
+            metrics_addr,
+            exactly_once,
+            recreate_margin: (r.on_slot_invalidated == OnSlotInvalidated::Recreate)
+                .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
+            margin: Duration::from_secs(r.slot_recreate_margin_secs),
+            retention: match &r.retention {
+                None => None,
+                Some(text) => {
+                    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                        ConfigError(format!(
+                            "retention {text:?}: {e}; expected a duration such as 7d, 12h or 30m"
+                        ))
+                    })?;
+                    if d < Duration::from_secs(1) {
+                        return Err(ConfigError("retention: must be at least 1s".into()));
+                    }
+                    Some(d)
+                }
+            },
+        })
+    }
+
+    /// Exactly-once mode's settings, when `delivery = "exactly-once"`.
+    fn exactly_once(&self) -> Result<Option<ExactlyOnce>, ConfigError> {
+        let r = &self.raw;
+        let t = &r.transactions;
+        if r.delivery == Delivery::AtLeastOnce {
+            let set = t.id.is_some()
+                || t.progress_topic.is_some()
+                || t.max_events.is_some()
+                || t.max_bytes.is_some()
+                || t.max_ms.is_some();
+            if set {
+                return Err(ConfigError(
+                    "transactions.* apply to delivery = \"exactly-once\": set it, or remove them"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let text = |key: &str, v: &Option<String>, default: String| match v {
+            Some(v) if v.is_empty() => Err(ConfigError(format!(
+                "transactions.{key}: must not be empty"
+            ))),
+            Some(v) => Ok(v.clone()),
+            None => Ok(default),
+        };
+        // Each shard is its own producer: its own transactional id (also the
+        // key of its progress records), or they would fence each other.
+        let (slot, suffix) = match r.shard {
+            Some(i) if r.shards > 1 => (shard_name(&r.slot, i as u32), format!("-{i}")),
+            _ => (r.slot.clone(), String::new()),
+        };
+        let transactional_id = match &t.id {
+            Some(id) if !id.is_empty() => format!("{id}{suffix}"),
+            _ => text("id", &t.id, format!("walbox-{slot}"))?,
+        };
+        let progress_topic = text(
+            "progress_topic",
+            &t.progress_topic,
+            "walbox.progress".into(),
+        )?;
+        let d = Bounds::default();
+        let count =
+            |key: &str, v: Option<u64>, default: usize, least: u64| -> Result<usize, ConfigError> {
+                match v {
+                    None => Ok(default),
+                    Some(n) if n < least => Err(ConfigError(format!(
+                        "transactions.{key}: must be at least {least}"
+                    ))),
+                    Some(n) => usize::try_from(n)
+                        .map_err(|_| ConfigError(format!("transactions.{key}: too large"))),
+                }
+            };
+        let max_ms = count("max_ms", t.max_ms, d.max_time.as_millis() as usize, 1)?;
+        if max_ms > 600_000 {
+            return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));
+        }
+        Ok(Some(ExactlyOnce {
+            progress_topic,
+            transactional_id,
+            slot,
+            source: r.source,
+            bounds: Bounds {
+                max_events: count("max_events", t.max_events, d.max_events, 1)?,
+                max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,
+                max_time: Duration::from_millis(max_ms as u64),
+            },
+        }))
+    }
+
+    /// How to create missing topics, when `topics.create` is on.
+    fn topic_spec(&self) -> Result<Option<TopicSpec>, ConfigError> {
+        let t = &self.raw.topics;
+        let count = |key: &str, v: Option<u64>| -> Result<Option<i32>, ConfigError> {
+            v.map(|n| {
+                i32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+                    ConfigError(format!("topics.{key}: must be between 1 and 2147483647"))
+                })
+            })
+            .transpose()
+        };
+        let partitions = count("partitions", t.partitions)?;
+        let replication_factor = count("replication_factor", t.replication_factor)?;
+        if !t.create {
+            if partitions.is_some() || replication_factor.is_some() || !t.config.is_empty() {
+                return Err(ConfigError(
+                    "topics.partitions, topics.replication_factor and topics.config apply to topics walbox creates: set topics.create = true, or remove them".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        Ok(Some(TopicSpec {
+            partitions,
+            replication_factor,
+            config: t.config.clone(),
+        }))
+    }
+}

@@ -1,0 +1,255 @@
+//! Why the relay stops: [`RunError`], transient or definite, and its typed
+//! parts.
+
+use pgoutput_decoder::{DecodeError, Lsn};
+use sink_kafka::{DeliveryError, TxnError, TxnErrorKind};
+use slot_manager::TableName;
+
+use crate::mapping::MapError;
+use crate::progress::ProgressError;
+
+/// Why the relay stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// Postgres (connection, slot, preflight).
+    #[error(transparent)]
+    Postgres(#[from] slot_manager::Error),
+    /// A row could not be mapped and no dead-letter topic is configured.
+    #[error(
+        "{0}; the slot stays before this event (configure a dead-letter topic to skip such rows)"
+    )]
+    Map(#[from] MapError),
+    /// The broker refused an event for good, or the producer failed.
+    #[error("{0}; the slot stays before this event")]
+    Delivery(DeliveryError),
+    /// The dead-letter copy of an event failed too.
+    #[error("the dead-letter copy failed too: {0}; the slot stays before this event")]
+    DeadLetter(DeliveryError),
+    /// The producer could not be created.
+    #[error(transparent)]
+    Sink(#[from] sink_kafka::SinkError),
+    /// The brokers did not answer at startup.
+    #[error("Kafka brokers {brokers} did not answer within 10 s")]
+    Broker {
+        /// The bootstrap list.
+        brokers: String,
+        /// Why.
+        #[source]
+        source: Box<sink_kafka::SinkError>,
+    },
+    /// A broker refused walbox's connection at startup (TLS or SASL).
+    #[error("Kafka brokers {brokers} refused the connection: {problem}")]
+    BrokerRefused {
+        /// The bootstrap list.
+        brokers: String,
+        /// What was refused, and which settings to check.
+        problem: Box<sink_kafka::BrokerProblem>,
+    },
+    /// The stream broke the transaction rules.
+    #[error(transparent)]
+    Protocol(#[from] ProgressError),
+    /// A replication message could not be decoded.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// A tuple does not match its Relation message.
+    #[error("{0}: the stream is inconsistent; the slot stays before this event")]
+    ColumnCount(#[from] pgoutput_decoder::ColumnCountMismatch),
+    /// The publication no longer publishes the outbox table's INSERTs as it
+    /// did: the message says what changed and what to do.
+    #[error(transparent)]
+    Drift(#[from] DriftError),
+    /// Exactly-once: another instance with the same transactional id took
+    /// over; this one must stop.
+    #[error("the Kafka producer with transactional id {id} was fenced off ({detail}): another walbox instance with this id took over, or the broker aborted a transaction left open past transaction.timeout.ms (this process paused or starved); stopping: nothing uncommitted is visible, and the next start writes it again")]
+    Fenced {
+        /// The transactional id.
+        id: String,
+        /// The broker's words.
+        detail: String,
+    },
+    /// Exactly-once: the Kafka transaction was aborted; a new session writes
+    /// its events again after the last committed progress.
+    #[error("{0}; the Kafka transaction was aborted and its events are written again from the last committed progress")]
+    Aborted(AbortCause),
+    /// Exactly-once cannot work with this broker or producer.
+    #[error("exactly-once delivery: {0}")]
+    Transactions(#[from] TransactionsError),
+    /// A backfill row too large for a record.
+    #[error("backfill row {n} is too large to publish")]
+    RowTooLarge {
+        /// The row's number.
+        n: u64,
+    },
+    /// Exactly-once: the committed progress could not be read (a broker
+    /// unreachable, a leader election, a transaction still open on the
+    /// progress topic): nothing is streamed until it is.
+    #[error("exactly-once delivery: could not read the committed progress from topic {topic}: {detail}; nothing is streamed until it is read, trying again")]
+    ProgressUnread {
+        /// The progress topic.
+        topic: String,
+        /// What failed.
+        detail: String,
+    },
+    /// Unexpected message for the negotiated protocol.
+    #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
+    Unexpected(char),
+    /// The slot has an unfinished backfill or heal: nothing may be streamed
+    /// from it before its rows are published (an aggregate's new events
+    /// would overtake its old ones). The caller finishes it, or waits while
+    /// another instance does.
+    #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
+    BackfillPending {
+        /// The slot.
+        slot: String,
+        /// Rows published so far.
+        published: u64,
+        /// Rows in the backfill (0 before its snapshot was copied).
+        total: u64,
+    },
+}
+
+impl RunError {
+    /// A transactional failure of the producer with `transactional_id`.
+    pub fn from_txn(transactional_id: &str, e: TxnError) -> RunError {
+        match e.kind {
+            TxnErrorKind::Fenced => RunError::Fenced {
+                id: transactional_id.to_owned(),
+                detail: e.message,
+            },
+            TxnErrorKind::Unsupported => RunError::Transactions(TransactionsError::Unsupported {
+                id: transactional_id.to_owned(),
+                error: e,
+            }),
+            TxnErrorKind::Abortable | TxnErrorKind::Retriable => {
+                RunError::Aborted(AbortCause::Transaction(e))
+            }
+            _ => RunError::Transactions(TransactionsError::Producer(e)),
+        }
+    }
+
+    /// Why a session ended, as `walbox_reconnects_total`'s `reason` label:
+    /// `slot_busy` (another instance streams from the slot), `postgres`
+    /// (connection or server), `transactions` (an aborted Kafka
+    /// transaction), `other`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            _ if self.slot_busy() => "slot_busy",
+            RunError::Postgres(_) => "postgres",
+            RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
+            _ => "other",
+        }
+    }
+
+    /// True when another process streams from the slot: this instance is a
+    /// standby.
+    pub fn slot_busy(&self) -> bool {
+        matches!(
+            self,
+            RunError::Postgres(slot_manager::Error::SlotActive { .. })
+        )
+    }
+
+    /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RunError::Postgres(e) => e.is_transient(),
+            RunError::Aborted(_) | RunError::ProgressUnread { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Why the publication's coverage of the outbox table stopped the relay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriftError {
+    /// The table is not published for INSERT.
+    #[error("{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox")]
+    NotPublished {
+        /// How, with the fix.
+        gap: String,
+        /// Where the slot stays.
+        held: Lsn,
+    },
+    /// The coverage changed while walbox ran (the table recreated, the
+    /// publication altered).
+    #[error("{change} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. Check that publication covers table {table} for INSERT, then restart walbox; rows inserted while it did not are in the table but not in the stream (docs/operations.md, \"Publication drift\")")]
+    Changed {
+        /// What changed.
+        change: String,
+        /// Where the slot stays.
+        held: Lsn,
+        /// The outbox table.
+        table: TableName,
+    },
+}
+
+/// Why an exactly-once session aborted its Kafka transaction (the next
+/// session writes its events again).
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AbortCause {
+    /// The commit failed, and can be retried from the last progress.
+    #[error("the commit failed: {0}")]
+    CommitFailed(TxnError),
+    /// The broker refused an event for good: it is dead-lettered on the
+    /// replay.
+    #[error("the broker refused an event for good ({0})")]
+    Refused(DeliveryError),
+    /// A record failed, not for good.
+    #[error("a record failed: {0}")]
+    RecordFailed(DeliveryError),
+    /// A transactional call failed in a way that aborting cures.
+    #[error("{0}")]
+    Transaction(TxnError),
+}
+
+/// Why exactly-once delivery cannot go on with this broker, producer or
+/// committed progress.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionsError {
+    /// The brokers do not run transactions for walbox.
+    #[error("{error}: the brokers must support Kafka transactions (Apache Kafka 0.11 or later, with the transaction state topic available) and grant walbox Write on transactional id {id}; use delivery = \"at-least-once\" otherwise")]
+    Unsupported {
+        /// The transactional id.
+        id: String,
+        /// The broker's answer.
+        error: TxnError,
+    },
+    /// The producer failed for good.
+    #[error("{0}")]
+    Producer(TxnError),
+    /// The open transaction could not be aborted.
+    #[error("could not abort the open Kafka transaction: {0}")]
+    AbortFailed(TxnError),
+    /// The progress topic is not (or cannot be made) a compacted topic.
+    #[error("{0}")]
+    ProgressTopic(String),
+    /// The last progress record cannot be decoded.
+    #[error("the last progress record of {id} in topic {topic} is unreadable ({detail}); see docs/guarantees.md, \"Resetting the progress\"")]
+    ProgressUnreadable {
+        /// The transactional id.
+        id: String,
+        /// The progress topic.
+        topic: String,
+        /// Why.
+        detail: String,
+    },
+    /// The committed progress stops inside a Postgres transaction that this
+    /// run's source counts differently.
+    #[error("the committed progress of {id} stops inside a Postgres transaction ({progress}, counted with source = {was}); this run has source = {now}, which counts that transaction's events differently and would skip the wrong ones: run with source = {was} until walbox has passed transaction {lsn}, then change it")]
+    SourceChanged {
+        /// The transactional id.
+        id: String,
+        /// The committed progress.
+        progress: String,
+        /// The source that wrote it.
+        was: &'static str,
+        /// This run's.
+        now: &'static str,
+        /// The transaction it stops in.
+        lsn: Lsn,
+    },
+}
