@@ -28,6 +28,7 @@ mod coverage;
 mod exactly_once;
 mod message;
 mod report;
+mod transactions;
 
 #[cfg(test)]
 mod tests;
@@ -102,7 +103,7 @@ pub(super) struct Core<'a> {
     /// This session's domain types of the outbox table (OID → base OID).
     domains: HashMap<u32, u32>,
     /// Exactly-once mode's state; `None` in at-least-once mode.
-    eos: Option<exactly_once::Transactions>,
+    eos: Option<transactions::Transactions>,
     /// The position last saved (`config.save_positions`), and whether a
     /// failure to save was reported.
     saved_position: Option<Lsn>,
@@ -132,7 +133,7 @@ impl<'a> Core<'a> {
             eos: config
                 .exactly_once
                 .clone()
-                .map(exactly_once::Transactions::new),
+                .map(transactions::Transactions::new),
             saved_position: None,
             save_failure_reported: false,
             nontransactional_reported: false,
