@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use pgoutput_decoder::Lsn;
 
-use crate::config::EventSource;
+use crate::event_source::EventSource;
 use serde::{Deserialize, Serialize};
 
 /// The progress record's format version.

@@ -31,12 +31,7 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider
 use pgoutput_decoder::{Lsn, PgTimestamp};
 use sink_kafka::Header;
 
-use crate::mapping::MappedEvent;
-
-/// The header W3C Trace Context names.
-pub const TRACEPARENT: &str = "traceparent";
-/// Its vendor-specific companion.
-pub const TRACESTATE: &str = "tracestate";
+use crate::mapping::{MappedEvent, TRACEPARENT, TRACESTATE};
 
 /// The exporter, shared by the sessions.
 #[derive(Clone)]

@@ -29,6 +29,7 @@ use figment::providers::Format;
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub use crate::event_source::EventSource;
 pub use args::{ConnectionFlags, MappingFlags, RunFlags};
 pub use connection::Connection;
 pub use raw::{Delivery, OnSlotInvalidated};
@@ -60,32 +61,6 @@ pub enum MappingPreset {
     Walbox,
     /// Debezium's EventRouter.
     Debezium,
-}
-
-/// Where events come from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventSource {
-    /// Rows inserted into the outbox table.
-    #[default]
-    Table,
-    /// Transactional logical decoding messages with the configured prefix
-    /// (`walbox.emit`, `pg_logical_emit_message`; Postgres 14+).
-    Messages,
-    /// Both, in commit order.
-    Both,
-}
-
-impl EventSource {
-    /// Rows of the outbox table are events.
-    pub fn table(self) -> bool {
-        self != EventSource::Messages
-    }
-
-    /// Logical decoding messages are events.
-    pub fn messages(self) -> bool {
-        self != EventSource::Table
-    }
 }
 
 /// The loaded configuration.

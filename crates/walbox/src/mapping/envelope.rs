@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::mapping::{Fields, MapError, MappedEvent, OutboxMapping, Topics};
-use crate::spans::{TRACEPARENT, TRACESTATE};
+use crate::mapping::{TRACEPARENT, TRACESTATE};
 
 /// The envelope version this walbox reads.
 pub const VERSION: u64 = 1;

@@ -22,7 +22,7 @@ use sink_kafka::Header;
 
 use crate::mapping::timestamp::rfc3339_ms;
 use crate::mapping::MappedEvent;
-use crate::spans::{TRACEPARENT, TRACESTATE};
+use crate::mapping::{TRACEPARENT, TRACESTATE};
 
 /// How an event becomes a record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

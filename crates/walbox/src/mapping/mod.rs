@@ -285,6 +285,12 @@ impl MappedEvent {
     }
 }
 
+/// The header W3C Trace Context names (kept from the row's headers, and
+/// continued by walbox's span of the event).
+pub const TRACEPARENT: &str = "traceparent";
+/// Its vendor-specific companion.
+pub const TRACESTATE: &str = "tracestate";
+
 /// Tables up to this wide are mapped without allocating.
 const MAX_COLUMNS_ON_STACK: usize = 32;
 
