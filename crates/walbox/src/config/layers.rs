@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use figment::value::{Dict, Map, Value};
 use figment::{Metadata, Profile, Provider};
+use serde::Deserialize;
 
 use super::table::{setting, Kind, Setting, SETTINGS};
 use super::ConfigError;
@@ -35,21 +36,49 @@ const RENAMED: &[(&str, &str)] = &[
     ("WALBOX_COLUMN_TIMESTAMP", "WALBOX_MAPPING_TIMESTAMP"),
 ];
 
-/// One layer of settings, named for errors and `walbox config`.
+/// One layer of settings, named for errors and `walbox config` (the file
+/// by its path).
 #[derive(Clone, Debug)]
 pub(crate) struct Layer {
     name: &'static str,
+    file: Option<PathBuf>,
     pub(crate) dict: Dict,
 }
 
 impl Provider for Layer {
     fn metadata(&self) -> Metadata {
-        Metadata::named(self.name)
+        match &self.file {
+            Some(path) => Metadata::from(self.name, figment::Source::File(path.clone())),
+            None => Metadata::named(self.name),
+        }
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         Ok(Profile::Default.collect(self.dict.clone()))
     }
+}
+
+/// The TOML file as a layer: read once, checked against the settings' types
+/// (so an error names its line), then handed to figment as it was written.
+pub(crate) fn file(path: &std::path::Path) -> Result<Layer, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("read {}: {e}", path.display())))?;
+    let at_line = |e: toml::de::Error| {
+        let msg = e.message().to_owned();
+        let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+        ConfigError(match line {
+            Some(l) => format!("{}: line {l}: {msg}", path.display()),
+            None => format!("{}: {msg}", path.display()),
+        })
+    };
+    let document = toml::de::DeTable::parse(&text).map_err(at_line)?;
+    super::Raw::deserialize(toml::de::Deserializer::from(document.clone())).map_err(at_line)?;
+    let dict = Dict::deserialize(toml::de::Deserializer::from(document)).map_err(at_line)?;
+    Ok(Layer {
+        name: "file",
+        file: Some(path.to_owned()),
+        dict,
+    })
 }
 
 /// Puts `value` at `key` (`section.key`) in `dict`.
@@ -176,6 +205,7 @@ pub(crate) fn environment(
     }
     Ok(Layer {
         name: "environment",
+        file: None,
         dict,
     })
 }
@@ -200,6 +230,7 @@ pub(crate) fn flags<'a>(
     }
     Ok(Layer {
         name: "command line",
+        file: None,
         dict,
     })
 }

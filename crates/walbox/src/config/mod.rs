@@ -6,7 +6,9 @@
 //! come from a file named by `…_FILE` (`WALBOX_PG_URL_FILE`,
 //! `WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE`), so a secret never has to be on
 //! the command line. The layers are merged by figment, which keeps where each
-//! value came from for errors and `walbox config`.
+//! value came from for errors and `walbox config`; each layer is made here
+//! ([`layers`]): the file read once with the `toml` crate (its errors name
+//! the line), the environment and the flags by the one table of settings.
 //!
 //! The merged settings are checked and split by who needs them:
 //! [`Connection`] (every command), [`OutboxMapping`] (the commands that read
@@ -25,7 +27,6 @@ mod whole;
 
 use std::path::Path;
 
-use figment::providers::Format;
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
@@ -83,20 +84,6 @@ pub struct Sources<'a> {
     pub flags: Vec<(&'static str, Vec<&'a str>)>,
 }
 
-/// Reads and checks the TOML file first, for errors with its line numbers.
-fn check_file(path: &Path) -> Result<(), ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError(format!("read {}: {e}", path.display())))?;
-    toml::from_str::<Raw>(&text).map(|_| ()).map_err(|e| {
-        let msg = e.message().to_owned();
-        let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
-        ConfigError(match line {
-            Some(l) => format!("{}: line {l}: {msg}", path.display()),
-            None => format!("{}: {msg}", path.display()),
-        })
-    })
-}
-
 /// Where a value came from: the file's path, `environment` or `command line`.
 fn source_name(m: &figment::Metadata) -> String {
     match &m.source {
@@ -115,8 +102,7 @@ impl Config {
     pub fn load(sources: Sources<'_>) -> Result<Config, ConfigError> {
         let mut figment = Figment::new();
         if let Some(path) = sources.file {
-            check_file(path)?;
-            figment = figment.merge(figment::providers::Toml::file(path));
+            figment = figment.merge(layers::file(path)?);
         }
         // libpq's variables, for what pg_url leaves out.
         let pg_env: Vec<(String, String)> = sources
