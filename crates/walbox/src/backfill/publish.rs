@@ -27,7 +27,7 @@ use crate::bookkeeping::backfills::{self as store, Publishing};
 use crate::config::EventSource;
 use crate::metrics::Metrics;
 use crate::relay::{
-    CopiedRow, Input, RelayConfig, ReplicationStream, RunError, Source, Started, Token,
+    CopiedRow, Input, RelayConfig, ReplicationStream, RunError, Source, SourceError, Started, Token,
 };
 
 /// The OID the rows' relation goes by (the catalog's is not needed).
@@ -122,7 +122,7 @@ struct Rows<'c> {
 impl<'c> Source for Rows<'c> {
     type Stream = RowStream<'c>;
 
-    async fn start(&mut self) -> Result<Started<RowStream<'c>>, RunError> {
+    async fn start(&mut self) -> Result<Started<RowStream<'c>>, SourceError> {
         let (Some(relation), Some(domains)) = (self.relation.take(), self.domains.take()) else {
             unreachable!("a backfill publishes in one session")
         };
@@ -171,7 +171,7 @@ struct RowStream<'c> {
 
 impl RowStream<'_> {
     /// Reads the batch being read, if any, into the buffer.
-    async fn finish_fetch(&mut self) -> Result<(), RunError> {
+    async fn finish_fetch(&mut self) -> Result<(), SourceError> {
         let Some(fetch) = self.fetch.as_mut() else {
             return Ok(());
         };
@@ -189,7 +189,7 @@ impl RowStream<'_> {
 }
 
 impl ReplicationStream for RowStream<'_> {
-    async fn next(&mut self) -> Result<Input, RunError> {
+    async fn next(&mut self) -> Result<Input, SourceError> {
         if let Some(relation) = self.relation.take() {
             return Ok(Input::Relation(relation));
         }
@@ -203,7 +203,7 @@ impl ReplicationStream for RowStream<'_> {
             return Ok(Input::End);
         };
         let tuple = TupleData::from_text(values.iter().map(|v| v.as_deref().map(str::as_bytes)))
-            .ok_or(RunError::RowTooLarge { n })?;
+            .ok_or(SourceError::RowTooLarge { n })?;
         Ok(Input::Row(CopiedRow {
             n,
             relation: RELATION,
@@ -213,7 +213,7 @@ impl ReplicationStream for RowStream<'_> {
     }
 
     /// Saves the cursor: every row up to `flush` was delivered.
-    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), SourceError> {
         let done = update.flush.as_u64();
         if done > self.saved.get() {
             // One statement at a time on the connection: the batch being
@@ -237,7 +237,7 @@ impl ReplicationStream for RowStream<'_> {
     }
 
     /// The rows are not the stream of a publication: nothing to verify.
-    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+    async fn coverage(&mut self) -> Result<Coverage, SourceError> {
         Ok(Coverage {
             wal_lsn: Lsn::from(self.total),
             table_oid: None,
@@ -251,7 +251,7 @@ impl ReplicationStream for RowStream<'_> {
         None
     }
 
-    async fn save_position(&mut self, _: Lsn, _: PgTimestamp) -> Result<(), String> {
+    async fn save_position(&mut self, _: Lsn, _: PgTimestamp) -> Result<(), SourceError> {
         Ok(())
     }
 

@@ -79,7 +79,9 @@ use crate::spans::{EventSpan, Spans};
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
 pub use error::{AbortCause, DriftError, RunError, TransactionsError};
-pub use source::{CopiedRow, Input, PostgresSource, ReplicationStream, Source, Started};
+pub use source::{
+    CopiedRow, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
+};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]

@@ -450,7 +450,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     // At-least-once, not shutting down: the messages already
                     // received follow in this turn (see `READ_BATCH`).
                     let batch = if !self.core.exactly_once() && finishing.is_none() { READ_BATCH } else { 1 };
-                    match self.on_messages(stream, message, batch).await {
+                    match self.on_messages(stream, message.map_err(RunError::from), batch).await {
                         Ok(Read::Empty) if batch > 1 && self.core.behind() => {
                             pausing = true;
                             pause.as_mut().reset(Instant::now() + READ_PAUSE);
@@ -529,7 +529,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 return Ok(Read::Full);
             }
             match stream.next().now_or_never() {
-                Some(next) => message = next,
+                Some(next) => message = next.map_err(RunError::from),
                 None => return Ok(Read::Empty),
             }
         }
@@ -703,7 +703,7 @@ async fn send_status<S: ReplicationStream>(
     update: Option<pgoutput_decoder::StandbyStatusUpdate>,
 ) -> Result<(), RunError> {
     match update {
-        Some(update) => stream.send_status(update).await,
+        Some(update) => Ok(stream.send_status(update).await?),
         None => Ok(()),
     }
 }

@@ -15,6 +15,51 @@ use super::RunError;
 use crate::config::Connection;
 use crate::mapping::OutboxMapping;
 
+/// Why a source or its stream failed: the seam's own error, which the
+/// relay turns into a [`RunError`] (transient or definite as the error is).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// Postgres (connection, slot, preflight, a statement).
+    #[error(transparent)]
+    Postgres(#[from] slot_manager::Error),
+    /// The slot has an unfinished backfill or heal (see
+    /// [`RunError::BackfillPending`]).
+    #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
+    BackfillPending {
+        /// The slot.
+        slot: String,
+        /// Rows published so far.
+        published: u64,
+        /// Rows in the backfill (0 before its snapshot was copied).
+        total: u64,
+    },
+    /// A backfill row too large for a record.
+    #[error("backfill row {n} is too large to publish")]
+    RowTooLarge {
+        /// The row's number.
+        n: u64,
+    },
+}
+
+impl From<SourceError> for RunError {
+    fn from(e: SourceError) -> RunError {
+        match e {
+            SourceError::Postgres(e) => RunError::Postgres(e),
+            SourceError::BackfillPending {
+                slot,
+                published,
+                total,
+            } => RunError::BackfillPending {
+                slot,
+                published,
+                total,
+            },
+            SourceError::RowTooLarge { n } => RunError::RowTooLarge { n },
+        }
+    }
+}
+
 /// Opens replication sessions. The relay runs on one task, so these futures
 /// need not be `Send`.
 #[allow(async_fn_in_trait)]
@@ -24,7 +69,7 @@ pub trait Source {
 
     /// Checks the server, starts streaming from the slot's confirmed
     /// position, and returns the stream and that position.
-    async fn start(&mut self) -> Result<Started<Self::Stream>, RunError>;
+    async fn start(&mut self) -> Result<Started<Self::Stream>, SourceError>;
 }
 
 /// A session just started.
@@ -82,23 +127,26 @@ pub struct CopiedRow {
 #[allow(async_fn_in_trait)]
 pub trait ReplicationStream {
     /// The next input. Cancel-safe.
-    async fn next(&mut self) -> Result<Input, RunError>;
+    async fn next(&mut self) -> Result<Input, SourceError>;
 
     /// Sends a standby status update (moves the slot's confirmed position;
     /// a backfill's stream saves its cursor).
-    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError>;
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), SourceError>;
 
     /// What the publication publishes of the outbox table now (a catalog
     /// read on another connection).
-    async fn coverage(&mut self) -> Result<Coverage, RunError>;
+    async fn coverage(&mut self) -> Result<Coverage, SourceError>;
 
     /// The slot's state, for the metrics; `None` if unknown.
     async fn slot_sample(&mut self) -> Option<slot_manager::SlotStatus>;
 
     /// Saves the delivered position and the commit time of the newest
     /// transaction below it, where a restart finds them.
-    async fn save_position(&mut self, delivered: Lsn, committed: PgTimestamp)
-        -> Result<(), String>;
+    async fn save_position(
+        &mut self,
+        delivered: Lsn,
+        committed: PgTimestamp,
+    ) -> Result<(), SourceError>;
 
     /// Ends the session cleanly.
     async fn close(self);
@@ -154,10 +202,10 @@ pub struct PostgresStream {
 
 impl PostgresSource {
     /// Refuses to stream while the slot has an unfinished backfill or heal.
-    async fn check_no_backfill(&self, control: &Client) -> Result<(), RunError> {
+    async fn check_no_backfill(&self, control: &Client) -> Result<(), SourceError> {
         let slot = &self.connection.slot;
         match crate::bookkeeping::backfills::unfinished(control, slot).await? {
-            Some((published, total)) => Err(RunError::BackfillPending {
+            Some((published, total)) => Err(SourceError::BackfillPending {
                 slot: slot.clone(),
                 published,
                 total,
@@ -170,7 +218,7 @@ impl PostgresSource {
 impl Source for PostgresSource {
     type Stream = PostgresStream;
 
-    async fn start(&mut self) -> Result<Started<PostgresStream>, RunError> {
+    async fn start(&mut self) -> Result<Started<PostgresStream>, SourceError> {
         let c = &self.connection;
         let control = connect_control(&c.pg).await?;
         let (least, why) = c.least_server();
@@ -218,15 +266,15 @@ impl Source for PostgresSource {
 }
 
 impl ReplicationStream for PostgresStream {
-    async fn next(&mut self) -> Result<Input, RunError> {
+    async fn next(&mut self) -> Result<Input, SourceError> {
         Ok(Input::Message(self.stream.next_message().await?))
     }
 
-    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), SourceError> {
         Ok(self.stream.send_standby_status_update(update).await?)
     }
 
-    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+    async fn coverage(&mut self) -> Result<Coverage, SourceError> {
         Ok(self
             .coverage
             .read(
@@ -251,12 +299,18 @@ impl ReplicationStream for PostgresStream {
         &mut self,
         delivered: Lsn,
         committed: PgTimestamp,
-    ) -> Result<(), String> {
+    ) -> Result<(), SourceError> {
         let save =
             crate::bookkeeping::positions::save(&self.control, &self.slot, delivered, committed);
         match tokio::time::timeout(std::time::Duration::from_secs(5), save).await {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err("no answer within 5 s".into()),
+            Ok(result) => Ok(result?),
+            Err(_) => Err(SourceError::Postgres(slot_manager::Error::Io {
+                target: "Postgres".into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "saving the delivered position: no answer within 5 s",
+                ),
+            })),
         }
     }
 

@@ -303,7 +303,11 @@ impl<'a> Core<'a> {
     /// The outcome of saving `position`. A failure is reported once and
     /// does not stop streaming: it only leaves the saved position older
     /// (more events republished if the slot is ever lost, never fewer).
-    pub(super) fn on_position_saved(&mut self, position: Lsn, result: Result<(), String>) {
+    pub(super) fn on_position_saved(
+        &mut self,
+        position: Lsn,
+        result: Result<(), super::SourceError>,
+    ) {
         match result {
             Ok(()) => {
                 self.saved_position = Some(position);

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use slot_manager::{ChangeInFlight, Coverage};
 
 use crate::relay::{
-    Deliveries, Destination, Input, ReplicationStream, RunError, Source, Started, Token,
+    Deliveries, Destination, Input, ReplicationStream, Source, SourceError, Started, Token,
 };
 
 // ---- frames ---------------------------------------------------------------
@@ -130,7 +130,7 @@ pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
 
 // ---- source ---------------------------------------------------------------
 
-type Item = Result<ReplicationMessage, RunError>;
+type Item = Result<ReplicationMessage, SourceError>;
 
 /// Sessions the relay will open, in order; with none left, `start` waits.
 /// They share one database: its catalog and its WAL head.
@@ -322,7 +322,7 @@ impl Server {
 impl Source for FakeSource {
     type Stream = FakeStream;
 
-    async fn start(&mut self) -> Result<Started<FakeStream>, RunError> {
+    async fn start(&mut self) -> Result<Started<FakeStream>, SourceError> {
         match self.sessions.pop_front() {
             Some((stream, confirmed, history, wal_end)) => Ok(Started {
                 stream,
@@ -338,22 +338,22 @@ impl Source for FakeSource {
 }
 
 impl ReplicationStream for FakeStream {
-    async fn next(&mut self) -> Result<Input, RunError> {
+    async fn next(&mut self) -> Result<Input, SourceError> {
         match self.rx.recv().await {
             Some(item) => {
                 self.unread.fetch_sub(1, Ordering::SeqCst);
                 item.map(Input::Message)
             }
-            None => Err(RunError::Postgres(slot_manager::Error::StreamEnded)),
+            None => Err(SourceError::Postgres(slot_manager::Error::StreamEnded)),
         }
     }
 
-    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), RunError> {
+    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), SourceError> {
         self.status.lock().unwrap().push(update);
         Ok(())
     }
 
-    async fn coverage(&mut self) -> Result<Coverage, RunError> {
+    async fn coverage(&mut self) -> Result<Coverage, SourceError> {
         self.database.readings.fetch_add(1, Ordering::SeqCst);
         let mut reading = self.database.catalog.lock().unwrap().clone();
         // Read now: the WAL written so far is what the server sent so far.
@@ -369,7 +369,7 @@ impl ReplicationStream for FakeStream {
         &mut self,
         delivered: Lsn,
         committed: PgTimestamp,
-    ) -> Result<(), String> {
+    ) -> Result<(), SourceError> {
         self.database
             .positions
             .lock()
