@@ -281,11 +281,7 @@ async fn broker_errors_inside_a_transaction_abort_it_and_the_stream_goes_on() {
         metric(&metrics, "walbox_transactions_aborted_total") >= 2.0,
         "{metrics}"
     );
-    assert!(
-        relay.child.try_wait().unwrap().is_none(),
-        "walbox kept streaming\n{}",
-        relay.log()
-    );
+    assert!(relay.running(), "walbox kept streaming\n{}", relay.log());
     eprintln!(
         "exactly-once under injected broker errors: {} transactions committed, {} aborted, {dead_lettered} events dead-lettered",
         metric(&metrics, "walbox_transactions_committed_total"),

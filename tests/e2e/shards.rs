@@ -140,11 +140,11 @@ async fn four_shards_deliver_every_event_in_key_order_through_kill_9_and_a_stand
     // active process, whose standby takes over.
     tokio::time::sleep(Duration::from_millis(500)).await;
     signal(&shards[1].0, "-KILL");
-    shards[1].0.child.wait().unwrap();
+    shards[1].0.wait();
     shards[1] = shard(&db, &kafka, &topic, 1).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     signal(&shards[2].0, "-KILL");
-    shards[2].0.child.wait().unwrap();
+    shards[2].0.wait();
     wait_http(&standby_addr, "/readyz", 200).await;
     assert!(
         !writer.is_finished(),

@@ -2,7 +2,7 @@
 //! test database, writing events, and reading them back.
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use rdkafka::message::Message;
@@ -23,18 +23,9 @@ pub(crate) fn walbox(db: &TestDb, args: &[&str]) -> Command {
     c
 }
 
-/// A running `walbox run`, logging to a file that can be read while it runs.
-pub(crate) struct Relay {
-    pub(crate) child: Child,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Relay {
-    pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
+/// A running walbox command, logging to a file that can be read while it
+/// runs: the harness's handle, shared with the torture suite.
+pub(crate) type Relay = walbox_test_harness::walbox_process::WalboxProcess;
 
 pub(crate) fn spawn_run(db: &TestDb, kafka: &TestKafka, extra: &[&str]) -> Relay {
     spawn_run_with(walbox(db, &[]), kafka, extra)
@@ -86,19 +77,8 @@ pub(crate) fn spawn_run_with(mut command: Command, kafka: &TestKafka, extra: &[&
 
 /// Starts a walbox command (any subcommand, its arguments given), logging
 /// to a file that can be read while it runs.
-pub(crate) fn spawn_logged(mut command: Command) -> Relay {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("walbox.log");
-    let child = command
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start walbox");
-    Relay {
-        child,
-        log,
-        _dir: dir,
-    }
+pub(crate) fn spawn_logged(command: Command) -> Relay {
+    Relay::spawn(command)
 }
 
 /// Asserts that a command succeeded (showing its output otherwise) and
@@ -124,11 +104,7 @@ pub(crate) async fn stop(relay: &mut Relay) -> String {
 }
 
 pub(crate) fn signal(relay: &Relay, signal: &str) {
-    let sent = Command::new("kill")
-        .args([signal, &relay.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
+    assert!(relay.signal(signal), "could not send {signal}");
 }
 
 /// Kills walbox (`kill -9`) `times` times, each at a pseudo-random moment
@@ -147,8 +123,7 @@ pub(crate) async fn kill_9_at_random_moments(
         seed ^= seed >> 7;
         seed ^= seed << 17;
         tokio::time::sleep(Duration::from_millis(least_ms + seed % spread_ms)).await;
-        signal(&relay, "-KILL");
-        relay.child.wait().unwrap();
+        relay.kill9();
         relay = restart();
     }
     relay
@@ -159,9 +134,8 @@ pub(crate) fn sigterm(relay: &Relay) {
 }
 
 pub(crate) async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, String) {
-    let child = &mut relay.child;
     let status = wait_for("walbox to exit", Duration::from_secs(40), || {
-        let s = child.try_wait().unwrap();
+        let s = relay.try_exit();
         async move { s.ok_or_else(|| "running".to_owned()) }
     })
     .await;
@@ -389,17 +363,13 @@ pub(crate) async fn wait_broker(kafka: &TestKafka) {
 
 /// Waits up to `timeout` for walbox to exit; panics with its log otherwise.
 pub(crate) async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(status) = relay.child.try_wait().unwrap() {
-            return status;
-        }
-        if std::time::Instant::now() > deadline {
+    match relay.exit_within(timeout).await {
+        Some(status) => status,
+        None => {
             let log = relay.log();
-            let _ = relay.child.kill();
+            relay.kill9();
             panic!("walbox did not exit within {timeout:?}\n{log}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

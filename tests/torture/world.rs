@@ -2,7 +2,7 @@
 //! child process, a load generator, and samplers of the slot and of
 //! walbox's memory.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use walbox_test_harness::proxy::Proxy;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn, try_current_wal_lsn,
 };
+use walbox_test_harness::walbox_process::WalboxProcess;
 
 /// The broker of a scenario.
 pub(crate) enum Broker {
@@ -83,7 +84,7 @@ pub(crate) struct World {
     pub(crate) topic: String,
     pub(crate) dead_letters: String,
     /// The walbox processes: one, or one per shard.
-    walbox: Vec<Child>,
+    walbox: Vec<WalboxProcess>,
     walbox_args: Vec<String>,
     /// 1, or the number of shards (`--shards`), each its own process and slot.
     pub(crate) shards: u32,
@@ -295,11 +296,6 @@ impl World {
     ) {
         assert!(self.walbox.is_empty(), "walbox is already running");
         for shard in 0..self.shards {
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.log_path())
-                .expect("open the walbox log");
             let mut command = self.walbox_command();
             command
                 .arg(subcommand)
@@ -311,13 +307,9 @@ impl World {
                 .args(&self.walbox_args)
                 .args(args)
                 .envs(env.iter().copied());
-            let child = command
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start walbox");
-            self.walbox_pids.lock().unwrap().push(child.id());
-            self.walbox.push(child);
+            let process = WalboxProcess::spawn_appending(command, &self.log_path());
+            self.walbox_pids.lock().unwrap().push(process.id());
+            self.walbox.push(process);
         }
     }
 
@@ -347,18 +339,14 @@ impl World {
     /// Sends `signal` (`TERM`, `INT`, …) to walbox (every shard's process).
     pub(crate) fn signal(&self, signal: &str) {
         for c in &self.walbox {
-            let _ = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(c.id().to_string())
-                .status();
+            c.signal(signal);
         }
     }
 
     /// `kill -9` walbox (every shard's process) and reap it.
     pub(crate) fn kill9(&mut self) {
         for mut c in self.walbox.drain(..) {
-            let _ = c.kill();
-            let _ = c.wait();
+            c.kill9();
         }
         self.walbox_pids.lock().unwrap().clear();
     }
@@ -375,10 +363,8 @@ impl World {
         loop {
             let mut i = 0;
             while i < self.walbox.len() {
-                if let Some(status) = self.walbox[i].try_wait().expect("wait for walbox") {
-                    // Reaped by try_wait: wait returns its status at once.
-                    let mut c = self.walbox.remove(i);
-                    let _ = c.wait();
+                if let Some(status) = self.walbox[i].try_exit() {
+                    let c = self.walbox.remove(i);
                     self.walbox_pids.lock().unwrap().retain(|p| *p != c.id());
                     codes.push(status.code().unwrap_or(-1));
                 } else {
@@ -397,11 +383,7 @@ impl World {
 
     /// Whether walbox runs (every shard's process, when sharded).
     pub(crate) fn running(&mut self) -> bool {
-        !self.walbox.is_empty()
-            && self
-                .walbox
-                .iter_mut()
-                .all(|c| c.try_wait().ok().flatten().is_none())
+        !self.walbox.is_empty() && self.walbox.iter_mut().all(|c| c.running())
     }
 
     /// Waits until the slot confirmed everything written so far (or

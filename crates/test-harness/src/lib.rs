@@ -35,6 +35,7 @@ pub mod slot;
 pub mod tansu;
 pub mod tls;
 pub mod wait;
+pub mod walbox_process;
 
 #[cfg(feature = "docker")]
 mod docker;
