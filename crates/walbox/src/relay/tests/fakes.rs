@@ -22,12 +22,12 @@ use crate::relay::{
 // ---- frames ---------------------------------------------------------------
 
 /// Type OIDs used by the fake outbox table.
-pub(super) const UUID: u32 = 2950;
-pub(super) const TEXT: u32 = 25;
-pub(super) const JSONB: u32 = 3802;
+pub(in crate::relay) const UUID: u32 = 2950;
+pub(in crate::relay) const TEXT: u32 = 25;
+pub(in crate::relay) const JSONB: u32 = 3802;
 
 /// The fake outbox table's OID.
-pub(super) const OUTBOX: u32 = 16_384;
+pub(in crate::relay) const OUTBOX: u32 = 16_384;
 
 /// XLogData at `lsn` (the server's WAL ending there too).
 fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
@@ -36,7 +36,7 @@ fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
 
 /// `Begin` of the transaction committing at `final_lsn`, at the time
 /// `final_lsn` microseconds after the Postgres epoch.
-pub(super) fn begin(final_lsn: u64) -> ReplicationMessage {
+pub(in crate::relay) fn begin(final_lsn: u64) -> ReplicationMessage {
     let time = PgTimestamp::from_pg_micros(final_lsn as i64);
     xlog(
         final_lsn.saturating_sub(50),
@@ -45,13 +45,13 @@ pub(super) fn begin(final_lsn: u64) -> ReplicationMessage {
 }
 
 /// `Commit` of that transaction, ending at `end_lsn`.
-pub(super) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
+pub(in crate::relay) fn commit(final_lsn: u64, end_lsn: u64) -> ReplicationMessage {
     let (at, end) = (Lsn::from(final_lsn), Lsn::from(end_lsn));
     frames::xlog(at, end, frames::commit(at, end, PgTimestamp::default()))
 }
 
 /// The fake outbox table's columns: walbox's defaults.
-pub(super) const COLUMNS: [(&str, u32); 5] = [
+pub(in crate::relay) const COLUMNS: [(&str, u32); 5] = [
     ("id", UUID),
     ("aggregate_type", TEXT),
     ("aggregate_id", TEXT),
@@ -60,17 +60,21 @@ pub(super) const COLUMNS: [(&str, u32); 5] = [
 ];
 
 /// `Relation` for `public.outbox_events` with walbox's default columns.
-pub(super) fn relation() -> ReplicationMessage {
+pub(in crate::relay) fn relation() -> ReplicationMessage {
     relation_of(OUTBOX, "outbox_events", &COLUMNS)
 }
 
 /// `Relation` for table `public.<name>` with OID `oid` and `columns`.
-pub(super) fn relation_of(oid: u32, name: &str, columns: &[(&str, u32)]) -> ReplicationMessage {
+pub(in crate::relay) fn relation_of(
+    oid: u32,
+    name: &str,
+    columns: &[(&str, u32)],
+) -> ReplicationMessage {
     xlog(0, frames::relation(oid, "public", name, columns))
 }
 
 /// `Insert` of an outbox row at `lsn`; `None` columns are NULL.
-pub(super) fn insert(
+pub(in crate::relay) fn insert(
     lsn: u64,
     id: &str,
     aggregate_id: Option<&str>,
@@ -90,12 +94,16 @@ pub(super) fn insert(
 }
 
 /// `Insert` into the relation `oid` at `lsn` of these column values.
-pub(super) fn insert_row(lsn: u64, oid: u32, values: &[Option<&str>]) -> ReplicationMessage {
+pub(in crate::relay) fn insert_row(
+    lsn: u64,
+    oid: u32,
+    values: &[Option<&str>],
+) -> ReplicationMessage {
     xlog(lsn, frames::insert(oid, values))
 }
 
 /// A logical decoding message at `lsn` (`Message`, protocol 1).
-pub(super) fn message(
+pub(in crate::relay) fn message(
     lsn: u64,
     transactional: bool,
     prefix: &str,
@@ -106,7 +114,7 @@ pub(super) fn message(
 }
 
 /// A version 1 event envelope.
-pub(super) fn envelope(id: &str, aggregate_id: &str, payload: &str) -> String {
+pub(in crate::relay) fn envelope(id: &str, aggregate_id: &str, payload: &str) -> String {
     format!(
         r#"{{"v":1,"id":"{id}","aggregate_type":"order","aggregate_id":"{aggregate_id}","event_type":"Created","payload":{payload}}}"#
     )
@@ -114,7 +122,7 @@ pub(super) fn envelope(id: &str, aggregate_id: &str, payload: &str) -> String {
 
 /// The highest position the status updates in `status` confirmed, if any
 /// (read through [`Server::status_handle`] after the server handle moved).
-pub(super) fn highest_confirmed(status: &Mutex<Vec<StandbyStatusUpdate>>) -> Option<u64> {
+pub(in crate::relay) fn highest_confirmed(status: &Mutex<Vec<StandbyStatusUpdate>>) -> Option<u64> {
     status
         .lock()
         .unwrap()
@@ -124,7 +132,7 @@ pub(super) fn highest_confirmed(status: &Mutex<Vec<StandbyStatusUpdate>>) -> Opt
 }
 
 /// A primary keepalive.
-pub(super) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
+pub(in crate::relay) fn keepalive(wal_end: u64, reply: bool) -> ReplicationMessage {
     frames::keepalive(Lsn::from(wal_end), reply)
 }
 
@@ -623,7 +631,7 @@ impl Broker {
 }
 
 /// A record's key as text (`""` for none).
-pub(super) fn key_of<T>(r: &Record<T>) -> String {
+pub(in crate::relay) fn key_of<T>(r: &Record<T>) -> String {
     r.key
         .as_ref()
         .map(|k| String::from_utf8_lossy(k).into_owned())
@@ -631,7 +639,7 @@ pub(super) fn key_of<T>(r: &Record<T>) -> String {
 }
 
 /// A record's header as text.
-pub(super) fn header<'a, T>(r: &'a Record<T>, name: &str) -> Option<&'a str> {
+pub(in crate::relay) fn header<'a, T>(r: &'a Record<T>, name: &str) -> Option<&'a str> {
     r.headers
         .iter()
         .find(|h| h.name == name)

@@ -2,24 +2,22 @@
 //! paused, so timers (status interval, backoff) run instantly and in order.
 
 mod exactly_once;
-mod fakes;
-mod messages;
+pub(in crate::relay) mod fakes;
 mod no_loss;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sink_kafka::{DeliveryError, DeliveryErrorKind};
 use slot_manager::TableName;
 use tokio::sync::watch;
 
 use super::{run, RelayConfig, RunError, Stop};
 use crate::config::EventSource;
-use crate::dead_letter::{headers, DeadLetters};
+use crate::dead_letter::DeadLetters;
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
-use fakes::{begin, commit, header, insert, keepalive, key_of, relation, Broker, FakeSource};
+use fakes::{begin, commit, header, insert, keepalive, relation, Broker, FakeSource};
 
 fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
@@ -121,14 +119,6 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 /// Lets the relay run for `ms` of virtual time.
 async fn idle(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
-}
-
-fn refusal() -> DeliveryError {
-    DeliveryError {
-        kind: DeliveryErrorKind::Permanent,
-        code: None,
-        message: "Broker: Topic authorization failed".into(),
-    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -385,157 +375,6 @@ async fn sigterm_mid_transaction_drains_and_confirms_only_complete_transactions(
         "the open transaction is not confirmed"
     );
     assert_eq!(fx.broker.delivered().len(), 3);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
-    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
-    let server = fx.source.session(10);
-    let b = fx.broker.clone();
-    fx.run(|stop| async move {
-        server.send(relation());
-        server.transaction(190, &[("e1", Some("a"))]);
-        server.send(begin(290)); // no events (another table's change)
-        server.send(commit(290, 300));
-        server.transaction(390, &[("e3", Some("c"))]);
-        until("2 in flight", || b.pending() == 2).await;
-        b.ack_key("c");
-        idle(1500).await;
-        assert_eq!(
-            server.confirmed(),
-            10,
-            "T1 is unacked: neither T2 nor T3 may be confirmed"
-        );
-        b.ack_key("a");
-        until("all three confirmed", || server.confirmed() == 400).await;
-        stop.send(Stop::Graceful).unwrap();
-    })
-    .await
-    .unwrap();
-    // Commit to read counts events: the empty transaction adds none.
-    let read = fx.metrics.commit_to_read_exact.summary().unwrap();
-    assert_eq!(read.events, 2);
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot() {
-    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
-    let server = fx.source.session(10);
-    let b = fx.broker.clone();
-    let status = server.status_handle();
-    let result = fx
-        .run(|_stop| async move {
-            server.send(relation());
-            server.transaction(190, &[("e1", Some("a"))]);
-            until("1 in flight", || b.pending() == 1).await;
-            b.ack_all();
-            server.transaction(290, &[("bad", None)]);
-            idle(60_000).await;
-            panic!("the relay should have stopped");
-        })
-        .await;
-    let e = result.unwrap_err().to_string();
-    assert!(
-        e.contains("event bad: column \"aggregate_id\" (the aggregate id) is NULL"),
-        "{e}"
-    );
-    let confirmed = fakes::highest_confirmed(&status).unwrap();
-    assert_eq!(
-        confirmed, 200,
-        "confirmed up to the good transaction, not past the bad row"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() {
-    let mut fx = Fixture::new(DeadLetters::to_topic("dlq"), 100, 1024);
-    let server = fx.source.session(10);
-    let b = fx.broker.clone();
-    fx.run(|stop| async move {
-        server.send(relation());
-        server.send(begin(190));
-        server.send(insert(110, "unmappable", None, "{\"n\": 1}"));
-        server.send(insert(120, "refused", Some("a"), "{\"n\": 2}"));
-        server.send(insert(130, "fine", Some("b"), "{}"));
-        server.send(commit(190, 200));
-        until("3 in flight", || b.pending() == 3).await;
-        b.ack_oldest(); // the unmappable row's copy
-        b.refuse_oldest(refusal());
-        until("the refused record's copy", || {
-            b.pending_keys() == ["b", "a"]
-        })
-        .await;
-        b.ack_key("b");
-        idle(1500).await;
-        assert_eq!(
-            server.confirmed(),
-            10,
-            "the refused event counts only once its copy is acked"
-        );
-        b.ack_key("a");
-        until("confirmed", || server.confirmed() == 200).await;
-        stop.send(Stop::Graceful).unwrap();
-    })
-    .await
-    .unwrap();
-    let delivered = fx.broker.delivered();
-    let dead: Vec<_> = delivered.iter().filter(|r| &*r.topic == "dlq").collect();
-    assert_eq!(dead.len(), 2);
-    for (r, kind, id, lsn) in [
-        (dead[0], "unmappable", "unmappable", "0/6E"),
-        (dead[1], "refused", "refused", "0/78"),
-    ] {
-        assert_eq!(header(r, headers::ERROR_KIND), Some(kind));
-        assert_eq!(header(r, headers::EVENT_ID), Some(id));
-        assert_eq!(header(r, headers::ORIGINAL_TOPIC), Some("events"));
-        assert_eq!(header(r, headers::SOURCE_LSN), Some(lsn));
-        assert!(header(r, headers::ERROR).is_some_and(|e| !e.is_empty()));
-    }
-    assert_eq!(dead[0].value.as_deref(), Some(b"{\"n\": 1}".as_slice()));
-    assert_eq!(key_of(dead[1]), "a", "a refused record keeps its key");
-    assert_eq!(
-        header(dead[1], "id"),
-        Some("refused"),
-        "and its own headers"
-    );
-    let text = fx.metrics.encode();
-    assert!(
-        text.contains("walbox_events_published_total{topic=\"events\"} 1"),
-        "{text}"
-    );
-    for kind in ["unmappable", "refused"] {
-        let line =
-            format!("walbox_events_dead_lettered_total{{topic=\"events\",kind=\"{kind}\"}} 1");
-        assert!(text.contains(&line), "{text}");
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() {
-    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
-    let server = fx.source.session(10);
-    let b = fx.broker.clone();
-    let status = server.status_handle();
-    let result = fx
-        .run(|_stop| async move {
-            server.send(relation());
-            server.transaction(190, &[("e1", Some("a"))]);
-            until("1 in flight", || b.pending() == 1).await;
-            b.refuse_oldest(refusal());
-            idle(60_000).await;
-            panic!("the relay should have stopped");
-        })
-        .await;
-    assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
-    assert!(status
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|u| u.flush.as_u64() == 10));
-    assert!(fx
-        .metrics
-        .encode()
-        .contains("walbox_events_failed_total{topic=\"events\",kind=\"permanent\"} 1"));
 }
 
 /// `on_slot_invalidated = "recreate"` republishes from the saved commit

@@ -13,6 +13,9 @@ use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report, Tx
 use slot_manager::{ChangeInFlight, Coverage, TableName};
 use tokio::time::Instant;
 
+mod delivery;
+mod messages;
+
 use super::{Core, EosStartup, SessionStart, ToSend};
 use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
@@ -24,7 +27,7 @@ use crate::relay::{RelayConfig, RunError, Token};
 const OUTBOX: u32 = 16_384;
 const HISTORY: &str = "7000000000000000001/1";
 
-fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> RelayConfig {
+pub(super) fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> RelayConfig {
     RelayConfig {
         table: TableName::new("public", "outbox_events"),
         mapping: OutboxMapping {
@@ -44,7 +47,7 @@ fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> Relay
     }
 }
 
-fn transactions(max_events: usize) -> Option<ExactlyOnce> {
+pub(super) fn transactions(max_events: usize) -> Option<ExactlyOnce> {
     Some(ExactlyOnce {
         progress_topic: "progress".into(),
         transactional_id: "walbox-test".into(),
@@ -58,7 +61,7 @@ fn transactions(max_events: usize) -> Option<ExactlyOnce> {
     })
 }
 
-fn at(lsn: u64) -> Lsn {
+pub(super) fn at(lsn: u64) -> Lsn {
     Lsn::from(lsn)
 }
 
@@ -103,7 +106,7 @@ fn transaction(commit: u64, rows: &[(u64, &str, Option<&str>)]) -> Vec<Replicati
 }
 
 /// A reading that verifies the coverage up to `wal`.
-fn covered(wal: u64) -> Coverage {
+pub(super) fn covered(wal: u64) -> Coverage {
     Coverage {
         wal_lsn: at(wal),
         table_oid: Some(OUTBOX),
@@ -115,14 +118,14 @@ fn covered(wal: u64) -> Coverage {
 
 /// A core on `config` with a session started at the slot's position `slot`
 /// (exactly-once: registered, no progress committed yet).
-fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
+pub(super) fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
     let mut core = Core::new(config, Metrics::new());
     start(&mut core, slot);
     core.on_coverage(covered(1 << 20)).unwrap();
     core
 }
 
-fn start(core: &mut Core<'_>, slot: u64) {
+pub(super) fn start(core: &mut Core<'_>, slot: u64) {
     let start = SessionStart {
         confirmed: at(slot),
         history: HISTORY,
@@ -135,18 +138,18 @@ fn start(core: &mut Core<'_>, slot: u64) {
     }
 }
 
-fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
+pub(super) fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
     for frame in frames {
         core.on_message(frame).unwrap();
     }
 }
 
 /// Every record the core asks to send now.
-fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
+pub(super) fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
     std::iter::from_fn(|| core.take_send(Instant::now())).collect()
 }
 
-fn acked(token: Token) -> Report<Token> {
+pub(super) fn acked(token: Token) -> Report<Token> {
     Report {
         token,
         result: Ok(Delivered {
@@ -157,7 +160,7 @@ fn acked(token: Token) -> Report<Token> {
     }
 }
 
-fn refused(record: Record<Token>) -> Report<Token> {
+pub(super) fn refused(record: Record<Token>) -> Report<Token> {
     let Record {
         topic,
         key,
@@ -184,13 +187,13 @@ fn refused(record: Record<Token>) -> Report<Token> {
     }
 }
 
-fn report(core: &mut Core<'_>, report: Report<Token>) -> Result<(), RunError> {
+pub(super) fn report(core: &mut Core<'_>, report: Report<Token>) -> Result<(), RunError> {
     core.on_report(report, Instant::now(), PgTimestamp::now())
         .map(|_| ())
 }
 
 /// The position the core would confirm now.
-fn confirmable(core: &mut Core<'_>) -> u64 {
+pub(super) fn confirmable(core: &mut Core<'_>) -> u64 {
     core.final_update(Instant::now()).flush.as_u64()
 }
 
