@@ -15,6 +15,8 @@ use tokio::time::Instant;
 
 mod delivery;
 mod messages;
+mod relations;
+mod sessions;
 
 use super::{Core, EosStartup, SessionStart, ToSend};
 use crate::config::EventSource;
@@ -126,15 +128,22 @@ pub(super) fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
 }
 
 pub(super) fn start(core: &mut Core<'_>, slot: u64) {
+    start_on(core, slot, HISTORY, 1 << 20);
+}
+
+/// A session at the slot's position `slot` on the server history
+/// `history` whose WAL ends at `server_wal` (exactly-once: registered, no
+/// progress committed yet).
+pub(super) fn start_on(core: &mut Core<'_>, slot: u64, history: &str, server_wal: u64) {
     let start = SessionStart {
         confirmed: at(slot),
-        history: HISTORY,
-        server_wal: at(1 << 20),
+        history,
+        server_wal: at(server_wal),
         domains: HashMap::new(),
     };
     if let EosStartup::ReadProgress { .. } = core.start_session(start) {
         core.on_producer_registered();
-        core.on_progress_read(Ok(None), at(1 << 20)).unwrap();
+        core.on_progress_read(Ok(None), at(server_wal)).unwrap();
     }
 }
 
