@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sink_kafka::{DeliveryError, DeliveryErrorKind, TxnErrorKind};
+use sink_kafka::TxnErrorKind;
 use tokio::sync::watch;
 
 use super::fakes::{header, relation, Broker, FakeSource};
@@ -56,15 +56,6 @@ fn committed(broker: &Broker) -> Option<Position> {
         .rev()
         .find(|r| &*r.topic == "progress")
         .map(|r| Position::decode(r.value.as_ref().unwrap()).unwrap())
-}
-
-/// The broker's refusal of a record for good.
-fn too_large() -> DeliveryError {
-    DeliveryError {
-        kind: DeliveryErrorKind::Permanent,
-        code: None,
-        message: "record too large".into(),
-    }
 }
 
 /// `n` events named `{prefix}{i}`, one aggregate each of 3.
@@ -486,77 +477,9 @@ async fn a_failed_commit_aborts_and_the_replay_writes_each_event_once() {
         .contains("walbox_transactions_aborted_total 1"));
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
-    let mut fx = fixture(DeadLetters::to_topic("dlq"), 100);
-    let first = fx.source.session(10);
-    let second = fx.source.session(10);
-    let b = fx.broker.clone();
-    let result = fx
-        .run(|stop| async move {
-            first.send(relation());
-            first.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
-            until("2 in flight", || b.pending() == 2).await;
-            b.refuse_oldest(too_large());
-            until("aborted", || b.commits_and_aborts().1 == 1).await;
-            second.send(relation());
-            second.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
-            until("confirmed", || second.confirmed() == 200).await;
-            stop.send(Stop::Graceful).unwrap();
-        })
-        .await;
-    result.unwrap();
-    assert_eq!(visible(&fx.broker, "events"), ["e2"]);
-    assert_eq!(visible(&fx.broker, "dlq"), ["e1"]);
-}
-
 /// A `COPY` into the outbox decodes its rows at one WAL position: the
 /// refusal of one of them dead-letters that one on the replay, not its
 /// siblings.
-#[tokio::test(start_paused = true)]
-async fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
-    let mut fx = fixture(DeadLetters::to_topic("dlq"), 100);
-    let first = fx.source.session(10);
-    let second = fx.source.session(10);
-    let b = fx.broker.clone();
-    let rows = [("e1", Some("a")), ("e2", Some("b")), ("e3", Some("c"))];
-    let result = fx
-        .run(|stop| async move {
-            first.send(relation());
-            first.copy_transaction(190, &rows);
-            until("3 in flight", || b.pending() == 3).await;
-            b.ack_oldest();
-            b.refuse_oldest(too_large());
-            until("aborted", || b.commits_and_aborts().1 == 1).await;
-            second.send(relation());
-            second.copy_transaction(190, &rows);
-            until("confirmed", || second.confirmed() == 200).await;
-            stop.send(Stop::Graceful).unwrap();
-        })
-        .await;
-    result.unwrap();
-    assert_eq!(visible(&fx.broker, "events"), ["e1", "e3"]);
-    assert_eq!(visible(&fx.broker, "dlq"), ["e2"]);
-}
-
-#[tokio::test(start_paused = true)]
-async fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
-    let mut fx = fixture(DeadLetters::halt(), 100);
-    let server = fx.source.session(10);
-    let b = fx.broker.clone();
-    let result = fx
-        .run(|_stop| async move {
-            server.send(relation());
-            server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
-            until("2 in flight", || b.pending() == 2).await;
-            b.refuse_oldest(too_large());
-            std::future::pending::<()>().await;
-        })
-        .await;
-    assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
-    assert_eq!(visible(&fx.broker, "events"), Vec::<String>::new());
-}
-
 /// A fixture whose Kafka transactions stay open up to 10 s after their
 /// first event (so a shutdown finds one open), shutting down within
 /// `shutdown`.

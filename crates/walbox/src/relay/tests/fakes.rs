@@ -286,16 +286,6 @@ impl Server {
         self.send(commit(final_lsn, final_lsn + 10));
     }
 
-    /// A transaction whose rows all decode at one WAL position, as a
-    /// `COPY` (one multi-insert WAL record) does.
-    pub(super) fn copy_transaction(&self, final_lsn: u64, events: &[(&str, Option<&str>)]) {
-        self.send(begin(final_lsn));
-        for (id, key) in events {
-            self.send(insert(final_lsn - 80, id, *key, "{}"));
-        }
-        self.send(commit(final_lsn, final_lsn + 10));
-    }
-
     /// Messages the relay has not read yet (still in the socket, as it were).
     pub(super) fn unread(&self) -> usize {
         self.unread.load(Ordering::SeqCst)
@@ -602,24 +592,6 @@ impl Broker {
             token,
             result,
             returned: None,
-        };
-        let _ = reports.send((report, permits));
-    }
-
-    /// Refuses the oldest pending record with `error`, returning it whole.
-    pub(super) fn refuse_oldest(&self, error: DeliveryError) {
-        let mut state = self.state.lock().unwrap();
-        let InFlight {
-            record,
-            permits,
-            reports,
-            ..
-        } = state.in_flight.pop_front().expect("a pending record");
-        let (returned, token) = record.split_token();
-        let report = Report {
-            token,
-            result: Err(error),
-            returned: Some(returned),
         };
         let _ = reports.send((report, permits));
     }

@@ -14,6 +14,7 @@ use slot_manager::{ChangeInFlight, Coverage, TableName};
 use tokio::time::Instant;
 
 mod delivery;
+mod exactly_once;
 mod messages;
 mod relations;
 mod sessions;

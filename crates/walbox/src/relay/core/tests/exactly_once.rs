@@ -1,0 +1,134 @@
+//! Exactly-once in the core, synchronously: a refusal fails the Kafka
+//! transaction, and its replay dead-letters exactly the refused event.
+
+use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
+use tokio::time::Instant;
+
+use super::{acked, config, confirmable, feed, report, sends, start, started, transactions, Core};
+use crate::dead_letter::DeadLetters;
+use crate::relay::tests::fakes::{begin, commit, header, insert, relation};
+use crate::relay::{AbortCause, RunError, Token};
+
+/// A transaction's frames; `copy`: every row at one WAL position, as a
+/// `COPY` writes them.
+fn transaction(
+    final_lsn: u64,
+    events: &[(&str, Option<&str>)],
+    copy: bool,
+) -> Vec<pgoutput_decoder::ReplicationMessage> {
+    let mut frames = vec![relation(), begin(final_lsn)];
+    for (i, (id, key)) in events.iter().enumerate() {
+        let at = final_lsn - 80 + if copy { 0 } else { 10 * i as u64 };
+        frames.push(insert(at, id, *key, "{}"));
+    }
+    frames.push(commit(final_lsn, final_lsn + 10));
+    frames
+}
+
+fn refused(record: Record<Token>) -> Report<Token> {
+    let mut report = super::refused(record);
+    report.result = Err(DeliveryError {
+        kind: DeliveryErrorKind::Permanent,
+        code: None,
+        message: "record too large".into(),
+    });
+    report
+}
+
+fn records(core: &mut Core<'_>) -> Vec<Record<Token>> {
+    sends(core).into_iter().map(|s| s.record).collect()
+}
+
+/// Closes the open Kafka transaction (as at a graceful end), sends its
+/// progress record, acks everything sent and commits: what the records of
+/// the transaction were, by topic and id.
+fn commit_all(core: &mut Core<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String, String)> {
+    core.close_if_due(Instant::now(), true);
+    sent.extend(records(core));
+    assert!(core.start_commit(), "the progress record was sent");
+    for r in &sent {
+        report(core, acked(r.token.clone())).unwrap();
+    }
+    core.on_committed(Ok(())).unwrap();
+    sent.iter()
+        .filter(|r| !r.token.progress_record)
+        .map(|r| (r.topic.to_string(), header(r, "id").unwrap().to_owned()))
+        .collect()
+}
+
+/// The session ends after its transaction failed: everything sent has
+/// reported; the transaction is aborted.
+fn abort(core: &mut Core<'_>) -> RunError {
+    let e = core.doomed_and_heard(0).expect("the transaction failed");
+    assert!(core.abort_needed());
+    assert!(core.on_aborted(Ok(()), 1).unwrap());
+    e
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(t, id)| ((*t).to_owned(), (*id).to_owned()))
+        .collect()
+}
+
+#[test]
+fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let mut core = started(&config, 10);
+    let events = [("e1", Some("a")), ("e2", Some("b"))];
+    feed(&mut core, transaction(190, &events, false));
+    let [e1, e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    report(&mut core, refused(e1)).unwrap();
+    report(&mut core, acked(e2.token)).unwrap();
+    let e = abort(&mut core);
+    assert!(
+        matches!(e, RunError::Aborted(AbortCause::Refused(_))),
+        "{e}"
+    );
+    assert_eq!(confirmable(&mut core), 10, "nothing committed");
+    // The new session's replay: the refused event goes to the dead-letter
+    // topic, inside the new transaction.
+    start(&mut core, 10);
+    feed(&mut core, transaction(190, &events, false));
+    let replay = records(&mut core);
+    assert_eq!(
+        commit_all(&mut core, replay),
+        pairs(&[("dlq", "e1"), ("events", "e2")])
+    );
+    assert_eq!(confirmable(&mut core), 200);
+}
+
+#[test]
+fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let mut core = started(&config, 10);
+    let rows = [("e1", Some("a")), ("e2", Some("b")), ("e3", Some("c"))];
+    feed(&mut core, transaction(190, &rows, true));
+    let [e1, e2, _e3] = <[Record<Token>; 3]>::try_from(records(&mut core)).expect("three");
+    report(&mut core, acked(e1.token)).unwrap();
+    report(&mut core, refused(e2)).unwrap();
+    abort(&mut core);
+    start(&mut core, 10);
+    feed(&mut core, transaction(190, &rows, true));
+    let replay = records(&mut core);
+    assert_eq!(
+        commit_all(&mut core, replay),
+        pairs(&[("events", "e1"), ("dlq", "e2"), ("events", "e3")]),
+        "the rows share one WAL position: the refused one is told by its index"
+    );
+    assert_eq!(confirmable(&mut core), 200);
+}
+
+#[test]
+fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
+    let config = config(DeadLetters::halt(), transactions(100));
+    let mut core = started(&config, 10);
+    feed(
+        &mut core,
+        transaction(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
+    );
+    let e1 = records(&mut core).remove(0);
+    let result = report(&mut core, refused(e1));
+    assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
+    assert_eq!(confirmable(&mut core), 10);
+}
