@@ -19,7 +19,7 @@ use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
 use fakes::{begin, commit, header, insert, keepalive, relation, Broker, FakeSource};
 
-fn config(dead_letters: DeadLetters) -> RelayConfig {
+pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
         save_positions: true,
         table: TableName::new("public", "outbox_events"),

@@ -4,25 +4,10 @@
 
 use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
 
-use super::{acked, config, confirmable, feed, report, sends, started, Core};
+use super::{acked, config, confirmable, feed, report, rows, sends, started, Core};
 use crate::dead_letter::{headers, DeadLetters};
 use crate::relay::tests::fakes::{begin, commit, header, insert, key_of, relation};
 use crate::relay::{RunError, Token};
-
-/// One transaction as the fakes' server sends it: Begin, a row per
-/// `(id, aggregate id)` 10 apart from `final_lsn - 80`, Commit ending at
-/// `final_lsn + 10`.
-fn transaction(
-    final_lsn: u64,
-    events: &[(&str, Option<&str>)],
-) -> Vec<pgoutput_decoder::ReplicationMessage> {
-    let mut frames = vec![begin(final_lsn)];
-    for (i, (id, key)) in events.iter().enumerate() {
-        frames.push(insert(final_lsn - 80 + 10 * i as u64, id, *key, "{}"));
-    }
-    frames.push(commit(final_lsn, final_lsn + 10));
-    frames
-}
 
 fn refusal() -> DeliveryError {
     DeliveryError {
@@ -48,10 +33,10 @@ fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
     let config = config(DeadLetters::halt(), None);
     let mut core = started(&config, 10);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("e1", Some("a"))]));
+    feed(&mut core, rows(190, &[("e1", Some("a"))], false));
     // No events (another table's change).
     feed(&mut core, vec![begin(290), commit(290, 300)]);
-    feed(&mut core, transaction(390, &[("e3", Some("c"))]));
+    feed(&mut core, rows(390, &[("e3", Some("c"))], false));
     let [t1, t3] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
     report(&mut core, acked(t3.token)).unwrap();
     assert_eq!(
@@ -71,11 +56,11 @@ fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot() {
     let config = config(DeadLetters::halt(), None);
     let mut core = started(&config, 10);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("e1", Some("a"))]));
+    feed(&mut core, rows(190, &[("e1", Some("a"))], false));
     for r in records(&mut core) {
         report(&mut core, acked(r.token)).unwrap();
     }
-    let mut bad = transaction(290, &[("bad", None)]);
+    let mut bad = rows(290, &[("bad", None)], false);
     let commit = bad.pop().unwrap();
     let row = bad.pop().unwrap();
     feed(&mut core, bad);
@@ -156,7 +141,7 @@ fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() {
     let config = config(DeadLetters::halt(), None);
     let mut core = started(&config, 10);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("e1", Some("a"))]));
+    feed(&mut core, rows(190, &[("e1", Some("a"))], false));
     let [record] = <[Record<Token>; 1]>::try_from(records(&mut core)).expect("one record");
     let result = report(&mut core, refused(record));
     assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");

@@ -4,26 +4,12 @@
 use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
 use tokio::time::Instant;
 
-use super::{acked, config, confirmable, feed, report, sends, start, started, transactions, Core};
+use super::{
+    acked, config, confirmable, feed, report, rows, sends, start, started, transactions, Core,
+};
 use crate::dead_letter::DeadLetters;
-use crate::relay::tests::fakes::{begin, commit, header, insert, relation};
+use crate::relay::tests::fakes::{header, relation};
 use crate::relay::{AbortCause, RunError, Token};
-
-/// A transaction's frames; `copy`: every row at one WAL position, as a
-/// `COPY` writes them.
-fn transaction(
-    final_lsn: u64,
-    events: &[(&str, Option<&str>)],
-    copy: bool,
-) -> Vec<pgoutput_decoder::ReplicationMessage> {
-    let mut frames = vec![relation(), begin(final_lsn)];
-    for (i, (id, key)) in events.iter().enumerate() {
-        let at = final_lsn - 80 + if copy { 0 } else { 10 * i as u64 };
-        frames.push(insert(at, id, *key, "{}"));
-    }
-    frames.push(commit(final_lsn, final_lsn + 10));
-    frames
-}
 
 fn refused(record: Record<Token>) -> Report<Token> {
     let mut report = super::refused(record);
@@ -76,7 +62,10 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));
     let mut core = started(&config, 10);
     let events = [("e1", Some("a")), ("e2", Some("b"))];
-    feed(&mut core, transaction(190, &events, false));
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &events, false)].concat(),
+    );
     let [e1, e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
     report(&mut core, refused(e1)).unwrap();
     report(&mut core, acked(e2.token)).unwrap();
@@ -89,7 +78,10 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
     // The new session's replay: the refused event goes to the dead-letter
     // topic, inside the new transaction.
     start(&mut core, 10);
-    feed(&mut core, transaction(190, &events, false));
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &events, false)].concat(),
+    );
     let replay = records(&mut core);
     assert_eq!(
         commit_all(&mut core, replay),
@@ -102,14 +94,20 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
 fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));
     let mut core = started(&config, 10);
-    let rows = [("e1", Some("a")), ("e2", Some("b")), ("e3", Some("c"))];
-    feed(&mut core, transaction(190, &rows, true));
+    let copied = [("e1", Some("a")), ("e2", Some("b")), ("e3", Some("c"))];
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &copied, true)].concat(),
+    );
     let [e1, e2, _e3] = <[Record<Token>; 3]>::try_from(records(&mut core)).expect("three");
     report(&mut core, acked(e1.token)).unwrap();
     report(&mut core, refused(e2)).unwrap();
     abort(&mut core);
     start(&mut core, 10);
-    feed(&mut core, transaction(190, &rows, true));
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &copied, true)].concat(),
+    );
     let replay = records(&mut core);
     assert_eq!(
         commit_all(&mut core, replay),
@@ -125,7 +123,11 @@ fn without_a_dead_letter_topic_a_refused_event_stops_walbox_before_it() {
     let mut core = started(&config, 10);
     feed(
         &mut core,
-        transaction(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
+        [
+            vec![relation()],
+            rows(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
+        ]
+        .concat(),
     );
     let e1 = records(&mut core).remove(0);
     let result = report(&mut core, refused(e1));

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage};
 use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError};
-use slot_manager::{ChangeInFlight, Coverage, TableName};
+use slot_manager::{ChangeInFlight, Coverage};
 use tokio::time::Instant;
 
 mod delivery;
@@ -23,30 +23,19 @@ use super::{Core, EosStartup, SessionStart, ToSend};
 use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
 use crate::exactly_once::{Bounds, ExactlyOnce};
-use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
 use crate::relay::{RelayConfig, RunError, Token};
 
 const OUTBOX: u32 = 16_384;
 const HISTORY: &str = "7000000000000000001/1";
 
+/// The relay tests' configuration (topic `events`, no headers or
+/// timestamp column), without saving positions, with `exactly_once`.
 pub(super) fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> RelayConfig {
     RelayConfig {
-        table: TableName::new("public", "outbox_events"),
-        mapping: OutboxMapping {
-            headers: None,
-            timestamp: None,
-            topic_template: "events".into(),
-            ..OutboxMapping::default()
-        },
-        source: EventSource::Table,
-        message_prefix: "walbox".into(),
-        dead_letters,
-        status_interval: Duration::from_secs(1),
-        shutdown_timeout: Duration::from_secs(30),
         exactly_once,
         save_positions: false,
-        spans: None,
+        ..crate::relay::tests::config(dead_letters)
     }
 }
 
@@ -105,6 +94,25 @@ fn transaction(commit: u64, rows: &[(u64, &str, Option<&str>)]) -> Vec<Replicati
         at(commit + 8),
         frames::commit(at(commit), at(commit + 8), time),
     ));
+    frames
+}
+
+/// One transaction as the fakes' server sends it: Begin, a row per
+/// `(id, aggregate id)` 10 apart from `final_lsn - 80` (all at
+/// `final_lsn - 80` when `copy`, as a `COPY` writes them), Commit ending
+/// at `final_lsn + 10`.
+pub(super) fn rows(
+    final_lsn: u64,
+    events: &[(&str, Option<&str>)],
+    copy: bool,
+) -> Vec<ReplicationMessage> {
+    use crate::relay::tests::fakes::{begin, commit, insert};
+    let mut frames = vec![begin(final_lsn)];
+    for (i, (id, key)) in events.iter().enumerate() {
+        let at = final_lsn - 80 + if copy { 0 } else { 10 * i as u64 };
+        frames.push(insert(at, id, *key, "{}"));
+    }
+    frames.push(commit(final_lsn, final_lsn + 10));
     frames
 }
 
@@ -171,14 +179,7 @@ pub(super) fn acked(token: Token) -> Report<Token> {
 }
 
 pub(super) fn refused(record: Record<Token>) -> Report<Token> {
-    let Record {
-        topic,
-        key,
-        value,
-        headers,
-        timestamp_ms,
-        token,
-    } = record;
+    let (returned, token) = record.split_token();
     Report {
         token,
         result: Err(DeliveryError {
@@ -186,14 +187,7 @@ pub(super) fn refused(record: Record<Token>) -> Report<Token> {
             code: None,
             message: "Broker: Message size too large".into(),
         }),
-        returned: Some(Record {
-            topic,
-            key,
-            value,
-            headers,
-            timestamp_ms,
-            token: (),
-        }),
+        returned: Some(returned),
     }
 }
 

@@ -3,22 +3,10 @@
 
 use sink_kafka::Record;
 
-use super::{acked, config, confirmable, covered, feed, report, sends, start_on, Core};
+use super::{acked, config, confirmable, covered, feed, report, rows, sends, start_on, Core};
 use crate::dead_letter::DeadLetters;
-use crate::relay::tests::fakes::{begin, commit, header, insert, relation};
+use crate::relay::tests::fakes::{header, relation};
 use crate::relay::Token;
-
-fn transaction(
-    final_lsn: u64,
-    events: &[(&str, Option<&str>)],
-) -> Vec<pgoutput_decoder::ReplicationMessage> {
-    let mut frames = vec![begin(final_lsn)];
-    for (i, (id, key)) in events.iter().enumerate() {
-        frames.push(insert(final_lsn - 80 + 10 * i as u64, id, *key, "{}"));
-    }
-    frames.push(commit(final_lsn, final_lsn + 10));
-    frames
-}
 
 /// Every record asked for now, acknowledged.
 fn deliver(core: &mut Core<'_>) -> Vec<Record<Token>> {
@@ -48,7 +36,7 @@ fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
     feed(&mut core, vec![relation()]);
     feed(
         &mut core,
-        transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]),
+        rows(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
     );
     let first = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 200);
@@ -63,9 +51,9 @@ fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
     feed(&mut core, vec![relation()]);
     feed(
         &mut core,
-        transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]),
+        rows(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
     );
-    feed(&mut core, transaction(290, &[("e3", Some("a"))]));
+    feed(&mut core, rows(290, &[("e3", Some("a"))], false));
     let second = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 300);
     assert_eq!(
@@ -85,13 +73,13 @@ fn after_a_failover_to_another_history_nothing_is_skipped() {
     let mut core = Core::new(&config, crate::metrics::Metrics::new());
     session(&mut core, 10, "system 1 timeline 1", 1 << 20);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("e1", Some("a"))]));
+    feed(&mut core, rows(190, &[("e1", Some("a"))], false));
     let first = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 200);
     // A promoted standby: LSN 190 there is another transaction.
     session(&mut core, 10, "system 1 timeline 2", 1 << 20);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("x1", Some("a"))]));
+    feed(&mut core, rows(190, &[("x1", Some("a"))], false));
     let second = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 200);
     assert_eq!([ids(&first), ids(&second)].concat(), ["e1", "x1"]);
@@ -103,16 +91,16 @@ fn a_restore_on_the_same_timeline_skips_nothing_new() {
     let mut core = Core::new(&config, crate::metrics::Metrics::new());
     session(&mut core, 10, "system 1 timeline 1", 1 << 20);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("e1", Some("a"))]));
-    feed(&mut core, transaction(390, &[("e2", Some("a"))]));
+    feed(&mut core, rows(190, &[("e1", Some("a"))], false));
+    feed(&mut core, rows(390, &[("e2", Some("a"))], false));
     let first = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 400);
     // The snapshot was taken at 100: the slot comes back there, and the
     // restored server's WAL ends at 120, before the 400 delivered.
     session(&mut core, 100, "system 1 timeline 1", 120);
     feed(&mut core, vec![relation()]);
-    feed(&mut core, transaction(190, &[("x1", Some("a"))]));
-    feed(&mut core, transaction(290, &[("x2", Some("a"))]));
+    feed(&mut core, rows(190, &[("x1", Some("a"))], false));
+    feed(&mut core, rows(290, &[("x2", Some("a"))], false));
     let second = deliver(&mut core);
     assert_eq!(confirmable(&mut core), 300);
     assert_eq!(
