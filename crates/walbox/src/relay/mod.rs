@@ -13,12 +13,14 @@
 //! report, a coverage reading, a commit's outcome, a tick) and returns
 //! effects (records to send, a status update, a Kafka transaction to begin,
 //! commit or abort, a position to save, an error to stop with); its tests
-//! feed it frames (`core/tests.rs`). The session (`session.rs`) is the loop
+//! feed it frames (`core/tests/`). The session (`session.rs`) is the loop
 //! that feeds it and carries the effects out. The relay is generic over its
 //! two ends, so that loop runs in unit tests against in-memory fakes (see
-//! `tests.rs`):
+//! `tests/`):
 //! - a [`Source`] opens replication sessions ([`ReplicationStream`]s): in
-//!   production, Postgres through slot-manager ([`PostgresSource`]);
+//!   production, Postgres through slot-manager ([`PostgresSource`]), or a
+//!   backfill's rows copied out of the outbox table (`backfill/publish.rs`,
+//!   one session through [`run_once`]: its stream ends);
 //! - a [`Destination`] takes records and [`Deliveries`] reports their fate:
 //!   in production, the Kafka sink.
 //!

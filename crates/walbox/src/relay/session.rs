@@ -324,7 +324,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_kafka::TxnError>>> = None;
         let txn_due = tokio::time::sleep_until(Instant::now());
         tokio::pin!(txn_due);
-        // Reading paused while draining a backlog (see `Session::behind`).
+        // Reading paused while draining a backlog (see `Core::behind`).
         let mut pausing = false;
         let pause = tokio::time::sleep_until(Instant::now());
         tokio::pin!(pause);
