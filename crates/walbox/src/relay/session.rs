@@ -12,7 +12,7 @@ use pgoutput_decoder::PgTimestamp;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::core::{txn_error, Core, EosStartup, SessionStart};
+use super::core::{Core, EosStartup, SessionStart};
 use super::{
     Backoff, Deliveries, Destination, Input, RelayConfig, ReplicationStream, RunError, Source,
     Started, Stop,
@@ -182,7 +182,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 self.destination
                     .init_transactions()
                     .await
-                    .map_err(|e| txn_error(&transactional_id, e))?;
+                    .map_err(|e| RunError::from_txn(&transactional_id, e))?;
                 self.core.on_producer_registered();
             }
             let read = self

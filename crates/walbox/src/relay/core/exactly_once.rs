@@ -208,7 +208,7 @@ impl Core<'_> {
             unreachable!("a transaction is begun only in exactly-once mode")
         };
         eos.txn = KafkaTxn::Idle;
-        txn_error(&eos.config.transactional_id, e)
+        RunError::from_txn(&eos.config.transactional_id, e)
     }
 
     /// Closes the open transaction when a bound is reached (or `finishing`
@@ -320,7 +320,7 @@ impl Core<'_> {
             };
             return Err(match e.kind {
                 TxnErrorKind::Abortable => RunError::Aborted(AbortCause::CommitFailed(e)),
-                _ => txn_error(&eos.config.transactional_id, e),
+                _ => RunError::from_txn(&eos.config.transactional_id, e),
             });
         }
         eos.committed = Some(position);
@@ -465,7 +465,7 @@ impl Core<'_> {
                 tracing::warn!(error = %e, "the abort did not finish in time; aborting again");
                 Ok(false)
             }
-            Err(e) if e.kind == TxnErrorKind::Fenced => Err(txn_error(id, e)),
+            Err(e) if e.kind == TxnErrorKind::Fenced => Err(RunError::from_txn(id, e)),
             Err(e) => Err(RunError::Transactions(TransactionsError::AbortFailed(e))),
         }
     }
@@ -480,11 +480,6 @@ fn source_name(source: Option<crate::config::EventSource>) -> &'static str {
         Some(EventSource::Both) => "both",
         None => "unknown",
     }
-}
-
-/// A transactional failure as the relay reports it.
-pub(in crate::relay) fn txn_error(id: &str, e: TxnError) -> RunError {
-    RunError::from_txn(id, e)
 }
 
 /// The committed progress lies past the end of the server's WAL: the server

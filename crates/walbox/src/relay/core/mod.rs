@@ -46,7 +46,7 @@ use crate::mapping::{ColumnIndexes, MapError, Topics};
 use crate::metrics::Metrics;
 use crate::progress::{History, Progress, EAGER_GAP};
 
-pub(super) use exactly_once::{txn_error, EosStartup};
+pub(super) use exactly_once::EosStartup;
 
 /// How old the transaction being read must be for walbox to count as
 /// draining a backlog.
