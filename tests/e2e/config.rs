@@ -107,6 +107,12 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
             &[pg, ("WALBOX_PG_URL_FILE", "/nonexistent")],
             "both WALBOX_PG_URL and WALBOX_PG_URL_FILE",
         ),
+        // A typo must not leave the slot at its default.
+        (
+            &["run", "--kafka-brokers", "k:1"],
+            &[pg, ("WALBOX_SLOTT", "orders")],
+            "WALBOX_SLOTT is not a walbox setting: did you mean WALBOX_SLOT?",
+        ),
     ];
     for (args, env, want) in cases {
         let out = walbox(args, env);

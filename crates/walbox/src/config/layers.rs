@@ -190,6 +190,9 @@ pub(crate) fn environment(
             insert(&mut dict, s.key, typed(s, &value, name)?);
         }
     }
+    if let Some(e) = vars.keys().find_map(|name| misspelt(name)) {
+        return Err(e);
+    }
     if !properties.is_empty() {
         // Per-property variables win over the list variable.
         let mut merged = match dict
@@ -208,6 +211,53 @@ pub(crate) fn environment(
         file: None,
         dict,
     })
+}
+
+/// `WALBOX_*` variables walbox reads that are not settings.
+const NOT_SETTINGS: &[&str] = &["WALBOX_LOG", "WALBOX_CONFIG"];
+
+/// How many edits away from a setting's variable an unknown `WALBOX_*`
+/// variable is taken for a typo of it (`WALBOX_SLOTT`, `WALBOX_KAFKA_BROKER`)
+/// and refused: read as unknown, it would leave its setting at the default
+/// (another slot, another broker). Variables further away (a script's own,
+/// such as `WALBOX_TEST_PG_URL`) are not walbox's business.
+const TYPO_DISTANCE: usize = 2;
+
+/// The refusal of `name` when it is no setting's variable but one edit or
+/// two away from one.
+fn misspelt(name: &str) -> Option<ConfigError> {
+    let known = |n: &str| is_setting_variable(n) || NOT_SETTINGS.contains(&n);
+    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name);
+    if known(name) || known(stem) {
+        return None;
+    }
+    let (distance, nearest) = SETTINGS
+        .iter()
+        .map(|s| s.env())
+        .map(|env| (edit_distance(stem, &env), env))
+        .min()?;
+    (distance <= TYPO_DISTANCE).then(|| {
+        ConfigError(format!(
+            "{name} is not a walbox setting: did you mean {nearest}{}? (a misspelt variable would leave its setting at the default)",
+            if stem == name { "" } else { FILE_SUFFIX }
+        ))
+    })
+}
+
+/// Levenshtein distance between two ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
 }
 
 fn is_setting_variable(name: &str) -> bool {

@@ -742,3 +742,35 @@ fn config_refuses_what_run_refuses() {
     .unwrap();
     with_column.for_run().unwrap();
 }
+
+#[test]
+fn a_misspelt_variable_is_refused_with_the_name_it_is_near() {
+    for (typo, meant) in [
+        ("WALBOX_SLOTT", "WALBOX_SLOT"),
+        ("WALBOX_KAFKA_BROKER", "WALBOX_KAFKA_BROKERS"),
+        ("WALBOX_PUBLICATON", "WALBOX_PUBLICATION"),
+        ("WALBOX_PG_UR_FILE", "WALBOX_PG_URL_FILE"),
+    ] {
+        let e = load(None, &[PG, (typo, "x")], &[]).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "{typo} is not a walbox setting: did you mean {meant}?"
+            )),
+            "{e}"
+        );
+    }
+    // walbox's own variables, and the project scripts' (far from any
+    // setting's), are not refused.
+    let own = [
+        PG,
+        ("WALBOX_LOG", "debug"),
+        ("WALBOX_CONFIG", "walbox.toml"),
+        ("WALBOX_TEST_PG_URL", "host=h"),
+        ("WALBOX_KAFKA_LIBS", "/libs"),
+        ("WALBOX_PG_BIN", "/bin"),
+        ("WALBOX_CACHE", "/cache"),
+        ("WALBOX_KAFKA_PROPERTY_LINGER_MS", "5"),
+    ];
+    let c = load(None, &own, &[]).unwrap();
+    assert_eq!(c.connection().unwrap().slot, "walbox");
+}
