@@ -777,3 +777,24 @@ async fn the_database_datestyle_does_not_change_what_walbox_reads() {
     sigterm(&relay);
     assert!(wait_exit(&mut relay).await.0.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_on_a_missing_slot_prints_a_json_error_and_fails() {
+    let db = fresh_db().await;
+    let out = walbox(&db, &["status", "--slot", "nowhere", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let error: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {stdout:?}"));
+    assert_eq!(error["kind"], "no_slot", "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"nowhere\" does not exist")),
+        "{error}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}

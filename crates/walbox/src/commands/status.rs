@@ -10,7 +10,9 @@ use crate::config::ConnectionFlags;
 /// Arguments of `walbox status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
-    /// Print one JSON object instead of text (field names as in the text).
+    /// Print one JSON object instead of text (field names as in the text);
+    /// on failure, `{"error": "...", "kind": "no_slot" | "configuration" |
+    /// "postgres" | "other"}` (and a non-zero exit status).
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -48,8 +50,28 @@ struct Status {
 }
 
 /// Prints the slot's state; with shards and no `shard`, every shard's (in
-/// JSON, `{"shards": [...]}`).
+/// JSON, `{"shards": [...]}`). With `--json`, a failure is a JSON object on
+/// stdout too (`{"error": …, "kind": …}`), besides the line on stderr and
+/// the non-zero exit status, so a script reading stdout never reads nothing.
 pub async fn run(args: StatusArgs) -> Result<(), CliError> {
+    let json = args.json;
+    let result = report(args).await;
+    if let (true, Err(e)) = (json, &result) {
+        let kind = match e {
+            CliError::NoSlot(_) => "no_slot",
+            CliError::Config(_) => "configuration",
+            CliError::Postgres(_) => "postgres",
+            _ => "other",
+        };
+        println!(
+            "{}",
+            serde_json::json!({ "error": e.to_string(), "kind": kind })
+        );
+    }
+    result
+}
+
+async fn report(args: StatusArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
     let base = config.connection()?;
     let client = connect_control(&base.pg).await?;
