@@ -4,7 +4,7 @@
 
 use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
 
-use super::{acked, config, confirmable, feed, report, rows, sends, started, Core};
+use super::{acked, config, confirmable, feed, records, report, rows, started};
 use crate::dead_letter::{headers, DeadLetters};
 use crate::relay::tests::fakes::{begin, commit, header, insert, key_of, relation};
 use crate::relay::{RunError, Token};
@@ -22,10 +22,6 @@ fn refused(record: Record<Token>) -> Report<Token> {
     let mut report = super::refused(record);
     report.result = Err(refusal());
     report
-}
-
-fn records(core: &mut Core<'_>) -> Vec<Record<Token>> {
-    sends(core).into_iter().map(|s| s.record).collect()
 }
 
 #[test]

@@ -5,7 +5,7 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
 use tokio::time::Instant;
 
 use super::{
-    acked, config, confirmable, feed, report, rows, sends, start, started, transactions, Core,
+    acked, config, confirmable, feed, records, report, rows, start, started, transactions, Core,
 };
 use crate::dead_letter::DeadLetters;
 use crate::relay::tests::fakes::{header, relation};
@@ -19,10 +19,6 @@ fn refused(record: Record<Token>) -> Report<Token> {
         message: "record too large".into(),
     });
     report
-}
-
-fn records(core: &mut Core<'_>) -> Vec<Record<Token>> {
-    sends(core).into_iter().map(|s| s.record).collect()
 }
 
 /// Closes the open Kafka transaction (as at a graceful end), sends its

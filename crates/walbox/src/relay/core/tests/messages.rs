@@ -2,31 +2,20 @@
 //! synchronously: which messages are events, in what order, and what a bad
 //! envelope does.
 
-use sink_kafka::Record;
-
-use super::{acked, config, confirmable, feed, report, sends, started};
+use super::{acked, config, confirmable, deliver, feed, records, report, started};
 use crate::config::EventSource;
 use crate::dead_letter::{headers, DeadLetters};
 use crate::mapping::MapError;
 use crate::relay::tests::fakes::{
     begin, commit, envelope, header, insert, key_of, message, relation,
 };
-use crate::relay::{RelayConfig, RunError, Token};
+use crate::relay::{RelayConfig, RunError};
 
 fn with_source(source: EventSource, dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
         source,
         ..config(dead_letters, None)
     }
-}
-
-/// The records asked for now, acknowledged.
-fn send_and_ack(core: &mut super::Core<'_>) -> Vec<Record<Token>> {
-    let records: Vec<_> = sends(core).into_iter().map(|s| s.record).collect();
-    for r in &records {
-        report(core, acked(r.token.clone())).unwrap();
-    }
-    records
 }
 
 #[test]
@@ -45,7 +34,7 @@ fn rows_and_messages_of_one_transaction_go_out_in_wal_order() {
             commit(190, 200),
         ],
     );
-    let records: Vec<_> = sends(&mut core).into_iter().map(|s| s.record).collect();
+    let records: Vec<_> = records(&mut core);
     // Sent, not acked: the slot stays before the transaction.
     assert_eq!(confirmable(&mut core), 10);
     for r in &records {
@@ -95,7 +84,7 @@ fn only_transactional_messages_with_the_prefix_are_events() {
             commit(190, 200),
         ],
     );
-    let records = send_and_ack(&mut core);
+    let records = deliver(&mut core);
     let ids: Vec<_> = records.iter().map(|r| header(r, "id").unwrap()).collect();
     assert_eq!(ids, ["m1"]);
     assert_eq!(confirmable(&mut core), 200);
@@ -120,7 +109,7 @@ fn with_source_table_messages_are_not_events() {
             commit(190, 200),
         ],
     );
-    let records = send_and_ack(&mut core);
+    let records = deliver(&mut core);
     assert_eq!(records.len(), 1);
     assert_eq!(header(&records[0], "id"), Some("r1"));
     assert_eq!(confirmable(&mut core), 200);
@@ -138,7 +127,7 @@ fn a_bad_envelope_stops_walbox_before_it_without_a_dead_letter_topic() {
             commit(190, 200),
         ],
     );
-    send_and_ack(&mut core);
+    deliver(&mut core);
     feed(&mut core, vec![begin(290)]);
     let bad = message(210, true, "walbox", r#"{"v":2,"id":"from-the-future"}"#);
     match core.on_message(bad) {
@@ -172,7 +161,7 @@ fn a_bad_envelope_goes_whole_to_the_dead_letter_topic() {
             commit(190, 200),
         ],
     );
-    let records = send_and_ack(&mut core);
+    let records = deliver(&mut core);
     assert_eq!(records.len(), 2);
     let dead = &records[0];
     assert_eq!(&*dead.topic, "dlq");

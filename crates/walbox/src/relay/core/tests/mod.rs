@@ -162,6 +162,20 @@ pub(super) fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
     }
 }
 
+/// The records the core asks to send now.
+pub(super) fn records(core: &mut Core<'_>) -> Vec<Record<Token>> {
+    sends(core).into_iter().map(|s| s.record).collect()
+}
+
+/// The records the core asks to send now, each acknowledged.
+pub(super) fn deliver(core: &mut Core<'_>) -> Vec<Record<Token>> {
+    let records = records(core);
+    for r in &records {
+        report(core, acked(r.token.clone())).unwrap();
+    }
+    records
+}
+
 /// Every record the core asks to send now.
 pub(super) fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
     std::iter::from_fn(|| core.take_send(Instant::now())).collect()

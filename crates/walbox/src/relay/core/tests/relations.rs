@@ -3,7 +3,7 @@
 //! stops the relay; a relation that cannot be mapped follows the
 //! dead-letter policy.
 
-use super::{acked, config, confirmable, feed, report, sends, started};
+use super::{acked, config, confirmable, feed, records, report, sends, started};
 use crate::dead_letter::{headers, DeadLetters};
 use crate::relay::tests::fakes::{
     begin, commit, header, insert_row, relation, relation_of, COLUMNS, OUTBOX, TEXT, UUID,
@@ -91,7 +91,7 @@ fn a_relation_that_cannot_be_mapped_follows_the_dead_letter_policy() {
             commit(190, 200),
         ],
     );
-    let records: Vec<_> = sends(&mut core).into_iter().map(|s| s.record).collect();
+    let records: Vec<_> = records(&mut core);
     assert_eq!(records.len(), 1);
     let dead = &records[0];
     assert_eq!(&*dead.topic, "dlq");

@@ -3,19 +3,10 @@
 
 use sink_kafka::Record;
 
-use super::{acked, config, confirmable, covered, feed, report, rows, sends, start_on, Core};
+use super::{config, confirmable, covered, deliver, feed, rows, start_on, Core};
 use crate::dead_letter::DeadLetters;
 use crate::relay::tests::fakes::{header, relation};
 use crate::relay::Token;
-
-/// Every record asked for now, acknowledged.
-fn deliver(core: &mut Core<'_>) -> Vec<Record<Token>> {
-    let records: Vec<_> = sends(core).into_iter().map(|s| s.record).collect();
-    for r in &records {
-        report(core, acked(r.token.clone())).unwrap();
-    }
-    records
-}
 
 fn ids(records: &[Record<Token>]) -> Vec<&str> {
     records.iter().map(|r| header(r, "id").unwrap()).collect()
