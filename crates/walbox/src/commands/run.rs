@@ -13,7 +13,7 @@ use crate::backfill::Plan;
 use crate::config::{Connection, RunFlags, RunPlan, RunSettings};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
-use crate::relay::{PostgresSource, RelayConfig, RunError, Stop, Token};
+use crate::relay::{PostgresSource, RelayConfig, RunError, SourceError, Stop, Token};
 
 /// Arguments of `walbox run`.
 #[derive(Debug, clap::Args)]
@@ -265,7 +265,7 @@ async fn stream_until_stopped(
             {
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
             }
-            Err(e @ RunError::BackfillPending { .. }) => {
+            Err(e @ RunError::Source(SourceError::BackfillPending { .. })) => {
                 // A heal another instance began between this one's checks:
                 // finished (or waited for) before streaming again.
                 tracing::warn!(error = %e, "not streaming");

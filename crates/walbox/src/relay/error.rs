@@ -5,6 +5,7 @@ use pgoutput_decoder::{DecodeError, Lsn};
 use sink_kafka::{DeliveryError, TxnError, TxnErrorKind};
 use slot_manager::TableName;
 
+use super::SourceError;
 use crate::mapping::MapError;
 use crate::progress::ProgressError;
 
@@ -75,12 +76,6 @@ pub enum RunError {
     /// Exactly-once cannot work with this broker or producer.
     #[error("exactly-once delivery: {0}")]
     Transactions(#[from] TransactionsError),
-    /// A backfill row too large for a record.
-    #[error("backfill row {n} is too large to publish")]
-    RowTooLarge {
-        /// The row's number.
-        n: u64,
-    },
     /// Exactly-once: the committed progress could not be read (a broker
     /// unreachable, a leader election, a transaction still open on the
     /// progress topic): nothing is streamed until it is.
@@ -94,19 +89,12 @@ pub enum RunError {
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
-    /// The slot has an unfinished backfill or heal: nothing may be streamed
-    /// from it before its rows are published (an aggregate's new events
-    /// would overtake its old ones). The caller finishes it, or waits while
-    /// another instance does.
-    #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
-    BackfillPending {
-        /// The slot.
-        slot: String,
-        /// Rows published so far.
-        published: u64,
-        /// Rows in the backfill (0 before its snapshot was copied).
-        total: u64,
-    },
+    /// The source refused to stream, or its stream failed, other than
+    /// through Postgres: an unfinished backfill or heal of the slot
+    /// ([`SourceError::BackfillPending`]: the caller finishes it, or waits
+    /// while another instance does), a backfill row too large.
+    #[error(transparent)]
+    Source(SourceError),
 }
 
 impl RunError {

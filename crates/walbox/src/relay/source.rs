@@ -23,8 +23,9 @@ pub enum SourceError {
     /// Postgres (connection, slot, preflight, a statement).
     #[error(transparent)]
     Postgres(#[from] slot_manager::Error),
-    /// The slot has an unfinished backfill or heal (see
-    /// [`RunError::BackfillPending`]).
+    /// The slot has an unfinished backfill or heal: nothing may be streamed
+    /// from it before its rows are published (an aggregate's new events
+    /// would overtake its old ones).
     #[error("slot {slot:?} has an unfinished backfill or heal ({published} of {total} events published): streaming waits until it is done")]
     BackfillPending {
         /// The slot.
@@ -43,19 +44,12 @@ pub enum SourceError {
 }
 
 impl From<SourceError> for RunError {
+    /// Postgres errors stay [`RunError::Postgres`], whose transient ones a
+    /// new session cures; the others are [`RunError::Source`].
     fn from(e: SourceError) -> RunError {
         match e {
             SourceError::Postgres(e) => RunError::Postgres(e),
-            SourceError::BackfillPending {
-                slot,
-                published,
-                total,
-            } => RunError::BackfillPending {
-                slot,
-                published,
-                total,
-            },
-            SourceError::RowTooLarge { n } => RunError::RowTooLarge { n },
+            other => RunError::Source(other),
         }
     }
 }
