@@ -7,11 +7,16 @@ the newest the package carries); prometheus-operator objects, which it has no
 schema for, are checked by promtool (the rules) and by shape. Then what walbox
 relies on: numeric non-root user, read-only root filesystem, no
 capabilities, a grace period above walbox's shutdown bound, the probes, a
-rollout that can finish with a standby, the disruption budget, and a
-walbox.toml that `walbox config` accepts.
+rollout that can finish with a standby, the disruption budget, a
+walbox.toml that `walbox config` accepts, every file walbox is told to read
+(TLS files, secret files) on a mounted volume, secret files not readable by
+others, no secret value in a pod spec, and the hook Job's pod outside the
+Deployment's selector.
 """
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,9 +33,19 @@ def fail(where, what):
     failures.append(f"{where}: {what}")
 
 
-def check_deployment(where, d, walbox, docs):
-    spec = d["spec"]
-    pod = spec["template"]["spec"]
+SECRET_VARIABLES = re.compile(r"^(WALBOX_PG_URL|PGPASSWORD|WALBOX_.*(PASSWORD|SECRET|TOKEN)(?!.*_FILE$).*)$")
+FILE_VARIABLES = re.compile(r"^(PGSSLROOTCERT|PGSSLCERT|PGSSLKEY|PGPASSFILE|WALBOX_.*_FILE)$")
+
+
+def walbox_container(where, pod):
+    named = [c for c in pod["containers"] if c["name"] in ("walbox", "init-slot", "migrate")]
+    if len(named) != 1:
+        fail(where, f"expected one walbox container, found {[c['name'] for c in pod['containers']]}")
+        return pod["containers"][0]
+    return named[0]
+
+
+def check_security(where, pod, containers):
     psc = pod.get("securityContext", {})
     if not isinstance(psc.get("runAsUser"), int) or psc["runAsUser"] == 0:
         fail(where, f"runAsUser must be a numeric non-root UID, is {psc.get('runAsUser')!r}")
@@ -38,18 +53,127 @@ def check_deployment(where, d, walbox, docs):
         fail(where, "runAsNonRoot must be true")
     if pod.get("automountServiceAccountToken") is not False:
         fail(where, "the service account token must not be mounted")
-    [c] = pod["containers"]
-    sc = c.get("securityContext", {})
-    if sc.get("readOnlyRootFilesystem") is not True:
-        fail(where, "readOnlyRootFilesystem must be true")
-    if sc.get("allowPrivilegeEscalation") is not False:
-        fail(where, "allowPrivilegeEscalation must be false")
-    if sc.get("capabilities", {}).get("drop") != ["ALL"]:
-        fail(where, "capabilities must drop ALL")
+    for c in containers:
+        sc = c.get("securityContext", {})
+        if sc.get("readOnlyRootFilesystem") is not True:
+            fail(where, f"{c['name']}: readOnlyRootFilesystem must be true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            fail(where, f"{c['name']}: allowPrivilegeEscalation must be false")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            fail(where, f"{c['name']}: capabilities must drop ALL")
+        for e in c.get("env", []):
+            if SECRET_VARIABLES.match(e["name"]) and "value" in e:
+                fail(where, f"{c['name']}: {e['name']} has its value in the pod spec (use the Secret)")
+
+
+def files_read(toml_text, c):
+    """Every file walbox is told to read: (what, path)."""
+    paths = []
+    for line in toml_text.splitlines():
+        m = re.match(r'\s*"?([a-z.]+\.location)"?\s*=\s*"([^"]+)"', line)
+        if m:
+            paths.append((m.group(1), m.group(2)))
+    for e in c.get("env", []):
+        if FILE_VARIABLES.match(e["name"]) and "value" in e:
+            paths.append((e["name"], e["value"]))
+    return paths
+
+
+def check_files(where, pod, c, toml_text):
+    """Each file walbox reads is on a volume mounted into its container;
+    secret volumes keep their files from others."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = c.get("volumeMounts", [])
+    for m in mounts:
+        if m["name"] not in volumes:
+            fail(where, f"volumeMount {m['name']} has no volume")
+    paths = sorted(m["mountPath"] for m in mounts)
+    for a, b in zip(paths, paths[1:]):
+        if b.startswith(a.rstrip("/") + "/"):
+            fail(where, f"{b} is mounted inside {a} (mount them side by side)")
+    for what, path in files_read(toml_text, c):
+        under = [m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")]
+        if not under:
+            fail(where, f"{what} = {path} is on no mounted volume")
+            continue
+        m = max(under, key=lambda m: len(m["mountPath"]))
+        volume = volumes.get(m["name"], {})
+        source = volume.get("secret") or volume.get("configMap")
+        name = path[len(m["mountPath"].rstrip("/")) + 1:]
+        if source and source.get("items") and name not in [i["path"] for i in source["items"]]:
+            fail(where, f"{what} = {path}: volume {m['name']} projects no {name}")
+        if "secret" in volume and re.search(r"(key|_FILE)", what + path):
+            mode = volume["secret"].get("defaultMode", 0o644)
+            if mode & 0o077:
+                fail(where, f"{what} = {path}: secret volume {m['name']} has mode {mode:o}, readable by others (use 0400)")
+
+
+def walbox_config(where, c, toml_text, walbox):
+    """`walbox config` on the rendered walbox.toml, with the mounted files
+    stood in by empty ones under a temporary root. None if it refuses."""
+    root = tempfile.mkdtemp()
+    try:
+        def local(path):
+            return os.path.join(root, path.lstrip("/"))
+        for _, path in files_read(toml_text, c):
+            os.makedirs(os.path.dirname(local(path)), exist_ok=True)
+            with open(local(path), "w"):
+                pass
+            os.chmod(local(path), 0o400)
+        text = toml_text
+        for _, path in files_read(toml_text, c):
+            text = text.replace(f'"{path}"', f'"{local(path)}"')
+        config = os.path.join(root, "walbox.toml")
+        with open(config, "w") as f:
+            f.write(text)
+        env = dict(os.environ, WALBOX_PG_URL="host=db user=walbox dbname=app")
+        for e in c.get("env", []):
+            # The Secret's values are not here: they are not checked.
+            if "value" in e and e["name"] != "WALBOX_PG_URL_FILE":
+                env[e["name"]] = local(e["value"]) if FILE_VARIABLES.match(e["name"]) else e["value"]
+        env.pop("WALBOX_PG_URL_FILE", None)
+        out = subprocess.run(
+            [walbox, "config", "--config", config], env=env, capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            fail(where, f"walbox refuses the rendered walbox.toml: {out.stderr.strip()}")
+            return None
+        return out.stdout
+    finally:
+        shutil.rmtree(root)
+
+
+def config_map(docs, name):
+    for doc in docs:
+        if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == name:
+            return doc["data"]["walbox.toml"]
+    return None
+
+
+def check_pod(where, pod, walbox, docs):
+    c = walbox_container(where, pod)
+    check_security(where, pod, [c] + pod.get("initContainers", []))
+    config = next(v for v in pod["volumes"] if v["name"] == "config")["configMap"]["name"]
+    toml_text = config_map(docs, config)
+    if toml_text is None:
+        fail(where, f"no ConfigMap {config}")
+        return None
+    check_files(where, pod, c, toml_text)
+    return walbox_config(where, c, toml_text, walbox)
+
+
+def check_deployment(where, d, walbox, docs):
+    spec = d["spec"]
+    pod = spec["template"]["spec"]
+    c = walbox_container(where, pod)
     if c["livenessProbe"]["httpGet"]["path"] != "/healthz":
         fail(where, "liveness must probe /healthz")
     if c["readinessProbe"]["httpGet"]["path"] != "/readyz?standby=ready":
         fail(where, "readiness must probe /readyz?standby=ready (a waiting standby is ready)")
+    if c.get("startupProbe", {}).get("httpGet", {}).get("path") != "/healthz":
+        fail(where, "the startup probe must probe /healthz")
+    if not any(e["name"] == "PGAPPNAME" and e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name" for e in c["env"]):
+        fail(where, "application_name must be the pod's name (PGAPPNAME from metadata.name)")
     # A rollout must not wait for a pod that cannot become ready: with the
     # standby ready, surge 1 / unavailable 0 finishes; anything else must be
     # Recreate.
@@ -57,33 +181,58 @@ def check_deployment(where, d, walbox, docs):
     if strategy.get("type") == "RollingUpdate":
         if strategy["rollingUpdate"].get("maxUnavailable") != 0:
             fail(where, "the rolling update must keep the active pod until a standby is ready")
-    # walbox exits within shutdown_timeout_secs + 6 s of SIGTERM.
-    toml_text = next(
-        doc["data"]["walbox.toml"] for doc in docs if doc and doc["kind"] == "ConfigMap"
-    )
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(toml_text)
-        path = f.name
-    env = dict(os.environ, WALBOX_PG_URL="host=db user=walbox dbname=app")
-    for e in c.get("env", []):
-        # Mounted Secret files are not here: the Secret's values are not checked.
-        if "value" in e and not e["name"].endswith("_FILE"):
-            env[e["name"]] = e["value"]
-    out = subprocess.run(
-        [walbox, "config", "--config", path], env=env, capture_output=True, text=True
-    )
-    os.unlink(path)
-    if out.returncode != 0:
-        fail(where, f"walbox refuses the rendered walbox.toml: {out.stderr.strip()}")
+    out = check_pod(where, pod, walbox, docs)
+    if out is None:
         return
+    # walbox exits within shutdown_timeout_secs + 6 s of SIGTERM.
     shutdown = next(
         int(line.split("=")[1].split()[0])
-        for line in out.stdout.splitlines()
+        for line in out.splitlines()
         if line.startswith("shutdown_timeout_secs")
     )
     grace = pod.get("terminationGracePeriodSeconds", 30)
     if grace <= shutdown + 6:
         fail(where, f"terminationGracePeriodSeconds {grace} is not above walbox's bound {shutdown} + 6 s")
+
+
+def check_job(where, job, walbox, docs, deployment):
+    pod = job["spec"]["template"]
+    hooks = job["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+    if "pre-install" not in hooks or "pre-upgrade" not in hooks:
+        fail(where, f"the Job must be a pre-install,pre-upgrade hook, is {hooks!r}")
+    if pod["spec"].get("restartPolicy") != "Never":
+        fail(where, "the hook's pod must not restart in place (restartPolicy Never)")
+    if deployment is not None:
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        labels = pod["metadata"].get("labels", {})
+        if all(labels.get(k) == v for k, v in selector.items()):
+            fail(where, "the hook's pod matches the Deployment's selector")
+    check_pod(where, pod["spec"], walbox, docs)
+
+
+def check_dashboard(where, text):
+    """The dashboard imports (its DS_PROMETHEUS input is what every query
+    uses), selects by namespace and job, and each panel has one unit."""
+    import json
+    d = json.loads(text)
+    names = [v["name"] for v in d["templating"]["list"]]
+    if [i["name"] for i in d.get("__inputs", [])] != ["DS_PROMETHEUS"] or "DS_PROMETHEUS" not in names:
+        fail(where, "the dashboard must declare and use the DS_PROMETHEUS input")
+    for want in ["namespace", "job"]:
+        if want not in names:
+            fail(where, f"the dashboard has no {want} variable")
+    for p in d["panels"]:
+        uids = {t.get("datasource", p.get("datasource", {})).get("uid") for t in p["targets"]} | {p.get("datasource", {}).get("uid")}
+        if uids != {"${DS_PROMETHEUS}"}:
+            fail(where, f"panel {p['title']!r} uses data sources {uids}")
+        if not p.get("fieldConfig", {}).get("defaults", {}).get("unit"):
+            fail(where, f"panel {p['title']!r} has no unit")
+        for o in p.get("fieldConfig", {}).get("overrides") or []:
+            if any(prop.get("id") == "unit" for prop in o.get("properties", [])):
+                fail(where, f"panel {p['title']!r} mixes units (an override sets another)")
+        for t in p["targets"]:
+            if '$job' in t["expr"] and '$namespace' not in t["expr"]:
+                fail(where, f"panel {p['title']!r}: {t['expr']} ignores the namespace")
 
 
 def main():
@@ -124,6 +273,11 @@ def main():
                     fail(where, f"Kubernetes {version}: no schema: {e}")
             if d["kind"] == "Deployment":
                 check_deployment(where, d, walbox, docs)
+            if d["kind"] == "ConfigMap" and "walbox.json" in d.get("data", {}):
+                check_dashboard(where, d["data"]["walbox.json"])
+            if d["kind"] == "Job":
+                deployment = next((x for x in docs if x["kind"] == "Deployment"), None)
+                check_job(where, d, walbox, docs, deployment)
             if d["kind"] == "PodDisruptionBudget":
                 if d["spec"].get("maxUnavailable") != 1:
                     fail(where, "the budget must let a drain take one pod of the pair")

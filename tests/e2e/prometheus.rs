@@ -192,7 +192,7 @@ async fn prometheus_scrapes_walbox_and_the_rules_and_dashboard_queries_evaluate(
         }
     })
     .await;
-    assert_eq!(rules.len(), 10);
+    assert_eq!(rules.len(), 12);
     for rule in &rules {
         assert_eq!(rule["health"], "ok", "{rule}");
         assert_eq!(rule["state"], "inactive", "{rule}");
@@ -210,6 +210,7 @@ async fn prometheus_scrapes_walbox_and_the_rules_and_dashboard_queries_evaluate(
                 .as_str()
                 .unwrap()
                 .replace("$job", ".*")
+                .replace("$namespace", ".*")
                 .replace("$__rate_interval", "1m");
             let result = prometheus.query(&expr);
             assert!(result.is_ok(), "{}: {result:?}", panel["title"]);

@@ -110,6 +110,7 @@ pub(super) struct RawMapping {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawKafka {
     pub(super) brokers: Option<String>,
+    #[serde(deserialize_with = "whole::properties")]
     pub(super) properties: BTreeMap<String, String>,
 }
 
@@ -122,6 +123,7 @@ pub(super) struct RawTopics {
     pub(super) partitions: Option<u64>,
     #[serde(deserialize_with = "whole::opt_u64", default)]
     pub(super) replication_factor: Option<u64>,
+    #[serde(deserialize_with = "whole::properties")]
     pub(super) config: BTreeMap<String, String>,
 }
 

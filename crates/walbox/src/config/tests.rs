@@ -218,6 +218,22 @@ fn bad_input_names_the_key_and_its_source() {
         "{e}"
     );
 
+    // What toToml writes in the string-valued property maps: whole floats,
+    // integers and booleans are their obvious strings.
+    let (_d, path) = file(
+        "[kafka.properties]\n\"linger.ms\" = 5.0\n\"batch.size\" = 100000\n\"enable.ssl.certificate.verification\" = false\n\"client.id\" = \"w\"\n[topics.config]\n\"min.insync.replicas\" = 2\n",
+    );
+    let c = load(Some(&path), &[PG], &[]).unwrap();
+    let props = &c.raw.kafka.properties;
+    assert_eq!(props["linger.ms"], "5");
+    assert_eq!(props["batch.size"], "100000");
+    assert_eq!(props["enable.ssl.certificate.verification"], "false");
+    assert_eq!(props["client.id"], "w");
+    assert_eq!(c.raw.topics.config["min.insync.replicas"], "2");
+    let (_d, path) = file("[topics.config]\n\"min.insync.replicas\" = 2.5\n");
+    let e = load(Some(&path), &[PG], &[]).unwrap_err().to_string();
+    assert!(e.contains("2.5") && e.contains("quote a fraction"), "{e}");
+
     let e = load(None, &[PG, ("WALBOX_STATUS_INTERVAL_MS", "soon")], &[]).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -40,3 +40,61 @@ pub(super) fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 pub(super) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     u64(d).map(Some)
 }
+
+/// A property value of `kafka.properties` or `topics.config`: a string, or
+/// what a tool wrote for one: a whole number (`5`, or `5.0` from Helm's
+/// `toToml`) as its digits, a boolean as `true`/`false`. A fraction is
+/// refused rather than guessed at: quote it if it is meant (`"0.5"`).
+struct Property;
+
+impl Visitor<'_> for Property {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string, a whole number or a boolean (quote a fraction: \"0.5\")")
+    }
+
+    fn visit_str<E: Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_bool<E: Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_u64<E: Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_i64<E: Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_f64<E: Error>(self, v: f64) -> Result<String, E> {
+        if v.fract() == 0.0 && v.abs() <= 9_007_199_254_740_992.0 {
+            Ok((v as i64).to_string())
+        } else {
+            Err(E::invalid_value(Unexpected::Float(v), &self))
+        }
+    }
+}
+
+struct PropertyValue(String);
+
+impl<'de> serde::Deserialize<'de> for PropertyValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Property).map(PropertyValue)
+    }
+}
+
+/// A map of properties (see [`Property`]).
+pub(super) fn properties<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let map: std::collections::BTreeMap<String, PropertyValue> =
+        serde::Deserialize::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, PropertyValue(v))| (k, v))
+        .collect())
+}
