@@ -229,7 +229,10 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let client = init(&db).await;
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(3).await;
-    let mut first = spawn_run(&db, &kafka, &["--mapping-topic-template", &topic]);
+    // As the Helm chart runs it: application_name is the pod's name.
+    let mut command = walbox(&db, &[]);
+    command.env("PGAPPNAME", "orders-walbox-7d9f-abcde");
+    let mut first = spawn_run_with(command, &kafka, &["--mapping-topic-template", &topic]);
     wait_log(&first, "streaming from the slot").await;
     let (mut second, second_metrics) = spawn_run_watched(&db, &kafka, &topic).await;
     wait_log(&second, "is in use by process").await;
@@ -253,8 +256,23 @@ async fn a_second_instance_waits_for_the_slot_and_takes_over() {
     let out = walbox(&db, &["status", "--json"]).output().unwrap();
     let status: serde_json::Value = serde_json::from_str(&succeeded(&out)).unwrap();
     assert_eq!(status["active"], true, "{status}");
-    assert!(status["active_pid"].as_i64().is_some(), "{status}");
-    assert_eq!(status["application_name"], "walbox", "{status}");
+    let walsender = status["walsender_pid"].as_i64().expect("walsender_pid");
+    assert_eq!(status["active_pid"], walsender, "{status}");
+    assert_ne!(
+        walsender,
+        i64::from(first.id()),
+        "the walsender is Postgres's"
+    );
+    assert_eq!(
+        status["application_name"], "orders-walbox-7d9f-abcde",
+        "{status}"
+    );
+    let text = succeeded(&walbox(&db, &["status"]).output().unwrap());
+    assert!(
+        text.contains("active:              yes: streamed by orders-walbox-7d9f-abcde from ")
+            && text.contains(&format!("(walsender pid {walsender})")),
+        "{text}"
+    );
     assert_eq!(status["publication_covers"], true, "{status}");
     assert!(status["confirmed_lag_bytes"].as_i64().is_some(), "{status}");
     assert!(status["invalidation_reason"].is_null(), "{status}");

@@ -461,8 +461,12 @@ pub struct SlotStatus {
     /// `wal_level_insufficient`, `idle_timeout`; Postgres 17+), if it was.
     pub invalidation_reason: Option<String>,
     /// The streaming process's `application_name` (`walbox` unless
-    /// `PGAPPNAME` or the connection string says otherwise).
+    /// `PGAPPNAME` or the connection string says otherwise; the Helm chart
+    /// sets the pod's name).
     pub application_name: Option<String>,
+    /// Where the streaming process connects from
+    /// (`pg_stat_replication.client_addr`; `None` over a Unix socket).
+    pub client_addr: Option<String>,
     /// Seconds between WAL being flushed locally and the streaming process
     /// confirming it (`pg_stat_replication.flush_lag`); `None` when idle
     /// or not streaming.
@@ -479,7 +483,8 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
                     -- Postgres 17 has invalidation_reason; earlier ones only wal_status.
                     (to_jsonb(s) ->> 'invalidation_reason'),
                     r.application_name::text,
-                    extract(epoch FROM r.flush_lag)::float8
+                    extract(epoch FROM r.flush_lag)::float8,
+                    host(r.client_addr)
                FROM pg_replication_slots s
                LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
               WHERE slot_name = $1",
@@ -500,5 +505,6 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
         invalidation_reason: r.get(8),
         application_name: r.get(9),
         confirmed_lag_seconds: r.get(10),
+        client_addr: r.get(11),
     }))
 }

@@ -26,8 +26,14 @@ struct Status {
     /// `"i of N"` when sharded.
     shard: Option<String>,
     active: bool,
+    /// The Postgres backend (walsender) serving the slot, not walbox's own
+    /// pid. `active_pid` is its old name, kept for scripts.
+    walsender_pid: Option<i32>,
     active_pid: Option<i32>,
+    /// Who streams: the walbox process's `application_name` (the pod's
+    /// name under the Helm chart) and the address it connects from.
     application_name: Option<String>,
+    client_addr: Option<String>,
     confirmed_flush_lsn: Option<String>,
     restart_lsn: Option<String>,
     /// WAL written since the confirmed position.
@@ -118,8 +124,10 @@ async fn status(
             .as_ref()
             .map(|s| format!("{} of {}", s.index, s.count)),
         active: st.active,
+        walsender_pid: st.active_pid,
         active_pid: st.active_pid,
         application_name: st.application_name,
+        client_addr: st.client_addr,
         confirmed_flush_lsn: st.confirmed_flush_lsn.map(|l| l.to_string()),
         restart_lsn: st.restart_lsn.map(|l| l.to_string()),
         confirmed_lag_bytes: st.confirmed_lag_bytes,
@@ -139,12 +147,14 @@ async fn status(
 /// The text form: `name: value` lines, aligned.
 fn text(s: &Status) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let active = match s.active_pid {
+    let active = match s.walsender_pid {
         Some(pid) => format!(
-            "yes (process {pid}, {})",
+            "yes: streamed by {} from {} (walsender pid {pid})",
             s.application_name
                 .as_deref()
-                .unwrap_or("no application_name")
+                .filter(|n| !n.is_empty())
+                .unwrap_or("a process without application_name"),
+            s.client_addr.as_deref().unwrap_or("a local socket"),
         ),
         None => "no".into(),
     };
