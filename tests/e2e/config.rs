@@ -16,7 +16,7 @@ fn walbox(args: &[&str], env: &[(&str, &str)]) -> Output {
 fn config_shows_every_setting_with_its_source_and_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("kafka-password");
-    std::fs::write(&secret, "s3cret-from-file\n").unwrap();
+    walbox_test_harness::secret_file::write(&secret, "s3cret-from-file\n");
     let file = dir.path().join("walbox.toml");
     std::fs::write(
         &file,
@@ -113,6 +113,38 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
             &[pg, ("WALBOX_SLOTT", "orders")],
             "WALBOX_SLOTT is not a walbox setting: did you mean WALBOX_SLOT?",
         ),
+        // What only `run` used to find (exit 1 after connecting), `config`
+        // finds too, and both call it a configuration error.
+        (
+            &["config", "--kafka-brokers", "k:1", "--kafka-property", "acks=1"],
+            &[pg],
+            "acks=1 would break walbox's delivery guarantees",
+        ),
+        (
+            &["run", "--kafka-brokers", "k:1", "--kafka-property", "acks=1"],
+            &[pg],
+            "acks=1 would break walbox's delivery guarantees",
+        ),
+        (
+            &["config", "--kafka-brokers", "k:1", "--kafka-property", "lingr.ms=5"],
+            &[pg],
+            "No such configuration property: \"lingr.ms\"",
+        ),
+        (
+            &["config", "--kafka-brokers", "k:1", "--kafka-property", "ssl.ca.location=/nonexistent/ca.pem"],
+            &[pg],
+            "kafka.properties.ssl.ca.location: cannot read /nonexistent/ca.pem",
+        ),
+        (
+            &["config", "--kafka-brokers", "k:1"],
+            &[("WALBOX_PG_URL", "postgres://walbox:hunter2@127.0.0.1:1/app?sslmode=verify-full&sslrootcert=/nonexistent/root.pem")],
+            "pg_url sslrootcert: cannot read /nonexistent/root.pem",
+        ),
+        (
+            &["config", "--kafka-brokers", "k:1", "--shards", "4"],
+            &[pg],
+            "shards = 4: say which shard this process streams",
+        ),
     ];
     for (args, env, want) in cases {
         let out = walbox(args, env);
@@ -134,7 +166,7 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
 fn a_kafka_secret_never_appears_on_any_error_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("password");
-    std::fs::write(&file, "hunter2\n").unwrap();
+    walbox_test_harness::secret_file::write(&file, "hunter2\n");
     let file = file.to_str().unwrap().to_owned();
     let pg = ("WALBOX_PG_URL", "postgres://walbox@127.0.0.1:1/app");
     let brokers = ["--kafka-brokers", "127.0.0.1:1"];
@@ -214,7 +246,7 @@ fn a_kafka_secret_never_appears_on_any_error_path() {
             "--kafka-brokers",
             "127.0.0.1:1",
             "--kafka-property",
-            "sasl.jaas.config=hunter2",
+            "sasl.oauthbearer.client.secret=hunter2",
         ],
         &[
             pg,

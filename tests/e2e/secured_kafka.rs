@@ -173,7 +173,7 @@ async fn mutual_tls_with_an_encrypted_client_key_delivers_every_event() {
     // The key's password comes from a file, as from a mounted secret.
     let secrets = tempfile::tempdir().unwrap();
     let password_file = secrets.path().join("key-password");
-    std::fs::write(&password_file, format!("{CLIENT_KEY_PASSWORD}\n")).unwrap();
+    walbox_test_harness::secret_file::write(&password_file, format!("{CLIENT_KEY_PASSWORD}\n"));
     let password_file = path(&password_file);
     let env = [(
         "WALBOX_KAFKA_PROPERTY_SSL_KEY_PASSWORD_FILE",

@@ -135,6 +135,18 @@ impl SinkConfig {
             .collect()
     }
 
+    /// Checks everything the producer would be created with, without
+    /// connecting: walbox's own rules ([`CONTRACT_PINNED`] and the
+    /// properties it sets itself), then librdkafka's (each property known,
+    /// each value of its type and range), on a configuration made in
+    /// memory. Secret values are redacted from the error.
+    pub fn validate(&self) -> Result<(), crate::SinkError> {
+        self.client_config()?
+            .create_native_config()
+            .map(drop)
+            .map_err(|e| crate::SinkError::Config(self.redact(&e.to_string())))
+    }
+
     /// The full librdkafka configuration: contract defaults, the operator's
     /// properties, and queue limits sized so the in-flight bounds, not the
     /// producer queue, are what fill up.
@@ -290,6 +302,10 @@ mod tests {
             .client_config()
             .unwrap_err();
         assert!(e.to_string().contains("acks=1 would break"), "{e}");
+        assert!(SinkConfig::new("k:9092")
+            .set("acks", "1")
+            .validate()
+            .is_err());
         assert!(SinkConfig::new("b:9092")
             .set("acks", "all")
             .client_config()
@@ -300,6 +316,31 @@ mod tests {
             .unwrap();
         assert_eq!(c.get("linger.ms"), Some("20"));
         assert_eq!(c.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn librdkafka_refusals_are_found_without_connecting() {
+        SinkConfig::new("b:9092")
+            .set("linger.ms", "5")
+            .set("compression.type", "zstd")
+            .validate()
+            .unwrap();
+        for (key, value, says) in [
+            ("lingr.ms", "5", "lingr.ms"),
+            ("batch.num.messages", "many", "batch.num.messages"),
+            ("compression.type", "brotli", "compression.type"),
+            ("security.protocol", "TLS", "security.protocol"),
+        ] {
+            let e = SinkConfig::new("b:9092")
+                .set(key, value)
+                .set("sasl.password", "hunter2")
+                .validate()
+                .map_or_else(|e| e.to_string(), |()| "accepted".to_owned());
+            assert!(
+                e.contains(says) && !e.contains("hunter2"),
+                "{key}={value}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod migrations;
 pub mod pg;
 pub mod port;
 pub mod proxy;
+pub mod secret_file;
 pub mod slot;
 pub mod tansu;
 pub mod tls;

@@ -113,6 +113,14 @@ impl Certificates {
                 &format!("pass:{CLIENT_KEY_PASSWORD}"),
             ],
         );
+        // Keys as they are kept: readable by their owner only (walbox, like
+        // libpq, refuses a key others can read).
+        for key in std::fs::read_dir(d).expect("list the certificates") {
+            let key = key.expect("list the certificates").path();
+            if key.extension().is_some_and(|e| e == "key") {
+                crate::secret_file::owner_only(&key);
+            }
+        }
         Certificates { dir }
     }
 

@@ -117,6 +117,7 @@ impl Config {
         };
         let pg = PgConfig::parse_with_env(pg_url, env)
             .map_err(|e| ConfigError(format!("pg_url: {e}")))?;
+        super::files::check_pg(&pg)?;
         let slot_ok = !r.slot.is_empty()
             && r.slot.len() <= slot_manager::MAX_NAME_BYTES
             && r.slot

@@ -170,6 +170,7 @@ pub(crate) fn environment(
                         "both {stem} and {name} are set; keep one"
                     )));
                 }
+                super::files::private(name, std::path::Path::new(raw))?;
                 let text = std::fs::read_to_string(raw).map_err(|e| {
                     ConfigError(format!(
                         "{name}: cannot read {}: {e}",

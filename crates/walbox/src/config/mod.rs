@@ -18,6 +18,7 @@
 mod args;
 mod connection;
 mod effective;
+mod files;
 mod layers;
 mod outbox_mapping;
 mod raw;

@@ -93,6 +93,7 @@ impl Config {
             )
         })?;
         let mut sink = SinkConfig::new(brokers);
+        super::files::check_kafka(&r.kafka.properties)?;
         sink.properties = r.kafka.properties.clone();
         if r.max_in_flight_events == 0 {
             return Err(ConfigError(
@@ -164,6 +165,10 @@ impl Config {
                 )))
             }
         };
+        // What librdkafka itself would refuse (an unknown property, a bad
+        // value), found now without connecting: `walbox config` and `run`
+        // refuse the same configuration, both as configuration errors.
+        sink.validate().map_err(|e| ConfigError(e.to_string()))?;
         Ok(RunSettings {
             otlp_endpoint,
             message_prefix: r.message_prefix.clone(),

@@ -13,6 +13,13 @@ fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// A secret file as walbox accepts one: 0600.
+fn secret_file(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
     vars.iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -109,6 +116,7 @@ fn every_setting_can_come_from_the_environment() {
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),
+            ("kafka.properties", Kind::Map) => "client.id=walbox-env".to_owned(),
             (_, Kind::Map) => "k=v".to_owned(),
             (key, Kind::Text) => format!("{}_env", key.replace('.', "_")),
         };
@@ -141,9 +149,9 @@ fn every_setting_can_come_from_the_environment() {
 fn a_secret_can_come_from_a_file_and_is_never_shown() {
     let dir = tempfile::tempdir().unwrap();
     let url = dir.path().join("pg_url");
-    std::fs::write(&url, "postgres://walbox:hunter2@db:5432/app\n").unwrap();
+    secret_file(&url, "postgres://walbox:hunter2@db:5432/app\n");
     let pw = dir.path().join("sasl");
-    std::fs::write(&pw, "s3cret\n").unwrap();
+    secret_file(&pw, "s3cret\n");
     let c = load(
         None,
         &[
@@ -170,6 +178,29 @@ fn a_secret_can_come_from_a_file_and_is_never_shown() {
     );
     assert!(shown.contains("<redacted>"), "{shown}");
     assert!(!format!("{run:?}").contains("s3cret"));
+
+    // A secret file others can read is refused, naming the variable.
+    let open = dir.path().join("open");
+    std::fs::write(&open, "s3cret\n").unwrap();
+    let e = load(
+        None,
+        &[
+            PG,
+            (
+                "WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE",
+                open.to_str().unwrap(),
+            ),
+        ],
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("configuration: WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE: ")
+            && e.contains("readable by others (mode 644)")
+            && !e.contains("s3cret"),
+        "{e}"
+    );
 
     let e = load(
         None,
@@ -455,18 +486,16 @@ fn topic_creation_settings() {
             .contains("topics.partitions: must be between 1"),
         "{e}"
     );
-    // The producer property walbox derives from dead_letter_topic is not the operator's.
-    let run = load(
+    // The producer property walbox derives from dead_letter_topic is not
+    // the operator's: refused with the configuration, before any connection.
+    let e = load(
         None,
         &[PG, BROKERS],
         &[("kafka.properties", &["enable.gapless.guarantee=false"])],
     )
     .unwrap()
     .run()
-    .unwrap();
-    let e = sink_kafka::Sink::<u64>::new(&run.sink)
-        .err()
-        .expect("refused");
+    .unwrap_err();
     assert!(
         e.to_string()
             .contains("enable.gapless.guarantee is set by walbox"),
