@@ -10,6 +10,7 @@ use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::proxy::Proxy;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, wait_confirmed_at_least, wait_retained_below,
     write_wal_elsewhere,
@@ -815,4 +816,92 @@ async fn status_json_on_a_missing_slot_prints_a_json_error_and_fails() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
+/// Kafka down when walbox starts (routine broker maintenance) is waited for
+/// as an unreachable Postgres is: not ready, one log line per distinct
+/// cause, no exit; once a broker answers, every event arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_down_at_start_is_waited_for_then_streamed_to() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    // Nothing listens there yet: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let brokers = format!("127.0.0.1:{port}");
+    let mut command = walbox(&db, &[]);
+    command.args([
+        "run",
+        "--kafka-brokers",
+        &brokers,
+        "--mapping-topic-template",
+        &topic,
+        "--metrics-addr",
+        ANY_PORT,
+    ]);
+    let mut relay = spawn_logged(command);
+    let metrics = metrics_addr(&relay).await;
+    wait_log(&relay, "Kafka unreachable").await;
+    assert_eq!(wait_http(&metrics, "/readyz", 503).await, "not streaming\n");
+    insert_events(&client, 0, 20, |i| i % 4, 5).await;
+    // A second failed attempt (each waits 10 s) with the same cause: counted,
+    // not said again.
+    wait_for("two failed attempts", Duration::from_secs(40), || {
+        let addr = metrics.clone();
+        async move {
+            let (_, text) = http_get(&addr, "/metrics").ok_or("no metrics")?;
+            let attempts = text
+                .lines()
+                .find_map(|l| l.strip_prefix("walbox_reconnects_total{reason=\"kafka\"} "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if attempts >= 2.0 {
+                Ok(())
+            } else {
+                Err(format!("{attempts} attempts"))
+            }
+        }
+    })
+    .await;
+    assert!(relay.running(), "walbox must wait, not exit");
+    assert_eq!(
+        relay.log().matches("Kafka unreachable").count(),
+        1,
+        "{}",
+        relay.log()
+    );
+
+    // The broker comes back (a proxy to one of them on that port).
+    let first = kafka.bootstrap().split(',').next().unwrap().to_owned();
+    let _proxy = Proxy::start_on(port, first).await;
+    assert_eq!(expect_all(&kafka, &topic, 20).await, 0);
+    wait_http(&metrics, "/readyz", 200).await;
+    stop(&mut relay).await;
+}
+
+/// Postgres unreachable is retried, and the retry line says why in the
+/// operating system's words, not only "error connecting to server".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_retry_line_carries_the_os_cause() {
+    let kafka = TestKafka::from_env();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = Command::new(walbox_e2e::walbox_bin());
+    command.env(
+        "WALBOX_PG_URL",
+        format!("host=127.0.0.1 port={port} user=walbox dbname=app sslmode=disable"),
+    );
+    let mut relay = spawn_run_with(command, &kafka, &[]);
+    let line = wait_log(&relay, "will retry").await;
+    assert!(line.contains("Connection refused"), "{line}");
+    assert!(relay.running());
+    stop(&mut relay).await;
 }

@@ -71,21 +71,7 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
 
 /// The error and its causes, each said once.
 fn one_line(e: &CliError) -> String {
-    let mut line = format!("walbox: {e}");
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(&format!(": {text}"));
-        }
-        source = cause.source();
-    }
-    // Postgres adds HINT and DETAIL on lines of their own.
-    line.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
+    format!("walbox: {}", walbox::logging::chain(e))
 }
 
 fn main() -> ExitCode {

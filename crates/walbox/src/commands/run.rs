@@ -353,6 +353,72 @@ async fn prepare_slot(
     }
 }
 
+/// Waits until a broker answers, as long as it takes, like an unreachable
+/// Postgres: routine broker maintenance must not crash-loop the pod. Each
+/// attempt waits up to 10 s, then a backoff (0.5 s doubling to 30 s);
+/// walbox is not ready meanwhile, counts each failed attempt in
+/// `walbox_reconnects_total{reason="kafka"}`, and logs one line per
+/// distinct cause. A refusal (TLS, SASL) is definite and returned. `None`:
+/// a signal came first (a pod terminated while Kafka is down exits at
+/// once, and 0).
+async fn wait_for_brokers(
+    sink: &Sink<Token>,
+    settings: &RunSettings,
+    metrics: &Metrics,
+    mut shutdown: watch::Receiver<Stop>,
+) -> Result<Option<sink_kafka::Brokers>, RunError> {
+    let mut backoff = crate::relay::Backoff::new();
+    let mut said: Option<String> = None;
+    loop {
+        let checked = tokio::select! {
+            checked = crate::relay::check_brokers(sink, &settings.sink.bootstrap_servers) => checked,
+            _ = shutdown.wait_for(|s| *s != Stop::No) => return Ok(None),
+        };
+        match checked {
+            Ok(brokers) => return Ok(Some(brokers)),
+            Err(e @ RunError::Broker { .. }) => {
+                metrics.count_reconnect(e.reason());
+                let delay = backoff.delay();
+                let error = crate::logging::chain(&e);
+                let cause = without_attempt_details(&error);
+                if said.as_deref() != Some(cause.as_str()) {
+                    tracing::warn!(%error, retry_in = ?delay, "Kafka unreachable; not streaming, will retry until a broker answers");
+                    said = Some(cause);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|s| *s != Stop::No) => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// librdkafka's error text without what changes from one attempt to the
+/// next ("(after 3ms in state CONNECT, 2 identical error(s) suppressed)").
+fn without_attempt_details(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(" (after ") {
+        out.push_str(&rest[..start]);
+        // To the parenthesis that closes it ("error(s)" nests one).
+        let mut depth = 0;
+        let close = rest[start + 1..].char_indices().find_map(|(i, c)| {
+            match c {
+                '(' => depth += 1,
+                ')' if depth == 1 => return Some(start + 1 + i),
+                ')' => depth -= 1,
+                _ => {}
+            }
+            None
+        });
+        rest = close.map_or("", |end| &rest[end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
 /// One run of the relay on a producer of its own, until a signal or a
 /// definite error.
 async fn stream(
@@ -364,15 +430,9 @@ async fn stream(
     spans: Option<&crate::spans::Spans>,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
-    // Up to 10 s when no broker answers: a signal stops the wait (a pod
-    // being terminated while Kafka is down exits at once, and 0).
-    let mut signalled = shutdown.clone();
-    let brokers = tokio::select! {
-        checked = crate::relay::check_brokers(&sink, &settings.sink.bootstrap_servers) => checked?,
-        _ = signalled.wait_for(|s| *s != Stop::No) => {
-            tracing::info!("stopped before streaming, while waiting for the brokers");
-            return Ok(());
-        }
+    let Some(brokers) = wait_for_brokers(&sink, settings, &metrics, shutdown.clone()).await? else {
+        tracing::info!("stopped before streaming, while waiting for the brokers");
+        return Ok(());
     };
     tracing::info!(
         brokers = brokers.count,
@@ -424,4 +484,15 @@ async fn stream(
         );
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_is_the_same_whatever_the_attempt() {
+        assert_eq!(
+            super::without_attempt_details("b:9092/bootstrap: Connect to ipv4#10.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT, 4 identical error(s) suppressed): more"),
+            "b:9092/bootstrap: Connect to ipv4#10.0.0.1:9092 failed: Connection refused: more"
+        );
+    }
 }

@@ -124,6 +124,7 @@ impl RunError {
         match self {
             _ if self.slot_busy() => "slot_busy",
             RunError::Postgres(_) => "postgres",
+            RunError::Broker { .. } => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             _ => "other",
         }

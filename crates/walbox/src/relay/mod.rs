@@ -215,7 +215,9 @@ where
                 } else {
                     backoff.delay()
                 };
-                tracing::warn!(error = %e, retry_in = ?delay, "not streaming; will retry");
+                // With its causes: the OS's reason is what the operator needs.
+                let error = crate::logging::chain(&e);
+                tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     () = session::stopped(&mut shutdown, Stop::Graceful) => return Ok(()),
