@@ -38,12 +38,21 @@ fn config_shows_every_setting_with_its_source_and_no_secret() {
                 "WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE",
                 secret.to_str().unwrap(),
             ),
+            // A password inside a URL: user information is never shown.
+            (
+                "WALBOX_OTLP_ENDPOINT",
+                "http://otel:in-url-s3cret@collector:4318",
+            ),
+            (
+                "WALBOX_KAFKA_PROPERTY_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL",
+                "https://client:in-url-s3cret@idp.example/token",
+            ),
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    for secret in ["hunter2", "s3cret-from-file"] {
+    for secret in ["hunter2", "s3cret-from-file", "in-url-s3cret"] {
         assert!(
             !stdout.contains(secret) && !stderr.contains(secret),
             "{stdout}{stderr}"

@@ -123,7 +123,7 @@ impl SinkConfig {
     /// `text` with the value of every secret property replaced by
     /// `<redacted>`: for anything built from librdkafka's own messages.
     pub fn redact(&self, text: &str) -> String {
-        redact_values(text, &self.secret_values())
+        redact_userinfo(&redact_values(text, &self.secret_values()))
     }
 
     /// The values of the secret properties (see [`is_secret_property`]).
@@ -237,6 +237,34 @@ pub fn is_secret_property(key: &str) -> bool {
         || k.contains("keystore")
 }
 
+/// `text` with the user information of every URL in it (`user:password@`
+/// between `scheme://` and the host) replaced by `<redacted>@`:
+/// `http://walbox:s3cret@collector:4318` is shown as
+/// `http://<redacted>@collector:4318`.
+pub fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // The authority ends at the path, query, fragment or the text's end.
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str("<redacted>");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `text` with each of `secrets` replaced by `<redacted>`.
 pub(crate) fn redact_values(text: &str, secrets: &[String]) -> String {
     let mut out = text.to_owned();
@@ -250,16 +278,16 @@ pub(crate) fn redact_values(text: &str, secrets: &[String]) -> String {
 
 impl fmt::Debug for SinkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let props: BTreeMap<&str, &str> = self
+        let props: BTreeMap<&str, String> = self
             .properties
             .iter()
             .map(|(k, v)| {
                 (
                     k.as_str(),
                     if is_secret_property(k) {
-                        "<redacted>"
+                        "<redacted>".to_owned()
                     } else {
-                        v.as_str()
+                        redact_userinfo(v)
                     },
                 )
             })
@@ -340,6 +368,33 @@ mod tests {
                 e.contains(says) && !e.contains("hunter2"),
                 "{key}={value}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn userinfo_is_redacted_in_every_url() {
+        for (given, shown) in [
+            (
+                "http://user:s3cret@collector:4318/v1",
+                "http://<redacted>@collector:4318/v1",
+            ),
+            (
+                "https://id:p%40ss@idp.example/token?x=1",
+                "https://<redacted>@idp.example/token?x=1",
+            ),
+            (
+                "a http://u:p@h b https://h2/c",
+                "a http://<redacted>@h b https://h2/c",
+            ),
+            ("http://collector:4318", "http://collector:4318"),
+            (
+                "postgres://walbox:pw@db/app",
+                "postgres://<redacted>@db/app",
+            ),
+            ("no url", "no url"),
+            ("://@", "://<redacted>@"),
+        ] {
+            assert_eq!(redact_userinfo(given), shown);
         }
     }
 

@@ -34,7 +34,9 @@ mod sink;
 mod stats;
 mod transaction;
 
-pub use config::{contract_defaults, is_secret_property, SinkConfig, TopicSpec, CONTRACT_PINNED};
+pub use config::{
+    contract_defaults, is_secret_property, redact_userinfo, SinkConfig, TopicSpec, CONTRACT_PINNED,
+};
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
 pub use record::{Header, Record};

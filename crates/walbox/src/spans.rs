@@ -100,7 +100,10 @@ impl Spans {
             .with_endpoint(url)
             .with_timeout(Duration::from_secs(5))
             .build()
-            .map_err(|e| format!("otlp_endpoint {endpoint:?}: {e}"))?;
+            .map_err(|e| {
+                let shown = crate::config::redact_userinfo(endpoint);
+                crate::config::redact_userinfo(&format!("otlp_endpoint {shown:?}: {e}"))
+            })?;
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name("walbox")
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))

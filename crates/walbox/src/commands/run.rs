@@ -181,7 +181,9 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     let spans = match &settings.otlp_endpoint {
         None => None,
         Some(endpoint) => {
-            let spans = crate::spans::Spans::new(endpoint).map_err(crate::config::ConfigError)?;
+            let spans =
+                crate::spans::Spans::new(endpoint.as_str()).map_err(crate::config::ConfigError)?;
+            let endpoint = crate::config::redact_userinfo(endpoint.as_str());
             tracing::info!(%endpoint, "exporting a span per event over OTLP");
             Some(spans)
         }

@@ -105,7 +105,7 @@ impl Config {
         let libpq_only = ["PGHOST", "PGUSER", "PGDATABASE"]
             .iter()
             .any(|v| env(v).is_some_and(|v| !v.is_empty()));
-        let pg_url = match r.pg_url.as_deref() {
+        let pg_url = match r.pg_url.as_ref().map(|u| u.expose()) {
             Some(url) => url,
             None if libpq_only => "",
             None => {

@@ -1,7 +1,8 @@
 //! The effective view: every setting's value and where it came from, secrets
-//! redacted (`walbox config`, the startup line of `walbox run`).
+//! redacted, and the user information of any URL (`walbox config`, the
+//! startup line of `walbox run`).
 
-use super::{source_name, table, Config};
+use super::{redact_userinfo, source_name, table, Config};
 use sink_kafka::is_secret_property;
 use slot_manager::PgConfig;
 
@@ -57,7 +58,7 @@ impl Config {
                         let shown = if is_secret_property(&k) {
                             "<redacted>".to_owned()
                         } else {
-                            text(&v)
+                            redact_userinfo(&text(&v))
                         };
                         out.push((format!("{}.{k}", s.key), shown, source));
                     }
@@ -66,7 +67,7 @@ impl Config {
             }
             let shown = if s.key == "pg_url" {
                 // Where it points, never the password.
-                self.raw.pg_url.as_deref().map_or_else(
+                self.raw.pg_url.as_ref().map(|u| u.expose()).map_or_else(
                     || "(none)".into(),
                     |url| {
                         PgConfig::parse(url).map_or_else(|_| "<invalid>".into(), |c| c.describe())
@@ -75,7 +76,7 @@ impl Config {
             } else if s.secret {
                 "<redacted>".into()
             } else {
-                lookup(s.key).map_or_else(|| "(none)".into(), |v| text(&v))
+                lookup(s.key).map_or_else(|| "(none)".into(), |v| redact_userinfo(&text(&v)))
             };
             let source = given.as_ref().map_or_else(|| "default".into(), source_of);
             out.push((s.key.to_owned(), shown, source));

@@ -23,6 +23,7 @@ mod layers;
 mod outbox_mapping;
 mod raw;
 mod run_settings;
+mod secret;
 pub mod table;
 mod whole;
 
@@ -65,13 +66,24 @@ pub enum MappingPreset {
     Debezium,
 }
 
-/// The loaded configuration.
-#[derive(Debug)]
+pub use secret::{redact_userinfo, Endpoint};
+
+/// The loaded configuration. Its `Debug` shows the settings with every
+/// secret redacted (not the layers, nor the libpq variables such as
+/// `PGPASSWORD`).
 pub struct Config {
     raw: Raw,
     figment: Figment,
     /// `PG*` variables (and `HOME`, for `~/.pgpass`) from the environment.
     pg_env: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URLs' user information too (otlp_endpoint, any property).
+        let settings = redact_userinfo(&format!("{:?}", self.raw));
+        write!(f, "Config {{ settings: {settings}, .. }}")
+    }
 }
 
 /// Where a configuration comes from.

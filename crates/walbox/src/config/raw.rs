@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::secret::{Secret, REDACTED};
 use super::{whole, EventSource, LogFormat, MappingPreset};
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +22,7 @@ pub(super) enum RawFormat {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct Raw {
-    pub(super) pg_url: Option<String>,
+    pub(super) pg_url: Option<Secret>,
     pub(super) slot: String,
     pub(super) publication: String,
     #[serde(deserialize_with = "whole::u64")]
@@ -105,13 +106,34 @@ pub(super) struct RawMapping {
     pub(super) header_columns: BTreeMap<String, String>,
 }
 
-/// `[kafka]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+/// `[kafka]`. Its `Debug` redacts the secret properties.
+#[derive(Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawKafka {
     pub(super) brokers: Option<String>,
     #[serde(deserialize_with = "whole::properties")]
     pub(super) properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for RawKafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown: BTreeMap<&str, String> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if sink_kafka::is_secret_property(k) {
+                    REDACTED.to_owned()
+                } else {
+                    super::secret::redact_userinfo(v)
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("RawKafka")
+            .field("brokers", &self.brokers)
+            .field("properties", &shown)
+            .finish()
+    }
 }
 
 /// `[topics]`: creating missing topics.

@@ -39,7 +39,7 @@ pub struct RunSettings {
     /// The prefix of the logical decoding messages that are events.
     pub message_prefix: String,
     /// Where to export a span per event; `None`: off.
-    pub otlp_endpoint: Option<String>,
+    pub otlp_endpoint: Option<super::secret::Endpoint>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -153,15 +153,19 @@ impl Config {
         }
         let otlp_endpoint = match &r.otlp_endpoint {
             None => None,
-            Some(e) if e.starts_with("http://") && e.len() > "http://".len() => Some(e.clone()),
+            Some(e) if e.starts_with("http://") && e.len() > "http://".len() => {
+                Some(super::secret::Endpoint(e.clone()))
+            }
             Some(e) if e.starts_with("https://") => {
                 return Err(ConfigError(format!(
-                    "otlp_endpoint {e:?}: this build exports over plain HTTP only; point it at a local collector agent or sidecar (http://…:4318)"
+                    "otlp_endpoint {:?}: this build exports over plain HTTP only; point it at a local collector agent or sidecar (http://…:4318)",
+                    super::redact_userinfo(e)
                 )))
             }
             Some(e) => {
                 return Err(ConfigError(format!(
-                    "otlp_endpoint {e:?}: expected an OTLP/HTTP URL such as http://127.0.0.1:4318"
+                    "otlp_endpoint {:?}: expected an OTLP/HTTP URL such as http://127.0.0.1:4318",
+                    super::redact_userinfo(e)
                 )))
             }
         };

@@ -819,3 +819,54 @@ fn a_misspelt_variable_is_refused_with_the_name_it_is_near() {
     let c = load(None, &own, &[]).unwrap();
     assert_eq!(c.connection().unwrap().slot, "walbox");
 }
+
+/// No password reaches any printed form of the configuration: its Debug
+/// (pg_url, secret properties, libpq's PGPASSWORD), and the effective view
+/// (URLs with user information, wherever they are).
+#[test]
+fn no_secret_in_any_printed_form() {
+    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "b:9092");
+    let (_d, path) = file(
+        "otlp_endpoint = \"http://otel:h1dden@collector:4318\"\n[kafka.properties]\n\"sasl.oauthbearer.token.endpoint.url\" = \"https://client:h2dden@idp.example/token\"\n\"sasl.password\" = \"h3dden\"\n",
+    );
+    let c = load(
+        Some(&path),
+        &[
+            ("WALBOX_PG_URL", "postgres://walbox:h4dden@db:5432/app"),
+            ("PGPASSWORD", "h5dden"),
+            BROKERS,
+        ],
+        &[],
+    )
+    .unwrap();
+    let debug = format!("{c:?}");
+    let effective = format!("{:?}", c.effective());
+    let run = format!("{:?}", c.run().unwrap());
+    for shown in [&debug, &effective, &run] {
+        for secret in ["h1dden", "h2dden", "h3dden", "h4dden", "h5dden"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+    }
+    assert!(
+        effective.contains("http://<redacted>@collector:4318")
+            && effective.contains("https://<redacted>@idp.example/token"),
+        "{effective}"
+    );
+    let e = load(
+        None,
+        &[
+            PG,
+            BROKERS,
+            ("WALBOX_OTLP_ENDPOINT", "https://otel:h1dden@collector:4318"),
+        ],
+        &[],
+    )
+    .unwrap()
+    .run()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        !e.contains("h1dden") && e.contains("<redacted>@collector"),
+        "{e}"
+    );
+}
