@@ -15,6 +15,10 @@ pub struct ConfigArgs {
 pub fn run(args: ConfigArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
     config.for_run()?;
+    // To stderr, as `run` would log them: stdout stays the settings.
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let rows = config.effective();
     let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
     for (key, value, source) in rows {

@@ -132,6 +132,9 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         config = %startup_settings(&config),
         "walbox run starting"
     );
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let (stop, shutdown) = watch::channel(Stop::No);
     tokio::spawn(signals(stop));
     tokio::spawn(async {

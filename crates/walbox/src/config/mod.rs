@@ -25,6 +25,7 @@ mod raw;
 mod run_settings;
 mod secret;
 pub mod table;
+mod warnings;
 mod whole;
 
 use std::path::Path;

@@ -870,3 +870,73 @@ fn no_secret_in_any_printed_form() {
         "{e}"
     );
 }
+
+/// Settings that work but expose the events or a secret are warned about.
+#[test]
+fn insecure_settings_are_warned_about() {
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    let ca = ca.path().to_str().unwrap().to_owned();
+    let verified = format!("host=db user=u password=pw sslmode=verify-full sslrootcert={ca}");
+    let tls = ["security.protocol=SSL"];
+    let warnings = |vars: &[(&str, &str)], flags: &[(&'static str, &[&str])]| {
+        load(None, vars, flags).unwrap().warnings()
+    };
+    // Verified both ways, secrets from the environment: nothing to say.
+    let quiet = warnings(
+        &[
+            ("WALBOX_PG_URL", &verified),
+            ("WALBOX_KAFKA_BROKERS", "k:9093"),
+        ],
+        &[("kafka.properties", &tls)],
+    );
+    assert_eq!(quiet, Vec::<String>::new());
+    // A Unix socket has no TLS to verify.
+    let socket = warnings(
+        &[
+            ("WALBOX_PG_URL", "host=/var/run/postgresql user=u"),
+            ("WALBOX_KAFKA_BROKERS", "k:9093"),
+        ],
+        &[("kafka.properties", &tls)],
+    );
+    assert_eq!(socket, Vec::<String>::new());
+
+    let all = warnings(
+        &[("WALBOX_KAFKA_BROKERS", "k:9092")],
+        &[
+            ("pg_url", &["postgres://u:pw@db/app?sslmode=require"]),
+            ("kafka.properties", &["sasl.password=x"]),
+        ],
+    );
+    let said = all.join("\n");
+    assert_eq!(all.len(), 4, "{said}");
+    assert!(
+        said.contains("does not verify the server (sslmode=require)"),
+        "{said}"
+    );
+    assert!(said.contains("Kafka is reached over plaintext"), "{said}");
+    assert!(
+        said.contains("give it as WALBOX_PG_URL_FILE instead"),
+        "{said}"
+    );
+    assert!(
+        said.contains("give it as WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE instead"),
+        "{said}"
+    );
+    assert!(!said.contains("pw"), "{said}");
+
+    let unverified = warnings(
+        &[
+            ("WALBOX_PG_URL", &verified),
+            ("WALBOX_KAFKA_BROKERS", "k:9093"),
+        ],
+        &[(
+            "kafka.properties",
+            &[
+                "security.protocol=SSL",
+                "enable.ssl.certificate.verification=false",
+            ],
+        )],
+    );
+    assert_eq!(unverified.len(), 1);
+    assert!(unverified[0].contains("does not verify the brokers"));
+}

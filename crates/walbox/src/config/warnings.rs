@@ -1,0 +1,77 @@
+//! What a configuration allows but should not: said at startup (`walbox
+//! run`, and `walbox config`) as warnings, never refused.
+//!
+//! - Postgres without `sslmode=verify-full` over TCP: the server is not
+//!   verified (or not even encrypted to), so a man in the middle can read
+//!   the events and the password.
+//! - Kafka over plaintext, or TLS that does not verify the broker.
+//! - A secret given as a command-line flag: every user of the machine can
+//!   read it in the process list, and it stays in shell history.
+
+use slot_manager::SslMode;
+
+use super::Config;
+
+impl Config {
+    /// The warnings, each one line saying what to change.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Ok(c) = self.connection() {
+            let tcp =
+                c.pg.hosts()
+                    .iter()
+                    .any(|(h, _)| matches!(h, tokio_postgres::config::Host::Tcp(_)));
+            let mode = c.pg.ssl_mode();
+            if tcp && mode != SslMode::VerifyFull {
+                out.push(format!(
+                    "the Postgres connection does not verify the server (sslmode={mode}): anyone on the path can read the events{}; use sslmode=verify-full with sslrootcert (docs/configuration.md, \"Postgres\")",
+                    if c.pg.password().is_some() { " and the password" } else { "" }
+                ));
+            }
+        }
+        let props = &self.raw.kafka.properties;
+        let get = |k: &str| props.get(k).map(|v| v.to_ascii_lowercase());
+        let protocol = get("security.protocol").unwrap_or_else(|| "plaintext".into());
+        if self.raw.kafka.brokers.is_some() {
+            if protocol.ends_with("plaintext") {
+                out.push(format!(
+                    "Kafka is reached over plaintext (security.protocol={protocol}): events{} travel unencrypted; use SSL or SASL_SSL (docs/configuration.md, \"Kafka security\")",
+                    if protocol.starts_with("sasl") { " and the SASL credentials" } else { "" }
+                ));
+            } else if get("enable.ssl.certificate.verification").as_deref() == Some("false") {
+                out.push("Kafka's TLS does not verify the brokers (enable.ssl.certificate.verification=false): anyone on the path can pose as the broker; remove it and set ssl.ca.location".into());
+            } else if get("ssl.endpoint.identification.algorithm").as_deref() == Some("none") {
+                out.push("Kafka's TLS does not check the brokers' host names (ssl.endpoint.identification.algorithm=none); remove it".into());
+            }
+        }
+        for (key, _, source) in self.effective() {
+            if source != "command line" {
+                continue;
+            }
+            let secret = if key == "pg_url" {
+                self.connection().is_ok_and(|c| c.pg.password().is_some())
+            } else {
+                key.strip_prefix("kafka.properties.")
+                    .is_some_and(sink_kafka::is_secret_property)
+            };
+            if secret {
+                out.push(format!(
+                    "{key} holds a secret and was given on the command line, where every user of this machine can read it (ps) and shell history keeps it; give it as {}_FILE instead",
+                    variable(&key)
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The environment variable of a setting or Kafka property key.
+fn variable(key: &str) -> String {
+    match key.strip_prefix("kafka.properties.") {
+        Some(p) => format!(
+            "WALBOX_KAFKA_PROPERTY_{}",
+            p.replace('.', "_").to_ascii_uppercase()
+        ),
+        None => format!("WALBOX_{}", key.replace('.', "_").to_ascii_uppercase()),
+    }
+}
