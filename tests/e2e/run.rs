@@ -905,3 +905,23 @@ async fn the_postgres_retry_line_carries_the_os_cause() {
     assert!(relay.running());
     stop(&mut relay).await;
 }
+
+/// `drop-slot` on a slot that still holds undelivered events refuses,
+/// counting them; `--force` drops it anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_slot_refuses_to_lose_undelivered_events_without_force() {
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    insert_events(&client, 0, 7, |i| i % 3, 7).await;
+    let out = walbox(&db, &["drop-slot"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("replication slot \"walbox\" was not dropped: it still holds 7 event(s) not yet delivered")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    succeeded(&walbox(&db, &["status"]).output().unwrap());
+    let out = walbox(&db, &["drop-slot", "--force"]).output().unwrap();
+    assert!(succeeded(&out).contains("slot \"walbox\": dropped"));
+}

@@ -473,6 +473,52 @@ pub struct SlotStatus {
     pub confirmed_lag_seconds: Option<f64>,
 }
 
+/// What an inactive slot still holds past its confirmed position: the
+/// events (published INSERTs, and logical decoding messages when
+/// `messages`) it would stream, counted by decoding its pending WAL with
+/// `pg_logical_slot_peek_binary_changes` (which consumes nothing, but
+/// decodes all of it: seconds per GB of WAL), and the WAL bytes written
+/// since the confirmed position (other tables' writes included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// Events not yet confirmed.
+    pub events: i64,
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`.
+    pub wal_bytes: i64,
+}
+
+/// See [`Pending`]. Fails when the slot is in use, invalidated, or its
+/// publication is gone: then what it holds cannot be told.
+pub async fn pending_events(
+    client: &Client,
+    slot: &str,
+    publication: &str,
+    messages: bool,
+) -> Result<Pending, Error> {
+    // 'I' (73) is an INSERT, 'M' (77) a logical decoding message.
+    let sql = if messages {
+        "SELECT count(*) FILTER (WHERE get_byte(data, 0) IN (73, 77)),
+                (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+                   FROM pg_replication_slots WHERE slot_name = $1)
+           FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+                'proto_version', '1', 'publication_names', $2, 'messages', 'true')"
+    } else {
+        "SELECT count(*) FILTER (WHERE get_byte(data, 0) = 73),
+                (SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+                   FROM pg_replication_slots WHERE slot_name = $1)
+           FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+                'proto_version', '1', 'publication_names', $2)"
+    };
+    let row = client
+        .query_one(sql, &[&slot, &crate::sql::quote_ident(publication)])
+        .await
+        .map_err(Error::sql("read what the slot still holds"))?;
+    Ok(Pending {
+        events: row.get(0),
+        wal_bytes: row.get::<_, Option<i64>>(1).unwrap_or(0),
+    })
+}
+
 /// The slot's state, or `None` when it does not exist.
 pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatus>, Error> {
     let row = client

@@ -46,8 +46,8 @@ pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
     check_server, check_table, connect_control, domain_base_types, drop_slot,
-    ensure_message_publication, ensure_publication, ensure_slot, preflight, slot_status, Dropped,
-    Ensured, SlotStatus, LEAST_SERVER,
+    ensure_message_publication, ensure_publication, ensure_slot, pending_events, preflight,
+    slot_status, Dropped, Ensured, Pending, SlotStatus, LEAST_SERVER,
 };
 pub use coverage::{
     coverage, describe_change, message_coverage, ChangeInFlight, Coverage, CoverageReader,

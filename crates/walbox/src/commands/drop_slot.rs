@@ -1,6 +1,6 @@
 //! `walbox drop-slot`.
 
-use slot_manager::{connect_control, drop_slot};
+use slot_manager::{connect_control, drop_slot, pending_events, slot_status};
 
 use super::{loaded, CliError};
 use crate::config::ConnectionFlags;
@@ -10,7 +10,11 @@ use crate::config::ConnectionFlags;
 pub struct DropSlotArgs {
     #[command(flatten)]
     settings: ConnectionFlags,
-    /// Terminate the process holding the slot first.
+    /// Drop it anyway: when a process holds the slot (it is terminated
+    /// first), and when the slot still holds events not yet delivered (they
+    /// are lost). Without it, drop-slot counts what the slot holds
+    /// (decoding its pending WAL, which takes a while on a large backlog)
+    /// and refuses if any event is left.
     #[arg(long)]
     force: bool,
     /// Also drop the publication.
@@ -33,6 +37,9 @@ pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
     let base = config.connection()?;
     let client = connect_control(&base.pg).await?;
     for c in base.selected_shards() {
+        if !args.force {
+            refuse_if_pending(&client, &c).await?;
+        }
         let publication = args.drop_publication.then_some(c.publication.as_str());
         let dropped = drop_slot(&client, &c.slot, args.force, publication).await?;
         if let Some(pid) = dropped.terminated_pid {
@@ -50,6 +57,36 @@ pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
                 outcome(dropped.publication)
             );
         }
+    }
+    Ok(())
+}
+
+/// Refuses to drop a slot that still holds events walbox has not delivered.
+/// A slot that is held is left to [`drop_slot`]'s own refusal.
+async fn refuse_if_pending(
+    client: &tokio_postgres::Client,
+    c: &crate::config::Connection,
+) -> Result<(), CliError> {
+    let Some(status) = slot_status(client, &c.slot).await? else {
+        return Ok(());
+    };
+    if status.active {
+        return Ok(());
+    }
+    let pending = pending_events(client, &c.slot, &c.publication, c.source.messages())
+        .await
+        .map_err(|e| CliError::DropRefused {
+            slot: c.slot.clone(),
+            why: format!("what it still holds cannot be told ({e})"),
+        })?;
+    if pending.events > 0 {
+        return Err(CliError::DropRefused {
+            slot: c.slot.clone(),
+            why: format!(
+                "it still holds {} event(s) not yet delivered, in {} bytes of WAL after its confirmed position; dropping it loses them",
+                pending.events, pending.wal_bytes
+            ),
+        });
     }
     Ok(())
 }

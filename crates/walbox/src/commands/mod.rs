@@ -32,6 +32,14 @@ pub enum CliError {
     /// A backfill.
     #[error(transparent)]
     Backfill(#[from] crate::backfill::BackfillError),
+    /// `drop-slot` without `--force` on a slot that may hold events.
+    #[error("replication slot {slot:?} was not dropped: {why}. Let walbox run deliver them, or drop it anyway with --force")]
+    DropRefused {
+        /// The slot.
+        slot: String,
+        /// Why.
+        why: String,
+    },
     /// No such slot.
     #[error("replication slot {0:?} does not exist; create it with `walbox init-slot`")]
     NoSlot(String),
