@@ -122,6 +122,12 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
             &[pg, ("WALBOX_SLOTT", "orders")],
             "WALBOX_SLOTT is not a walbox setting: did you mean WALBOX_SLOT?",
         ),
+        // migrate cannot make another table than its own: not ignored.
+        (
+            &["migrate", "--table", "app.events"],
+            &[pg],
+            "table \"app\".\"events\": migrate creates walbox's own outbox table",
+        ),
         // What only `run` used to find (exit 1 after connecting), `config`
         // finds too, and both call it a configuration error.
         (

@@ -59,11 +59,23 @@ pub enum MigrateError {
 /// Key of the advisory lock that serializes concurrent `walbox migrate` runs.
 const LOCK_KEY: i64 = 0x7761_6c62_6f78; // "walbox"
 
+/// The outbox table the migrations create.
+const OWN_TABLE: &str = "public.outbox_events";
+
 /// Applies what is not applied yet, each migration in its own transaction.
 pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
     let config = loaded(args.settings.load())?;
-    let pg = config.connection()?.pg;
-    Ok(apply(&pg).await?)
+    let c = config.connection()?;
+    // The migrations create walbox's own table; they cannot make another.
+    let own: slot_manager::TableName = OWN_TABLE.parse().expect("a table name");
+    if c.source.table() && c.table != own {
+        return Err(crate::config::ConfigError(format!(
+            "table {}: migrate creates walbox's own outbox table, {own}, and cannot create or change another; an outbox table of your own needs no migrate (walbox init-slot checks its columns; docs/configuration.md, \"Outbox mapping\")",
+            c.table
+        ))
+        .into());
+    }
+    Ok(apply(&c.pg).await?)
 }
 
 async fn apply(pg: &slot_manager::PgConfig) -> Result<(), MigrateError> {
