@@ -275,3 +275,66 @@ fn a_kafka_secret_never_appears_on_any_error_path() {
     assert!(!text.contains("hunter2"), "{text}");
     assert_eq!(text.matches("<redacted>").count(), 3, "{text}");
 }
+
+/// `--help` groups the flags under headings, and each command lists only
+/// the settings it reads.
+#[test]
+fn help_groups_the_flags_and_shows_each_command_its_own() {
+    let help = |command: &str| {
+        let out = walbox(&[command, "--help"], &[]);
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let headings = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with(' ') && l.ends_with(':'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let run = help("run");
+    assert_eq!(
+        headings(&run),
+        [
+            "Options:",
+            "Postgres and the outbox:",
+            "Records (mapping and format):",
+            "Kafka and delivery:",
+            "Running (limits, recovery, observability):"
+        ],
+        "{run}"
+    );
+    let kafka = run.find("Kafka and delivery:").unwrap();
+    let running = run.find("Running (limits").unwrap();
+    let brokers = run.find("--kafka-brokers").unwrap();
+    assert!(kafka < brokers && brokers < running, "{run}");
+    for command in ["migrate", "status", "drop-slot"] {
+        let text = help(command);
+        assert!(!text.contains("--kafka-brokers"), "{command}: {text}");
+        assert!(!text.contains("--mapping-id"), "{command}: {text}");
+        assert!(text.contains("--pg-url"), "{command}: {text}");
+    }
+}
+
+/// An old flag name is answered with its new name, not a spelling guess.
+#[test]
+fn an_old_flag_name_gets_the_rename() {
+    for (args, want) in [
+        (
+            ["run", "--topic-template", "x"],
+            "walbox: --topic-template is now called --mapping-topic-template",
+        ),
+        (
+            ["init-slot", "--column-aggregate-id=agg", "--pg-url"],
+            "walbox: --column-aggregate-id is now called --mapping-aggregate-id",
+        ),
+        (
+            ["run", "--header-column", "a=b"],
+            "walbox: --header-column is now called --mapping-header-column",
+        ),
+    ] {
+        let out = walbox(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end(), want);
+    }
+}

@@ -75,6 +75,15 @@ fn one_line(e: &CliError) -> String {
 }
 
 fn main() -> ExitCode {
+    // An old flag name: the rename, before clap guesses at a spelling.
+    let renamed = std::env::args()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .find_map(|a| walbox::config::renamed_flag(&a));
+    if let Some(line) = renamed {
+        walbox::logging::fatal(&format!("walbox: {line}"));
+        return ExitCode::from(2);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A usage error in JSON mode is one JSON line like every other.

@@ -104,9 +104,24 @@ impl<R: Reach> Args for Flags<R> {
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("TOML configuration file (see docs/configuration.md)"),
         );
-        SETTINGS
-            .iter()
-            .filter(|s| s.scope <= R::SCOPE)
+        // Grouped under their headings, in the table's order of headings
+        // (clap lists a heading where its first flag is).
+        let mut headings: Vec<&str> = Vec::new();
+        for s in SETTINGS.iter().filter(|s| s.scope <= R::SCOPE) {
+            if !headings.contains(&s.heading()) {
+                headings.push(s.heading());
+            }
+        }
+        let running = super::table::RUNNING;
+        headings.retain(|h| *h != running);
+        headings.push(running);
+        headings
+            .into_iter()
+            .flat_map(|h| {
+                SETTINGS
+                    .iter()
+                    .filter(move |s| s.scope <= R::SCOPE && s.heading() == h)
+            })
             .fold(cmd, |cmd, s| {
                 let mut help = s.doc.to_owned();
                 if s.default != "—" {
@@ -116,6 +131,7 @@ impl<R: Reach> Args for Flags<R> {
                 let arg = Arg::new(s.key)
                     .long(s.flag())
                     .help(help)
+                    .help_heading(s.heading())
                     .action(match s.kind {
                         Kind::Map => ArgAction::Append,
                         _ => ArgAction::Set,

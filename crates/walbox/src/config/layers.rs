@@ -36,6 +36,27 @@ const RENAMED: &[(&str, &str)] = &[
     ("WALBOX_COLUMN_TIMESTAMP", "WALBOX_MAPPING_TIMESTAMP"),
 ];
 
+/// The refusal of a command-line argument that is an old flag name
+/// (`--topic-template`, `--column-id=x`), naming the new one: clap would
+/// only guess at the nearest spelling.
+pub fn renamed_flag(arg: &str) -> Option<String> {
+    let flag = |var: &str| {
+        format!(
+            "--{}",
+            var.trim_start_matches("WALBOX_")
+                .to_ascii_lowercase()
+                .replace('_', "-")
+        )
+    };
+    let given = arg.split('=').next()?;
+    let renamed =
+        |old: String, new: String| (given == old).then(|| format!("{old} is now called {new}"));
+    RENAMED
+        .iter()
+        .find_map(|(old, new)| renamed(flag(old), flag(new)))
+        .or_else(|| renamed("--header-column".into(), "--mapping-header-column".into()))
+}
+
 /// One layer of settings, named for errors and `walbox config` (the file
 /// by its path).
 #[derive(Clone, Debug)]

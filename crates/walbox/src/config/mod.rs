@@ -67,6 +67,7 @@ pub enum MappingPreset {
     Debezium,
 }
 
+pub use layers::renamed_flag;
 pub use secret::{redact_userinfo, Endpoint};
 
 /// The loaded configuration. Its `Debug` shows the settings with every

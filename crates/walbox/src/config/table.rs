@@ -30,6 +30,9 @@ pub enum Scope {
     Run,
 }
 
+/// The `--help` heading of the settings of a running process, listed last.
+pub const RUNNING: &str = "Running (limits, recovery, observability)";
+
 /// One setting.
 #[derive(Clone, Copy, Debug)]
 pub struct Setting {
@@ -56,6 +59,35 @@ impl Setting {
             "WALBOX_{}",
             self.key.replace(['.', '-'], "_").to_uppercase()
         )
+    }
+
+    /// The `--help` section the flag is listed under.
+    pub fn heading(&self) -> &'static str {
+        let k = self.key;
+        if matches!(
+            k,
+            "pg_url"
+                | "slot"
+                | "publication"
+                | "shards"
+                | "shard"
+                | "table"
+                | "source"
+                | "message_prefix"
+        ) {
+            "Postgres and the outbox"
+        } else if k.starts_with("mapping.") || k == "format" || k == "cloudevents_source" {
+            "Records (mapping and format)"
+        } else if k.starts_with("kafka.")
+            || k.starts_with("topics.")
+            || k.starts_with("transactions.")
+            || k == "dead_letter_topic"
+            || k == "delivery"
+        {
+            "Kafka and delivery"
+        } else {
+            RUNNING
+        }
     }
 
     /// The long flag without dashes: the key with dots and underscores as
