@@ -147,6 +147,20 @@ impl SinkConfig {
             .map_err(|e| crate::SinkError::Config(self.redact(&e.to_string())))
     }
 
+    /// The librdkafka properties walbox sets itself, as the producer gets
+    /// them: the contract defaults the operator did not override, the
+    /// gapless and transactional settings, the queue limits derived from
+    /// the in-flight bounds (not `bootstrap.servers`, nor the operator's
+    /// own properties). What `walbox config` shows as walbox's.
+    pub fn walbox_properties(&self) -> Result<Vec<(String, String)>, crate::SinkError> {
+        let c = self.client_config()?;
+        Ok(c.config_map()
+            .into_iter()
+            .filter(|(k, _)| *k != "bootstrap.servers" && !self.properties.contains_key(*k))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect())
+    }
+
     /// The full librdkafka configuration: contract defaults, the operator's
     /// properties, and queue limits sized so the in-flight bounds, not the
     /// producer queue, are what fill up.
@@ -396,6 +410,26 @@ mod tests {
         ] {
             assert_eq!(redact_userinfo(given), shown);
         }
+    }
+
+    #[test]
+    fn walbox_properties_are_the_ones_it_sets() {
+        let props = SinkConfig::new("b:9092")
+            .set("linger.ms", "20")
+            .walbox_properties()
+            .unwrap();
+        let get = |k: &str| {
+            props
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("acks"), Some("all"));
+        assert_eq!(get("enable.idempotence"), Some("true"));
+        assert_eq!(get("partitioner"), Some("murmur2_random"));
+        assert_eq!(get("enable.gapless.guarantee"), Some("true"));
+        assert_eq!(get("linger.ms"), None, "the operator's own");
+        assert_eq!(get("bootstrap.servers"), None);
     }
 
     #[test]

@@ -398,6 +398,49 @@ impl PgConfig {
     }
 }
 
+impl PgConfig {
+    /// [`PgConfig::describe`] and every other setting that shapes the
+    /// connection, still without the password: the TLS files,
+    /// `target_session_attrs`, `application_name`, `channel_binding`,
+    /// `connect_timeout` (what `walbox config` shows).
+    pub fn describe_fully(&self) -> String {
+        let mut out = self.describe();
+        let mut add = |k: &str, v: String| out.push_str(&format!(" {k}={v}"));
+        if let Some(root) = &self.ssl_root_cert {
+            add("sslrootcert", root.display().to_string());
+        }
+        if let Some((cert, key)) = self.ssl_client_cert() {
+            add("sslcert", cert.display().to_string());
+            add("sslkey", key.display().to_string());
+        }
+        add(
+            "target_session_attrs",
+            match self.target_session {
+                TargetSession::Any => "any",
+                TargetSession::ReadWrite => "read-write",
+                TargetSession::Primary => "primary",
+            }
+            .to_owned(),
+        );
+        if let Some(name) = self.inner.get_application_name() {
+            add("application_name", name.to_owned());
+        }
+        add(
+            "channel_binding",
+            match self.inner.get_channel_binding() {
+                tokio_postgres::config::ChannelBinding::Disable => "disable",
+                tokio_postgres::config::ChannelBinding::Require => "require",
+                _ => "prefer",
+            }
+            .to_owned(),
+        );
+        if let Some(t) = self.inner.get_connect_timeout() {
+            add("connect_timeout", t.as_secs().to_string());
+        }
+        out
+    }
+}
+
 impl FromStr for PgConfig {
     type Err = Error;
 
@@ -541,6 +584,18 @@ fn take_keyword_ssl_params(input: &str) -> Result<SslParams, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn describe_fully_names_every_setting_but_the_password() {
+        let c = PgConfig::parse(
+            "postgres://walbox:s3cret@db:5432/app?sslmode=verify-full&sslrootcert=%2Fca.pem&target_session_attrs=read-write&application_name=pod-a&channel_binding=require&connect_timeout=7",
+        )
+        .unwrap();
+        assert_eq!(
+            c.describe_fully(),
+            "host=db port=5432 user=walbox dbname=app sslmode=verify-full sslrootcert=/ca.pem target_session_attrs=read-write application_name=pod-a channel_binding=require connect_timeout=7"
+        );
+    }
 
     #[test]
     fn parses_urls_with_every_sslmode() {

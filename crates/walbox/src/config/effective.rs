@@ -66,21 +66,46 @@ impl Config {
                 continue;
             }
             let shown = if s.key == "pg_url" {
-                // Where it points, never the password.
-                self.raw.pg_url.as_ref().map(|u| u.expose()).map_or_else(
-                    || "(none)".into(),
-                    |url| {
-                        PgConfig::parse(url).map_or_else(|_| "<invalid>".into(), |c| c.describe())
-                    },
-                )
+                // Where it points and how, never the password; with what
+                // libpq's variables add, as the connection gets it.
+                match (self.connection(), self.raw.pg_url.as_ref()) {
+                    (Ok(c), _) => c.pg.describe_fully(),
+                    (Err(_), Some(url)) => PgConfig::parse(url.expose())
+                        .map_or_else(|_| "<invalid>".into(), |c| c.describe_fully()),
+                    (Err(_), None) => "(none)".into(),
+                }
             } else if s.secret {
                 "<redacted>".into()
             } else {
-                lookup(s.key).map_or_else(|| "(none)".into(), |v| redact_userinfo(&text(&v)))
+                lookup(s.key)
+                    .map(|v| redact_userinfo(&text(&v)))
+                    .filter(|v| v != "(none)")
+                    .or_else(|| self.derived_default(s.key))
+                    .unwrap_or_else(|| "(none)".into())
             };
             let source = given.as_ref().map_or_else(|| "default".into(), source_of);
             out.push((s.key.to_owned(), shown, source));
         }
+        // What walbox sets in librdkafka itself, beside the operator's own.
+        if let Ok(run) = self.run() {
+            if let Ok(props) = run.sink.walbox_properties() {
+                for (k, v) in props {
+                    out.push((format!("kafka.properties.{k}"), v, "walbox".into()));
+                }
+            }
+        }
         out
+    }
+
+    /// The value a setting left unset takes from others.
+    fn derived_default(&self, key: &str) -> Option<String> {
+        match key {
+            "transactions.id" => Some(self.default_transactional_id()),
+            "transactions.progress_topic" => {
+                Some(super::run_settings::DEFAULT_PROGRESS_TOPIC.to_owned())
+            }
+            "cloudevents_source" => Some(self.default_cloudevents_source()),
+            _ => None,
+        }
     }
 }

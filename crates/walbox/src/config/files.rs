@@ -73,7 +73,8 @@ pub(super) fn check_kafka<'a>(
 
 /// The files `pg_url` (or libpq's variables) names.
 pub(super) fn check_pg(pg: &slot_manager::PgConfig) -> Result<(), ConfigError> {
-    if let Some(root) = pg.ssl_root_cert() {
+    // `system`: the operating system's trust store, no file of ours.
+    if let Some(root) = pg.ssl_root_cert().filter(|r| *r != Path::new("system")) {
         readable("pg_url sslrootcert", root)?;
     }
     if let Some((cert, key)) = pg.ssl_client_cert() {

@@ -63,7 +63,7 @@ impl Config {
                 )))
             }
             Some(s) => s.clone(),
-            None => format!("/walbox/{}", r.slot),
+            None => self.default_cloudevents_source(),
         };
         mapping.format = match r.format {
             RawFormat::AsStored => EventFormat::AsStored,
@@ -72,5 +72,12 @@ impl Config {
             RawFormat::Debezium => EventFormat::Debezium,
         };
         Ok(mapping)
+    }
+}
+
+impl Config {
+    /// `cloudevents_source` when none is set: `/walbox/<slot>`.
+    pub(super) fn default_cloudevents_source(&self) -> String {
+        format!("/walbox/{}", self.raw.slot)
     }
 }

@@ -54,6 +54,9 @@ pub struct RunPlan {
     pub settings: RunSettings,
 }
 
+/// `transactions.progress_topic` when none is set.
+pub(super) const DEFAULT_PROGRESS_TOPIC: &str = "walbox.progress";
+
 impl Config {
     /// What `walbox run` needs: the connection (naming its shard when the
     /// outbox is sharded), the mapping and the run settings, with the checks
@@ -202,6 +205,22 @@ impl Config {
         })
     }
 
+    /// This process's slot and the suffix of its shard. Each shard is its
+    /// own producer: its own transactional id (also the key of its progress
+    /// records), or they would fence each other.
+    fn shard_slot(&self) -> (String, String) {
+        let r = &self.raw;
+        match r.shard {
+            Some(i) if r.shards > 1 => (shard_name(&r.slot, i as u32), format!("-{i}")),
+            _ => (r.slot.clone(), String::new()),
+        }
+    }
+
+    /// `transactions.id` when none is set: `walbox-<slot>`.
+    pub(super) fn default_transactional_id(&self) -> String {
+        format!("walbox-{}", self.shard_slot().0)
+    }
+
     /// Exactly-once mode's settings, when `delivery = "exactly-once"`.
     fn exactly_once(&self) -> Result<Option<ExactlyOnce>, ConfigError> {
         let r = &self.raw;
@@ -227,20 +246,15 @@ impl Config {
             Some(v) => Ok(v.clone()),
             None => Ok(default),
         };
-        // Each shard is its own producer: its own transactional id (also the
-        // key of its progress records), or they would fence each other.
-        let (slot, suffix) = match r.shard {
-            Some(i) if r.shards > 1 => (shard_name(&r.slot, i as u32), format!("-{i}")),
-            _ => (r.slot.clone(), String::new()),
-        };
+        let (slot, suffix) = self.shard_slot();
         let transactional_id = match &t.id {
             Some(id) if !id.is_empty() => format!("{id}{suffix}"),
-            _ => text("id", &t.id, format!("walbox-{slot}"))?,
+            _ => text("id", &t.id, self.default_transactional_id())?,
         };
         let progress_topic = text(
             "progress_topic",
             &t.progress_topic,
-            "walbox.progress".into(),
+            DEFAULT_PROGRESS_TOPIC.into(),
         )?;
         let d = Bounds::default();
         let count =

@@ -940,3 +940,56 @@ fn insecure_settings_are_warned_about() {
     assert_eq!(unverified.len(), 1);
     assert!(unverified[0].contains("does not verify the brokers"));
 }
+
+/// `walbox config` shows what applies: the whole connection (but the
+/// password), the defaults derived from other settings, and the librdkafka
+/// properties walbox sets itself.
+#[test]
+fn config_shows_what_it_derives_and_what_walbox_sets() {
+    let c = load(
+        None,
+        &[
+            (
+                "WALBOX_PG_URL",
+                "postgres://u:pw@h/db?sslmode=verify-full&sslrootcert=system&target_session_attrs=read-write&application_name=pod-a",
+            ),
+            ("WALBOX_SLOT", "orders"),
+            ("WALBOX_KAFKA_BROKERS", "b:9092"),
+            ("WALBOX_KAFKA_PROPERTY_LINGER_MS", "20"),
+        ],
+        &[],
+    )
+    .unwrap();
+    let rows = c.effective();
+    let get = |k: &str| {
+        rows.iter()
+            .find(|(key, _, _)| key == k)
+            .map(|(_, v, s)| (v.as_str(), s.as_str()))
+            .unwrap_or_else(|| panic!("no {k} in {rows:?}"))
+    };
+    let (pg, _) = get("pg_url");
+    assert!(
+        pg.ends_with("sslmode=verify-full sslrootcert=system target_session_attrs=read-write application_name=pod-a channel_binding=prefer")
+            && !pg.contains("pw"),
+        "{pg}"
+    );
+    assert_eq!(get("transactions.id"), ("walbox-orders", "default"));
+    assert_eq!(
+        get("transactions.progress_topic"),
+        ("walbox.progress", "default")
+    );
+    assert_eq!(get("cloudevents_source"), ("/walbox/orders", "default"));
+    assert_eq!(get("kafka.properties.acks"), ("all", "walbox"));
+    assert_eq!(
+        get("kafka.properties.partitioner"),
+        ("murmur2_random", "walbox")
+    );
+    assert_eq!(get("kafka.properties.message.timeout.ms"), ("0", "walbox"));
+    assert_eq!(get("kafka.properties.linger.ms"), ("20", "environment"));
+    assert_eq!(
+        rows.iter()
+            .filter(|(k, _, _)| k == "kafka.properties.linger.ms")
+            .count(),
+        1
+    );
+}
