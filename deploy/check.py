@@ -235,8 +235,31 @@ def check_dashboard(where, text):
                 fail(where, f"panel {p['title']!r}: {t['expr']} ignores the namespace")
 
 
+def check_dockerfile(path):
+    """The image the chart runs: pinned builder, dependencies in a layer of
+    their own, distroless runtime as the UID the chart's runAsUser names.
+    (No Docker engine here: the rules are checked, the build is not.)"""
+    lines = [l.strip() for l in open(path) if l.strip() and not l.lstrip().startswith("#")]
+    froms = [l.split()[1] for l in lines if l.upper().startswith("FROM ")]
+    builder, runtime = froms[0], froms[-1]
+    if not re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+-\w+(@sha256:[0-9a-f]{64})?", builder):
+        fail(path, f"the builder image {builder} is not pinned to a full version")
+    if not runtime.startswith("gcr.io/distroless/") or not runtime.endswith(":nonroot"):
+        fail(path, f"the runtime image {runtime} is not distroless nonroot")
+    cook = next((i for i, l in enumerate(lines) if "cargo chef cook" in l), None)
+    copy_all = [i for i, l in enumerate(lines) if l.startswith("COPY . .")]
+    if cook is None or not any(i > cook for i in copy_all):
+        fail(path, "dependencies are not built in their own layer before the sources are copied")
+    users = [l.split()[1] for l in lines if l.upper().startswith("USER ")]
+    if users[-1:] != ["65532:65532"]:
+        fail(path, f"the image must run as 65532:65532 (the chart's runAsUser), runs as {users}")
+    if not any(l.startswith("ENTRYPOINT") and "/usr/local/bin/walbox" in l for l in lines):
+        fail(path, "the entrypoint must be walbox by its path (no shell in the image)")
+
+
 def main():
     walbox, promtool, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+    check_dockerfile("Dockerfile")
     for name in files:
         with open(name) as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
