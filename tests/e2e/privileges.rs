@@ -163,3 +163,65 @@ async fn after_a_dbas_backfill_run_still_needs_replication_only() {
     );
     stop(&mut run).await;
 }
+
+/// The outbox table's owner without `CREATE` on the database cannot create
+/// the publication, and init-slot says what to grant. What a failed
+/// init-slot made stays and a rerun finishes the rest: the publication
+/// made, then the slot refused for want of REPLICATION, then made once
+/// granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_slot_says_what_the_owner_lacks_and_a_rerun_finishes() {
+    let db = fresh_db().await;
+    let dba = db.connect().await;
+    walbox_test_harness::migrations::apply_migrations(&dba).await;
+    let owner = format!("owner_{}", db.name());
+    let database: String = dba
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    dba.batch_execute(&format!(
+        "CREATE ROLE {owner} LOGIN; ALTER TABLE outbox_events OWNER TO {owner}"
+    ))
+    .await
+    .unwrap();
+    let init_slot = || walbox_as(&db, &owner, &["init-slot"]).output().unwrap();
+
+    let out = init_slot();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("creating publication \"walbox_outbox\" was refused")
+            && last.contains(&format!(
+                "GRANT CREATE ON DATABASE \"{database}\" TO \"{owner}\""
+            )),
+        "{last}"
+    );
+
+    dba.batch_execute(&format!(
+        "GRANT CREATE ON DATABASE \"{database}\" TO {owner}"
+    ))
+    .await
+    .unwrap();
+    let out = init_slot();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("publication \"walbox_outbox\": created"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("may not use replication"), "{stderr}");
+
+    dba.batch_execute(&format!("ALTER ROLE {owner} REPLICATION"))
+        .await
+        .unwrap();
+    let out = init_slot();
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("publication \"walbox_outbox\": already present")
+            && stdout.contains("slot \"walbox\": created"),
+        "{stdout}"
+    );
+}

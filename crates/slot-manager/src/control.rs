@@ -242,15 +242,35 @@ pub async fn ensure_publication(
         }
         return Ok(Ensured::AlreadyPresent);
     }
-    client
-        .batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE {}{filter} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(publication),
-            table.quoted()
-        ))
-        .await
-        .map_err(Error::sql(format!("create publication {publication:?}")))?;
-    Ok(Ensured::Created)
+    let create = format!(
+        "CREATE PUBLICATION {} FOR TABLE {}{filter} WITH (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(publication),
+        table.quoted()
+    );
+    match client.batch_execute(&create).await {
+        Ok(()) => Ok(Ensured::Created),
+        // Creating a publication takes CREATE on the database and owning
+        // the table: say which grant, and the other way (a DBA makes it).
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            let who: (String, String) = client
+                .query_one("SELECT current_user::text, current_database()::text", &[])
+                .await
+                .map(|r| (r.get(0), r.get(1)))
+                .map_err(Error::sql("look up the role"))?;
+            let server = e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+            Err(Error::Precondition(format!(
+                "creating publication {publication:?} was refused: the server says \"{server}\". \
+                 It takes CREATE on the database and ownership of {table}: GRANT CREATE ON DATABASE {} TO {}, \
+                 or have the table's owner or a DBA run {create}; walbox init-slot then finds it and creates the slot \
+                 (docs/operations.md, \"Least privilege\")",
+                quote_ident(&who.1),
+                quote_ident(&who.0),
+            )))
+        }
+        Err(e) => Err(Error::sql(format!("create publication {publication:?}"))(e)),
+    }
 }
 
 async fn publication_exists(client: &Client, publication: &str) -> Result<bool, Error> {

@@ -32,9 +32,10 @@ enum Command {
     /// recorded in `public.walbox_migrations` and skipped.
     Migrate(commands::migrate::MigrateArgs),
     /// Creates the publication (inserts of the outbox table) and the pgoutput
-    /// replication slot, after checking wal_level, the role's REPLICATION
-    /// privilege and the table's columns. Idempotent: says what it created
-    /// and what already existed. With --backfill, first publishes the rows
+    /// replication slot, after checking wal_level and the table's columns
+    /// (the right to replicate is the server's to check: a refusal names
+    /// the grant). Idempotent: says what it created and what already
+    /// existed, so a rerun finishes what a failed one left. With --backfill, first publishes the rows
     /// that match in the new slot's snapshot (switching over from a polling
     /// relay).
     InitSlot(commands::init_slot::InitSlotArgs),
