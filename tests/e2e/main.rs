@@ -6,6 +6,7 @@ mod apache_kafka;
 mod backfill;
 mod bad_inputs;
 mod config;
+mod debezium;
 mod exactly_once;
 mod failover;
 mod formats;

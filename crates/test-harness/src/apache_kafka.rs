@@ -90,9 +90,9 @@ enum Role {
 }
 
 /// A `java` process and the thread that waits for it.
-struct Process {
-    pid: u32,
-    exited: mpsc::Receiver<()>,
+pub(crate) struct Process {
+    pub(crate) pid: u32,
+    pub(crate) exited: mpsc::Receiver<()>,
 }
 
 impl KafkaCluster {
@@ -697,7 +697,7 @@ impl Drop for KafkaCluster {
 }
 
 /// `$JAVA_HOME/bin/java`, else `java` on PATH.
-fn java_bin() -> PathBuf {
+pub(crate) fn java_bin() -> PathBuf {
     match std::env::var_os("JAVA_HOME") {
         Some(home) if Path::new(&home).join("bin/java").exists() => {
             Path::new(&home).join("bin/java")
@@ -706,7 +706,7 @@ fn java_bin() -> PathBuf {
     }
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) with a pid this harness spawned and has not reaped.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
@@ -715,7 +715,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// Spawns `cmd` from a thread that lives until the process exits, with a
 /// parent-death signal (SIGKILL) tied to that thread.
-fn supervise(mut cmd: Command) -> Process {
+pub(crate) fn supervise(mut cmd: Command) -> Process {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and only

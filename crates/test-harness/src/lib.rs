@@ -26,6 +26,7 @@
 #![allow(unsafe_code)]
 
 pub mod apache_kafka;
+pub mod debezium;
 pub mod kafka;
 pub mod migrations;
 pub mod pg;

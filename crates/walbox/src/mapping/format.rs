@@ -6,7 +6,7 @@
 //! | as stored (default) | aggregate id | the payload | — |
 //! | CloudEvents binary | aggregate id | the payload (the event's `data`) | `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`, `content-type` |
 //! | CloudEvents structured | aggregate id | a JSON CloudEvent, the payload as `data` | `content-type: application/cloudevents+json` |
-//! | Debezium | aggregate id as a JSON string (`"42"`) | the payload | — |
+//! | Debezium | aggregate id as a JSON string (`"42"`) | the payload, compact JSON (none: `null`) | — |
 //!
 //! walbox's own headers (`id`, `event_type`, the headers column's) stay in
 //! every format, so consumers that deduplicate on `id` keep working.
@@ -44,6 +44,30 @@ pub enum EventFormat {
     Debezium,
 }
 
+/// `json` without the whitespace between its tokens (Postgres writes
+/// `jsonb` as `{"a": 1, "b": [1, 2]}`, JsonConverter as `{"a":1,"b":[1,2]}`);
+/// strings are kept byte for byte. The payload is JSON already (checked
+/// when mapped): this only drops bytes, in one pass.
+fn compact_json(json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json {
+        if in_string {
+            out.push(b);
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+            in_string = b == b'"';
+            out.push(b);
+        }
+    }
+    Bytes::from(out)
+}
+
 /// What a format reads of the event besides the record.
 pub(crate) struct Attributes<'a> {
     pub(crate) aggregate_type: &'a str,
@@ -65,6 +89,13 @@ impl EventFormat {
             EventFormat::Debezium => {
                 let quoted = serde_json::Value::String(event.aggregate_id.clone()).to_string();
                 event.key = Bytes::from(quoted);
+                // As Kafka Connect's JsonConverter writes it: compact, and a
+                // missing payload as JSON `null` (not a record without a
+                // value, which a compacted topic takes for a tombstone).
+                event.value = Some(match event.value.take() {
+                    Some(json) => compact_json(&json),
+                    None => Bytes::from_static(b"null"),
+                });
             }
             EventFormat::CloudEventsBinary { source } => {
                 let mut added = vec![
@@ -229,5 +260,22 @@ mod tests {
         EventFormat::Debezium.apply(&mut e, &ATTRS);
         assert_eq!(&e.key[..], br#""a\"b""#);
         assert_eq!(e.value.as_deref(), Some(&br#"{"total":12.5}"#[..]));
+    }
+
+    #[test]
+    fn debezium_values_are_compact_json_and_null() {
+        let mut e = event();
+        e.value = Some(Bytes::from_static(
+            br#"{"a": [1, 2], "s": "x y\" z", "n": {"t": true}}"#,
+        ));
+        EventFormat::Debezium.apply(&mut e, &ATTRS);
+        assert_eq!(
+            e.value.as_deref(),
+            Some(&br#"{"a":[1,2],"s":"x y\" z","n":{"t":true}}"#[..])
+        );
+        let mut e = event();
+        e.value = None;
+        EventFormat::Debezium.apply(&mut e, &ATTRS);
+        assert_eq!(e.value.as_deref(), Some(&b"null"[..]));
     }
 }
