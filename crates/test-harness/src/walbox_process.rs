@@ -121,3 +121,14 @@ impl WalboxProcess {
         }
     }
 }
+
+/// A walbox still running when its handle goes (a test that failed before
+/// stopping it) is killed, not left behind: `walbox run` waits for an
+/// unreachable broker or Postgres for as long as it takes.
+impl Drop for WalboxProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill9();
+        }
+    }
+}
