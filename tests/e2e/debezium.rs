@@ -10,7 +10,7 @@ use std::time::Duration;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::debezium::{self, Connector, Debezium};
-use walbox_test_harness::kafka::{consume_n, TestKafka};
+use walbox_test_harness::kafka::{consume_n, consume_until_quiet, TestKafka};
 use walbox_test_harness::pg::{fresh_db, TestDb};
 use walbox_test_harness::wait::wait_for;
 
@@ -397,5 +397,155 @@ async fn walbox_writes_what_debeziums_event_router_writes() {
         "dbz_schemas, unwrapped, against walbox debezium: {} of {n} records differ:\n{}",
         found.len(),
         found[..found.len().min(3)].join("\n")
+    );
+}
+
+/// The switch-over of docs/migrating-from-debezium.md ("Reuse Debezium's
+/// slot"), rehearsed to the letter while a writer keeps inserting: Debezium
+/// streams the outbox to a topic; its worker is stopped; `walbox init-slot`
+/// finds Debezium's slot and publication; `walbox run` writes to the same
+/// topic. Every event arrives; duplicates are only what Debezium published
+/// after it last confirmed the slot; each aggregate stays on its partition
+/// and its events in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_over_the_guide_describes_loses_nothing() {
+    if debezium::libs_from_env().is_none() {
+        eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
+        return;
+    }
+    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client.batch_execute(OUTBOX).await.unwrap();
+    let topic = kafka.create_topic(3).await;
+    let mut dbz =
+        tokio::task::block_in_place(|| Debezium::start(connector(&db, &kafka, "debezium", &topic)));
+    wait_streaming(&client, &dbz, "debezium").await;
+
+    // The application writes all along: one event per transaction, seven
+    // aggregates, each event's number in its payload.
+    let stop_writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop_writing = stop_writing.clone();
+        let app = db.connect().await;
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop_writing.load(std::sync::atomic::Ordering::Relaxed) {
+                app.execute(
+                    "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload)
+                     VALUES (gen_random_uuid(), 'order', $1, 'OrderCreated', $2::text::jsonb)",
+                    &[&format!("o-{}", n % 7), &format!(r#"{{"n": {n}}}"#)],
+                )
+                .await
+                .unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    // 1. Stop the connector (its worker: SIGTERM), until the slot is free.
+    tokio::task::block_in_place(|| dbz.stop());
+    wait_for(
+        "Debezium's slot to be free",
+        Duration::from_secs(60),
+        || {
+            let client = &client;
+            async move {
+                let row = client
+                    .query_one(
+                        "SELECT active FROM pg_replication_slots WHERE slot_name = 'debezium'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                (!row.get::<_, bool>(0))
+                    .then_some(())
+                    .ok_or("active".to_owned())
+            }
+        },
+    )
+    .await;
+    let published_by_debezium = consume_until_quiet(
+        &kafka,
+        &topic,
+        Duration::from_secs(3),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+    .len();
+    // 2. init-slot finds Debezium's slot and publication.
+    let settings = [
+        "--slot",
+        "debezium",
+        "--publication",
+        "dbz_publication",
+        "--table",
+        "public.outbox",
+        "--mapping-preset",
+        "debezium",
+    ];
+    let mut args = vec!["init-slot"];
+    args.extend(settings);
+    let said = crate::support::succeeded(&crate::support::walbox(&db, &args).output().unwrap());
+    assert!(
+        said.contains("publication \"dbz_publication\": already present")
+            && said.contains("slot \"debezium\": already present"),
+        "{said}"
+    );
+    // 3. walbox runs with the same settings, to the same topic.
+    let mut run = settings.to_vec();
+    run.extend(["--mapping-topic-template", topic.as_str()]);
+    let mut relay = spawn_run(&db, &kafka, &run);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop_writing.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+
+    let records = consume_until_quiet(
+        &kafka,
+        &topic,
+        Duration::from_secs(5),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    stop(&mut relay).await;
+    let mut seen_n = std::collections::BTreeSet::new();
+    let mut partition_of: BTreeMap<Vec<u8>, std::collections::BTreeSet<i32>> = BTreeMap::new();
+    let mut last_of: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+    let mut duplicates = 0;
+    // Consumed partition by partition in offset order: per key, in order.
+    for m in &records {
+        let key = m.key().unwrap().to_vec();
+        let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        let n = v["n"].as_i64().unwrap();
+        partition_of
+            .entry(key.clone())
+            .or_default()
+            .insert(m.partition());
+        if !seen_n.insert(n) {
+            duplicates += 1;
+            continue;
+        }
+        let last = last_of.entry(key).or_insert(-1);
+        assert!(n > *last, "out of order: {n} after {last}");
+        *last = n;
+    }
+    eprintln!(
+        "switch-over: {written} events written, {published_by_debezium} published by Debezium, {} records on the topic, {duplicates} duplicates",
+        records.len()
+    );
+    assert_eq!(seen_n.len(), written, "every event arrives");
+    assert!(
+        partition_of.values().all(|p| p.len() == 1),
+        "each aggregate on one partition: {partition_of:?}"
+    );
+    assert!(
+        duplicates <= published_by_debezium,
+        "duplicates are only events Debezium had published: {duplicates}"
     );
 }
