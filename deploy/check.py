@@ -255,6 +255,12 @@ def check_dockerfile(path):
         fail(path, f"the image must run as 65532:65532 (the chart's runAsUser), runs as {users}")
     if not any(l.startswith("ENTRYPOINT") and "/usr/local/bin/walbox" in l for l in lines):
         fail(path, "the entrypoint must be walbox by its path (no shell in the image)")
+    # What runs the image must not need a shell it does not have.
+    with open("docker-compose.yml") as f:
+        services = yaml.safe_load(f)["services"]
+    for name, service in services.items():
+        if service.get("build") == "." and "sh" in (service.get("entrypoint") or []):
+            fail("docker-compose.yml", f"service {name} runs a shell the image does not have")
 
 
 def main():
