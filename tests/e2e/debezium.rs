@@ -22,7 +22,10 @@ const OUTBOX: &str = "CREATE TABLE public.outbox (
     aggregatetype varchar(255) NOT NULL,
     aggregateid   varchar(255) NOT NULL,
     type          varchar(255) NOT NULL,
-    payload       jsonb
+    payload       jsonb,
+    -- Not EventRouter's: when the row was written, for a backfill's
+    -- condition and order (docs/migrating-from-debezium.md).
+    created_at    timestamptz NOT NULL DEFAULT clock_timestamp()
 )";
 
 /// One record as a consumer sees it: what the comparison covers.
@@ -400,6 +403,15 @@ async fn walbox_writes_what_debeziums_event_router_writes() {
     );
 }
 
+/// Which of docs/migrating-from-debezium.md's two ways to switch over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// "Reuse Debezium's slot".
+    ReuseSlot,
+    /// "A new slot, with a backfill".
+    Backfill,
+}
+
 /// The switch-over of docs/migrating-from-debezium.md ("Reuse Debezium's
 /// slot"), rehearsed to the letter while a writer keeps inserting: Debezium
 /// streams the outbox to a topic; its worker is stopped; `walbox init-slot`
@@ -409,6 +421,21 @@ async fn walbox_writes_what_debeziums_event_router_writes() {
 /// and its events in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_switch_over_the_guide_describes_loses_nothing() {
+    rehearse(Path::ReuseSlot).await;
+}
+
+/// The guide's other way ("A new slot, with a backfill"), to the letter:
+/// Debezium stopped, the time of the last event it published looked up,
+/// `walbox init-slot --backfill` from a minute before it on a slot and
+/// publication of walbox's own, `walbox run`, Debezium's slot dropped. Every
+/// event arrives; duplicates are only rows Debezium had published (the
+/// margin's); order and partitions hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_over_with_a_backfill_loses_nothing() {
+    rehearse(Path::Backfill).await;
+}
+
+async fn rehearse(path: Path) {
     if debezium::libs_from_env().is_none() {
         eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
         return;
@@ -469,38 +496,104 @@ async fn the_switch_over_the_guide_describes_loses_nothing() {
         },
     )
     .await;
-    let published_by_debezium = consume_until_quiet(
+    let debezium_records = consume_until_quiet(
         &kafka,
         &topic,
         Duration::from_secs(3),
         Duration::from_secs(60),
     )
     .await
-    .unwrap()
-    .len();
-    // 2. init-slot finds Debezium's slot and publication.
-    let settings = [
-        "--slot",
-        "debezium",
-        "--publication",
-        "dbz_publication",
-        "--table",
-        "public.outbox",
-        "--mapping-preset",
-        "debezium",
-    ];
-    let mut args = vec!["init-slot"];
-    args.extend(settings);
-    let said = crate::support::succeeded(&crate::support::walbox(&db, &args).output().unwrap());
-    assert!(
-        said.contains("publication \"dbz_publication\": already present")
-            && said.contains("slot \"debezium\": already present"),
-        "{said}"
-    );
-    // 3. walbox runs with the same settings, to the same topic.
-    let mut run = settings.to_vec();
-    run.extend(["--mapping-topic-template", topic.as_str()]);
-    let mut relay = spawn_run(&db, &kafka, &run);
+    .unwrap();
+    let published_by_debezium = debezium_records.len();
+    let brokers = kafka.bootstrap();
+    let mut relay = match path {
+        Path::ReuseSlot => {
+            // 2. init-slot finds Debezium's slot and publication.
+            let settings = [
+                "--slot",
+                "debezium",
+                "--publication",
+                "dbz_publication",
+                "--table",
+                "public.outbox",
+                "--mapping-preset",
+                "debezium",
+            ];
+            let mut args = vec!["init-slot"];
+            args.extend(settings);
+            let said =
+                crate::support::succeeded(&crate::support::walbox(&db, &args).output().unwrap());
+            assert!(
+                said.contains("publication \"dbz_publication\": already present")
+                    && said.contains("slot \"debezium\": already present"),
+                "{said}"
+            );
+            // 3. walbox runs with the same settings, to the same topic.
+            let mut run = settings.to_vec();
+            run.extend(["--mapping-topic-template", topic.as_str()]);
+            spawn_run(&db, &kafka, &run)
+        }
+        Path::Backfill => {
+            // 1. When the last event Debezium published was written.
+            let ids: Vec<String> = by_id(&debezium_records).into_keys().collect();
+            let last: String = client
+                .query_one(
+                    "SELECT max(created_at)::text FROM public.outbox WHERE id::text = ANY($1)",
+                    &[&ids],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            // 2. A slot of walbox's own, made with a backfill of the rows
+            // from a minute before it.
+            let condition = format!("created_at >= '{last}'::timestamptz - interval '1 minute'");
+            let settings = [
+                "--table",
+                "public.outbox",
+                "--mapping-preset",
+                "debezium",
+                "--mapping-topic-template",
+                topic.as_str(),
+            ];
+            let mut args = vec![
+                "init-slot",
+                "--backfill",
+                condition.as_str(),
+                "--backfill-order",
+                "created_at, id",
+                "--kafka-brokers",
+                brokers.as_str(),
+            ];
+            args.extend(settings);
+            let said =
+                crate::support::succeeded(&crate::support::walbox(&db, &args).output().unwrap());
+            assert!(said.contains("slot \"walbox\""), "{said}");
+            // 3. walbox runs.
+            let relay = spawn_run(&db, &kafka, &settings);
+            // 4. Debezium's slot dropped: it held what the backfill sent.
+            let drop = |force: bool| {
+                let mut args = vec![
+                    "drop-slot",
+                    "--slot",
+                    "debezium",
+                    "--publication",
+                    "dbz_publication",
+                ];
+                if force {
+                    args.push("--force");
+                }
+                crate::support::walbox(&db, &args).output().unwrap()
+            };
+            let out = drop(false);
+            let refused = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(
+                !out.status.success() && refused.contains("not yet delivered"),
+                "{refused}"
+            );
+            crate::support::succeeded(&drop(true));
+            relay
+        }
+    };
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop_writing.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.await.unwrap();
@@ -536,7 +629,7 @@ async fn the_switch_over_the_guide_describes_loses_nothing() {
         *last = n;
     }
     eprintln!(
-        "switch-over: {written} events written, {published_by_debezium} published by Debezium, {} records on the topic, {duplicates} duplicates",
+        "switch-over ({path:?}): {written} events written, {published_by_debezium} published by Debezium, {} records on the topic, {duplicates} duplicates",
         records.len()
     );
     assert_eq!(seen_n.len(), written, "every event arrives");
