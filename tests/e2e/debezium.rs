@@ -148,6 +148,21 @@ async fn insert_rows(client: &tokio_postgres::Client, n: usize) {
     }
 }
 
+/// One Apache Kafka broker and a database with EventRouter's outbox
+/// table; `None` (said once) without Debezium's jars.
+async fn world() -> Option<(KafkaCluster, TestKafka, TestDb, tokio_postgres::Client)> {
+    if debezium::libs_from_env().is_none() {
+        eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
+        return None;
+    }
+    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client.batch_execute(OUTBOX).await.unwrap();
+    Some((cluster, kafka, db, client))
+}
+
 /// Debezium's converters for keys and values.
 fn converters(json: bool, schemas: bool) -> Vec<(String, String)> {
     let class = if json {
@@ -269,15 +284,9 @@ fn differences(theirs: &BTreeMap<String, Seen>, ours: &BTreeMap<String, Seen>) -
 ///   documented difference (the schema envelope), checked to be only that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn walbox_writes_what_debeziums_event_router_writes() {
-    if debezium::libs_from_env().is_none() {
-        eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
+    let Some((_cluster, kafka, db, client)) = world().await else {
         return;
-    }
-    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
-    let kafka = cluster.kafka();
-    let db = fresh_db().await;
-    let client = db.connect().await;
-    client.batch_execute(OUTBOX).await.unwrap();
+    };
 
     // Three Debezium connectors, each on its own slot of one publication.
     let mut peers = Vec::new();
@@ -436,15 +445,9 @@ async fn the_switch_over_with_a_backfill_loses_nothing() {
 }
 
 async fn rehearse(path: Path) {
-    if debezium::libs_from_env().is_none() {
-        eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
+    let Some((_cluster, kafka, db, client)) = world().await else {
         return;
-    }
-    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
-    let kafka = cluster.kafka();
-    let db = fresh_db().await;
-    let client = db.connect().await;
-    client.batch_execute(OUTBOX).await.unwrap();
+    };
     let topic = kafka.create_topic(3).await;
     let mut dbz =
         tokio::task::block_in_place(|| Debezium::start(connector(&db, &kafka, "debezium", &topic)));

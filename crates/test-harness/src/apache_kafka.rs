@@ -623,19 +623,12 @@ impl KafkaCluster {
             .expect("write properties");
         std::fs::write(
             dir.join("log4j2.properties"),
-            format!(
-                "rootLogger.level=INFO\n\
-                 rootLogger.appenderRef.f.ref=F\n\
-                 appender.f.type=File\n\
-                 appender.f.name=F\n\
-                 appender.f.fileName={}\n\
-                 appender.f.layout.type=PatternLayout\n\
-                 appender.f.layout.pattern=[%d] %p %m (%c)%n\n\
-                 logger.kafka.name=kafka\n\
+            log4j2_to_file(
+                &dir.join("server.log"),
+                "logger.kafka.name=kafka\n\
                  logger.kafka.level=INFO\n\
                  logger.state.name=state.change.logger\n\
                  logger.state.level=WARN\n",
-                dir.join("server.log").display()
             ),
         )
         .expect("write log4j2.properties");
@@ -694,6 +687,21 @@ impl Drop for KafkaCluster {
             self.kill9(i);
         }
     }
+}
+
+/// A log4j2 configuration writing INFO and above to `log`, then `extra`
+/// (more `logger.*` lines): for the Java processes the harness starts.
+pub(crate) fn log4j2_to_file(log: &Path, extra: &str) -> String {
+    format!(
+        "rootLogger.level=INFO\n\
+         rootLogger.appenderRef.f.ref=F\n\
+         appender.f.type=File\n\
+         appender.f.name=F\n\
+         appender.f.fileName={}\n\
+         appender.f.layout.type=PatternLayout\n\
+         appender.f.layout.pattern=[%d] %p %m (%c)%n\n{extra}",
+        log.display()
+    )
 }
 
 /// `$JAVA_HOME/bin/java`, else `java` on PATH.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::apache_kafka::{java_bin, signal, supervise, Process};
+use crate::apache_kafka::{java_bin, log4j2_to_file, signal, supervise, Process};
 
 /// The directory of the Connect and Debezium jars named by
 /// `WALBOX_DEBEZIUM_LIBS`, if set.
@@ -225,16 +225,7 @@ impl Debezium {
         .expect("write connector.properties");
         std::fs::write(
             dir.join("log4j2.properties"),
-            format!(
-                "rootLogger.level=INFO\n\
-                 rootLogger.appenderRef.f.ref=F\n\
-                 appender.f.type=File\n\
-                 appender.f.name=F\n\
-                 appender.f.fileName={}\n\
-                 appender.f.layout.type=PatternLayout\n\
-                 appender.f.layout.pattern=[%d] %p %m (%c)%n\n",
-                self.log_path().display()
-            ),
+            log4j2_to_file(&self.log_path(), ""),
         )
         .expect("write log4j2.properties");
         let log = std::fs::OpenOptions::new()

@@ -16,7 +16,8 @@ impl Config {
     /// The warnings, each one line saying what to change.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if let Ok(c) = self.connection() {
+        let connection = self.connection().ok();
+        if let Some(c) = &connection {
             let tcp =
                 c.pg.hosts()
                     .iter()
@@ -49,7 +50,9 @@ impl Config {
                 continue;
             }
             let secret = if key == "pg_url" {
-                self.connection().is_ok_and(|c| c.pg.password().is_some())
+                connection
+                    .as_ref()
+                    .is_some_and(|c| c.pg.password().is_some())
             } else {
                 key.strip_prefix("kafka.properties.")
                     .is_some_and(sink_kafka::is_secret_property)
