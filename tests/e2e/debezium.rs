@@ -95,6 +95,7 @@ fn connector(db: &TestDb, kafka: &TestKafka, slot: &str, topic: &str) -> Connect
                 topic.into(),
             ),
         ],
+        jvm: vec![],
     }
 }
 

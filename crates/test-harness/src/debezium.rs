@@ -57,6 +57,9 @@ pub struct Connector {
     pub worker: Vec<(String, String)>,
     /// Connector properties over the defaults (the EventRouter's).
     pub connector: Vec<(String, String)>,
+    /// The JVM's options (heap, collector); empty: a 512 MiB heap
+    /// (`WALBOX_DEBEZIUM_HEAP` overrides its size), enough for the tests.
+    pub jvm: Vec<String>,
 }
 
 impl Connector {
@@ -233,10 +236,14 @@ impl Debezium {
             .append(true)
             .open(dir.join("stdout.log"))
             .expect("open the stdout log");
-        let heap = std::env::var("WALBOX_DEBEZIUM_HEAP").unwrap_or_else(|_| "512m".into());
+        let jvm = if self.connector.jvm.is_empty() {
+            let heap = std::env::var("WALBOX_DEBEZIUM_HEAP").unwrap_or_else(|_| "512m".into());
+            vec![format!("-Xmx{heap}"), "-Xms128m".to_owned()]
+        } else {
+            self.connector.jvm.clone()
+        };
         let mut cmd = Command::new(java_bin());
-        cmd.arg(format!("-Xmx{heap}"))
-            .arg("-Xms128m")
+        cmd.args(jvm)
             .arg("-Djava.awt.headless=true")
             .arg(format!(
                 "-Dlog4j2.configurationFile={}",

@@ -1,0 +1,462 @@
+//! walbox and Debezium side by side (docs/benchmarks.md, "walbox and
+//! Debezium"): the same outbox rows, the same Postgres, the same Apache
+//! Kafka broker, one relay at a time.
+//!
+//! * `backlog`: a backlog drained by pg_recvlogical (the slot's own limit),
+//!   walbox and Debezium, each from its own slot made before the backlog
+//!   was written: time until every event is on the topic (counted by the
+//!   topic's end offsets, then read back: every event id once), CPU
+//!   seconds, peak RSS, the walsender's CPU.
+//! * `curve`: commit → on the topic at 1,000, 5,000 and 20,000 events/s
+//!   and as fast as pgbench writes, exact percentiles over every event:
+//!   the commit's timestamp (`track_commit_timestamp`) against the
+//!   broker's append time (`LogAppendTime`, ms).
+//! * `kill`: duplicates after one `kill -9` mid-backlog and a restart.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::procstat;
+use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
+use crate::results::{quantile, Results};
+use crate::world::World;
+
+/// The relays of the throughput and latency phases.
+pub(crate) const RELAYS: [Kind; 2] = [
+    Kind::Walbox,
+    Kind::Debezium {
+        flush_ms: DEBEZIUM_FLUSH_MS,
+    },
+];
+
+/// The relays of the kill phase: Debezium also as most deploy it.
+pub(crate) const KILLED: [Kind; 3] = [
+    Kind::Walbox,
+    Kind::Debezium {
+        flush_ms: DEBEZIUM_FLUSH_MS,
+    },
+    Kind::Debezium {
+        flush_ms: CONNECT_DEFAULT_FLUSH_MS,
+    },
+];
+
+/// The curve's points: events/s, `None` as fast as pgbench writes.
+pub(crate) const RATES: [Option<u32>; 4] = [Some(1000), Some(5000), Some(20000), None];
+
+const TIMEOUT: Duration = Duration::from_secs(20 * 60);
+const TICK: Duration = Duration::from_millis(20);
+
+#[derive(Clone, Copy)]
+pub(crate) struct Backlog {
+    pub(crate) phase: &'static str,
+    pub(crate) events: i64,
+    pub(crate) large: bool,
+}
+
+/// Writes `events` outbox rows of aggregate type `order` over 1,000
+/// aggregates in transactions of 100: ~200-byte rows, or ~2 KB ones (hex
+/// text, which neither compresses nor moves out of line). Returns the WAL
+/// position after the last commit.
+async fn preload(world: &World, events: i64, large: bool) -> String {
+    let pad = if large {
+        "(SELECT string_agg(md5(g::text || ':' || i), '') FROM generate_series(1, 55) i)"
+    } else {
+        "repeat('x', 60)"
+    };
+    // One statement: a DO block may COMMIT only outside a transaction block.
+    world
+        .execute(&format!(
+            "DO $$
+             BEGIN
+               FOR t IN 0..({events} / 100 - 1) LOOP
+                 INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'order', 'order-' || (g % 1000), 'OrderCreated',
+                        jsonb_build_object('order_id', 'order-' || (g % 1000), 'total', g, 'pad', {pad})
+                   FROM generate_series(t * 100, t * 100 + 99) g;
+                 COMMIT;
+               END LOOP;
+             END $$"
+        ))
+        .await;
+    let end = world.wal_lsn().await;
+    // Neither relay should meet autovacuum or a checkpoint of the preload.
+    world.execute("VACUUM ANALYZE outbox_events").await;
+    world.execute("CHECKPOINT").await;
+    end
+}
+
+pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
+    let world = World::start(walbox).await;
+    for kind in RELAYS {
+        kind.init(&world).await;
+        world.create_topic(&kind.topic()).await;
+    }
+    world.create_slot("bench_recvlogical").await;
+    eprintln!("bench: {}: writing {} events", b.phase, b.events);
+    let end = preload(&world, b.events, b.large).await;
+    let row: i32 = world
+        .one("SELECT avg(pg_column_size(t.*))::int FROM outbox_events t")
+        .await;
+    results.record(b.phase, "events", b.events as f64);
+    results.record(b.phase, "row_bytes", f64::from(row));
+
+    let (secs, walsender) = recvlogical(&world, &end).await;
+    results.record(b.phase, "recvlogical_s", secs);
+    results.record(b.phase, "recvlogical_eps", b.events as f64 / secs);
+    results.record(
+        b.phase,
+        "recvlogical_walsender_us",
+        walsender / b.events as f64 * 1e6,
+    );
+
+    for kind in RELAYS {
+        eprintln!("bench: {}: {} drains it", b.phase, kind.label());
+        let d = drain(&world, kind, b.events, &end).await;
+        let p = |m: &str| format!("{}_{m}", kind.slot());
+        let n = b.events as f64;
+        results.record(b.phase, &p("s"), d.secs);
+        results.record(b.phase, &p("first_s"), d.first_secs);
+        results.record(b.phase, &p("eps"), n / d.secs);
+        results.record(b.phase, &p("stream_eps"), n / (d.secs - d.first_secs));
+        results.record(b.phase, &p("cpu_s"), d.end.cpu_s);
+        results.record(b.phase, &p("cpu_us"), d.end.cpu_s / n * 1e6);
+        results.record(
+            b.phase,
+            &p("stream_cpu_us"),
+            (d.end.cpu_s - d.first_cpu_s) / n * 1e6,
+        );
+        results.record(b.phase, &p("events_per_cpu_s"), n / d.end.cpu_s);
+        results.record(b.phase, &p("rss_mib"), d.end.peak_rss_mib);
+        results.record(b.phase, &p("walsender_us"), d.walsender_cpu_s / n * 1e6);
+        results.record(b.phase, &p("duplicates"), d.duplicates as f64);
+        if let Some(c) = d.confirmed_secs {
+            results.record(b.phase, &p("confirmed_s"), c);
+        }
+    }
+}
+
+/// pg_recvlogical drains the slot `bench_recvlogical` to `/dev/null` up to
+/// `end`: seconds, and its walsender's CPU seconds (sampled every 20 ms).
+async fn recvlogical(world: &World, end: &str) -> (f64, f64) {
+    let t0 = Instant::now();
+    let mut child = world
+        .pg_tool("pg_recvlogical")
+        .args([
+            "-d",
+            &world.url,
+            "--slot",
+            "bench_recvlogical",
+            "--start",
+            "--endpos",
+            end,
+        ])
+        .args([
+            "-o",
+            "proto_version=1",
+            "-o",
+            "publication_names=walbox_outbox",
+            "-f",
+            "/dev/null",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pg_recvlogical");
+    let (mut walsender, mut cpu) = (None, 0.0);
+    loop {
+        if let Some(status) = child.try_wait().expect("pg_recvlogical") {
+            assert!(status.success(), "pg_recvlogical: {status}");
+            break;
+        }
+        if walsender.is_none() {
+            walsender = world.walsender("bench_recvlogical").await;
+        }
+        if let Some(u) = walsender.and_then(procstat::usage) {
+            cpu = u.cpu_s;
+        }
+        assert!(
+            t0.elapsed() < TIMEOUT,
+            "pg_recvlogical took over {TIMEOUT:?}"
+        );
+        tokio::time::sleep(TICK).await;
+    }
+    (t0.elapsed().as_secs_f64(), cpu)
+}
+
+struct Drain {
+    /// From the relay's start until every event was on its topic.
+    secs: f64,
+    /// Until its first record was.
+    first_secs: f64,
+    first_cpu_s: f64,
+    end: procstat::Usage,
+    walsender_cpu_s: f64,
+    /// walbox: until its slot confirmed the backlog's end.
+    confirmed_secs: Option<f64>,
+    duplicates: usize,
+}
+
+async fn drain(world: &World, kind: Kind, events: i64, end_lsn: &str) -> Drain {
+    let topic = kind.topic();
+    let slot = kind.slot();
+    let from = world.ends(&topic);
+    let t0 = Instant::now();
+    let mut relay = Relay::start(kind, world);
+    let pid = relay.pid();
+    let (mut first, mut walsender, mut walsender_cpu_s) = (None, None, 0.0);
+    loop {
+        let n = world.count_since(&topic, &from);
+        if first.is_none() && n > 0 {
+            let cpu = procstat::usage(pid).map_or(0.0, |u| u.cpu_s);
+            first = Some((t0.elapsed().as_secs_f64(), cpu));
+        }
+        if walsender.is_none() {
+            walsender = world.walsender(&slot).await;
+        }
+        if let Some(u) = walsender.and_then(procstat::usage) {
+            walsender_cpu_s = u.cpu_s;
+        }
+        if n >= events {
+            break;
+        }
+        watch(&mut relay, t0, &kind.label());
+        tokio::time::sleep(TICK).await;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let end = procstat::usage(pid).expect("the relay runs");
+    let mut confirmed_secs = None;
+    if kind == Kind::Walbox {
+        while !world.confirmed(&slot, end_lsn).await {
+            watch(&mut relay, t0, &kind.label());
+            tokio::time::sleep(TICK).await;
+        }
+        confirmed_secs = Some(t0.elapsed().as_secs_f64());
+    }
+    relay.stop();
+    let records = world.read_back(&topic, &from);
+    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(
+        ids.len() as i64,
+        events,
+        "{}: distinct events on {topic}",
+        kind.label()
+    );
+    let (first_secs, first_cpu_s) = first.unwrap_or((secs, 0.0));
+    Drain {
+        secs,
+        first_secs,
+        first_cpu_s,
+        end,
+        walsender_cpu_s,
+        confirmed_secs,
+        duplicates: records.len() - ids.len(),
+    }
+}
+
+/// Fails the phase when the relay exited or took too long.
+fn watch(relay: &mut Relay, t0: Instant, label: &str) {
+    if let Some(log) = relay.exited() {
+        panic!("{label} exited:\n{log}");
+    }
+    assert!(
+        t0.elapsed() < TIMEOUT,
+        "{label}: not done within {TIMEOUT:?}"
+    );
+}
+
+/// Waits until `topic` has `n` records past `from`.
+async fn wait_on_topic(
+    world: &World,
+    relay: &mut Relay,
+    label: &str,
+    topic: &str,
+    from: &[i64],
+    n: i64,
+) {
+    let t0 = Instant::now();
+    while world.count_since(topic, from) < n {
+        watch(relay, t0, label);
+        tokio::time::sleep(TICK).await;
+    }
+}
+
+pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
+    let world = World::start(walbox).await;
+    // walbox's init-slot makes the publication both read.
+    Kind::Walbox.init(&world).await;
+    let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
+    for kind in RELAYS {
+        if kind != Kind::Walbox {
+            // Made now, its slot skips what the relays before it were given.
+            kind.init(&world).await;
+        }
+        let topic = kind.topic();
+        world.create_topic(&topic).await;
+        let label = kind.label();
+        let mut relay = Relay::start(kind, &world);
+        // Ready when one event went through; then a warm-up (a JVM's JIT
+        // too) at 5,000 events/s, not measured.
+        let from = world.ends(&topic);
+        write(&world, 1, "probe").await;
+        wait_on_topic(&world, &mut relay, &label, &topic, &from, 1).await;
+        let from = world.ends(&topic);
+        let warm = pgbench(
+            &world,
+            dir.path(),
+            &format!("{}-warm-up", kind.slot()),
+            Some(5000),
+            5.min(seconds),
+        );
+        wait_on_topic(&world, &mut relay, &label, &topic, &from, warm).await;
+        for rate in RATES {
+            let point = rate.map_or("max".to_owned(), |r| r.to_string());
+            eprintln!("bench: curve: {label} at {point} events/s for {seconds} s");
+            let tag = format!("{}-{point}", kind.slot());
+            let from = world.ends(&topic);
+            let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let written = pgbench(&world, dir.path(), &tag, rate, seconds);
+            wait_on_topic(&world, &mut relay, &label, &topic, &from, written).await;
+            let cpu1 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let latencies = latencies(&world, &topic, &from, &tag).await;
+            let n = latencies.len() as f64;
+            let key = |m: &str| format!("{}_{point}_{m}", kind.slot());
+            results.record("curve", &key("eps"), n / f64::from(seconds));
+            results.record("curve", &key("events"), n);
+            results.record("curve", &key("cpu_us"), (cpu1 - cpu0) / n * 1e6);
+            for (m, q) in [
+                ("p50_ms", 0.5),
+                ("p99_ms", 0.99),
+                ("p999_ms", 0.999),
+                ("max_ms", 1.0),
+            ] {
+                results.record("curve", &key(m), quantile(&latencies, q));
+            }
+        }
+        relay.stop();
+        world.drop_slot(&kind.slot()).await;
+    }
+}
+
+/// One event tagged `tag` (its event type), in a transaction of its own.
+async fn write(world: &World, n: i64, tag: &str) {
+    world
+        .execute(&format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'order-' || g, '{tag}', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
+        ))
+        .await;
+}
+
+/// pgbench, 8 clients, one ~200-byte event per transaction tagged `tag`,
+/// at `rate` events/s (`None`: as fast as it goes) for `seconds`; returns
+/// how many events it committed.
+fn pgbench(
+    world: &World,
+    dir: &std::path::Path,
+    tag: &str,
+    rate: Option<u32>,
+    seconds: u32,
+) -> i64 {
+    let script = dir.join(format!("{tag}.sql"));
+    std::fs::write(
+        &script,
+        format!(
+            "\\set n random(1, 1000)\n\
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'order-' || :n, '{tag}', \
+             jsonb_build_object('order_id', 'order-' || :n, 'total', :n, 'pad', repeat('x', 60)));\n"
+        ),
+    )
+    .expect("write pgbench's script");
+    let mut cmd = world.pg_tool("pgbench");
+    cmd.args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&script);
+    if let Some(r) = rate {
+        cmd.args(["-R", &r.to_string()]);
+    }
+    let out = cmd.arg(&world.url).output().expect("run pgbench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("pgbench's count of transactions: {text}"))
+}
+
+/// Commit → appended on `topic` of every event tagged `tag`, in ms, sorted.
+async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f64> {
+    let rows = world
+        .client
+        .query(
+            "SELECT id::text, (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::float8
+               FROM outbox_events WHERE event_type = $1",
+            &[&tag],
+        )
+        .await
+        .expect("the events' commit times");
+    let mut committed: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut out = Vec::with_capacity(committed.len());
+    let n = committed.len();
+    for r in world.read_back(topic, from) {
+        // The first copy of each event counts.
+        if let Some(c) = committed.remove(&r.id) {
+            out.push(r.appended_ms as f64 - c);
+        }
+    }
+    assert!(
+        committed.is_empty(),
+        "{topic}: {} of {n} events tagged {tag} never arrived",
+        committed.len()
+    );
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+pub(crate) async fn kill(results: &mut Results, walbox: &str, events: i64) {
+    let world = World::start(walbox).await;
+    for kind in KILLED {
+        kind.init(&world).await;
+        world.create_topic(&kind.topic()).await;
+    }
+    eprintln!("bench: kill: writing {events} events");
+    preload(&world, events, false).await;
+    results.record("kill", "events", events as f64);
+    for kind in KILLED {
+        let label = kind.label();
+        let topic = kind.topic();
+        let from = world.ends(&topic);
+        let mut relay = Relay::start(kind, &world);
+        wait_on_topic(&world, &mut relay, &label, &topic, &from, events / 2).await;
+        let at = world.count_since(&topic, &from);
+        relay.kill9();
+        eprintln!("bench: kill: {label} killed at {at} of {events} events; restarting");
+        relay.restart();
+        let t0 = Instant::now();
+        let (records, distinct) = loop {
+            wait_on_topic(&world, &mut relay, &label, &topic, &from, events).await;
+            let records = world.read_back(&topic, &from);
+            let distinct = records
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect::<HashSet<_>>()
+                .len();
+            if distinct as i64 == events {
+                break (records.len(), distinct);
+            }
+            watch(&mut relay, t0, &label);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        relay.stop();
+        results.record("kill", &format!("{}_at", kind.slot()), at as f64);
+        results.record(
+            "kill",
+            &format!("{}_duplicates", kind.slot()),
+            (records - distinct) as f64,
+        );
+    }
+}

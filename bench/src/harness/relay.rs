@@ -1,0 +1,240 @@
+//! The relays the benchmark runs side by side, each a process of its own
+//! on its own slot and topic: walbox, and Debezium's Postgres connector
+//! with its outbox EventRouter in a Kafka Connect standalone worker. Both
+//! read the same outbox table through the same publication and write the
+//! same records (key = aggregate id, value = payload, headers `id` and
+//! `event_type`) to the same broker.
+
+use std::process::Command;
+
+use walbox_test_harness::debezium::{Connector, Debezium};
+use walbox_test_harness::walbox_process::WalboxProcess;
+
+use crate::world::World;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Walbox,
+    /// Debezium, its offsets flushed every `flush_ms`.
+    Debezium {
+        flush_ms: u32,
+    },
+}
+
+/// Debezium's offset flush interval in the benchmark: walbox's
+/// `status_interval_ms` (1 s), the closest Connect comes to confirming as
+/// it goes.
+pub(crate) const DEBEZIUM_FLUSH_MS: u32 = 1000;
+/// Kafka Connect's default offset flush interval, which most deployments keep.
+pub(crate) const CONNECT_DEFAULT_FLUSH_MS: u32 = 60_000;
+
+/// The JVM as Kafka's `connect-standalone.sh` starts it (its
+/// `KAFKA_HEAP_OPTS` and `KAFKA_JVM_PERFORMANCE_OPTS` defaults).
+pub(crate) const JVM: &[&str] = &[
+    "-Xms256M",
+    "-Xmx2G",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+];
+
+/// The Connect worker's producer, set as walbox's librdkafka producer is:
+/// acks=all, idempotence, lz4, linger.ms=1, batches of up to 1 MB
+/// (librdkafka's `batch.size`; the Java client's default is 16 KiB). Its
+/// partitioner is the Java default (murmur2), which walbox's
+/// `murmur2_random` matches.
+pub(crate) const WORKER: &[(&str, &str)] = &[
+    ("producer.acks", "all"),
+    ("producer.enable.idempotence", "true"),
+    ("producer.compression.type", "lz4"),
+    ("producer.linger.ms", "1"),
+    ("producer.batch.size", "1000000"),
+];
+
+/// The connector, on walbox's outbox table and publication. Batches and
+/// queue raised from Debezium's defaults (2,048 and 8,192) as its
+/// performance guidance advises for throughput, and the poll interval
+/// lowered from 500 ms so an idle queue costs no latency.
+pub(crate) const CONNECTOR: &[(&str, &str)] = &[
+    ("publication.autocreate.mode", "disabled"),
+    ("max.batch.size", "8192"),
+    ("max.queue.size", "32768"),
+    ("poll.interval.ms", "10"),
+    ("transforms.outbox.table.field.event.key", "aggregate_id"),
+    ("transforms.outbox.route.by.field", "aggregate_type"),
+    (
+        "transforms.outbox.table.fields.additional.placement",
+        "event_type:header:event_type",
+    ),
+];
+
+impl Kind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Walbox => "walbox",
+            Kind::Debezium { .. } => "debezium",
+        }
+    }
+
+    /// How the report names it.
+    pub(crate) fn label(self) -> String {
+        match self {
+            Kind::Walbox => "walbox".into(),
+            Kind::Debezium { flush_ms } => format!(
+                "Debezium (offsets flushed every {} s)",
+                f64::from(flush_ms) / 1000.0
+            ),
+        }
+    }
+
+    /// Its slot, its topics' prefix and its figures' prefix: made before
+    /// the events it must read are written.
+    pub(crate) fn slot(self) -> String {
+        match self {
+            Kind::Debezium { flush_ms } if flush_ms != DEBEZIUM_FLUSH_MS => {
+                format!("debezium_{}s", flush_ms / 1000)
+            }
+            _ => self.name().to_owned(),
+        }
+    }
+
+    /// The topic its events of aggregate type `order` go to.
+    pub(crate) fn topic(self) -> String {
+        format!("{}.order", self.slot())
+    }
+
+    /// Creates its slot (and, for walbox, the publication both read).
+    pub(crate) async fn init(self, world: &World) {
+        match self {
+            Kind::Walbox => world.walbox(&["init-slot", "--slot", &self.slot()]),
+            Kind::Debezium { .. } => world.create_slot(&self.slot()).await,
+        }
+    }
+}
+
+pub(crate) enum Relay {
+    Walbox {
+        command: Box<dyn Fn() -> Command + Send>,
+        process: WalboxProcess,
+    },
+    Debezium(Box<Debezium>),
+}
+
+impl Relay {
+    pub(crate) fn start(kind: Kind, world: &World) -> Relay {
+        match kind {
+            Kind::Walbox => {
+                let (bin, url, brokers) = (
+                    world.walbox_bin.clone(),
+                    world.url.clone(),
+                    world.bootstrap(),
+                );
+                let command = move || {
+                    let mut c = Command::new(&bin);
+                    c.env("WALBOX_LOG", "warn")
+                        .args(["run", "--slot", &Kind::Walbox.slot()])
+                        .args(["--mapping-topic-template", "walbox.{aggregate_type}"])
+                        .arg("--pg-url")
+                        .arg(&url)
+                        .arg("--kafka-brokers")
+                        .arg(&brokers);
+                    if let Ok(extra) = std::env::var("WALBOX_BENCH_ARGS") {
+                        c.args(extra.split_whitespace());
+                    }
+                    c
+                };
+                let process = WalboxProcess::spawn(command());
+                Relay::Walbox {
+                    command: Box::new(command),
+                    process,
+                }
+            }
+            Kind::Debezium { flush_ms } => {
+                let config = world.pg.config("postgres");
+                let connector = Connector {
+                    bootstrap: world.bootstrap(),
+                    host: "127.0.0.1".into(),
+                    port: world.pg.port(),
+                    user: config.get_user().unwrap_or("postgres").to_owned(),
+                    dbname: "postgres".into(),
+                    table: "public.outbox_events".into(),
+                    slot: kind.slot(),
+                    publication: "walbox_outbox".into(),
+                    worker: owned(WORKER)
+                        .into_iter()
+                        .chain([("offset.flush.interval.ms".to_owned(), flush_ms.to_string())])
+                        .collect(),
+                    connector: owned(CONNECTOR)
+                        .into_iter()
+                        .chain([(
+                            "transforms.outbox.route.topic.replacement".to_owned(),
+                            format!("{}.${{routedByValue}}", kind.slot()),
+                        )])
+                        .collect(),
+                    jvm: JVM.iter().map(|s| (*s).to_owned()).collect(),
+                };
+                Relay::Debezium(Box::new(Debezium::start(connector)))
+            }
+        }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        match self {
+            Relay::Walbox { process, .. } => process.id(),
+            Relay::Debezium(d) => d.pid().expect("Debezium runs"),
+        }
+    }
+
+    /// Its log's end, when it exited; `None` while it runs.
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        match self {
+            Relay::Walbox { process, .. } => (!process.running()).then(|| tail(&process.log(), 30)),
+            Relay::Debezium(d) => d.exited().then(|| d.log_tail(30)),
+        }
+    }
+
+    pub(crate) fn kill9(&mut self) {
+        match self {
+            Relay::Walbox { process, .. } => process.kill9(),
+            Relay::Debezium(d) => d.kill9(),
+        }
+    }
+
+    /// Starts it again after [`Relay::kill9`], on the same slot (and, for
+    /// Debezium, the same offsets file).
+    pub(crate) fn restart(&mut self) {
+        match self {
+            Relay::Walbox { command, process } => *process = WalboxProcess::spawn(command()),
+            Relay::Debezium(d) => d.restart(),
+        }
+    }
+
+    /// SIGTERM, and waits for it to end.
+    pub(crate) fn stop(&mut self) {
+        match self {
+            Relay::Walbox { process, .. } => {
+                process.signal("TERM");
+                let status = process.wait();
+                assert!(
+                    status.success(),
+                    "walbox exited with {status} on SIGTERM:\n{}",
+                    tail(&process.log(), 30)
+                );
+            }
+            Relay::Debezium(d) => d.stop(),
+        }
+    }
+}
+
+fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    p.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

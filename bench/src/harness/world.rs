@@ -1,0 +1,280 @@
+//! What a phase runs in: a private, durable Postgres (fsync and
+//! full_page_writes on, commit timestamps tracked), one Apache Kafka node,
+//! the walbox binary, and the topics' read-back.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_postgres::Client;
+use walbox_test_harness::apache_kafka::KafkaCluster;
+use walbox_test_harness::pg::{self, PgServer};
+
+/// The Postgres server's version, once a world started.
+static SERVER_VERSION: OnceLock<String> = OnceLock::new();
+
+pub(crate) fn server_version() -> String {
+    SERVER_VERSION.get().cloned().unwrap_or_else(|| "?".into())
+}
+
+/// Partitions of every events topic.
+pub(crate) const PARTITIONS: i32 = 3;
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) struct World {
+    pub(crate) pg: PgServer,
+    pub(crate) client: Client,
+    pub(crate) cluster: KafkaCluster,
+    pub(crate) walbox_bin: String,
+    /// The superuser's connection string, for walbox and the tools.
+    pub(crate) url: String,
+    watermarks: BaseConsumer,
+}
+
+/// One record read back: its event id (header `id`) and when the broker
+/// appended it (ms since the epoch: topics use `LogAppendTime`).
+pub(crate) struct ReadBack {
+    pub(crate) id: String,
+    pub(crate) appended_ms: i64,
+}
+
+impl World {
+    pub(crate) async fn start(walbox_bin: &str) -> World {
+        let pg = PgServer::builder()
+            .setting("fsync", "on")
+            .setting("full_page_writes", "on")
+            .setting("synchronous_commit", "on")
+            .setting("shared_buffers", "256MB")
+            .setting("max_wal_size", "4GB")
+            .setting("max_connections", "50")
+            .setting("track_commit_timestamp", "on")
+            .start()
+            .unwrap_or_else(|e| panic!("start Postgres: {e}"));
+        let config = pg.config("postgres");
+        let url = pg::conninfo(&config);
+        let client = pg::connect(&config)
+            .await
+            .unwrap_or_else(|e| panic!("connect to Postgres: {e}"));
+        let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+        let watermarks = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap())
+            .create()
+            .expect("a consumer for watermarks");
+        let world = World {
+            pg,
+            client,
+            cluster,
+            walbox_bin: walbox_bin.to_owned(),
+            url,
+            watermarks,
+        };
+        let version: String = world.one("SHOW server_version").await;
+        let _ = SERVER_VERSION.set(version);
+        world.walbox(&["migrate"]);
+        world
+    }
+
+    /// Runs a short walbox command (`migrate`, `init-slot`) to its end.
+    pub(crate) fn walbox(&self, args: &[&str]) {
+        let out = Command::new(&self.walbox_bin)
+            .args(args)
+            .arg("--pg-url")
+            .arg(&self.url)
+            .output()
+            .expect("run walbox");
+        assert!(
+            out.status.success(),
+            "walbox {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub(crate) fn bootstrap(&self) -> String {
+        self.cluster.bootstrap()
+    }
+
+    /// The Postgres binary `name` of the running server.
+    pub(crate) fn pg_tool(&self, name: &str) -> Command {
+        Command::new(self.pg.bin_dir().join(name))
+    }
+
+    pub(crate) async fn one<T>(&self, sql: &str) -> T
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        self.client
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
+    pub(crate) async fn execute(&self, sql: &str) {
+        self.client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub(crate) async fn create_slot(&self, name: &str) {
+        self.execute(&format!(
+            "SELECT pg_create_logical_replication_slot('{name}', 'pgoutput')"
+        ))
+        .await;
+    }
+
+    pub(crate) async fn drop_slot(&self, name: &str) {
+        self.execute(&format!("SELECT pg_drop_replication_slot('{name}')"))
+            .await;
+    }
+
+    /// The server's current WAL position, as text.
+    pub(crate) async fn wal_lsn(&self) -> String {
+        self.one::<String>("SELECT pg_current_wal_lsn()::text")
+            .await
+    }
+
+    /// Whether `slot` confirmed `lsn`.
+    pub(crate) async fn confirmed(&self, slot: &str, lsn: &str) -> bool {
+        self.client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots
+                  WHERE slot_name = $1 AND confirmed_flush_lsn >= $2::text::pg_lsn",
+                &[&slot, &lsn],
+            )
+            .await
+            .expect("read the slot")
+            .is_some()
+    }
+
+    /// The walsender streaming from `slot`, if one is.
+    pub(crate) async fn walsender(&self, slot: &str) -> Option<u32> {
+        self.client
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .expect("read the slot")
+            .and_then(|r| r.get::<_, Option<i32>>(0))
+            .map(|p| p as u32)
+    }
+
+    /// Creates `topic` with [`PARTITIONS`] partitions whose records carry
+    /// the broker's append time.
+    pub(crate) async fn create_topic(&self, topic: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("an admin client");
+        let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))
+            .set("message.timestamp.type", "LogAppendTime");
+        let opts = AdminOptions::new().operation_timeout(Some(BROKER_TIMEOUT));
+        for r in admin
+            .create_topics([&new], &opts)
+            .await
+            .unwrap_or_else(|e| panic!("create {topic}: {e}"))
+        {
+            if let Err((name, code)) = r {
+                panic!("create {name}: {code}");
+            }
+        }
+        let deadline = Instant::now() + BROKER_TIMEOUT;
+        while self.try_ends(topic).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "{topic}: not served after creation"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn try_ends(&self, topic: &str) -> Option<Vec<i64>> {
+        (0..PARTITIONS)
+            .map(|p| {
+                self.watermarks
+                    .fetch_watermarks(topic, p, BROKER_TIMEOUT)
+                    .ok()
+                    .map(|w| w.1)
+            })
+            .collect()
+    }
+
+    /// The end offset of each partition of `topic`.
+    pub(crate) fn ends(&self, topic: &str) -> Vec<i64> {
+        (0..PARTITIONS)
+            .map(|p| {
+                self.watermarks
+                    .fetch_watermarks(topic, p, BROKER_TIMEOUT)
+                    .unwrap_or_else(|e| panic!("watermarks of {topic} [{p}]: {e}"))
+                    .1
+            })
+            .collect()
+    }
+
+    /// Records on `topic` past `from` (offsets per partition).
+    pub(crate) fn count_since(&self, topic: &str, from: &[i64]) -> i64 {
+        self.ends(topic)
+            .iter()
+            .zip(from)
+            .map(|(end, from)| end - from)
+            .sum()
+    }
+
+    /// Every record of `topic` from `from` to the current ends.
+    pub(crate) fn read_back(&self, topic: &str, from: &[i64]) -> Vec<ReadBack> {
+        let ends = self.ends(topic);
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("group.id", "walbox-bench-read-back")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a consumer");
+        let mut tpl = TopicPartitionList::new();
+        let mut left: HashMap<i32, i64> = HashMap::new();
+        for (p, (&start, &end)) in from.iter().zip(&ends).enumerate() {
+            let p = p as i32;
+            if end > start {
+                tpl.add_partition_offset(topic, p, Offset::Offset(start))
+                    .expect("a partition");
+                left.insert(p, end);
+            }
+        }
+        consumer.assign(&tpl).expect("assign the partitions");
+        let mut out =
+            Vec::with_capacity(ends.iter().zip(from).map(|(e, f)| (e - f) as usize).sum());
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !left.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{topic}: read-back took over 5 minutes"
+            );
+            let Some(m) = consumer.poll(Duration::from_millis(500)) else {
+                continue;
+            };
+            let m = m.unwrap_or_else(|e| panic!("read {topic}: {e}"));
+            let id = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            out.push(ReadBack {
+                id,
+                appended_ms: m.timestamp().to_millis().unwrap_or(0),
+            });
+            if left
+                .get(&m.partition())
+                .is_some_and(|&end| m.offset() + 1 >= end)
+            {
+                left.remove(&m.partition());
+            }
+        }
+        out
+    }
+}
