@@ -12,6 +12,9 @@
 //! `curve` (commit → on the topic at 1k/5k/20k events/s and unthrottled),
 //! `kill` (duplicates after one kill -9).
 //!
+//! `--walbox-only` leaves Debezium out: for measuring a change to walbox
+//! (run it with each build as `WALBOX_BIN`).
+//!
 //! Needs `WALBOX_BIN` (a release build of walbox), `WALBOX_KAFKA_LIBS`
 //! (scripts/install-kafka) and `WALBOX_DEBEZIUM_LIBS`
 //! (scripts/install-debezium); the Postgres binaries are found as by the
@@ -85,6 +88,7 @@ async fn main() -> ExitCode {
                 }
             }
             "--out" => out = args.next().map(PathBuf::from),
+            "--walbox-only" => peers::set_walbox_only(),
             "--write-doc" => doc = args.next(),
             "-h" | "--help" => {
                 println!(

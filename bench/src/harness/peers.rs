@@ -15,12 +15,29 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::procstat;
 use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
 use crate::results::{quantile, Results};
 use crate::world::World;
+
+static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Leaves Debezium out of every phase.
+pub(crate) fn set_walbox_only() {
+    WALBOX_ONLY.store(true, Ordering::Relaxed);
+}
+
+/// `kinds`, less Debezium when only walbox is measured.
+fn measured<const N: usize>(kinds: [Kind; N]) -> Vec<Kind> {
+    let walbox_only = WALBOX_ONLY.load(Ordering::Relaxed);
+    kinds
+        .into_iter()
+        .filter(|k| !walbox_only || *k == Kind::Walbox)
+        .collect()
+}
 
 /// The relays of the throughput and latency phases.
 pub(crate) const RELAYS: [Kind; 2] = [
@@ -88,7 +105,7 @@ async fn preload(world: &World, events: i64, large: bool) -> String {
 
 pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     let world = World::start(walbox).await;
-    for kind in RELAYS {
+    for kind in measured(RELAYS) {
         kind.init(&world).await;
         world.create_topic(&kind.topic()).await;
     }
@@ -110,7 +127,7 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
         walsender / b.events as f64 * 1e6,
     );
 
-    for kind in RELAYS {
+    for kind in measured(RELAYS) {
         eprintln!("bench: {}: {} drains it", b.phase, kind.label());
         let d = drain(&world, kind, b.events, &end).await;
         let p = |m: &str| format!("{}_{m}", kind.slot());
@@ -285,7 +302,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
     // walbox's init-slot makes the publication both read.
     Kind::Walbox.init(&world).await;
     let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
-    for kind in RELAYS {
+    for kind in measured(RELAYS) {
         if kind != Kind::Walbox {
             // Made now, its slot skips what the relays before it were given.
             kind.init(&world).await;
@@ -419,14 +436,14 @@ async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f
 
 pub(crate) async fn kill(results: &mut Results, walbox: &str, events: i64) {
     let world = World::start(walbox).await;
-    for kind in KILLED {
+    for kind in measured(KILLED) {
         kind.init(&world).await;
         world.create_topic(&kind.topic()).await;
     }
     eprintln!("bench: kill: writing {events} events");
     preload(&world, events, false).await;
     results.record("kill", "events", events as f64);
-    for kind in KILLED {
+    for kind in measured(KILLED) {
         let label = kind.label();
         let topic = kind.topic();
         let from = world.ends(&topic);
