@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::procstat;
 use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
 use crate::results::{quantile, Results};
-use crate::world::World;
+use crate::world::{TableStats, World};
 
 static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
 
@@ -118,20 +118,21 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     results.record(b.phase, "events", b.events as f64);
     results.record(b.phase, "row_bytes", f64::from(row));
 
+    let n = b.events as f64;
+    let c0 = world.server_cpu().await;
     let (secs, walsender) = recvlogical(&world, &end).await;
+    let c1 = world.server_cpu().await;
     results.record(b.phase, "recvlogical_s", secs);
-    results.record(b.phase, "recvlogical_eps", b.events as f64 / secs);
-    results.record(
-        b.phase,
-        "recvlogical_walsender_us",
-        walsender / b.events as f64 * 1e6,
-    );
+    results.record(b.phase, "recvlogical_eps", n / secs);
+    results.record(b.phase, "recvlogical_walsender_us", walsender / n * 1e6);
+    results.record(b.phase, "recvlogical_pg_us", (c1 - c0) / n * 1e6);
 
     for kind in measured(RELAYS) {
         eprintln!("bench: {}: {} drains it", b.phase, kind.label());
+        let before = Primary::read(&world, "outbox_events").await;
         let d = drain(&world, kind, b.events, &end).await;
+        let cost = before.cost(&world).await;
         let p = |m: &str| format!("{}_{m}", kind.slot());
-        let n = b.events as f64;
         results.record(b.phase, &p("s"), d.secs);
         results.record(b.phase, &p("first_s"), d.first_secs);
         results.record(b.phase, &p("eps"), n / d.secs);
@@ -150,6 +151,158 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
         if let Some(c) = d.confirmed_secs {
             results.record(b.phase, &p("confirmed_s"), c);
         }
+        cost.record(results, b.phase, &kind.slot(), n);
+    }
+    pollers(results, &world, b).await;
+}
+
+/// What the primary had done when a reader started: its CPU, the outbox
+/// table's statistics and its WAL position.
+struct Primary {
+    table: &'static str,
+    cpu_s: f64,
+    stats: TableStats,
+    wal: String,
+}
+
+/// What reading cost the primary: see [`Primary::cost`].
+struct Cost {
+    cpu_s: f64,
+    scans: f64,
+    rows_written: f64,
+    dead_tuples: f64,
+    wal_bytes: f64,
+}
+
+impl Primary {
+    async fn read(world: &World, table: &'static str) -> Primary {
+        Primary {
+            table,
+            cpu_s: world.server_cpu().await,
+            stats: world.table_stats(table).await,
+            wal: world.wal_lsn().await,
+        }
+    }
+
+    /// What the server did since [`Primary::read`]: CPU of all its
+    /// processes, statements that scanned the table, rows written to it,
+    /// dead tuples left in it, WAL written by anyone.
+    async fn cost(self, world: &World) -> Cost {
+        let cpu_s = world.server_cpu().await - self.cpu_s;
+        let wal = world.wal_lsn().await;
+        let wal_bytes = world.wal_between(&self.wal, &wal).await;
+        // Statistics reach the shared counters within a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let stats = world.table_stats(self.table).await;
+        Cost {
+            cpu_s,
+            scans: stats.scans - self.stats.scans,
+            rows_written: stats.rows_written - self.stats.rows_written,
+            dead_tuples: stats.dead_tuples,
+            wal_bytes,
+        }
+    }
+}
+
+impl Cost {
+    fn record(&self, results: &mut Results, phase: &str, reader: &str, events: f64) {
+        let p = |m: &str| format!("{reader}_{m}");
+        results.record(phase, &p("pg_us"), self.cpu_s / events * 1e6);
+        results.record(phase, &p("outbox_scans"), self.scans);
+        results.record(phase, &p("outbox_rows_written"), self.rows_written);
+        results.record(phase, &p("dead_tuples"), self.dead_tuples);
+        results.record(phase, &p("wal_per_event"), self.wal_bytes / events);
+    }
+}
+
+/// The polling relay (bench/src/bin/outbox-poller.rs) drains a copy of the
+/// backlog, batch 50 and batch 500, to its own topic.
+async fn pollers(results: &mut Results, world: &World, b: Backlog) {
+    let bin = std::env::current_exe()
+        .expect("this binary's path")
+        .with_file_name("outbox-poller");
+    let topic = "poller.order";
+    world.create_topic(topic).await;
+    let n = b.events as f64;
+    for batch in [50, 500] {
+        eprintln!(
+            "bench: {}: the polling relay, batch {batch}, drains a copy",
+            b.phase
+        );
+        world
+            .execute(
+                "DROP TABLE IF EXISTS outbox_poll;
+                 CREATE TABLE outbox_poll (LIKE outbox_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY,
+                                           published_at timestamptz, PRIMARY KEY (id));
+                 INSERT INTO outbox_poll (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+                 SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at
+                   FROM outbox_events ORDER BY seq;
+                 CREATE INDEX outbox_poll_unpublished ON outbox_poll (seq) WHERE published_at IS NULL;",
+            )
+            .await;
+        world.execute("VACUUM ANALYZE outbox_poll").await;
+        world.execute("CHECKPOINT").await;
+        let from = world.ends(topic);
+        let before = Primary::read(world, "outbox_poll").await;
+        let own: i32 = world.one("SELECT pg_backend_pid()").await;
+        let mut child = std::process::Command::new(&bin)
+            .args(["--pg-url", &world.url, "--brokers", &world.bootstrap()])
+            .args(["--batch", &batch.to_string(), "--until-empty"])
+            .args(["--topic-template", "poller.{aggregate_type}"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let (mut usage, mut backend, mut backend_cpu) = (procstat::Usage::default(), None, 0.0);
+        let t0 = Instant::now();
+        while child.try_wait().expect("the poller").is_none() {
+            if let Some(u) = procstat::usage(child.id()) {
+                usage = u;
+            }
+            if backend.is_none() {
+                backend = world
+                    .client
+                    .query_opt(
+                        "SELECT pid FROM pg_stat_activity
+                          WHERE backend_type = 'client backend' AND pid <> $1 LIMIT 1",
+                        &[&own],
+                    )
+                    .await
+                    .expect("the poller's backend")
+                    .map(|r| r.get::<_, i32>(0) as u32);
+            }
+            if let Some(u) = backend.and_then(procstat::usage) {
+                backend_cpu = u.cpu_s;
+            }
+            assert!(t0.elapsed() < TIMEOUT, "the poller took over {TIMEOUT:?}");
+            tokio::time::sleep(TICK).await;
+        }
+        let out = child.wait_with_output().expect("the poller's output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "the poller: {}: {text}", out.status);
+        let field = |name: &str| -> f64 {
+            text.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("the poller's {name}: {text}"))
+        };
+        let cost = before.cost(world).await;
+        assert_eq!(field("events"), n, "events the poller published");
+        assert_eq!(
+            world.count_since(topic, &from),
+            b.events,
+            "records the poller wrote"
+        );
+        let p = |m: &str| format!("poll{batch}_{m}");
+        let secs = field("seconds");
+        results.record(b.phase, &p("s"), secs);
+        results.record(b.phase, &p("eps"), n / secs);
+        results.record(b.phase, &p("cpu_s"), usage.cpu_s);
+        results.record(b.phase, &p("cpu_us"), usage.cpu_s / n * 1e6);
+        results.record(b.phase, &p("rss_mib"), usage.peak_rss_mib);
+        results.record(b.phase, &p("statements"), field("statements"));
+        results.record(b.phase, &p("outbox_statements"), field("table_statements"));
+        results.record(b.phase, &p("backend_us"), backend_cpu / n * 1e6);
+        cost.record(results, b.phase, &format!("poll{batch}"), n);
     }
 }
 

@@ -20,6 +20,33 @@ pub(crate) fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
+/// CPU seconds of a Postgres server so far, from its postmaster's pid: the
+/// postmaster's own, its reaped children's (`cutime` + `cstime`) and its
+/// live children's. The difference of two readings is exactly what the
+/// server's processes spent in between, whichever of them came and went.
+pub(crate) fn server_cpu_seconds(postmaster: u32) -> f64 {
+    let fields = |pid: u32| -> Option<Vec<u64>> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = stat.rsplit_once(')')?.1;
+        rest.split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(|f| f.parse().ok())
+            .collect()
+    };
+    let own = fields(postmaster).map_or(0, |f| f.iter().sum::<u64>());
+    let children =
+        std::fs::read_to_string(format!("/proc/{postmaster}/task/{postmaster}/children"))
+            .unwrap_or_default();
+    let alive: u64 = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter_map(fields)
+        .map(|f| f[0] + f[1])
+        .sum();
+    (own + alive) as f64 / ticks_per_second()
+}
+
 /// utime + stime of a `/proc/PID/stat` line, in seconds. The command name
 /// (field 2) may hold spaces: fields are counted after its closing `)`.
 fn cpu_seconds(stat: &str) -> Option<f64> {

@@ -81,15 +81,72 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
             r.stat(p, &m("duplicates"), 0, ""),
         );
     }
+    for batch in [50, 500] {
+        let m = |x: &str| format!("poll{batch}_{x}");
+        if !r.has(p, &m("s")) {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| polling relay, batch {batch} (a copy of the rows; its own run time) | {} | | {} | {} | {} | {} | {} | | 0 |",
+            r.stat(p, &m("s"), 2, " s"),
+            r.stat(p, &m("eps"), 0, ""),
+            r.stat(p, &m("cpu_s"), 2, ""),
+            r.stat(p, &m("cpu_us"), 2, ""),
+            events_per(r, p, &m("cpu_us")),
+            r.stat(p, &m("rss_mib"), 0, ""),
+        );
+    }
+    let _ = writeln!(s, "\nWhat reading the backlog cost the primary, per event: the CPU of the server process serving the reader (its walsender; the poller's backend) and of all the server's processes meanwhile (less the harness's own session); statements that scanned the outbox table, rows written to it and the dead tuples left; WAL written meanwhile, by anyone.\n");
+    let _ = writeln!(s, "| reader | serving process, CPU µs per event | all server processes, CPU µs per event | scans of the outbox table | rows written to it (dead tuples left) | WAL bytes per event |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| pg_recvlogical | {} | {} | 0 | 0 | 0 |",
+        r.stat(p, "recvlogical_walsender_us", 2, ""),
+        r.stat(p, "recvlogical_pg_us", 2, "")
+    );
+    let readers: Vec<(String, String, String)> = RELAYS
+        .iter()
+        .map(|k| (name(*k), k.slot(), format!("{}_walsender_us", k.slot())))
+        .chain([50, 500].map(|b| {
+            (
+                format!("polling relay, batch {b}"),
+                format!("poll{b}"),
+                format!("poll{b}_backend_us"),
+            )
+        }))
+        .collect();
+    for (label, key, serving) in readers {
+        let m = |x: &str| format!("{key}_{x}");
+        if !r.has(p, &m("pg_us")) {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} ({}) | {} |",
+            r.stat(p, &serving, 2, ""),
+            r.stat(p, &m("pg_us"), 2, ""),
+            r.stat(p, &m("outbox_scans"), 0, ""),
+            r.stat(p, &m("outbox_rows_written"), 0, ""),
+            r.stat(p, &m("dead_tuples"), 0, ""),
+            r.stat(p, &m("wal_per_event"), 1, ""),
+        );
+    }
     let ratio = |a: &str, b: &str| r.ratio(p, a, b).map_or("–".into(), |x| format!("{x:.2}"));
     let _ = writeln!(
         s,
-        "\nwalbox / Debezium: events/s **{}x**; events per CPU-second **{}x** (target ≥ 3x); peak RSS **1/{}** (target ≤ 1/20); walsender CPU per event {}x. walbox / pg_recvlogical: {}x. walbox's slot confirmed the backlog's end after {}.\n",
+        "\nwalbox / Debezium: events/s **{}x**; events per CPU-second **{}x** (target ≥ 3x); peak RSS **1/{}** (target ≤ 1/20); walsender CPU per event {}x. walbox / pg_recvlogical: {}x; walbox / the better polling relay: {}x. walbox's slot confirmed the backlog's end after {}.\n",
         ratio("walbox_eps", "debezium_eps"),
         ratio("walbox_events_per_cpu_s", "debezium_events_per_cpu_s"),
         r.ratio(p, "debezium_rss_mib", "walbox_rss_mib").map_or("–".into(), |x| format!("{x:.0}")),
         ratio("walbox_walsender_us", "debezium_walsender_us"),
         ratio("walbox_eps", "recvlogical_eps"),
+        [50, 500]
+            .iter()
+            .filter_map(|b| r.ratio(p, "walbox_eps", &format!("poll{b}_eps")))
+            .reduce(f64::min)
+            .map_or("–".into(), |x| format!("{x:.2}")),
         r.stat(p, "walbox_confirmed_s", 2, " s"),
     );
 }
@@ -168,7 +225,15 @@ fn settings(s: &mut String) {
     let _ = writeln!(s, "- Apache Kafka: one KRaft node (broker and controller), in-process defaults; topics of 3 partitions, `message.timestamp.type = LogAppendTime`.");
     let _ = writeln!(s, "- walbox: its defaults (`acks=all`, `enable.idempotence=true`, `compression.type=lz4`, `linger.ms=1`, `partitioner=murmur2_random`, librdkafka's `batch.size` of 1,000,000 bytes), `WALBOX_LOG=warn`, topic template `walbox.{{aggregate_type}}`.");
     let _ = writeln!(s, "- Debezium: the Postgres connector and its outbox EventRouter in a Kafka Connect standalone worker (plain `java`, offsets in a file): Connect standalone is how the EventRouter is documented and most often deployed; Debezium Server runs the same connector, router and Kafka producer. JVM as `connect-standalone.sh` starts it: {}. Worker: `key.converter` and `value.converter` StringConverter (the record walbox writes), {}, `offset.flush.interval.ms` 1000 (walbox's `status_interval_ms`; 60000, Connect's default, in the kill phase too). Connector: `plugin.name=pgoutput`, `snapshot.mode=no_data`, {}, route `{{slot}}.${{routedByValue}}`.", JVM.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(" "), kv(WORKER), kv(CONNECTOR));
+    let _ = writeln!(s, "- The polling relay ([bench/src/bin/outbox-poller.rs](../bench/src/bin/outbox-poller.rs)): in one transaction `SELECT … WHERE published_at IS NULL ORDER BY seq LIMIT n FOR UPDATE SKIP LOCKED`, produce the rows with walbox's producer settings and wait for every ack, `UPDATE … SET published_at = now()`, `COMMIT`; prepared statements, a partial index on the unpublished rows, batch 50 and 500, on a copy of the backlog's rows (vacuumed and checkpointed first). Its time is its own run's, from its first poll.");
     let _ = writeln!(s, "- Measured from `/proc`: each relay's CPU (all threads, user + system, from its launch: a JVM's start and JIT included; in parentheses from its first record on the topic) and peak RSS (`VmHWM`); the walsender's CPU likewise. \"Every event on the topic\" is when the topic's end offsets reached the backlog (checked every 20 ms); the records are then read back and every event id counted.");
+}
+
+/// Events per CPU-second, from a median of CPU µs per event.
+fn events_per(r: &Results, phase: &str, cpu_us: &str) -> String {
+    r.median(phase, cpu_us)
+        .filter(|&us| us > 0.0)
+        .map_or("–".into(), |us| format!("{:.0}", 1e6 / us))
 }
 
 fn name(kind: Kind) -> String {

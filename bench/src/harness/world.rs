@@ -37,6 +37,14 @@ pub(crate) struct World {
     watermarks: BaseConsumer,
 }
 
+/// See [`World::table_stats`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableStats {
+    pub(crate) scans: f64,
+    pub(crate) rows_written: f64,
+    pub(crate) dead_tuples: f64,
+}
+
 /// One record read back: its event id (header `id`) and when the broker
 /// appended it (ms since the epoch: topics use `LogAppendTime`).
 pub(crate) struct ReadBack {
@@ -138,6 +146,49 @@ impl World {
     pub(crate) async fn wal_lsn(&self) -> String {
         self.one::<String>("SELECT pg_current_wal_lsn()::text")
             .await
+    }
+
+    /// CPU seconds the server's processes spent so far, less this
+    /// harness's own session's.
+    pub(crate) async fn server_cpu(&self) -> f64 {
+        let postmaster = self.pg.pid().expect("Postgres runs") as u32;
+        let own: i32 = self.one("SELECT pg_backend_pid()").await;
+        let own = crate::procstat::usage(own as u32).map_or(0.0, |u| u.cpu_s);
+        crate::procstat::server_cpu_seconds(postmaster) - own
+    }
+
+    /// Reads and writes on `table` since the server started: statements
+    /// that scanned it, rows updated or deleted, dead tuples. Statistics
+    /// reach the shared counters within a second: wait that long after a
+    /// reader ends.
+    pub(crate) async fn table_stats(&self, table: &str) -> TableStats {
+        let row = self
+            .client
+            .query_one(
+                "SELECT (coalesce(seq_scan, 0) + coalesce(idx_scan, 0))::float8,
+                        (n_tup_upd + n_tup_del)::float8, n_dead_tup::float8
+                   FROM pg_stat_user_tables WHERE relname = $1",
+                &[&table],
+            )
+            .await
+            .expect("the table's statistics");
+        TableStats {
+            scans: row.get(0),
+            rows_written: row.get(1),
+            dead_tuples: row.get(2),
+        }
+    }
+
+    /// Bytes of WAL between two positions.
+    pub(crate) async fn wal_between(&self, from: &str, to: &str) -> f64 {
+        self.client
+            .query_one(
+                "SELECT ($2::text::pg_lsn - $1::text::pg_lsn)::float8",
+                &[&from, &to],
+            )
+            .await
+            .expect("WAL between two positions")
+            .get(0)
     }
 
     /// Whether `slot` confirmed `lsn`.
