@@ -236,11 +236,13 @@ impl World {
                 panic!("create {name}: {code}");
             }
         }
-        let deadline = Instant::now() + BROKER_TIMEOUT;
+        // A fresh node may take a while to elect the new partitions' leader
+        // while it also loads its coordinators.
+        let deadline = Instant::now() + Duration::from_secs(120);
         while self.try_ends(topic).is_none() {
             assert!(
                 Instant::now() < deadline,
-                "{topic}: not served after creation"
+                "{topic}: not served within 2 minutes of its creation"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
