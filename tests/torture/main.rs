@@ -107,7 +107,9 @@ async fn main() -> ExitCode {
     let table = scenarios::table(&rows, quick);
     println!("{table}");
     if let Some(path) = doc {
-        if let Err(e) = write_doc(&path, &table) {
+        if let Err(e) =
+            walbox_test_harness::generated_doc::replace_between(&path, DOC_START, DOC_END, &table)
+        {
             eprintln!("walbox-torture: {e}");
             return ExitCode::FAILURE;
         }
@@ -124,14 +126,4 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "panicked".into())
-}
-
-/// Replaces the generated part of `path` with `table`.
-fn write_doc(path: &str, table: &str) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("read {path}: {e}"))?;
-    let (Some(a), Some(b)) = (text.find(DOC_START), text.find(DOC_END)) else {
-        return Err(format!("{path} lacks the {DOC_START} … {DOC_END} markers"));
-    };
-    let out = format!("{}{DOC_START}\n{table}\n{}", &text[..a], &text[b..]);
-    std::fs::write(path, out).map_err(|e| format!("write {path}: {e}"))
 }

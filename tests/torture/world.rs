@@ -12,6 +12,7 @@ use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{self, PgServer};
+use walbox_test_harness::proc_stat::peak_rss_kib;
 use walbox_test_harness::proxy::Proxy;
 use walbox_test_harness::slot::{
     confirmed_flush_lsn, current_wal_lsn, try_confirmed_flush_lsn, try_current_wal_lsn,
@@ -463,15 +464,6 @@ async fn create_topic(kafka: &TestKafka, partitions: i32, replication: i32) -> S
     tokio::time::timeout(Duration::from_secs(60), create)
         .await
         .expect("create a topic within 60 s")
-}
-
-/// `VmHWM` of a process, in KiB.
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// The load: transactions of `tx_size` events inserted one after another

@@ -318,10 +318,5 @@ fn command(program: &str, args: &[&str]) -> String {
 
 /// Replaces the generated section of `path` with `text`.
 pub(crate) fn write_doc(path: &str, text: &str) -> Result<(), String> {
-    let doc = std::fs::read_to_string(path).map_err(|e| format!("read {path}: {e}"))?;
-    let (Some(a), Some(b)) = (doc.find(DOC_START), doc.find(DOC_END)) else {
-        return Err(format!("{path} lacks the {DOC_START} … {DOC_END} markers"));
-    };
-    let out = format!("{}{DOC_START}\n{text}\n{}", &doc[..a], &doc[b..]);
-    std::fs::write(path, out).map_err(|e| format!("write {path}: {e}"))
+    walbox_test_harness::generated_doc::replace_between(path, DOC_START, DOC_END, text)
 }

@@ -27,10 +27,12 @@
 
 pub mod apache_kafka;
 pub mod debezium;
+pub mod generated_doc;
 pub mod kafka;
 pub mod migrations;
 pub mod pg;
 pub mod port;
+pub mod proc_stat;
 pub mod proxy;
 pub mod secret_file;
 pub mod slot;
