@@ -1,0 +1,146 @@
+//! The latency curve: commit → on the topic at steady rates, every event.
+
+use std::collections::HashMap;
+
+use super::{measured, wait_on_topic, RATES, RELAYS};
+use crate::procstat;
+use crate::relay::{Kind, Relay};
+use crate::results::{quantile, Results};
+use crate::world::World;
+
+pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
+    let world = World::start(walbox).await;
+    // walbox's init-slot makes the publication both read.
+    Kind::Walbox.init(&world).await;
+    let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
+    for kind in measured(RELAYS) {
+        if kind != Kind::Walbox {
+            // Made now, its slot skips what the relays before it were given.
+            kind.init(&world).await;
+        }
+        let topic = kind.topic();
+        world.create_topic(&topic).await;
+        let label = kind.label();
+        let mut relay = Relay::start(kind, &world);
+        // Ready when one event went through; then a warm-up (a JVM's JIT
+        // too) at 5,000 events/s, not measured.
+        let from = world.ends(&topic);
+        write(&world, 1, "probe").await;
+        wait_on_topic(&world, &mut relay, &label, &topic, &from, 1).await;
+        let from = world.ends(&topic);
+        let warm = pgbench(
+            &world,
+            dir.path(),
+            &format!("{}-warm-up", kind.slot()),
+            Some(5000),
+            5.min(seconds),
+        );
+        wait_on_topic(&world, &mut relay, &label, &topic, &from, warm).await;
+        for rate in RATES {
+            let point = rate.map_or("max".to_owned(), |r| r.to_string());
+            eprintln!("bench: curve: {label} at {point} events/s for {seconds} s");
+            let tag = format!("{}-{point}", kind.slot());
+            let from = world.ends(&topic);
+            let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let written = pgbench(&world, dir.path(), &tag, rate, seconds);
+            wait_on_topic(&world, &mut relay, &label, &topic, &from, written).await;
+            let cpu1 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let latencies = latencies(&world, &topic, &from, &tag).await;
+            let n = latencies.len() as f64;
+            let key = |m: &str| format!("{}_{point}_{m}", kind.slot());
+            results.record("curve", &key("eps"), n / f64::from(seconds));
+            results.record("curve", &key("events"), n);
+            results.record("curve", &key("cpu_us"), (cpu1 - cpu0) / n * 1e6);
+            for (m, q) in [
+                ("p50_ms", 0.5),
+                ("p99_ms", 0.99),
+                ("p999_ms", 0.999),
+                ("max_ms", 1.0),
+            ] {
+                results.record("curve", &key(m), quantile(&latencies, q));
+            }
+        }
+        relay.stop();
+        world.drop_slot(&kind.slot()).await;
+    }
+}
+
+/// One event tagged `tag` (its event type), in a transaction of its own.
+async fn write(world: &World, n: i64, tag: &str) {
+    world
+        .execute(&format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'order-' || g, '{tag}', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
+        ))
+        .await;
+}
+
+/// pgbench, 8 clients, one ~200-byte event per transaction tagged `tag`,
+/// at `rate` events/s (`None`: as fast as it goes) for `seconds`; returns
+/// how many events it committed.
+fn pgbench(
+    world: &World,
+    dir: &std::path::Path,
+    tag: &str,
+    rate: Option<u32>,
+    seconds: u32,
+) -> i64 {
+    let script = dir.join(format!("{tag}.sql"));
+    std::fs::write(
+        &script,
+        format!(
+            "\\set n random(1, 1000)\n\
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'order-' || :n, '{tag}', \
+             jsonb_build_object('order_id', 'order-' || :n, 'total', :n, 'pad', repeat('x', 60)));\n"
+        ),
+    )
+    .expect("write pgbench's script");
+    let mut cmd = world.pg_tool("pgbench");
+    cmd.args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&script);
+    if let Some(r) = rate {
+        cmd.args(["-R", &r.to_string()]);
+    }
+    let out = cmd.arg(&world.url).output().expect("run pgbench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("pgbench's count of transactions: {text}"))
+}
+
+/// Commit → appended on `topic` of every event tagged `tag`, in ms, sorted.
+async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f64> {
+    let rows = world
+        .client
+        .query(
+            "SELECT id::text, (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::float8
+               FROM outbox_events WHERE event_type = $1",
+            &[&tag],
+        )
+        .await
+        .expect("the events' commit times");
+    let mut committed: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut out = Vec::with_capacity(committed.len());
+    let n = committed.len();
+    for r in world.read_back(topic, from) {
+        // The first copy of each event counts.
+        if let Some(c) = committed.remove(&r.id) {
+            out.push(r.appended_ms as f64 - c);
+        }
+    }
+    assert!(
+        committed.is_empty(),
+        "{topic}: {} of {n} events tagged {tag} never arrived",
+        committed.len()
+    );
+    out.sort_by(f64::total_cmp);
+    out
+}
