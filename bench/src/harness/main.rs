@@ -48,6 +48,21 @@ impl Scale {
     pub(crate) fn large_events(self) -> i64 {
         100_000 / self.divisor
     }
+    /// The backlogs of the `small` and `large` phases, in that order.
+    pub(crate) fn backlogs(self) -> [peers::Backlog; 2] {
+        [
+            peers::Backlog {
+                phase: "small",
+                events: self.small_events(),
+                large: false,
+            },
+            peers::Backlog {
+                phase: "large",
+                events: self.large_events(),
+                large: true,
+            },
+        ]
+    }
     pub(crate) fn kill_events(self) -> i64 {
         200_000 / self.divisor
     }
@@ -126,21 +141,10 @@ async fn main() -> ExitCode {
     let wants = |p: &str| only.iter().any(|o| o == p);
     for run in 1..=scale.runs {
         results.set_run(run);
-        if wants("small") {
-            let b = peers::Backlog {
-                phase: "small",
-                events: scale.small_events(),
-                large: false,
-            };
-            peers::backlog(&mut results, &walbox, b).await;
-        }
-        if wants("large") {
-            let b = peers::Backlog {
-                phase: "large",
-                events: scale.large_events(),
-                large: true,
-            };
-            peers::backlog(&mut results, &walbox, b).await;
+        for b in scale.backlogs() {
+            if wants(b.phase) {
+                peers::backlog(&mut results, &walbox, b).await;
+            }
         }
         if wants("curve") {
             peers::curve(&mut results, &walbox, scale.curve_seconds()).await;

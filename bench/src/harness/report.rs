@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::process::Command;
 
-use crate::peers::{Backlog, KILLED, RATES, RELAYS};
+use crate::peers::{point_name, Backlog, KILLED, RATES, RELAYS};
 use crate::relay::{Kind, CONNECTOR, JVM, WORKER};
 use crate::results::Results;
 use crate::Scale;
@@ -24,18 +24,7 @@ pub(crate) async fn peers(r: &Results, scale: Scale) -> String {
         scale.runs
     );
     let _ = writeln!(s, "{}\n", machine());
-    for b in [
-        Backlog {
-            phase: "small",
-            events: scale.small_events(),
-            large: false,
-        },
-        Backlog {
-            phase: "large",
-            events: scale.large_events(),
-            large: true,
-        },
-    ] {
+    for b in scale.backlogs() {
         if r.has(b.phase, "events") {
             backlog(&mut s, r, b);
         }
@@ -163,7 +152,7 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
     let _ = writeln!(s, "| asked rate (pgbench, 8 clients, one event per transaction) | relay | events/s written | p50 | p99 | p99.9 | max | relay CPU µs per event |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     for rate in RATES {
-        let point = rate.map_or("max".to_owned(), |r| r.to_string());
+        let point = point_name(rate);
         for kind in RELAYS {
             let k = |m: &str| format!("{}_{point}_{m}", kind.slot());
             if !r.has("curve", &k("events")) {

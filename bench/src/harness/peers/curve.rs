@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{measured, wait_on_topic, RATES, RELAYS};
+use super::{measured, point_name, wait_on_topic, RATES, RELAYS};
 use crate::procstat;
 use crate::relay::{Kind, Relay};
 use crate::results::{quantile, Results};
@@ -37,7 +37,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
         );
         wait_on_topic(&world, &mut relay, &label, &topic, &from, warm).await;
         for rate in RATES {
-            let point = rate.map_or("max".to_owned(), |r| r.to_string());
+            let point = point_name(rate);
             eprintln!("bench: curve: {label} at {point} events/s for {seconds} s");
             let tag = format!("{}-{point}", kind.slot());
             let from = world.ends(&topic);

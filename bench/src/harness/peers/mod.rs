@@ -66,6 +66,11 @@ pub(crate) const KILLED: [Kind; 3] = [
 /// The curve's points: events/s, `None` as fast as pgbench writes.
 pub(crate) const RATES: [Option<u32>; 4] = [Some(1000), Some(5000), Some(20000), None];
 
+/// How a curve point is named in the figures: its rate, or `max`.
+pub(crate) fn point_name(rate: Option<u32>) -> String {
+    rate.map_or("max".to_owned(), |r| r.to_string())
+}
+
 pub(super) const TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 pub(super) const TICK: Duration = Duration::from_millis(20);
