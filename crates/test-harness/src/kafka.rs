@@ -326,12 +326,14 @@ fn consume_to_end_blocking(
     }
     consumer.assign(&tpl).map_err(|e| format!("assign: {e}"))?;
     let mut out = Vec::new();
+    let mut transient = None;
     while !targets.is_empty() {
         if Instant::now() > deadline {
             return Err(format!(
-                "read {topic}: partitions {:?} not read to their end within {timeout:?} ({} records so far)",
+                "read {topic}: partitions {:?} not read to their end within {timeout:?} ({} records so far){}",
                 targets.keys().collect::<Vec<_>>(),
-                out.len()
+                out.len(),
+                last_error(&transient)
             ));
         }
         match consumer.poll(Duration::from_millis(200)) {
@@ -342,7 +344,12 @@ fn consume_to_end_blocking(
                 out.push(m.detach());
                 continue;
             }
-            Some(Err(e)) => return Err(format!("read {topic}: {e}")),
+            Some(Err(e)) => {
+                transient = Some(
+                    fatal_or_transient(&consumer, e).map_err(|e| format!("read {topic}: {e}"))?,
+                );
+                continue;
+            }
             None => {}
         }
         let position = consumer.position().map_err(|e| e.to_string())?;
@@ -406,6 +413,7 @@ fn consume_blocking(
         .map_err(|e| format!("assign {topic}: {e}"))?;
     let mut got = Vec::new();
     let mut last_arrival = Instant::now();
+    let mut transient = None;
     loop {
         if n.is_some_and(|n| got.len() >= n) {
             return Ok(got);
@@ -416,8 +424,9 @@ fn consume_blocking(
         if Instant::now() >= deadline {
             return match n {
                 Some(n) => Err(format!(
-                    "timed out after {timeout:?}: {} of {n} messages arrived on {topic}",
-                    got.len()
+                    "timed out after {timeout:?}: {} of {n} messages arrived on {topic}{}",
+                    got.len(),
+                    last_error(&transient)
                 )),
                 None => Ok(got),
             };
@@ -427,10 +436,38 @@ fn consume_blocking(
                 got.push(m.detach());
                 last_arrival = Instant::now();
             }
-            Some(Err(e)) => return Err(format!("consume {topic}: {e}")),
+            Some(Err(e)) => {
+                transient = Some(
+                    fatal_or_transient(&consumer, e)
+                        .map_err(|e| format!("consume {topic}: {e}"))?,
+                );
+            }
             None => {}
         }
     }
+}
+
+/// A consumer's error from `poll`: librdkafka reports a broker it lost
+/// (a killed or restarting broker: `BrokerTransportFailure`,
+/// `AllBrokersDown`) and goes on by itself, so the read goes on until its
+/// deadline and the error is kept for the message if that passes. Only a
+/// fatal client error ends the read now.
+fn fatal_or_transient(
+    consumer: &BaseConsumer,
+    error: rdkafka::error::KafkaError,
+) -> Result<String, String> {
+    if let Some((code, reason)) = consumer.client().fatal_error() {
+        return Err(format!("{error} (fatal: {code:?}: {reason})"));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    Ok(error.to_string())
+}
+
+fn last_error(transient: &Option<String>) -> String {
+    transient
+        .as_ref()
+        .map(|e| format!("; last consumer error: {e}"))
+        .unwrap_or_default()
 }
 
 /// A message's headers as a name → UTF-8 value map (lossy), for assertions.
@@ -447,4 +484,54 @@ pub fn headers_of(m: &OwnedMessage) -> HashMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    fn produce(kafka: &TestKafka, topic: &str, from: usize, n: usize) {
+        let producer: BaseProducer = kafka.client_config().create().expect("producer");
+        for i in from..from + n {
+            let value = format!("event {i}");
+            producer
+                .send(BaseRecord::<str, str>::to(topic).payload(&value))
+                .expect("queue a record");
+        }
+        producer.flush(Duration::from_secs(10)).expect("flush");
+    }
+
+    /// A broker lost while a test reads (killed, restarting) is a pause,
+    /// not the end of the read: the consumer reconnects and the read gets
+    /// every record.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_outlives_its_broker_going_down_and_up() {
+        let kafka = TestKafka::mock(1);
+        let topic = kafka.create_topic(1).await;
+        produce(&kafka, &topic, 0, 10);
+        let reading = {
+            let config = kafka.client_config();
+            let topic = topic.clone();
+            std::thread::spawn(move || {
+                consume_blocking(&config, &topic, Some(20), None, Duration::from_secs(60))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        let mock = kafka.mock_cluster().expect("a mock cluster");
+        mock.broker_down(1).expect("broker down");
+        std::thread::sleep(Duration::from_secs(3));
+        mock.broker_up(1).expect("broker up");
+        produce(&kafka, &topic, 10, 10);
+        let got = reading
+            .join()
+            .expect("reader thread")
+            .expect("read every record");
+        let values: Vec<String> = got
+            .iter()
+            .map(|m| String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned())
+            .collect();
+        let expected: Vec<String> = (0..20).map(|i| format!("event {i}")).collect();
+        assert_eq!(values, expected);
+    }
 }
