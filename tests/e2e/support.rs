@@ -148,24 +148,7 @@ pub(crate) fn free_addr() -> String {
     format!("127.0.0.1:{}", walbox_test_harness::port::free_port())
 }
 
-/// `GET path` over HTTP/1.1; returns (status, body), or `None` when nothing listens yet.
-pub(crate) fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        status,
-        out.split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_owned()),
-    ))
-}
+pub(crate) use walbox_test_harness::http::get as http_get;
 
 /// Waits until `GET path` answers `status`.
 pub(crate) async fn wait_http(addr: &str, path: &str, status: u16) -> String {

@@ -1,25 +1,7 @@
-//! `walbox-bench`: the benchmark harness (docs/benchmarks.md). Each phase
-//! runs on a fresh private Postgres (durable: fsync and full_page_writes
-//! on) and a fresh Apache Kafka node, RUNS times; the report gives the
-//! median and the range of every figure. `scripts/bench` builds and runs
-//! it.
-//!
-//! ```text
-//! walbox-bench [--runs N] [--only PHASE[,PHASE…]] [--quick] [--out DIR] [--write-doc FILE]
-//! ```
-//! Phases, walbox and Debezium side by side (`peers`):
-//! `small` (500,000 events of ~200 B), `large` (100,000 of ~2 KB),
-//! `curve` (commit → on the topic at 1k/5k/20k events/s and unthrottled),
-//! `kill` (duplicates after one kill -9).
-//!
-//! `--walbox-only` leaves Debezium out: for measuring a change to walbox
-//! (run it with each build as `WALBOX_BIN`).
-//!
-//! Needs `WALBOX_BIN` (a release build of walbox), `WALBOX_KAFKA_LIBS`
-//! (scripts/install-kafka) and `WALBOX_DEBEZIUM_LIBS`
-//! (scripts/install-debezium); the Postgres binaries are found as by the
-//! tests (`WALBOX_PG_BIN`, else Debian's).
+//! `walbox-bench`: the benchmark harness (docs/benchmarks.md). See
+//! [`USAGE`].
 
+mod alone;
 mod peers;
 mod procstat;
 mod relay;
@@ -32,7 +14,81 @@ use std::process::ExitCode;
 
 use results::Results;
 
-pub(crate) const PHASES: [&str; 4] = ["small", "large", "curve", "kill"];
+const USAGE: &str = "\
+walbox-bench: the benchmark harness (docs/benchmarks.md); scripts/bench builds and runs it.
+
+Each phase runs on a fresh private Postgres (durable: fsync, full_page_writes and
+synchronous_commit on, commit timestamps tracked) and a fresh Apache Kafka node
+(KRaft), RUNS times; the report gives the median and the range of every figure.
+
+Usage: walbox-bench [--runs N] [--only PHASE[,PHASE...]] [--quick] [--out DIR]
+                    [--write-doc FILE] [--walbox-only]
+
+Phases (all but retention by default):
+  small      500,000 events of ~200 B, transactions of 100: pg_recvlogical (the
+             slot's own limit), walbox, Debezium and the polling relay (batch 50
+             and 500) drain them; time until every event is on the topic (read
+             back: every event id once), CPU, peak RSS, what each cost the primary
+  large      the same with 100,000 events of ~2 KB
+  huge       one transaction of 1,000,000 rows (pg_recvlogical, walbox, Debezium)
+  messages   the small backlog through walbox.emit() (no table): pg_recvlogical
+             with messages on, walbox with source = messages
+  curve      commit -> on the topic at 1k/5k/20k events/s and unthrottled, exact
+             over every event, walbox and Debezium
+  kill       duplicates after one kill -9 mid-backlog, walbox and Debezium
+  eos        exactly-once beside at-least-once on the small backlog, one
+             transaction of 1,000,000 rows exactly-once, commit -> ack at 5k/s
+  shards     the small backlog drained by 1, 2 and 4 shards
+  writecost  what writing an event costs the application (pgbench, no relay)
+  cleanup    what keeping the outbox small costs the primary, five ways
+  retention  5,000 events/s for 10 minutes with retention off, on, and on a
+             partitioned outbox (30 minutes a run)
+
+  peers      small, large, huge, messages, curve and kill: the phases of the
+             section beside Debezium
+
+  --runs N        runs of each phase (default 3)
+  --quick         one run at a tenth of the size: checks the harness
+  --out DIR       where results.tsv and the sections' markdown go (target/bench)
+  --write-doc F   replace the generated sections of F whose phases all ran
+  --walbox-only   leave Debezium out (to compare one walbox build with another,
+                  run with each as WALBOX_BIN)
+
+Needs WALBOX_BIN (a release build of walbox), WALBOX_KAFKA_LIBS
+(scripts/install-kafka) and WALBOX_DEBEZIUM_LIBS (scripts/install-debezium);
+the Postgres binaries are found as by the tests (WALBOX_PG_BIN, else Debian's).
+WALBOX_BENCH_ARGS adds flags to every walbox run (e.g. \"--kafka-property linger.ms=5\").
+";
+
+/// Every phase, in the order a run takes them.
+pub(crate) const PHASES: [&str; 11] = [
+    "small",
+    "large",
+    "huge",
+    "messages",
+    "curve",
+    "kill",
+    "eos",
+    "shards",
+    "writecost",
+    "cleanup",
+    "retention",
+];
+
+/// The phases run when `--only` does not say: all but `retention` (three
+/// times ten minutes of writes).
+const DEFAULT_PHASES: [&str; 10] = [
+    "small",
+    "large",
+    "huge",
+    "messages",
+    "curve",
+    "kill",
+    "eos",
+    "shards",
+    "writecost",
+    "cleanup",
+];
 
 /// How big a run is: `--quick` is a tenth, one run, to check the harness.
 #[derive(Clone, Copy)]
@@ -48,18 +104,42 @@ impl Scale {
     pub(crate) fn large_events(self) -> i64 {
         100_000 / self.divisor
     }
-    /// The backlogs of the `small` and `large` phases, in that order.
-    pub(crate) fn backlogs(self) -> [peers::Backlog; 2] {
+    /// The backlog phases, in the order they run.
+    pub(crate) fn backlogs(self) -> [peers::Backlog; 4] {
+        use peers::{Backlog, Rows};
         [
-            peers::Backlog {
+            Backlog {
                 phase: "small",
                 events: self.small_events(),
-                large: false,
+                tx: 100,
+                rows: Rows::Small,
+                debezium: true,
+                pollers: true,
             },
-            peers::Backlog {
+            Backlog {
                 phase: "large",
                 events: self.large_events(),
-                large: true,
+                tx: 100,
+                rows: Rows::Large,
+                debezium: true,
+                pollers: true,
+            },
+            // One transaction of a million rows: what a bulk import does.
+            Backlog {
+                phase: "huge",
+                events: 1_000_000 / self.divisor,
+                tx: 1_000_000 / self.divisor,
+                rows: Rows::Small,
+                debezium: true,
+                pollers: false,
+            },
+            Backlog {
+                phase: "messages",
+                events: self.small_events(),
+                tx: 100,
+                rows: Rows::Messages,
+                debezium: false,
+                pollers: false,
             },
         ]
     }
@@ -69,6 +149,9 @@ impl Scale {
     pub(crate) fn curve_seconds(self) -> u32 {
         (20 / self.divisor).max(2) as u32
     }
+    pub(crate) fn retention_seconds(self) -> u32 {
+        (600 / self.divisor) as u32
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +160,7 @@ async fn main() -> ExitCode {
         divisor: 1,
         runs: 3,
     };
-    let mut only: Vec<String> = PHASES.iter().map(|s| (*s).to_owned()).collect();
+    let mut only: Vec<String> = DEFAULT_PHASES.iter().map(|s| (*s).to_owned()).collect();
     let mut doc: Option<String> = None;
     let mut out: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
@@ -94,9 +177,18 @@ async fn main() -> ExitCode {
                 None => return usage("--runs takes a positive integer"),
             },
             "--only" => {
+                // `peers`: the phases of the section beside Debezium.
                 only = args
                     .next()
-                    .map(|v| v.split(',').map(str::to_owned).collect())
+                    .map(|v| {
+                        v.split(',')
+                            .flat_map(|p| match p {
+                                "peers" => report::PEERS_PHASES.to_vec(),
+                                p => vec![p],
+                            })
+                            .map(str::to_owned)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if let Some(bad) = only.iter().find(|p| !PHASES.contains(&p.as_str())) {
                     return usage(&format!("unknown phase {bad:?}"));
@@ -106,10 +198,7 @@ async fn main() -> ExitCode {
             "--walbox-only" => peers::set_walbox_only(),
             "--write-doc" => doc = args.next(),
             "-h" | "--help" => {
-                println!(
-                    "walbox-bench [--runs N] [--only {}] [--quick] [--out DIR] [--write-doc FILE]",
-                    PHASES.join(",")
-                );
+                print!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
             other => return usage(&format!("unknown argument {other:?}")),
@@ -131,7 +220,7 @@ async fn main() -> ExitCode {
         eprintln!("walbox-bench: create {}: {e}", out.display());
         return ExitCode::FAILURE;
     }
-    let mut results = match Results::create(&out.join("peers.tsv")) {
+    let mut results = match Results::create(&out.join("results.tsv")) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("walbox-bench: {}: {e}", out.display());
@@ -152,18 +241,44 @@ async fn main() -> ExitCode {
         if wants("kill") {
             peers::kill(&mut results, &walbox, scale.kill_events()).await;
         }
-    }
-    let text = report::peers(&results, scale).await;
-    println!("{text}");
-    if let Err(e) = std::fs::write(out.join("peers.md"), &text) {
-        eprintln!("walbox-bench: write the report: {e}");
-    }
-    if let Some(path) = doc {
-        if let Err(e) = report::write_doc(&path, &text) {
-            eprintln!("walbox-bench: {e}");
-            return ExitCode::FAILURE;
+        if wants("eos") {
+            alone::eos(&mut results, &walbox, scale).await;
         }
-        eprintln!("walbox-bench: updated {path}");
+        if wants("shards") {
+            alone::shards(&mut results, &walbox, scale.small_events()).await;
+        }
+        if wants("writecost") {
+            alone::write_cost(&mut results, &walbox, scale.curve_seconds()).await;
+        }
+        if wants("cleanup") {
+            alone::cleanup(&mut results, &walbox, scale.large_events()).await;
+        }
+        if wants("retention") {
+            alone::retention(&mut results, &walbox, scale.retention_seconds()).await;
+        }
+    }
+    let mut failed = false;
+    for (name, whole, text) in report::sections(&results, scale, &only) {
+        println!("{text}");
+        if let Err(e) = std::fs::write(out.join(format!("{name}.md")), &text) {
+            eprintln!("walbox-bench: write the report: {e}");
+        }
+        match &doc {
+            Some(path) if whole => match report::write_doc(path, name, &text) {
+                Ok(()) => eprintln!("walbox-bench: updated the {name} section of {path}"),
+                Err(e) => {
+                    eprintln!("walbox-bench: {e}");
+                    failed = true;
+                }
+            },
+            Some(path) => eprintln!(
+                "walbox-bench: the {name} section of {path} left as it was: not all of its phases ran"
+            ),
+            None => {}
+        }
+    }
+    if failed {
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }

@@ -15,6 +15,8 @@ use crate::world::World;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Walbox,
+    /// walbox with `delivery = "exactly-once"`, on its own slot.
+    WalboxExactlyOnce,
     /// Debezium, its offsets flushed every `flush_ms`.
     Debezium {
         flush_ms: u32,
@@ -74,6 +76,7 @@ impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Walbox => "walbox",
+            Kind::WalboxExactlyOnce => "walbox_eos",
             Kind::Debezium { .. } => "debezium",
         }
     }
@@ -82,6 +85,7 @@ impl Kind {
     pub(crate) fn label(self) -> String {
         match self {
             Kind::Walbox => "walbox".into(),
+            Kind::WalboxExactlyOnce => "walbox, exactly-once".into(),
             Kind::Debezium { flush_ms } => format!(
                 "Debezium (offsets flushed every {} s)",
                 f64::from(flush_ms) / 1000.0
@@ -107,10 +111,27 @@ impl Kind {
 
     /// Creates its slot (and, for walbox, the publication both read).
     pub(crate) async fn init(self, world: &World) {
+        self.init_with(world, &[]).await;
+    }
+
+    /// [`Kind::init`], with more flags for walbox's `init-slot` (e.g.
+    /// `--source messages`).
+    pub(crate) async fn init_with(self, world: &World, flags: &[&str]) {
         match self {
-            Kind::Walbox => world.walbox(&["init-slot", "--slot", &self.slot()]),
+            Kind::Walbox | Kind::WalboxExactlyOnce => {
+                let mut args = vec!["init-slot", "--slot"];
+                let slot = self.slot();
+                args.push(&slot);
+                args.extend_from_slice(flags);
+                world.walbox(&args);
+            }
             Kind::Debezium { .. } => world.create_slot(&self.slot()).await,
         }
+    }
+
+    /// One of walbox's.
+    pub(crate) fn is_walbox(self) -> bool {
+        matches!(self, Kind::Walbox | Kind::WalboxExactlyOnce)
     }
 }
 
@@ -124,22 +145,35 @@ pub(crate) enum Relay {
 
 impl Relay {
     pub(crate) fn start(kind: Kind, world: &World) -> Relay {
+        Relay::start_with(kind, world, &[])
+    }
+
+    /// [`Relay::start`], with more flags for `walbox run` (e.g. `--source
+    /// messages`); walbox's log at `info` for its own run module, whose
+    /// exact latency line [`Relay::stop_walbox`] reads.
+    pub(crate) fn start_with(kind: Kind, world: &World, flags: &[&str]) -> Relay {
         match kind {
-            Kind::Walbox => {
+            Kind::Walbox | Kind::WalboxExactlyOnce => {
                 let (bin, url, brokers) = (
                     world.walbox_bin.clone(),
                     world.url.clone(),
                     world.bootstrap(),
                 );
+                let mut args: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+                if kind == Kind::WalboxExactlyOnce {
+                    args.extend(["--delivery".into(), "exactly-once".into()]);
+                }
                 let command = move || {
                     let mut c = Command::new(&bin);
-                    c.env("WALBOX_LOG", "warn")
-                        .args(["run", "--slot", &Kind::Walbox.slot()])
-                        .args(["--mapping-topic-template", "walbox.{aggregate_type}"])
+                    c.env("WALBOX_LOG", "warn,walbox::commands::run=info")
+                        .args(["run", "--slot", &kind.slot()])
+                        .arg("--mapping-topic-template")
+                        .arg(format!("{}.{{aggregate_type}}", kind.slot()))
                         .arg("--pg-url")
                         .arg(&url)
                         .arg("--kafka-brokers")
-                        .arg(&brokers);
+                        .arg(&brokers)
+                        .args(&args);
                     if let Ok(extra) = std::env::var("WALBOX_BENCH_ARGS") {
                         c.args(extra.split_whitespace());
                     }
@@ -214,18 +248,84 @@ impl Relay {
     /// SIGTERM, and waits for it to end.
     pub(crate) fn stop(&mut self) {
         match self {
-            Relay::Walbox { process, .. } => {
-                process.signal("TERM");
-                let status = process.wait();
-                assert!(
-                    status.success(),
-                    "walbox exited with {status} on SIGTERM:\n{}",
-                    tail(&process.log(), 30)
-                );
+            Relay::Walbox { .. } => {
+                self.stop_walbox();
             }
             Relay::Debezium(d) => d.stop(),
         }
     }
+
+    /// Stops walbox (SIGTERM) and returns its exact commit → ack
+    /// percentiles since it started, from the line it logs as it stops:
+    /// `(events, p50, p99, p99.9, max)`, ms.
+    pub(crate) fn stop_walbox(&mut self) -> Option<ExactLatency> {
+        let Relay::Walbox { process, .. } = self else {
+            return None;
+        };
+        process.signal("TERM");
+        let status = process.wait();
+        let log = process.log();
+        assert!(
+            status.success(),
+            "walbox exited with {status} on SIGTERM:\n{}",
+            tail(&log, 30)
+        );
+        ExactLatency::parse(&log)
+    }
+}
+
+/// walbox's exact commit → ack percentiles, from its log (see
+/// `log_exact` in crates/walbox/src/commands/run.rs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExactLatency {
+    pub(crate) events: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) p999_ms: f64,
+    pub(crate) max_ms: f64,
+}
+
+impl ExactLatency {
+    fn parse(log: &str) -> Option<ExactLatency> {
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("commit to ack since start (exact)"))?;
+        let line = &without_colours(line);
+        let field = |name: &str| -> Option<f64> {
+            let at = line.find(&format!("{name}="))? + name.len() + 1;
+            let v: String = line[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            v.parse().ok()
+        };
+        Some(ExactLatency {
+            events: field("events")?,
+            p50_ms: field("p50_ms")?,
+            p99_ms: field("p99_ms")?,
+            p999_ms: field("p999_ms")?,
+            max_ms: field("max_ms")?,
+        })
+    }
+}
+
+/// `line` without terminal colour sequences (`ESC [ … m`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -237,4 +337,23 @@ fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExactLatency;
+
+    #[test]
+    fn reads_walbox_s_exact_latency_line_coloured_or_not() {
+        let plain = "2026-11-25T09:00:00Z  INFO walbox::commands::run: commit to ack since start (exact) events=100 p50_ms=4.2 p99_ms=9 p999_ms=12.5 max_ms=30.25";
+        let l = ExactLatency::parse(plain).expect("parsed");
+        assert_eq!(
+            (l.events, l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms),
+            (100.0, 4.2, 9.0, 12.5, 30.25)
+        );
+        let coloured = "\u{1b}[32m INFO\u{1b}[0m commit to ack since start (exact) \u{1b}[3mevents\u{1b}[0m\u{1b}[2m=\u{1b}[0m7 \u{1b}[3mp50_ms\u{1b}[0m\u{1b}[2m=\u{1b}[0m1 p99_ms=2 p999_ms=3 max_ms=4";
+        let l = ExactLatency::parse(coloured).expect("parsed");
+        assert_eq!((l.events, l.max_ms), (7.0, 4.0));
+        assert!(ExactLatency::parse("commit to read since start (exact) events=1").is_none());
+    }
 }

@@ -37,6 +37,13 @@ pub(crate) struct World {
     watermarks: BaseConsumer,
 }
 
+/// What runs pgbench against the world's Postgres, from any thread.
+#[derive(Clone)]
+pub(crate) struct Writer {
+    pub(crate) pgbench: std::path::PathBuf,
+    pub(crate) url: String,
+}
+
 /// See [`World::table_stats`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TableStats {
@@ -105,6 +112,13 @@ impl World {
 
     pub(crate) fn bootstrap(&self) -> String {
         self.cluster.bootstrap()
+    }
+
+    pub(crate) fn writer(&self) -> Writer {
+        Writer {
+            pgbench: self.pg.bin_dir().join("pgbench"),
+            url: self.url.clone(),
+        }
     }
 
     /// The Postgres binary `name` of the running server.
@@ -202,6 +216,20 @@ impl World {
             .await
             .expect("read the slot")
             .is_some()
+    }
+
+    /// Whether every slot named like `pattern` (SQL `LIKE`; at least one)
+    /// confirmed `lsn`.
+    pub(crate) async fn all_confirmed(&self, pattern: &str, lsn: &str) -> bool {
+        self.client
+            .query_one(
+                "SELECT count(*) > 0 AND bool_and(coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, false))
+                   FROM pg_replication_slots WHERE slot_name LIKE $1",
+                &[&pattern, &lsn],
+            )
+            .await
+            .expect("read the slots")
+            .get(0)
     }
 
     /// The walsender streaming from `slot`, if one is.

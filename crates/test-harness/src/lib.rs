@@ -28,6 +28,7 @@
 pub mod apache_kafka;
 pub mod debezium;
 pub mod generated_doc;
+pub mod http;
 pub mod kafka;
 pub mod migrations;
 pub mod pg;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use super::{measured, preload, watch, Backlog, RELAYS, TICK, TIMEOUT};
+use super::{preload, watch, Backlog, Rows, TICK, TIMEOUT};
 use crate::procstat;
 use crate::relay::{Kind, Relay};
 use crate::results::Results;
@@ -13,32 +13,47 @@ use crate::world::{TableStats, World};
 
 pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     let world = World::start(walbox).await;
-    for kind in measured(RELAYS) {
-        kind.init(&world).await;
+    for kind in b.relays() {
+        kind.init_with(&world, &["--source", b.source()]).await;
         world.create_topic(&kind.topic()).await;
     }
     world.create_slot("bench_recvlogical").await;
-    eprintln!("bench: {}: writing {} events", b.phase, b.events);
-    let end = preload(&world, b.events, b.large).await;
-    let row: i32 = world
-        .one("SELECT avg(pg_column_size(t.*))::int FROM outbox_events t")
-        .await;
+    eprintln!(
+        "bench: {}: writing {} events in transactions of {}",
+        b.phase, b.events, b.tx
+    );
+    let end = preload(&world, b).await;
+    let row: i32 = if b.rows == Rows::Messages {
+        // The envelope walbox.emit() writes.
+        world
+            .one(
+                "SELECT length(jsonb_build_object('v', 1, 'id', gen_random_uuid(),
+                   'aggregate_type', 'order', 'aggregate_id', 'order-1', 'event_type', 'OrderCreated',
+                   'payload', jsonb_build_object('order_id', 'order-1', 'total', 1, 'pad', repeat('x', 60)),
+                   'headers', '{}'::jsonb, 'created_at', now())::text)",
+            )
+            .await
+    } else {
+        world
+            .one("SELECT avg(pg_column_size(t.*))::int FROM outbox_events t")
+            .await
+    };
     results.record(b.phase, "events", b.events as f64);
     results.record(b.phase, "row_bytes", f64::from(row));
 
     let n = b.events as f64;
     let c0 = world.server_cpu().await;
-    let (secs, walsender) = recvlogical(&world, &end).await;
+    let (secs, walsender) = recvlogical(&world, &end, b.rows == Rows::Messages).await;
     let c1 = world.server_cpu().await;
     results.record(b.phase, "recvlogical_s", secs);
     results.record(b.phase, "recvlogical_eps", n / secs);
     results.record(b.phase, "recvlogical_walsender_us", walsender / n * 1e6);
     results.record(b.phase, "recvlogical_pg_us", (c1 - c0) / n * 1e6);
 
-    for kind in measured(RELAYS) {
+    for kind in b.relays() {
         eprintln!("bench: {}: {} drains it", b.phase, kind.label());
         let before = Primary::read(&world, "outbox_events").await;
-        let d = drain(&world, kind, b.events, &end).await;
+        let d = drain(&world, kind, b, &end).await;
         let cost = before.cost(&world).await;
         let p = |m: &str| format!("{}_{m}", kind.slot());
         results.record(b.phase, &p("s"), d.secs);
@@ -61,7 +76,9 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
         }
         cost.record(results, b.phase, &kind.slot(), n);
     }
-    pollers(results, &world, b).await;
+    if b.pollers {
+        pollers(results, &world, b).await;
+    }
 }
 
 /// What the primary had done when a reader started: its CPU, the outbox
@@ -215,8 +232,9 @@ async fn pollers(results: &mut Results, world: &World, b: Backlog) {
 }
 
 /// pg_recvlogical drains the slot `bench_recvlogical` to `/dev/null` up to
-/// `end`: seconds, and its walsender's CPU seconds (sampled every 20 ms).
-async fn recvlogical(world: &World, end: &str) -> (f64, f64) {
+/// `end` (with logical decoding messages when `messages`): seconds, and
+/// its walsender's CPU seconds (sampled every 20 ms).
+async fn recvlogical(world: &World, end: &str, messages: bool) -> (f64, f64) {
     let t0 = Instant::now();
     let mut child = world
         .pg_tool("pg_recvlogical")
@@ -234,6 +252,12 @@ async fn recvlogical(world: &World, end: &str) -> (f64, f64) {
             "proto_version=1",
             "-o",
             "publication_names=walbox_outbox",
+            "-o",
+            if messages {
+                "messages=true"
+            } else {
+                "messages=false"
+            },
             "-f",
             "/dev/null",
         ])
@@ -274,12 +298,13 @@ struct Drain {
     duplicates: usize,
 }
 
-async fn drain(world: &World, kind: Kind, events: i64, end_lsn: &str) -> Drain {
+async fn drain(world: &World, kind: Kind, b: Backlog, end_lsn: &str) -> Drain {
+    let events = b.events;
     let topic = kind.topic();
     let slot = kind.slot();
     let from = world.ends(&topic);
     let t0 = Instant::now();
-    let mut relay = Relay::start(kind, world);
+    let mut relay = Relay::start_with(kind, world, &["--source", b.source()]);
     let pid = relay.pid();
     let (mut first, mut walsender, mut walsender_cpu_s) = (None, None, 0.0);
     loop {
@@ -303,7 +328,7 @@ async fn drain(world: &World, kind: Kind, events: i64, end_lsn: &str) -> Drain {
     let secs = t0.elapsed().as_secs_f64();
     let end = procstat::usage(pid).expect("the relay runs");
     let mut confirmed_secs = None;
-    if kind == Kind::Walbox {
+    if kind.is_walbox() {
         while !world.confirmed(&slot, end_lsn).await {
             watch(&mut relay, t0, &kind.label());
             tokio::time::sleep(TICK).await;

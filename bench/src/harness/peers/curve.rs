@@ -6,7 +6,7 @@ use super::{measured, point_name, wait_on_topic, RATES, RELAYS};
 use crate::procstat;
 use crate::relay::{Kind, Relay};
 use crate::results::{quantile, Results};
-use crate::world::World;
+use crate::world::{World, Writer};
 
 pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
     let world = World::start(walbox).await;
@@ -29,7 +29,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
         wait_on_topic(&world, &mut relay, &label, &topic, &from, 1).await;
         let from = world.ends(&topic);
         let warm = pgbench(
-            &world,
+            &world.writer(),
             dir.path(),
             &format!("{}-warm-up", kind.slot()),
             Some(5000),
@@ -42,7 +42,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
             let tag = format!("{}-{point}", kind.slot());
             let from = world.ends(&topic);
             let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
-            let written = pgbench(&world, dir.path(), &tag, rate, seconds);
+            let written = pgbench(&world.writer(), dir.path(), &tag, rate, seconds);
             wait_on_topic(&world, &mut relay, &label, &topic, &from, written).await;
             let cpu1 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
             let latencies = latencies(&world, &topic, &from, &tag).await;
@@ -78,8 +78,8 @@ async fn write(world: &World, n: i64, tag: &str) {
 /// pgbench, 8 clients, one ~200-byte event per transaction tagged `tag`,
 /// at `rate` events/s (`None`: as fast as it goes) for `seconds`; returns
 /// how many events it committed.
-fn pgbench(
-    world: &World,
+pub(crate) fn pgbench(
+    writer: &Writer,
     dir: &std::path::Path,
     tag: &str,
     rate: Option<u32>,
@@ -96,13 +96,13 @@ fn pgbench(
         ),
     )
     .expect("write pgbench's script");
-    let mut cmd = world.pg_tool("pgbench");
+    let mut cmd = std::process::Command::new(&writer.pgbench);
     cmd.args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
         .arg(&script);
     if let Some(r) = rate {
         cmd.args(["-R", &r.to_string()]);
     }
-    let out = cmd.arg(&world.url).output().expect("run pgbench");
+    let out = cmd.arg(&writer.url).output().expect("run pgbench");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::{measured, preload, wait_on_topic, watch, KILLED};
+use super::{measured, preload, wait_on_topic, watch, Backlog, KILLED};
 use crate::relay::Relay;
 use crate::results::Results;
 use crate::world::World;
@@ -15,7 +15,7 @@ pub(crate) async fn kill(results: &mut Results, walbox: &str, events: i64) {
         world.create_topic(&kind.topic()).await;
     }
     eprintln!("bench: kill: writing {events} events");
-    preload(&world, events, false).await;
+    preload(&world, Backlog::small("kill", events)).await;
     results.record("kill", "events", events as f64);
     for kind in measured(KILLED) {
         let label = kind.label();

@@ -25,7 +25,7 @@ use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
 use crate::world::World;
 
 pub(crate) use backlog::backlog;
-pub(crate) use curve::curve;
+pub(crate) use curve::{curve, pgbench};
 pub(crate) use kill::kill;
 
 static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
@@ -71,37 +71,102 @@ pub(crate) fn point_name(rate: Option<u32>) -> String {
     rate.map_or("max".to_owned(), |r| r.to_string())
 }
 
-pub(super) const TIMEOUT: Duration = Duration::from_secs(20 * 60);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
-pub(super) const TICK: Duration = Duration::from_millis(20);
+pub(crate) const TICK: Duration = Duration::from_millis(20);
 
+/// A backlog phase: what is written before the readers start, and who
+/// reads it.
 #[derive(Clone, Copy)]
 pub(crate) struct Backlog {
     pub(crate) phase: &'static str,
     pub(crate) events: i64,
-    pub(crate) large: bool,
+    /// Events per transaction.
+    pub(crate) tx: i64,
+    pub(crate) rows: Rows,
+    /// Debezium reads it too (it reads no logical decoding messages).
+    pub(crate) debezium: bool,
+    /// The polling relay drains a copy of it.
+    pub(crate) pollers: bool,
 }
 
-/// Writes `events` outbox rows of aggregate type `order` over 1,000
-/// aggregates in transactions of 100: ~200-byte rows, or ~2 KB ones (hex
-/// text, which neither compresses nor moves out of line). Returns the WAL
-/// position after the last commit.
-pub(super) async fn preload(world: &World, events: i64, large: bool) -> String {
-    let pad = if large {
+/// What a backlog's events are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// Outbox rows of ~200 bytes.
+    Small,
+    /// Outbox rows of ~2 KB: hex text, which neither compresses nor moves
+    /// out of line.
+    Large,
+    /// The small rows' events through `walbox.emit()`: logical decoding
+    /// messages, no table (walbox's `source = "messages"`).
+    Messages,
+}
+
+impl Backlog {
+    /// `events` rows of ~200 bytes in transactions of 100, read by walbox
+    /// alone.
+    pub(crate) fn small(phase: &'static str, events: i64) -> Backlog {
+        Backlog {
+            phase,
+            events,
+            tx: 100,
+            rows: Rows::Small,
+            debezium: false,
+            pollers: false,
+        }
+    }
+
+    /// The relays that read it.
+    pub(crate) fn relays(self) -> Vec<Kind> {
+        if self.debezium {
+            measured(RELAYS)
+        } else {
+            vec![Kind::Walbox]
+        }
+    }
+
+    /// walbox's `--source` for it.
+    pub(crate) fn source(self) -> &'static str {
+        if self.rows == Rows::Messages {
+            "messages"
+        } else {
+            "table"
+        }
+    }
+}
+
+/// Writes `b.events` events of aggregate type `order` over 1,000
+/// aggregates in transactions of `b.tx`. Returns the WAL position after
+/// the last commit.
+pub(crate) async fn preload(world: &World, b: Backlog) -> String {
+    let (events, tx) = (b.events, b.tx);
+    let pad = if b.rows == Rows::Large {
         "(SELECT string_agg(md5(g::text || ':' || i), '') FROM generate_series(1, 55) i)"
     } else {
         "repeat('x', 60)"
+    };
+    let payload =
+        format!("jsonb_build_object('order_id', 'order-' || (g % 1000), 'total', g, 'pad', {pad})");
+    let write = if b.rows == Rows::Messages {
+        format!(
+            "PERFORM walbox.emit('order', 'order-' || (g % 1000), 'OrderCreated', {payload})
+               FROM generate_series(t * {tx}, t * {tx} + {tx} - 1) g;"
+        )
+    } else {
+        format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'order-' || (g % 1000), 'OrderCreated', {payload}
+               FROM generate_series(t * {tx}, t * {tx} + {tx} - 1) g;"
+        )
     };
     // One statement: a DO block may COMMIT only outside a transaction block.
     world
         .execute(&format!(
             "DO $$
              BEGIN
-               FOR t IN 0..({events} / 100 - 1) LOOP
-                 INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-                 SELECT 'order', 'order-' || (g % 1000), 'OrderCreated',
-                        jsonb_build_object('order_id', 'order-' || (g % 1000), 'total', g, 'pad', {pad})
-                   FROM generate_series(t * 100, t * 100 + 99) g;
+               FOR t IN 0..({events} / {tx} - 1) LOOP
+                 {write}
                  COMMIT;
                END LOOP;
              END $$"
@@ -115,7 +180,7 @@ pub(super) async fn preload(world: &World, events: i64, large: bool) -> String {
 }
 
 /// Fails the phase when the relay exited or took too long.
-pub(super) fn watch(relay: &mut Relay, t0: Instant, label: &str) {
+pub(crate) fn watch(relay: &mut Relay, t0: Instant, label: &str) {
     if let Some(log) = relay.exited() {
         panic!("{label} exited:\n{log}");
     }

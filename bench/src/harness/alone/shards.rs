@@ -1,0 +1,104 @@
+//! The small backlog drained by 1, 2 and 4 shards (`shards = N`, one
+//! slot, walsender and walbox process each).
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::Instant;
+
+use walbox_test_harness::walbox_process::WalboxProcess;
+
+use crate::peers::{preload, Backlog, TICK, TIMEOUT};
+use crate::procstat;
+use crate::results::Results;
+use crate::world::World;
+
+pub(crate) const SHARDS: [u32; 3] = [1, 2, 4];
+
+pub(crate) async fn shards(results: &mut Results, walbox: &str, events: i64) {
+    for n in SHARDS {
+        let world = World::start(walbox).await;
+        world.walbox(&["init-slot", "--shards", &n.to_string()]);
+        let topic = "walbox.order";
+        world.create_topic(topic).await;
+        eprintln!("bench: shards: {n} shard(s) drain {events} events");
+        let end = preload(&world, Backlog::small("shards", events)).await;
+        let from = world.ends(topic);
+        let cpu0 = world.server_cpu().await;
+        let t0 = Instant::now();
+        let mut processes: Vec<WalboxProcess> = (0..n)
+            .map(|i| {
+                let mut c = Command::new(walbox);
+                c.env("WALBOX_LOG", "warn")
+                    .args(["run", "--mapping-topic-template", "walbox.{aggregate_type}"])
+                    .arg("--pg-url")
+                    .arg(&world.url)
+                    .arg("--kafka-brokers")
+                    .arg(world.bootstrap());
+                if n > 1 {
+                    c.args(["--shards", &n.to_string(), "--shard", &i.to_string()]);
+                }
+                WalboxProcess::spawn(c)
+            })
+            .collect();
+        let slots: Vec<String> = if n > 1 {
+            (0..n).map(|i| format!("walbox_{i}")).collect()
+        } else {
+            vec!["walbox".into()]
+        };
+        // Each walsender's CPU, sampled as it goes (it ends with walbox).
+        let mut walsender_cpu = vec![0.0; slots.len()];
+        loop {
+            let mut done = true;
+            for (i, slot) in slots.iter().enumerate() {
+                if let Some(u) = world.walsender(slot).await.and_then(procstat::usage) {
+                    walsender_cpu[i] = u.cpu_s;
+                }
+                done &= world.confirmed(slot, &end).await;
+            }
+            if done {
+                break;
+            }
+            for p in &mut processes {
+                assert!(p.running(), "a shard exited:\n{}", p.log());
+            }
+            assert!(
+                t0.elapsed() < TIMEOUT,
+                "shards: not done within {TIMEOUT:?}"
+            );
+            tokio::time::sleep(TICK).await;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let server = world.server_cpu().await - cpu0;
+        let walbox_cpu: f64 = processes
+            .iter()
+            .filter_map(|p| procstat::usage(p.id()))
+            .map(|u| u.cpu_s)
+            .sum();
+        for p in &mut processes {
+            p.signal("TERM");
+            let status = p.wait();
+            assert!(
+                status.success(),
+                "a shard exited with {status}:\n{}",
+                p.log()
+            );
+        }
+        let ids: HashSet<String> = world
+            .read_back(topic, &from)
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(
+            ids.len() as i64,
+            events,
+            "shards: distinct events on {topic}"
+        );
+        let m = |x: &str| format!("n{n}_{x}");
+        results.record("shards", "events", events as f64);
+        results.record("shards", &m("s"), secs);
+        results.record("shards", &m("eps"), events as f64 / secs);
+        results.record("shards", &m("walsender_cpu_s"), walsender_cpu.iter().sum());
+        results.record("shards", &m("pg_cpu_s"), server);
+        results.record("shards", &m("walbox_cpu_s"), walbox_cpu);
+    }
+}
