@@ -110,7 +110,7 @@ async fn run(args: &Args) -> Result<(), String> {
         }
     });
 
-    // Its server process, whose CPU the benchmark reads (bench/pg-cpu).
+    // Its server process, whose CPU the benchmark reads from /proc.
     let backend_pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])
         .await

@@ -53,6 +53,9 @@ Phases (all but retention by default):
   --write-doc F   replace the generated sections of F whose phases all ran
   --walbox-only   leave Debezium out (to compare one walbox build with another,
                   run with each as WALBOX_BIN)
+  --report FILE   write the report of an earlier run from its results.tsv (and
+                  the run.txt beside it) again, running nothing; with --write-doc
+                  into the document; with --quick for a quick run's
 
 Needs WALBOX_BIN (a release build of walbox), WALBOX_KAFKA_LIBS
 (scripts/install-kafka) and WALBOX_DEBEZIUM_LIBS (scripts/install-debezium);
@@ -163,6 +166,7 @@ async fn main() -> ExitCode {
     let mut only: Vec<String> = DEFAULT_PHASES.iter().map(|s| (*s).to_owned()).collect();
     let mut doc: Option<String> = None;
     let mut out: Option<PathBuf> = None;
+    let mut report_of: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -195,6 +199,10 @@ async fn main() -> ExitCode {
                 }
             }
             "--out" => out = args.next().map(PathBuf::from),
+            "--report" => match args.next() {
+                Some(file) => report_of = Some(PathBuf::from(file)),
+                None => return usage("--report takes an earlier run's results.tsv"),
+            },
             "--walbox-only" => peers::set_walbox_only(),
             "--write-doc" => doc = args.next(),
             "-h" | "--help" => {
@@ -203,6 +211,27 @@ async fn main() -> ExitCode {
             }
             other => return usage(&format!("unknown argument {other:?}")),
         }
+    }
+    if let Some(file) = report_of {
+        // The report of an earlier run, written again (after a change to
+        // the report, or to write its sections into the document).
+        let results = match Results::load(&file) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("walbox-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let (runs, ran) = results.runs_and_phases();
+        scale.runs = runs;
+        let dir = file
+            .parent()
+            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        if let Err(e) = report::load_stamp(&dir) {
+            eprintln!("walbox-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+        return write_report(&results, scale, &ran, &dir, doc.as_deref());
     }
     let Some(walbox) = std::env::var("WALBOX_BIN").ok().filter(|b| !b.is_empty()) else {
         return usage("set WALBOX_BIN to a release build of walbox (scripts/bench does)");
@@ -218,6 +247,10 @@ async fn main() -> ExitCode {
     let out = out.unwrap_or_else(|| PathBuf::from("target/bench"));
     if let Err(e) = std::fs::create_dir_all(&out) {
         eprintln!("walbox-bench: create {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = report::stamp_run(&out) {
+        eprintln!("walbox-bench: {}: {e}", out.display());
         return ExitCode::FAILURE;
     }
     let mut results = match Results::create(&out.join("results.tsv")) {
@@ -257,13 +290,28 @@ async fn main() -> ExitCode {
             alone::retention(&mut results, &walbox, scale.retention_seconds()).await;
         }
     }
+    if let Err(e) = report::stamp_machine(&out) {
+        eprintln!("walbox-bench: {}: {e}", out.display());
+    }
+    write_report(&results, scale, &only, &out, doc.as_deref())
+}
+
+/// Prints the report's sections, writes each to `out` and, with `doc`,
+/// replaces those whose phases all ran in that document.
+fn write_report(
+    results: &Results,
+    scale: Scale,
+    ran: &[String],
+    out: &std::path::Path,
+    doc: Option<&str>,
+) -> ExitCode {
     let mut failed = false;
-    for (name, whole, text) in report::sections(&results, scale, &only) {
+    for (name, whole, text) in report::sections(results, scale, ran) {
         println!("{text}");
         if let Err(e) = std::fs::write(out.join(format!("{name}.md")), &text) {
             eprintln!("walbox-bench: write the report: {e}");
         }
-        match &doc {
+        match doc {
             Some(path) if whole => match report::write_doc(path, name, &text) {
                 Ok(()) => eprintln!("walbox-bench: updated the {name} section of {path}"),
                 Err(e) => {
@@ -278,9 +326,10 @@ async fn main() -> ExitCode {
         }
     }
     if failed {
-        return ExitCode::FAILURE;
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
-    ExitCode::SUCCESS
 }
 
 fn usage(problem: &str) -> ExitCode {

@@ -15,7 +15,9 @@ struct Figure {
 pub(crate) struct Results {
     figures: Vec<Figure>,
     run: u32,
-    file: File,
+    /// Where figures are written as they come; `None` for figures loaded
+    /// from an earlier run's file.
+    file: Option<File>,
 }
 
 impl Results {
@@ -23,8 +25,55 @@ impl Results {
         Ok(Results {
             figures: Vec::new(),
             run: 1,
-            file: File::create(path)?,
+            file: Some(File::create(path)?),
         })
+    }
+
+    /// The figures an earlier run wrote to `path` (its `results.tsv`), to
+    /// write its report again.
+    pub(crate) fn load(path: &Path) -> Result<Results, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        let mut r = Results {
+            figures: Vec::new(),
+            run: 1,
+            file: None,
+        };
+        for (n, line) in text.lines().enumerate() {
+            let bad = || {
+                format!(
+                    "{}:{}: not phase, metric, run and value separated by tabs",
+                    path.display(),
+                    n + 1
+                )
+            };
+            let mut f = line.split('\t');
+            let (Some(phase), Some(metric), Some(run), Some(value), None) =
+                (f.next(), f.next(), f.next(), f.next(), f.next())
+            else {
+                return Err(bad());
+            };
+            r.run = run.parse().map_err(|_| bad())?;
+            r.record(phase, metric, value.parse().map_err(|_| bad())?);
+        }
+        Ok(r)
+    }
+
+    /// The runs recorded, and the phases they ran (a retention way's
+    /// figures count as the phase `retention`).
+    pub(crate) fn runs_and_phases(&self) -> (u32, Vec<String>) {
+        let mut phases: Vec<String> = Vec::new();
+        for f in &self.figures {
+            let p = if f.phase.starts_with("retention_") {
+                "retention"
+            } else {
+                &f.phase
+            };
+            if !phases.iter().any(|q| q == p) {
+                phases.push(p.to_owned());
+            }
+        }
+        (self.run, phases)
     }
 
     /// The run the next figures belong to (1-based).
@@ -35,7 +84,9 @@ impl Results {
     pub(crate) fn record(&mut self, phase: &str, metric: &str, value: f64) {
         // The file is a copy for later digging; a failed write loses nothing
         // the report needs.
-        let _ = writeln!(self.file, "{phase}\t{metric}\t{}\t{value}", self.run);
+        if let Some(file) = &mut self.file {
+            let _ = writeln!(file, "{phase}\t{metric}\t{}\t{value}", self.run);
+        }
         self.figures.push(Figure {
             phase: phase.to_owned(),
             metric: metric.to_owned(),
@@ -67,12 +118,28 @@ impl Results {
     /// The median with `decimals` and `unit`, and the range when the runs
     /// differ: `1.52 s (1.49 s–1.60 s)`; `–` when never measured.
     pub(crate) fn stat(&self, phase: &str, metric: &str, decimals: usize, unit: &str) -> String {
-        let v = self.values(phase, metric);
+        self.stat_scaled(phase, metric, 1.0, decimals, unit)
+    }
+
+    /// [`Results::stat`] of the figures times `factor` (bytes as MB: 1e-6).
+    pub(crate) fn stat_scaled(
+        &self,
+        phase: &str,
+        metric: &str,
+        factor: f64,
+        decimals: usize,
+        unit: &str,
+    ) -> String {
+        let v: Vec<f64> = self
+            .values(phase, metric)
+            .into_iter()
+            .map(|x| x * factor)
+            .collect();
         let Some(m) = median(&v) else {
             return "–".into();
         };
         let (lo, hi) = (v[0], v[v.len() - 1]);
-        let f = |x: f64| format!("{x:.decimals$}{unit}");
+        let f = |x: f64| format!("{}{unit}", grouped(x, decimals));
         if v.len() > 1 && f(lo) != f(hi) {
             format!("{} ({}–{})", f(m), f(lo), f(hi))
         } else {
@@ -85,6 +152,33 @@ impl Results {
         let (a, b) = (self.median(phase, a)?, self.median(phase, b)?);
         (b > 0.0).then(|| a / b)
     }
+}
+
+/// `x` with `decimals`, its whole part in groups of three from 10,000 up
+/// (`129,462`; `4.88`; `2500`).
+fn grouped(x: f64, decimals: usize) -> String {
+    let text = format!("{x:.decimals$}");
+    let (sign, digits) = text
+        .strip_prefix('-')
+        .map_or(("", text.as_str()), |d| ("-", d));
+    let (whole, fraction) = digits
+        .split_once('.')
+        .map_or((digits, None), |(w, f)| (w, Some(f)));
+    if whole.len() < 5 {
+        return text;
+    }
+    let mut out = String::from(sign);
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if let Some(f) = fraction {
+        out.push('.');
+        out.push_str(f);
+    }
+    out
 }
 
 fn median(sorted: &[f64]) -> Option<f64> {
@@ -132,5 +226,41 @@ mod tests {
         assert_eq!(quantile(&v, 0.999), 999.0);
         assert_eq!(quantile(&v, 1.0), 1000.0);
         assert_eq!(quantile(&[7.0], 0.99), 7.0);
+    }
+
+    #[test]
+    fn large_figures_are_grouped_by_thousands() {
+        assert_eq!(grouped(129_462.4, 0), "129,462");
+        assert_eq!(grouped(1_000_000.0, 0), "1,000,000");
+        assert_eq!(grouped(27_303_936.0, 1), "27,303,936.0");
+        assert_eq!(grouped(2500.0, 0), "2500");
+        assert_eq!(grouped(4.876, 2), "4.88");
+        assert_eq!(grouped(-12_345.0, 0), "-12,345");
+    }
+
+    #[test]
+    fn a_run_s_file_loads_back_into_the_same_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.tsv");
+        let mut r = Results::create(&path).unwrap();
+        for (run, v) in [(1, 3.0), (2, 1.0)] {
+            r.set_run(run);
+            r.record("small", "walbox_eps", v);
+            r.record("retention_none", "p99_ms", v * 2.0);
+        }
+        let back = Results::load(&path).unwrap();
+        assert_eq!(
+            back.stat("small", "walbox_eps", 1, ""),
+            r.stat("small", "walbox_eps", 1, "")
+        );
+        assert_eq!(
+            back.runs_and_phases(),
+            (2, vec!["small".to_owned(), "retention".to_owned()])
+        );
+        std::fs::write(&path, "small\twalbox_eps\tone\t3\n").unwrap();
+        let Err(e) = Results::load(&path) else {
+            panic!("a run that is not a number loaded");
+        };
+        assert!(e.contains("results.tsv:1"), "{e}");
     }
 }

@@ -134,7 +134,7 @@ fn cleanup(s: &mut String, r: &Results) {
     );
     let _ = writeln!(
         s,
-        "| way | WAL per event | dead tuples left | table bytes left |"
+        "| way | WAL per event | dead tuples left | table size left |"
     );
     let _ = writeln!(s, "|---|---|---|---|");
     for (way, label) in CLEANUP_WAYS {
@@ -144,7 +144,7 @@ fn cleanup(s: &mut String, r: &Results) {
             "| {label} | {} B | {} | {} |",
             r.stat("cleanup", &m("wal_per_event"), 0, ""),
             r.stat("cleanup", &m("dead_tuples"), 0, ""),
-            r.stat("cleanup", &m("table_bytes"), 0, ""),
+            r.stat_scaled("cleanup", &m("table_bytes"), 1e-6, 1, " MB"),
         );
     }
     let _ = writeln!(s);

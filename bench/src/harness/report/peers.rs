@@ -21,7 +21,7 @@ pub(crate) fn section(r: &Results, scale: Scale) -> String {
         }
     }
     curve(&mut s, r, scale);
-    kill(&mut s, r, scale);
+    kill(&mut s, r);
     settings(&mut s);
     s
 }
@@ -40,7 +40,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
     let _ = writeln!(
         s,
         "### Backlog: {} {what} of ~{} bytes, 1,000 aggregates, {tx}\n",
-        b.events,
+        r.stat(p, "events", 0, ""),
         r.stat(p, "row_bytes", 0, "")
     );
     let _ = writeln!(s, "| relay | every event on the topic | of which before its first record | events/s | its CPU s | CPU µs per event (from its first record) | events per CPU-second | peak RSS MiB | walsender CPU µs per event | duplicates |");
@@ -192,14 +192,14 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
     let _ = writeln!(s, "\nThe commit's time is Postgres's commit timestamp (`track_commit_timestamp = on`, µs); on the topic is the broker's append time (`message.timestamp.type = LogAppendTime`, whole ms), so each latency is exact to within 1 ms. Both include the commit's WAL flush.\n");
 }
 
-fn kill(s: &mut String, r: &Results, scale: Scale) {
+fn kill(s: &mut String, r: &Results) {
     if !r.has("kill", "events") {
         return;
     }
     let _ = writeln!(
         s,
         "### One kill -9 in a backlog of {} events of ~200 bytes, then a restart\n",
-        scale.kill_events()
+        r.stat("kill", "events", 0, "")
     );
     let _ = writeln!(
         s,
