@@ -339,7 +339,11 @@ impl World {
             let Some(m) = consumer.poll(Duration::from_millis(500)) else {
                 continue;
             };
-            let m = m.unwrap_or_else(|e| panic!("read {topic}: {e}"));
+            // librdkafka reconnects after a transient error (a broker
+            // connection lost): the deadline bounds the wait.
+            let Ok(m) = m else {
+                continue;
+            };
             let id = m
                 .headers()
                 .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
