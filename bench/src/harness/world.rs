@@ -59,6 +59,26 @@ pub(crate) struct ReadBack {
     pub(crate) appended_ms: i64,
 }
 
+/// A fresh broker loads its coordinators as it starts: an idempotent
+/// producer's first request for its producer id is answered "coordinator
+/// load in progress" and retried for up to a second. That is the fresh
+/// broker's, not the relay's: one idempotent record (to a topic of its
+/// own, created on use) waits it out before a relay is timed.
+fn warm_up(bootstrap: &str) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("a producer to warm the broker up");
+    producer
+        .send(BaseRecord::<str, str>::to("bench.warm-up").payload("warm-up"))
+        .expect("queue the warm-up record");
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("the broker acknowledges the warm-up record");
+}
+
 impl World {
     pub(crate) async fn start(walbox_bin: &str) -> World {
         let pg = PgServer::builder()
@@ -77,6 +97,7 @@ impl World {
             .await
             .unwrap_or_else(|e| panic!("connect to Postgres: {e}"));
         let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+        tokio::task::block_in_place(|| warm_up(&cluster.bootstrap()));
         let watermarks = ClientConfig::new()
             .set("bootstrap.servers", cluster.bootstrap())
             .create()
