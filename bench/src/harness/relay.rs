@@ -291,7 +291,6 @@ impl ExactLatency {
             .lines()
             .rev()
             .find(|l| l.contains("commit to ack since start (exact)"))?;
-        let line = &without_colours(line);
         let field = |name: &str| -> Option<f64> {
             let at = line.find(&format!("{name}="))? + name.len() + 1;
             let v: String = line[at..]
@@ -310,24 +309,6 @@ impl ExactLatency {
     }
 }
 
-/// `line` without terminal colour sequences (`ESC [ … m`).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {
     p.iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -344,16 +325,13 @@ mod tests {
     use super::ExactLatency;
 
     #[test]
-    fn reads_walbox_s_exact_latency_line_coloured_or_not() {
+    fn reads_walbox_s_exact_latency_line() {
         let plain = "2026-11-25T09:00:00Z  INFO walbox::commands::run: commit to ack since start (exact) events=100 p50_ms=4.2 p99_ms=9 p999_ms=12.5 max_ms=30.25";
         let l = ExactLatency::parse(plain).expect("parsed");
         assert_eq!(
             (l.events, l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms),
             (100.0, 4.2, 9.0, 12.5, 30.25)
         );
-        let coloured = "\u{1b}[32m INFO\u{1b}[0m commit to ack since start (exact) \u{1b}[3mevents\u{1b}[0m\u{1b}[2m=\u{1b}[0m7 \u{1b}[3mp50_ms\u{1b}[0m\u{1b}[2m=\u{1b}[0m1 p99_ms=2 p999_ms=3 max_ms=4";
-        let l = ExactLatency::parse(coloured).expect("parsed");
-        assert_eq!((l.events, l.max_ms), (7.0, 4.0));
         assert!(ExactLatency::parse("commit to read since start (exact) events=1").is_none());
     }
 }

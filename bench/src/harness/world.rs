@@ -44,6 +44,61 @@ pub(crate) struct Writer {
     pub(crate) url: String,
 }
 
+/// What pgbench printed, to read its figures from.
+pub(crate) struct PgbenchRun {
+    text: String,
+}
+
+impl Writer {
+    /// pgbench with 8 clients and 2 threads for `seconds`, running
+    /// `script`, in `dir` (where `-l` writes its logs), with `extra` flags.
+    pub(crate) fn run(
+        &self,
+        script: &std::path::Path,
+        seconds: u32,
+        dir: &std::path::Path,
+        extra: &[&str],
+    ) -> PgbenchRun {
+        let out = Command::new(&self.pgbench)
+            .current_dir(dir)
+            .args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string()])
+            .args(extra)
+            .arg("-f")
+            .arg(script)
+            .arg(&self.url)
+            .output()
+            .expect("run pgbench");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "pgbench: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PgbenchRun { text }
+    }
+}
+
+impl PgbenchRun {
+    /// The number after `prefix` on its line (`"tps = "`).
+    pub(crate) fn figure(&self, prefix: &str) -> f64 {
+        self.text
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| {
+                v.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("pgbench's {prefix:?}: {}", self.text))
+    }
+
+    /// The transactions it committed.
+    pub(crate) fn transactions(&self) -> f64 {
+        self.figure("number of transactions actually processed: ")
+    }
+}
+
 /// See [`World::table_stats`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TableStats {
@@ -212,6 +267,19 @@ impl World {
             rows_written: row.get(1),
             dead_tuples: row.get(2),
         }
+    }
+
+    /// Dead tuples in the tables named like `pattern` (SQL `LIKE`: a
+    /// partitioned table's partitions too).
+    pub(crate) async fn dead_tuples_like(&self, pattern: &str) -> f64 {
+        self.client
+            .query_one(
+                "SELECT coalesce(sum(n_dead_tup), 0)::float8 FROM pg_stat_user_tables WHERE relname LIKE $1",
+                &[&pattern],
+            )
+            .await
+            .expect("dead tuples")
+            .get(0)
     }
 
     /// Bytes of WAL between two positions.

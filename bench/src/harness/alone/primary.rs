@@ -97,15 +97,7 @@ pub(crate) async fn cleanup(results: &mut Results, walbox: &str, events: i64) {
             .await;
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         let pattern = format!("{table}%");
-        let dead: f64 = world
-            .client
-            .query_one(
-                "SELECT coalesce(sum(n_dead_tup), 0)::float8 FROM pg_stat_user_tables WHERE relname LIKE $1",
-                &[&pattern],
-            )
-            .await
-            .expect("dead tuples")
-            .get(0);
+        let dead = world.dead_tuples_like(&pattern).await;
         let bytes: f64 = world
             .client
             .query_one(
@@ -173,43 +165,8 @@ pub(crate) async fn write_cost(results: &mut Results, walbox: &str, seconds: u32
         std::fs::create_dir_all(&logs).expect("a directory for pgbench's log");
         world.execute("CHECKPOINT").await;
         let wal0 = world.wal_lsn().await;
-        let out = world
-            .pg_tool("pgbench")
-            .current_dir(&logs)
-            .args([
-                "-n",
-                "-c",
-                "8",
-                "-j",
-                "2",
-                "-T",
-                &seconds.to_string(),
-                "-l",
-                "-f",
-            ])
-            .arg(&script)
-            .arg(&world.url)
-            .output()
-            .expect("run pgbench");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "pgbench: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let run = world.writer().run(&script, seconds, &logs, &["-l"]);
         let wal1 = world.wal_lsn().await;
-        let field = |prefix: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(prefix))
-                .and_then(|v| {
-                    v.split(|c: char| !(c.is_ascii_digit() || c == '.'))
-                        .next()?
-                        .parse()
-                        .ok()
-                })
-                .unwrap_or_else(|| panic!("pgbench's {prefix:?}: {text}"))
-        };
-        let transactions = field("number of transactions actually processed: ");
         // Per-transaction latencies, µs: the third column of pgbench's log.
         let mut latencies: Vec<f64> = std::fs::read_dir(&logs)
             .expect("pgbench's logs")
@@ -226,7 +183,7 @@ pub(crate) async fn write_cost(results: &mut Results, walbox: &str, seconds: u32
             .collect();
         latencies.sort_by(f64::total_cmp);
         let m = |x: &str| format!("{way}_{x}");
-        results.record("writecost", &m("tps"), field("tps = "));
+        results.record("writecost", &m("tps"), run.figure("tps = "));
         results.record(
             "writecost",
             &m("mean_ms"),
@@ -236,7 +193,7 @@ pub(crate) async fn write_cost(results: &mut Results, walbox: &str, seconds: u32
         results.record(
             "writecost",
             &m("wal_per_tx"),
-            world.wal_between(&wal0, &wal1).await / transactions,
+            world.wal_between(&wal0, &wal1).await / run.transactions(),
         );
     }
 }

@@ -88,9 +88,7 @@ pub(crate) async fn retention(results: &mut Results, walbox: &str, seconds: u32)
                 .and_then(|l| l.split_whitespace().last()?.parse().ok())
                 .unwrap_or(0.0)
         };
-        let dead: f64 = world
-            .one("SELECT coalesce(sum(n_dead_tup), 0)::float8 FROM pg_stat_user_tables WHERE relname LIKE 'outbox_events%'")
-            .await;
+        let dead = world.dead_tuples_like("outbox_events%").await;
         let exact = relay.stop_walbox().expect("walbox's exact latency line");
         let phase = format!("retention_{way}");
         results.record(&phase, "written", written as f64);

@@ -2,13 +2,11 @@
 //! slot, walsender and walbox process each).
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::Instant;
 
-use walbox_test_harness::walbox_process::WalboxProcess;
-
-use crate::peers::{preload, Backlog, TICK, TIMEOUT};
+use crate::peers::{preload, watch, Backlog, TICK};
 use crate::procstat;
+use crate::relay::{Kind, Relay};
 use crate::results::Results;
 use crate::world::World;
 
@@ -25,19 +23,15 @@ pub(crate) async fn shards(results: &mut Results, walbox: &str, events: i64) {
         let from = world.ends(topic);
         let cpu0 = world.server_cpu().await;
         let t0 = Instant::now();
-        let mut processes: Vec<WalboxProcess> = (0..n)
+        let (total, shard_flags) = (n.to_string(), (0..n).map(|i| i.to_string()));
+        let mut relays: Vec<Relay> = shard_flags
             .map(|i| {
-                let mut c = Command::new(walbox);
-                c.env("WALBOX_LOG", "warn")
-                    .args(["run", "--mapping-topic-template", "walbox.{aggregate_type}"])
-                    .arg("--pg-url")
-                    .arg(&world.url)
-                    .arg("--kafka-brokers")
-                    .arg(world.bootstrap());
-                if n > 1 {
-                    c.args(["--shards", &n.to_string(), "--shard", &i.to_string()]);
-                }
-                WalboxProcess::spawn(c)
+                let flags: &[&str] = if n > 1 {
+                    &["--shards", &total, "--shard", &i]
+                } else {
+                    &[]
+                };
+                Relay::start_with(Kind::Walbox, &world, flags)
             })
             .collect();
         let slots: Vec<String> = if n > 1 {
@@ -58,30 +52,20 @@ pub(crate) async fn shards(results: &mut Results, walbox: &str, events: i64) {
             if done {
                 break;
             }
-            for p in &mut processes {
-                assert!(p.running(), "a shard exited:\n{}", p.log());
+            for r in &mut relays {
+                watch(r, t0, "a shard");
             }
-            assert!(
-                t0.elapsed() < TIMEOUT,
-                "shards: not done within {TIMEOUT:?}"
-            );
             tokio::time::sleep(TICK).await;
         }
         let secs = t0.elapsed().as_secs_f64();
         let server = world.server_cpu().await - cpu0;
-        let walbox_cpu: f64 = processes
+        let walbox_cpu: f64 = relays
             .iter()
-            .filter_map(|p| procstat::usage(p.id()))
+            .filter_map(|r| procstat::usage(r.pid()))
             .map(|u| u.cpu_s)
             .sum();
-        for p in &mut processes {
-            p.signal("TERM");
-            let status = p.wait();
-            assert!(
-                status.success(),
-                "a shard exited with {status}:\n{}",
-                p.log()
-            );
+        for r in &mut relays {
+            r.stop();
         }
         let ids: HashSet<String> = world
             .read_back(topic, &from)

@@ -96,24 +96,9 @@ pub(crate) fn pgbench(
         ),
     )
     .expect("write pgbench's script");
-    let mut cmd = std::process::Command::new(&writer.pgbench);
-    cmd.args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
-        .arg(&script);
-    if let Some(r) = rate {
-        cmd.args(["-R", &r.to_string()]);
-    }
-    let out = cmd.arg(&writer.url).output().expect("run pgbench");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pgbench: {}{}",
-        text,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
-        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
-        .unwrap_or_else(|| panic!("pgbench's count of transactions: {text}"))
+    let rate = rate.map(|r| r.to_string());
+    let extra: Vec<&str> = rate.iter().flat_map(|r| ["-R", r.as_str()]).collect();
+    writer.run(&script, seconds, dir, &extra).transactions() as i64
 }
 
 /// Commit → appended on `topic` of every event tagged `tag`, in ms, sorted.
