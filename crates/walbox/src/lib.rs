@@ -5,6 +5,7 @@
 //! The binary (`src/main.rs`) only parses the command line and dispatches;
 //! everything it runs is here, so it can be tested without processes.
 
+pub mod audit;
 pub mod backfill;
 pub mod bookkeeping;
 pub mod commands;

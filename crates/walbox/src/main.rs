@@ -52,6 +52,14 @@ enum Command {
     /// at or after --since: for events a lost, dropped or restored slot
     /// never streamed. Stop `walbox run` first (or --force).
     Resync(commands::resync::ResyncArgs),
+    /// Checks delivery: compares a window of the outbox table (--since/
+    /// --until, or --last) with what the topics hold, and reports per event
+    /// type events missing from the broker, duplicates, a key's events out
+    /// of order, and events on the broker that are not in the table. Reads
+    /// the topics with its own consumer (no group, nothing committed).
+    /// Exit status: 0 clean, 1 findings, 2 a configuration error, 3 the
+    /// audit could not be made.
+    Audit(commands::audit::AuditArgs),
     /// Checks the configuration as `run` would and prints the effective
     /// settings (secrets redacted) with where each came from. Exits 2 on any
     /// configuration error.
@@ -66,6 +74,7 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
         Command::DropSlot(args) => commands::drop_slot::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
         Command::Resync(args) => commands::resync::run(args).await,
+        Command::Audit(args) => commands::audit::run(args).await,
         Command::Config(args) => commands::config::run(args),
     }
 }

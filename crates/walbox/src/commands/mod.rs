@@ -2,6 +2,7 @@
 //! up logging) and does its one job; a failure is a [`CliError`], which
 //! `main` prints as one line and turns into the exit code.
 
+pub mod audit;
 pub mod config;
 pub mod drop_slot;
 pub mod init_slot;
@@ -43,16 +44,24 @@ pub enum CliError {
     /// No such slot.
     #[error("replication slot {0:?} does not exist; create it with `walbox init-slot`")]
     NoSlot(String),
+    /// `walbox audit` could not be made.
+    #[error("audit: {0}")]
+    Audit(#[from] crate::audit::AuditError),
+    /// `walbox audit` found problems: exit status 1.
+    #[error("audit: {0} findings")]
+    Findings(u64),
     /// The metrics address cannot be bound.
     #[error("cannot serve metrics on {0}")]
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
 }
 
 impl CliError {
-    /// 2 for configuration errors, 1 for the rest.
+    /// 2 for configuration errors, 3 for an audit that could not be made
+    /// (its 1 means findings), 1 for the rest.
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CliError::Config(_) => ExitCode::from(2),
+            CliError::Audit(_) => ExitCode::from(3),
             _ => ExitCode::FAILURE,
         }
     }

@@ -285,6 +285,12 @@ impl MappedEvent {
     }
 }
 
+/// The header that carries the event id, on every record walbox writes:
+/// the consumers' dedup key (and what `walbox audit` matches rows by).
+pub const ID_HEADER: &str = "id";
+/// The header that carries the event type, when the mapping has one.
+pub const EVENT_TYPE_HEADER: &str = "event_type";
+
 /// The header W3C Trace Context names (kept from the row's headers, and
 /// continued by walbox's span of the event).
 pub const TRACEPARENT: &str = "traceparent";
@@ -515,12 +521,12 @@ impl OutboxMapping {
 
         let mut headers = Vec::with_capacity(2 + extra_headers.len());
         headers.push(Header {
-            name: "id".into(),
+            name: ID_HEADER.into(),
             value: Bytes::copy_from_slice(id.as_bytes()),
         });
         if let Some(t) = event_type {
             headers.push(Header {
-                name: "event_type".into(),
+                name: EVENT_TYPE_HEADER.into(),
                 value: Bytes::copy_from_slice(t.as_bytes()),
             });
         }

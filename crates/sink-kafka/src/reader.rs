@@ -1,0 +1,286 @@
+//! Reading topics back: [`read_since`] hands every record of some topics
+//! from a point in time to their end to a callback, one at a time, with a
+//! `read_committed` consumer that joins no group and commits nothing. What
+//! `walbox audit` compares with the outbox table.
+//!
+//! - **From**: each partition's first record whose timestamp is at or after
+//!   `from_ms` (the broker's time index, `offsets_for_times`).
+//! - **To**: each partition's high watermark when the read starts. A
+//!   `read_committed` consumer is told only the last stable offset, so its
+//!   position (which passes transaction markers and aborted records
+//!   without a message) says when a partition is read.
+//! - **Memory**: one record at a time; librdkafka's prefetch queue is
+//!   bounded (`queued.max.messages.kbytes`).
+//! - **Errors**: transient client errors (a broker restarting) are waited
+//!   through; a fatal one, or a partition that makes no progress for
+//!   `stall`, ends the read with an error naming it. A topic the broker
+//!   does not know holds no records.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message, Timestamp};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::{redact_values, SinkConfig};
+
+/// A record's timestamp, as the broker keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordTime {
+    /// Set by the producer (walbox: the event's timestamp column).
+    Create(i64),
+    /// Set by the broker when it appended the record
+    /// (`message.timestamp.type = LogAppendTime`).
+    LogAppend(i64),
+    /// None.
+    None,
+}
+
+/// One record read back, borrowed for the callback's duration.
+pub struct ReadRecord<'a> {
+    /// Its topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key.
+    pub key: Option<&'a [u8]>,
+    /// Timestamp.
+    pub time: RecordTime,
+    message: &'a rdkafka::message::BorrowedMessage<'a>,
+}
+
+impl ReadRecord<'_> {
+    /// The value of the first header called `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        let headers = self.message.headers()?;
+        headers.iter().find(|h| h.key == name).and_then(|h| h.value)
+    }
+
+    /// The value.
+    pub fn value(&self) -> Option<&[u8]> {
+        self.message.payload()
+    }
+}
+
+/// A partition whose first record is newer than the point read from:
+/// records were deleted before it (retention, `DeleteRecords`), and some
+/// of them may have been from the time read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncated {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Its first offset (the low watermark).
+    pub first_offset: i64,
+}
+
+/// What a read covered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadSummary {
+    /// Records handed to the callback.
+    pub records: u64,
+    /// Partitions read (of topics that exist).
+    pub partitions: usize,
+    /// Topics the broker does not know.
+    pub absent_topics: Vec<String>,
+    /// Partitions that begin after records from the time read were deleted.
+    pub truncated: Vec<Truncated>,
+}
+
+/// Reads every record of `topics` with a timestamp at or after `from_ms`
+/// (see the module docs) and hands each to `each`, partition by partition
+/// in offset order (partitions interleave). Blocking: call it from
+/// `spawn_blocking`. An error from `each` ends the read with it.
+pub fn read_since(
+    config: &SinkConfig,
+    topics: &[String],
+    from_ms: i64,
+    stall: Duration,
+    mut each: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
+) -> Result<ReadSummary, String> {
+    let secrets: Arc<[String]> = config.secret_values().into();
+    let scrub = |e: String| redact_values(&e, &secrets);
+    let connection = config.connection_config();
+    let ends: BaseConsumer = connection
+        .clone()
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+    let consumer: BaseConsumer<Quiet> = connection
+        .clone()
+        .set("group.id", "walbox-reader")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(Quiet {
+            secrets: Arc::clone(&secrets),
+        })
+        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+
+    let mut summary = ReadSummary::default();
+    let mut start = TopicPartitionList::new();
+    // (topic, partition) → the offset that ends it.
+    let mut targets: HashMap<(String, i32), i64> = HashMap::new();
+    for topic in topics {
+        let Some(partitions) = partitions_of(&ends, topic, stall).map_err(&scrub)? else {
+            summary.absent_topics.push(topic.clone());
+            continue;
+        };
+        let mut times = TopicPartitionList::new();
+        for p in 0..partitions {
+            times
+                .add_partition_offset(topic, p, Offset::Offset(from_ms))
+                .map_err(|e| e.to_string())?;
+        }
+        let firsts = ends.offsets_for_times(times, stall).map_err(|e| {
+            scrub(format!(
+                "find the offsets of topic {topic} at {from_ms} ms: {e}"
+            ))
+        })?;
+        for p in 0..partitions {
+            summary.partitions += 1;
+            let (low, high) = ends
+                .fetch_watermarks(topic, p, stall)
+                .map_err(|e| scrub(format!("read the ends of {topic} [{p}]: {e}")))?;
+            let first = match firsts.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                // No record at or after the time: nothing to read.
+                _ => continue,
+            };
+            if first >= high {
+                continue;
+            }
+            if low > 0 && first == low {
+                summary.truncated.push(Truncated {
+                    topic: topic.clone(),
+                    partition: p,
+                    first_offset: low,
+                });
+            }
+            start
+                .add_partition_offset(topic, p, Offset::Offset(first))
+                .map_err(|e| e.to_string())?;
+            targets.insert((topic.clone(), p), high);
+        }
+    }
+    if targets.is_empty() {
+        return Ok(summary);
+    }
+    consumer
+        .assign(&start)
+        .map_err(|e| scrub(format!("read the topics: {e}")))?;
+    let mut moved = Instant::now();
+    while !targets.is_empty() {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                moved = Instant::now();
+                let id = (m.topic().to_owned(), m.partition());
+                let Some(&end) = targets.get(&id) else {
+                    continue;
+                };
+                if m.offset() < end {
+                    let time = match m.timestamp() {
+                        Timestamp::CreateTime(t) => RecordTime::Create(t),
+                        Timestamp::LogAppendTime(t) => RecordTime::LogAppend(t),
+                        Timestamp::NotAvailable => RecordTime::None,
+                    };
+                    summary.records += 1;
+                    each(&ReadRecord {
+                        topic: m.topic(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key(),
+                        time,
+                        message: &m,
+                    })?;
+                }
+                if m.offset() + 1 >= end {
+                    targets.remove(&id);
+                }
+                continue;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(e)) => {
+                if let Some((code, reason)) = consumer.client().fatal_error() {
+                    return Err(scrub(format!("read the topics: {code:?}: {reason}")));
+                }
+                // Transient (a broker restarting): librdkafka reconnects.
+                tracing::debug!(error = %scrub(e.to_string()), "reading topics back: a transient error");
+            }
+        }
+        // Markers and aborted records take offsets without a message: the
+        // position says how far the reading got.
+        let position = consumer
+            .position()
+            .map_err(|e| scrub(format!("read the topics: {e}")))?;
+        for e in position.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                let id = (e.topic().to_owned(), e.partition());
+                if targets.get(&id).is_some_and(|end| o >= *end) {
+                    targets.remove(&id);
+                    moved = Instant::now();
+                }
+            }
+        }
+        if !targets.is_empty() && moved.elapsed() > stall {
+            let mut left: Vec<String> = targets.keys().map(|(t, p)| format!("{t} [{p}]")).collect();
+            left.sort();
+            return Err(format!(
+                "reading {} made no progress for {stall:?} (a broker down, or a transaction left open until the broker's transaction.timeout.ms)",
+                left.join(", ")
+            ));
+        }
+    }
+    Ok(summary)
+}
+
+/// The number of partitions of `topic`; `None` when the broker does not
+/// know it. Any other error (a leader election, an authorization refusal)
+/// is an error, never "no records".
+fn partitions_of(
+    client: &BaseConsumer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>, String> {
+    let md = client
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("read the metadata of topic {topic}: {e}"))?;
+    match md.topics().iter().find(|t| t.name() == topic) {
+        None => Ok(None),
+        Some(t) => match t.error() {
+            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
+            Some(e) => Err(format!(
+                "read the metadata of topic {topic}: {:?}",
+                RDKafkaErrorCode::from(e)
+            )),
+            None => Ok(Some(t.partitions().len() as i32)),
+        },
+    }
+}
+
+/// The reading consumer's context: the end of a partition is what it reads
+/// for; other client errors are logged at debug, scrubbed (the read itself
+/// reports what stops it).
+struct Quiet {
+    secrets: Arc<[String]>,
+}
+
+impl rdkafka::ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
+        let reason = redact_values(reason, &self.secrets);
+        tracing::debug!(%reason, "kafka client error while reading topics back");
+    }
+}
+
+impl ConsumerContext for Quiet {}
