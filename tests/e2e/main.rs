@@ -3,6 +3,7 @@
 //! second pass), signals, kill -9, restarts.
 
 mod apache_kafka;
+mod audit;
 mod backfill;
 mod bad_inputs;
 mod config;

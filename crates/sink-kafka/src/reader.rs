@@ -94,6 +94,10 @@ pub struct ReadSummary {
     pub truncated: Vec<Truncated>,
 }
 
+/// How long a metadata, offset or watermark request may take before the
+/// read fails (the brokers unreachable).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Reads every record of `topics` with a timestamp at or after `from_ms`
 /// (see the module docs) and hands each to `each`, partition by partition
 /// in offset order (partitions interleave). Blocking: call it from
@@ -105,13 +109,16 @@ pub fn read_since(
     stall: Duration,
     mut each: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
 ) -> Result<ReadSummary, String> {
+    let metadata = REQUEST_TIMEOUT.min(stall);
     let secrets: Arc<[String]> = config.secret_values().into();
     let scrub = |e: String| redact_values(&e, &secrets);
     let connection = config.connection_config();
-    let ends: BaseConsumer = connection
+    let ends: BaseConsumer<Quiet> = connection
         .clone()
         .set("isolation.level", "read_uncommitted")
-        .create()
+        .create_with_context(Quiet {
+            secrets: Arc::clone(&secrets),
+        })
         .map_err(|e| scrub(format!("create a consumer: {e}")))?;
     let consumer: BaseConsumer<Quiet> = connection
         .clone()
@@ -130,7 +137,7 @@ pub fn read_since(
     // (topic, partition) → the offset that ends it.
     let mut targets: HashMap<(String, i32), i64> = HashMap::new();
     for topic in topics {
-        let Some(partitions) = partitions_of(&ends, topic, stall).map_err(&scrub)? else {
+        let Some(partitions) = partitions_of(&ends, topic, metadata).map_err(&scrub)? else {
             summary.absent_topics.push(topic.clone());
             continue;
         };
@@ -140,7 +147,7 @@ pub fn read_since(
                 .add_partition_offset(topic, p, Offset::Offset(from_ms))
                 .map_err(|e| e.to_string())?;
         }
-        let firsts = ends.offsets_for_times(times, stall).map_err(|e| {
+        let firsts = ends.offsets_for_times(times, metadata).map_err(|e| {
             scrub(format!(
                 "find the offsets of topic {topic} at {from_ms} ms: {e}"
             ))
@@ -148,7 +155,7 @@ pub fn read_since(
         for p in 0..partitions {
             summary.partitions += 1;
             let (low, high) = ends
-                .fetch_watermarks(topic, p, stall)
+                .fetch_watermarks(topic, p, metadata)
                 .map_err(|e| scrub(format!("read the ends of {topic} [{p}]: {e}")))?;
             let first = match firsts.find_partition(topic, p).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => o,
@@ -246,7 +253,7 @@ pub fn read_since(
 /// know it. Any other error (a leader election, an authorization refusal)
 /// is an error, never "no records".
 fn partitions_of(
-    client: &BaseConsumer,
+    client: &BaseConsumer<Quiet>,
     topic: &str,
     timeout: Duration,
 ) -> Result<Option<i32>, String> {
@@ -274,6 +281,13 @@ struct Quiet {
 }
 
 impl rdkafka::ClientContext for Quiet {
+    /// librdkafka's own log lines (a broker unreachable is one per
+    /// reconnect) at debug: what ends the read is its error.
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        let line = redact_values(log_message, &self.secrets);
+        tracing::debug!(%fac, %line, "librdkafka");
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
             return;

@@ -8,7 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{loaded, CliError};
+use crate::audit::findings::Counts;
 use crate::audit::{audit, AuditError, AuditPlan, Progress, Report, WindowSpec};
+
+/// Event types listed in the text report (the JSON one lists them all).
+const TYPES_SHOWN: usize = 20;
 use crate::config::{ConfigError, EventSource, RunFlags};
 
 /// Arguments of `walbox audit`.
@@ -218,10 +222,13 @@ pub fn text(r: &Report) -> String {
         "unknown",
         "misrouted",
     ];
-    let mut rows: Vec<[String; 9]> = r
-        .findings
-        .by_event_type
-        .iter()
+    // The event types with the most findings, then the most rows.
+    let mut types: Vec<(&String, &Counts)> = r.findings.by_event_type.iter().collect();
+    types.sort_by_key(|(_, c)| std::cmp::Reverse((c.findings(), c.rows)));
+    let hidden = types.len().saturating_sub(TYPES_SHOWN);
+    let mut rows: Vec<[String; 9]> = types
+        .into_iter()
+        .take(TYPES_SHOWN)
         .map(|(name, c)| cells(name, c))
         .collect();
     rows.push(cells("total", t));
@@ -244,6 +251,13 @@ pub fn text(r: &Report) -> String {
     let _ = writeln!(out, "{}", line(&header.map(str::to_owned)));
     for row in &rows {
         let _ = writeln!(out, "{}", line(row));
+    }
+    if hidden > 0 {
+        let _ = writeln!(
+            out,
+            "  (and {} more event types: --json lists them all)",
+            thousands(hidden as u64)
+        );
     }
     let _ = writeln!(out);
     match r.findings() {
@@ -271,7 +285,7 @@ pub fn text(r: &Report) -> String {
     out
 }
 
-fn cells(name: &str, c: &crate::audit::findings::Counts) -> [String; 9] {
+fn cells(name: &str, c: &Counts) -> [String; 9] {
     [
         name.to_owned(),
         thousands(c.rows),
