@@ -127,13 +127,7 @@ async fn created_ms(client: &Client, n: i64) -> (String, i64) {
     (row.get(0), row.get(1))
 }
 
-async fn produce(
-    producer: &FutureProducer,
-    topic: &str,
-    key: &str,
-    id: Option<&str>,
-    ms: i64,
-) {
+async fn produce(producer: &FutureProducer, topic: &str, key: &str, id: Option<&str>, ms: i64) {
     let mut headers = OwnedHeaders::new();
     if let Some(id) = id {
         headers = headers.insert(Header {

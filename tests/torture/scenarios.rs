@@ -258,6 +258,9 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
     }
     let caught_up = w.wait_caught_up(Duration::from_secs(120)).await;
     o.check(caught_up, "the slot did not catch up within 120 s");
+    // The audit, while walbox runs (it confirms past the audit's snapshot);
+    // nothing is written after this, so it sees what the checker will.
+    let audit = w.audit().await;
     w.signal("TERM");
     let code = w.wait_exit(Duration::from_secs(40)).await;
     o.check(code == Some(0), format!("the final SIGTERM: exit {code:?}"));
@@ -345,6 +348,7 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
     if o.duplicates_forbidden {
         o.check(t.duplicates == 0, "duplicates after a clean shutdown");
     }
+    agrees(&mut o, audit, &t);
     let peak = w.samples.lock().unwrap().peak_rss_kib as f64 / 1024.0;
     let passed = o.failures.is_empty();
     let mut note = o.notes.join("; ");
@@ -364,6 +368,63 @@ pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
         peak_rss_mib: peak,
         passed,
         note,
+    }
+}
+
+/// `walbox audit` finds what the checker found: the same missing events,
+/// duplicates, order violations and dead letters, and nothing on the
+/// broker that the table does not hold (except after a restore, which
+/// took delivered rows out of the table).
+fn agrees(o: &mut Outcome, audit: Result<serde_json::Value, String>, t: &Tally) {
+    let report = match audit {
+        Ok(r) => r,
+        Err(e) => {
+            o.check(false, format!("walbox audit failed: {e}"));
+            return;
+        }
+    };
+    let n = |k: &str| {
+        report["total"][k]
+            .as_u64()
+            .map_or(usize::MAX, |v| v as usize)
+    };
+    let pairs = [
+        ("missing", n("missing"), t.missing),
+        ("duplicates", n("duplicates"), t.duplicates),
+        ("out of order", n("out_of_order"), t.order_violations),
+        ("dead-lettered", n("dead_lettered"), t.dead_lettered),
+        ("misrouted", n("misrouted"), 0),
+        ("unconfirmed", n("unconfirmed"), 0),
+    ];
+    let differ: Vec<String> = pairs
+        .iter()
+        .filter(|(_, audit, checker)| audit != checker)
+        .map(|(what, audit, checker)| format!("{what}: audit {audit}, checker {checker}"))
+        .collect();
+    o.check(
+        differ.is_empty(),
+        format!(
+            "walbox audit disagrees with the checker ({})",
+            differ.join(", ")
+        ),
+    );
+    let unknown = n("unknown");
+    if o.restored {
+        o.notes.push(format!(
+            "audit: {unknown} delivered events no longer in the restored table"
+        ));
+    } else {
+        o.check(
+            unknown == 0,
+            format!("walbox audit found {unknown} unknown records"),
+        );
+    }
+    if differ.is_empty() {
+        o.notes.push(format!(
+            "walbox audit agrees ({} rows, {} duplicates)",
+            n("rows"),
+            n("duplicates")
+        ));
     }
 }
 

@@ -387,6 +387,36 @@ impl World {
         !self.walbox.is_empty() && self.walbox.iter_mut().all(|c| c.running())
     }
 
+    /// `walbox audit` of the last hour with the world's settings (the
+    /// MockCluster has no time index: it reads the topics from their
+    /// start), as JSON; walbox should be running, so the slot moves past
+    /// the audit's snapshot.
+    pub(crate) async fn audit(&self) -> Result<serde_json::Value, String> {
+        let mut command = self.walbox_command();
+        command
+            .arg("audit")
+            .args(self.shard_args(None))
+            .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
+            .args(["--mapping-topic-template", "{aggregate_type}"])
+            .args(["--dead-letter-topic", &self.dead_letters])
+            .args(&self.walbox_args)
+            .args(["--last", "1h", "--json", "--wait", "30s"]);
+        if matches!(self.broker, Broker::Mock(_)) {
+            command.arg("--from-beginning");
+        }
+        let out = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("run walbox audit: {e}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "walbox audit ({}): {e}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+    }
+
     /// Waits until the slot confirmed everything written so far (or
     /// `timeout`); returns whether it did.
     pub(crate) async fn wait_caught_up(&self, timeout: Duration) -> bool {

@@ -1,10 +1,12 @@
-//! Reading topics back: [`read_since`] hands every record of some topics
+//! Reading topics back: [`read_topics`] hands every record of some topics
 //! from a point in time to their end to a callback, one at a time, with a
 //! `read_committed` consumer that joins no group and commits nothing. What
 //! `walbox audit` compares with the outbox table.
 //!
 //! - **From**: each partition's first record whose timestamp is at or after
-//!   `from_ms` (the broker's time index, `offsets_for_times`).
+//!   `from_ms` (the broker's time index, `offsets_for_times`), or its first
+//!   record ([`ReadFrom::Beginning`]: for brokers without a time index, such
+//!   as librdkafka's MockCluster, which answers every lookup with "none").
 //! - **To**: each partition's high watermark when the read starts. A
 //!   `read_committed` consumer is told only the last stable offset, so its
 //!   position (which passes transaction markers and aborted records
@@ -81,6 +83,15 @@ pub struct Truncated {
     pub first_offset: i64,
 }
 
+/// Where a read starts in each partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// The first record with a timestamp at or after this (Unix ms).
+    Time(i64),
+    /// The first record.
+    Beginning,
+}
+
 /// What a read covered.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadSummary {
@@ -98,14 +109,14 @@ pub struct ReadSummary {
 /// read fails (the brokers unreachable).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Reads every record of `topics` with a timestamp at or after `from_ms`
-/// (see the module docs) and hands each to `each`, partition by partition
+/// Reads every record of `topics` from `from` to their end (see the
+/// module docs) and hands each to `each`, partition by partition
 /// in offset order (partitions interleave). Blocking: call it from
 /// `spawn_blocking`. An error from `each` ends the read with it.
-pub fn read_since(
+pub fn read_topics(
     config: &SinkConfig,
     topics: &[String],
-    from_ms: i64,
+    from: ReadFrom,
     stall: Duration,
     mut each: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
 ) -> Result<ReadSummary, String> {
@@ -141,26 +152,32 @@ pub fn read_since(
             summary.absent_topics.push(topic.clone());
             continue;
         };
-        let mut times = TopicPartitionList::new();
-        for p in 0..partitions {
-            times
-                .add_partition_offset(topic, p, Offset::Offset(from_ms))
-                .map_err(|e| e.to_string())?;
-        }
-        let firsts = ends.offsets_for_times(times, metadata).map_err(|e| {
-            scrub(format!(
-                "find the offsets of topic {topic} at {from_ms} ms: {e}"
-            ))
-        })?;
+        let firsts = match from {
+            ReadFrom::Time(ms) => {
+                let mut times = TopicPartitionList::new();
+                for p in 0..partitions {
+                    times
+                        .add_partition_offset(topic, p, Offset::Offset(ms))
+                        .map_err(|e| e.to_string())?;
+                }
+                Some(ends.offsets_for_times(times, metadata).map_err(|e| {
+                    scrub(format!("find the offsets of topic {topic} at {ms} ms: {e}"))
+                })?)
+            }
+            ReadFrom::Beginning => None,
+        };
         for p in 0..partitions {
             summary.partitions += 1;
             let (low, high) = ends
                 .fetch_watermarks(topic, p, metadata)
                 .map_err(|e| scrub(format!("read the ends of {topic} [{p}]: {e}")))?;
-            let first = match firsts.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o,
-                // No record at or after the time: nothing to read.
-                _ => continue,
+            let first = match &firsts {
+                None => low,
+                Some(firsts) => match firsts.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    // No record at or after the time: nothing to read.
+                    _ => continue,
+                },
             };
             if first >= high {
                 continue;

@@ -13,7 +13,7 @@
 //!    row it saw was delivered, or it is missing. If the slot does not get
 //!    there, rows without a copy are counted as *unconfirmed* (maybe in
 //!    flight), not missing, and the report says so.
-//! 3. The broker's side ([`sink_kafka::read_since`]): the topics the rows
+//! 3. The broker's side ([`sink_kafka::read_topics`]): the topics the rows
 //!    map to and the dead-letter topic, from the window's start (the
 //!    brokers' time index) to their end, `read_committed`.
 //! 4. Both sides go through an external sort by event id ([`spill`]), then
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pgoutput_decoder::Lsn;
 use serde::Serialize;
-use sink_kafka::{read_since, RecordTime, SinkConfig};
+use sink_kafka::{read_topics, ReadFrom, RecordTime, SinkConfig};
 use slot_manager::{connect_control, slot_status, PgConfig, TableName};
 
 use crate::backfill::order::Follows;
@@ -102,6 +102,9 @@ pub struct AuditPlan<'a> {
     /// events are also emitted as logical decoding messages, which are in
     /// no table).
     pub check_unknown: bool,
+    /// Read the topics from their first record, not from the window's
+    /// start by the brokers' time index (for brokers that have none).
+    pub from_beginning: bool,
     /// Counters a progress display reads.
     pub progress: Arc<Progress>,
 }
@@ -237,14 +240,19 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
         .retention
         .map_or(i64::MIN, |keep| now_ms - keep.as_millis() as i64);
     let window = side.window;
+    let from = if plan.from_beginning {
+        ReadFrom::Beginning
+    } else {
+        ReadFrom::Time(window.since_ms)
+    };
     let check_unknown = plan.check_unknown;
     let sink = plan.sink.clone();
-    let read_topics = topics.clone();
+    let to_read = topics.clone();
     let records = Arc::clone(&progress);
     let (by_id, summary, without_id) = tokio::task::spawn_blocking(move || {
         let mut by_id = by_id;
         let mut without_id = 0u64;
-        let summary = read_since(&sink, &read_topics, window.since_ms, READ_STALL, |r| {
+        let summary = read_topics(&sink, &to_read, from, READ_STALL, |r| {
             records.records.fetch_add(1, Ordering::Relaxed);
             if dead_letters.as_deref() == Some(r.topic) {
                 let Some(id) = r.header(dead_letter_headers::EVENT_ID) else {

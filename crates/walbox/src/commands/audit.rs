@@ -47,6 +47,11 @@ pub struct AuditArgs {
     /// Findings listed per kind.
     #[arg(long, value_name = "N", default_value_t = 20)]
     examples: usize,
+    /// Read the topics from their first record instead of finding the
+    /// window's start with the brokers' time index: for brokers that have
+    /// none (librdkafka's MockCluster). Reads every record the topics hold.
+    #[arg(long)]
+    from_beginning: bool,
     /// Print the report as one JSON document.
     #[arg(long)]
     json: bool,
@@ -89,6 +94,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         max_examples: args.examples,
         retention: settings.retention,
         check_unknown: c.source == EventSource::Table,
+        from_beginning: args.from_beginning,
         progress,
     })
     .await;
