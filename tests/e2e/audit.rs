@@ -5,10 +5,13 @@
 
 use std::collections::HashSet;
 use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -18,6 +21,7 @@ use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_until_quiet, TestKafka};
 use walbox_test_harness::pg::{fresh_db, TestDb};
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
+use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
 
@@ -377,4 +381,117 @@ async fn bad_windows_exit_2_and_an_unreachable_broker_exits_3() {
     assert_eq!(code, Some(3), "{stderr}");
     assert!(stderr.starts_with("walbox: audit: kafka:"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// A counter's value in a `/metrics` text.
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// The continuous audit (`--audit-interval 1s`) while events flow: events
+/// read back are all there at first; once acknowledged records are deleted
+/// behind walbox's back (`DeleteRecords` up to each partition's end, every
+/// 200 ms), it counts them missing and logs each one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_continuous_audit_counts_acknowledged_events_deleted_from_the_broker() {
+    let cluster = cluster();
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(2).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            &topic,
+            "--audit-interval",
+            "1s",
+            "--metrics-addr",
+            ANY_PORT,
+        ],
+    );
+    let addr = metrics_addr(&relay).await;
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let client = db.connect().await;
+        let writing = Arc::clone(&writing);
+        tokio::spawn(async move {
+            let mut n = 0;
+            while writing.load(Ordering::Relaxed) {
+                insert_events(&client, n, n + 10, |_| 5, 7).await;
+                n += 10;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let metrics = wait_for("3 events read back", Duration::from_secs(60), || {
+        let got = http_get(&addr, "/metrics");
+        async move {
+            match got {
+                Some((200, body)) if counter(&body, "walbox_audit_checked_total") >= 3.0 => {
+                    Ok(body)
+                }
+                other => Err(format!("{:?}", other.map(|(s, _)| s))),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        counter(&metrics, "walbox_audit_missing_total"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(counter(&metrics, "walbox_audit_duplicates_total"), 0.0);
+
+    // Behind walbox's back: everything acknowledged is deleted, over and over.
+    let deleting = Arc::new(AtomicBool::new(true));
+    let deleter = {
+        let config = kafka.client_config();
+        let topic = topic.clone();
+        let deleting = Arc::clone(&deleting);
+        tokio::spawn(async move {
+            let admin: AdminClient<DefaultClientContext> = config.create().unwrap();
+            let ends: rdkafka::consumer::BaseConsumer = config.create().unwrap();
+            while deleting.load(Ordering::Relaxed) {
+                let mut cut = TopicPartitionList::new();
+                for p in 0..2 {
+                    let (_, high) = tokio::task::block_in_place(|| {
+                        ends.fetch_watermarks(&topic, p, Duration::from_secs(5))
+                    })
+                    .unwrap();
+                    cut.add_partition_offset(&topic, p, Offset::Offset(high))
+                        .unwrap();
+                }
+                let _ = admin.delete_records(&cut, &AdminOptions::new()).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let metrics = wait_for("an event counted missing", Duration::from_secs(60), || {
+        let got = http_get(&addr, "/metrics");
+        async move {
+            match got {
+                Some((200, body)) if counter(&body, "walbox_audit_missing_total") >= 1.0 => {
+                    Ok(body)
+                }
+                other => Err(format!("{:?}", other.map(|(s, _)| s))),
+            }
+        }
+    })
+    .await;
+    assert!(counter(&metrics, "walbox_audit_checked_total") >= 4.0);
+    deleting.store(false, Ordering::Relaxed);
+    writing.store(false, Ordering::Relaxed);
+    deleter.await.unwrap();
+    writer.await.unwrap();
+    wait_caught_up(&client).await;
+    let log = stop(&mut relay).await;
+    assert!(
+        log.contains("audit: an event the broker acknowledged is gone from it: below the partition's first offset"),
+        "{log}"
+    );
 }

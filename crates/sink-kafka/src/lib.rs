@@ -40,7 +40,9 @@ pub use config::{
 };
 pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
 pub use problem::{BrokerProblem, ProblemKind};
-pub use reader::{read_topics, ReadFrom, ReadRecord, ReadSummary, RecordTime, Truncated};
+pub use reader::{
+    read_range, read_topics, RangeRead, ReadFrom, ReadRecord, ReadSummary, RecordTime, Truncated,
+};
 pub use record::{Header, Record};
 pub use sink::{shutdown, Brokers, Delivered, Permit, Report, Reports, Sink};
 pub use stats::{BrokerRtt, ProducerStats, STATISTICS_INTERVAL_MS};

@@ -315,3 +315,114 @@ impl rdkafka::ClientContext for Quiet {
 }
 
 impl ConsumerContext for Quiet {}
+
+/// What [`read_range`] found of a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeRead {
+    /// The partition's first offset (records before it were deleted).
+    pub low: i64,
+    /// Its high watermark when the read started.
+    pub high: i64,
+    /// Where the reading got: `to` (clamped to `high`), or less when what
+    /// follows is not readable yet (a transaction still open) within
+    /// `stall`.
+    pub read_to: i64,
+}
+
+/// Reads offsets `from..to` of one partition (clamped to what it holds)
+/// with a `read_committed` consumer that joins no group, handing each
+/// record to `each`. Blocking: call it from `spawn_blocking`.
+pub fn read_range(
+    config: &SinkConfig,
+    topic: &str,
+    partition: i32,
+    (from, to): (i64, i64),
+    stall: Duration,
+    mut each: impl FnMut(&ReadRecord<'_>),
+) -> Result<RangeRead, String> {
+    let secrets: Arc<[String]> = config.secret_values().into();
+    let scrub = |e: String| redact_values(&e, &secrets);
+    let quiet = || Quiet {
+        secrets: Arc::clone(&secrets),
+    };
+    let mut connection = config.connection_config();
+    let ends: BaseConsumer<Quiet> = connection
+        .clone()
+        .set("isolation.level", "read_uncommitted")
+        .create_with_context(quiet())
+        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+    let (low, high) = ends
+        .fetch_watermarks(topic, partition, REQUEST_TIMEOUT.min(stall))
+        .map_err(|e| scrub(format!("read the ends of {topic} [{partition}]: {e}")))?;
+    let (start, end) = (from.max(low), to.min(high));
+    let mut read = RangeRead {
+        low,
+        high,
+        read_to: start,
+    };
+    if start >= end {
+        read.read_to = end.max(start);
+        return Ok(read);
+    }
+    let consumer: BaseConsumer<Quiet> = connection
+        .set("group.id", "walbox-reader")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(quiet())
+        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(start))
+        .map_err(|e| e.to_string())?;
+    consumer
+        .assign(&tpl)
+        .map_err(|e| scrub(format!("read {topic} [{partition}]: {e}")))?;
+    let mut moved = Instant::now();
+    while read.read_to < end && moved.elapsed() <= stall {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                moved = Instant::now();
+                if m.offset() < end {
+                    let time = match m.timestamp() {
+                        Timestamp::CreateTime(t) => RecordTime::Create(t),
+                        Timestamp::LogAppendTime(t) => RecordTime::LogAppend(t),
+                        Timestamp::NotAvailable => RecordTime::None,
+                    };
+                    each(&ReadRecord {
+                        topic: m.topic(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key(),
+                        time,
+                        message: &m,
+                    });
+                }
+                read.read_to = read.read_to.max(m.offset() + 1);
+                continue;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(e)) => {
+                if let Some((code, reason)) = consumer.client().fatal_error() {
+                    return Err(scrub(format!(
+                        "read {topic} [{partition}]: {code:?}: {reason}"
+                    )));
+                }
+                tracing::debug!(error = %scrub(e.to_string()), "reading a partition back: a transient error");
+            }
+        }
+        let position = consumer
+            .position()
+            .map_err(|e| scrub(format!("read {topic} [{partition}]: {e}")))?;
+        for e in position.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                if o > read.read_to {
+                    read.read_to = o;
+                    moved = Instant::now();
+                }
+            }
+        }
+    }
+    read.read_to = read.read_to.min(end);
+    Ok(read)
+}

@@ -26,6 +26,7 @@
 //! snapshot.
 
 pub mod findings;
+pub mod live;
 mod spill;
 pub mod table;
 

@@ -70,6 +70,7 @@ pub(super) async fn publish(
         exactly_once: None,
         save_positions: false,
         spans: None,
+        audit: None,
     };
     let saved = Rc::new(Cell::new(p.published));
     let mut rows = Rows {

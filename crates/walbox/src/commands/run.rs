@@ -191,12 +191,34 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             Some(spans)
         }
     };
+    let audit = settings.audit_interval.map(|interval| {
+        let tap = crate::audit::live::Tap::new();
+        tracing::info!(
+            ?interval,
+            "continuous audit: reading an acknowledged event back from the broker every interval"
+        );
+        let task = tokio::spawn(crate::audit::live::run(
+            Arc::clone(&tap),
+            settings.sink.clone(),
+            interval,
+            settings.exactly_once.is_some(),
+            Arc::clone(&metrics),
+        ));
+        (tap, task)
+    });
+    let observers = Observers {
+        spans,
+        audit: audit.as_ref().map(|(tap, _)| Arc::clone(tap)),
+    };
     let result =
-        stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics, spans.as_ref()).await;
+        stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics, &observers).await;
     if let Some(task) = retention {
         task.abort();
     }
-    if let Some(spans) = spans {
+    if let Some((_, task)) = audit {
+        task.abort();
+    }
+    if let Some(spans) = observers.spans {
         spans.shutdown().await;
     }
     log_exact(&metrics.commit_to_ack_exact, "commit to ack");
@@ -218,6 +240,12 @@ fn log_exact(latency: &crate::metrics::latency::ExactLatency, what: &str) {
     }
 }
 
+/// What watches each event besides the relay: spans, the continuous audit.
+struct Observers {
+    spans: Option<crate::spans::Spans>,
+    audit: Option<Arc<crate::audit::live::Tap>>,
+}
+
 /// Streams, recreating the slot when it is found invalidated (with
 /// `on_slot_invalidated = "recreate"`), until a signal or a definite error.
 async fn stream_until_stopped(
@@ -226,7 +254,7 @@ async fn stream_until_stopped(
     settings: &RunSettings,
     shutdown: &watch::Receiver<Stop>,
     metrics: &Arc<Metrics>,
-    spans: Option<&crate::spans::Spans>,
+    observers: &Observers,
 ) -> Result<(), CliError> {
     let mut waiting_reported = false;
     loop {
@@ -261,7 +289,7 @@ async fn stream_until_stopped(
             settings,
             shutdown.clone(),
             Arc::clone(metrics),
-            spans,
+            observers,
         )
         .await
         {
@@ -432,7 +460,7 @@ async fn stream(
     settings: &RunSettings,
     shutdown: watch::Receiver<Stop>,
     metrics: Arc<Metrics>,
-    spans: Option<&crate::spans::Spans>,
+    observers: &Observers,
 ) -> Result<(), RunError> {
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
     let Some(brokers) = wait_for_brokers(&sink, settings, &metrics, shutdown.clone()).await? else {
@@ -467,7 +495,8 @@ async fn stream(
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
         save_positions: settings.recreate_margin.is_some() || settings.retention.is_some(),
-        spans: spans.cloned(),
+        spans: observers.spans.clone(),
+        audit: observers.audit.clone(),
     };
     let urgency = shutdown.clone();
     let result =

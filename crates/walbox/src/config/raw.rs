@@ -45,6 +45,7 @@ pub(super) struct Raw {
     #[serde(deserialize_with = "whole::u64")]
     pub(super) slot_recreate_margin_secs: u64,
     pub(super) retention: Option<String>,
+    pub(super) audit: RawAudit,
     pub(super) otlp_endpoint: Option<String>,
     #[serde(deserialize_with = "whole::u64")]
     pub(super) max_in_flight_events: u64,
@@ -80,6 +81,7 @@ impl Default for Raw {
             on_slot_invalidated: OnSlotInvalidated::Fail,
             slot_recreate_margin_secs: 600,
             retention: None,
+            audit: RawAudit::default(),
             otlp_endpoint: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,
@@ -171,6 +173,13 @@ pub enum Delivery {
     /// Every event once for `read_committed` consumers, through Kafka
     /// transactions (see [`crate::exactly_once`]).
     ExactlyOnce,
+}
+
+/// `[audit]`: the continuous audit.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawAudit {
+    pub(super) interval: Option<String>,
 }
 
 /// `[transactions]`: exactly-once mode's settings.

@@ -40,6 +40,8 @@ pub struct RunSettings {
     pub message_prefix: String,
     /// Where to export a span per event; `None`: off.
     pub otlp_endpoint: Option<super::secret::Endpoint>,
+    /// The continuous audit's interval (`audit.interval`); `None`: off.
+    pub audit_interval: Option<Duration>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -176,8 +178,23 @@ impl Config {
         // value), found now without connecting: `walbox config` and `run`
         // refuse the same configuration, both as configuration errors.
         sink.validate().map_err(|e| ConfigError(e.to_string()))?;
+        let audit_interval = match &r.audit.interval {
+            None => None,
+            Some(text) => {
+                let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                    ConfigError(format!(
+                        "audit.interval {text:?}: {e}; expected a duration such as 1m or 30s"
+                    ))
+                })?;
+                if d < Duration::from_secs(1) {
+                    return Err(ConfigError("audit.interval: must be at least 1s".into()));
+                }
+                Some(d)
+            }
+        };
         Ok(RunSettings {
             otlp_endpoint,
+            audit_interval,
             message_prefix: r.message_prefix.clone(),
             sink,
             dead_letters,

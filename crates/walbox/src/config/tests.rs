@@ -108,6 +108,7 @@ fn every_setting_can_come_from_the_environment() {
             ("metrics_addr", _) => "127.0.0.1:9756".to_owned(),
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
+            ("audit.interval", _) => "90s".to_owned(),
             // Recreating and retention need the table's rows, and
             // recreating an unsharded slot.
             ("source", _) => "table".to_owned(),
@@ -140,6 +141,7 @@ fn every_setting_can_come_from_the_environment() {
     assert_eq!(run.sink.max_in_flight, 4096);
     assert_eq!(run.status_interval, Duration::from_millis(4096));
     assert_eq!(run.retention, Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(run.audit_interval, Some(Duration::from_secs(90)));
     assert_eq!(run.recreate_margin, Some(Duration::from_secs(4096)));
     assert_eq!(c.log_format(), LogFormat::Json);
     assert_eq!(c.mapping().unwrap().id, "mapping_id_env");
@@ -343,6 +345,16 @@ fn bad_input_names_the_key_and_its_source() {
             "retention \"7 dayz\": unknown time unit",
         ),
         ("WALBOX_RETENTION", "0s", "retention: must be at least 1s"),
+        (
+            "WALBOX_AUDIT_INTERVAL",
+            "often",
+            "audit.interval \"often\": expected number at 0; expected a duration such as 1m",
+        ),
+        (
+            "WALBOX_AUDIT_INTERVAL",
+            "500ms",
+            "audit.interval: must be at least 1s",
+        ),
     ] {
         let c = load(
             None,

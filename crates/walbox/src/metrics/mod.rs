@@ -25,6 +25,9 @@
 //! | `walbox_retention_rows_deleted_total` | counter | outbox rows deleted by `retention` |
 //! | `walbox_retention_partitions_dropped_total` | counter | outbox partitions dropped by `retention` (partitioned outbox) |
 //! | `walbox_retention_partitions_created_total` | counter | outbox partitions created ahead by `retention` |
+//! | `walbox_audit_checked_total` | counter | continuous audit: acknowledged events read back from the broker |
+//! | `walbox_audit_missing_total` | counter | continuous audit: of those, gone from the broker |
+//! | `walbox_audit_duplicates_total` | counter | continuous audit: copies beyond the first found near them |
 //! | `walbox_delivery_stalled_seconds` | gauge | how long events have waited without any delivery report (0 when nothing waits or reports keep coming) |
 //!
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
@@ -169,6 +172,12 @@ pub struct Metrics {
     pub retention_partitions_dropped: Counter,
     /// Outbox partitions created ahead by retention.
     pub retention_partitions_created: Counter,
+    /// Continuous audit: acknowledged events read back.
+    pub audit_checked: Counter,
+    /// Continuous audit: of those, gone from the broker.
+    pub audit_missing: Counter,
+    /// Continuous audit: copies beyond the first near them.
+    pub audit_duplicates: Counter,
     standby: AtomicBool,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
@@ -361,6 +370,17 @@ impl Metrics {
         });
         let [retention_rows_deleted, retention_partitions_dropped, retention_partitions_created] =
             retention;
+        let audit = [
+            ("walbox_audit_checked", "Continuous audit (audit.interval): events the broker acknowledged, read back from it"),
+            ("walbox_audit_missing", "Continuous audit: of the events read back, those gone from the broker (deleted, or no record at their offset)"),
+            ("walbox_audit_duplicates", "Continuous audit: copies beyond the first found within 1,000 offsets of an event read back"),
+        ]
+        .map(|(name, help)| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        });
+        let [audit_checked, audit_missing, audit_duplicates] = audit;
         Arc::new(Metrics {
             reconnects,
             history_changes,
@@ -378,6 +398,9 @@ impl Metrics {
             retention_rows_deleted,
             retention_partitions_dropped,
             retention_partitions_created,
+            audit_checked,
+            audit_missing,
+            audit_duplicates,
             dead_lettered,
             failed,
             replays_skipped,

@@ -105,6 +105,8 @@ pub struct Token {
     progress_record: bool,
     /// walbox's span of the event, when spans are exported.
     span: Option<Box<EventSpan>>,
+    /// The event's id, when the continuous audit sampled it.
+    audit: Option<Box<str>>,
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -146,6 +148,8 @@ pub struct RelayConfig {
     pub save_positions: bool,
     /// A span per event, exported over OTLP; `None`: off.
     pub spans: Option<Spans>,
+    /// The continuous audit's tap; `None`: off.
+    pub audit: Option<std::sync::Arc<crate::audit::live::Tap>>,
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

@@ -258,6 +258,7 @@ impl Core<'_> {
                 dead_letter: None,
                 progress_record: true,
                 span: None,
+                audit: None,
             },
         };
         self.outgoing.push_back(record);
@@ -349,8 +350,12 @@ impl Core<'_> {
         report: Report<Token>,
     ) -> Result<(), RunError> {
         let Report { token, result, .. } = report;
-        let Err(error) = result else {
-            return Ok(());
+        let error = match result {
+            Ok(at) => {
+                self.tap_delivered(&token, &at);
+                return Ok(());
+            }
+            Err(error) => error,
         };
         if !self.progress.is_current(token.event) || error.kind == DeliveryErrorKind::Purged {
             // An aborted transaction's record: its events are written again.

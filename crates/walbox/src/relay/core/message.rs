@@ -240,6 +240,11 @@ impl Core<'_> {
         }
         let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
+        token.audit = self
+            .config
+            .audit
+            .as_ref()
+            .and_then(|tap| tap.take(&event.event_id));
         self.outgoing.push_back(event.into_record(token));
         Ok(())
     }
@@ -298,6 +303,7 @@ impl Core<'_> {
             dead_letter,
             progress_record: false,
             span: None,
+            audit: None,
         })
     }
 }

@@ -2,7 +2,7 @@
 //! one is dead-lettered or stops the relay.
 
 use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
-use sink_kafka::{DeliveryError, Report};
+use sink_kafka::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
 use super::Core;
@@ -29,7 +29,8 @@ impl Core<'_> {
             returned,
         } = report;
         match result {
-            Ok(_) => {
+            Ok(at) => {
+                self.tap_delivered(&token, &at);
                 let update = match self.progress.ack(token.event, now)? {
                     Ack::Current(update) => update,
                     Ack::Stale => return Ok(None),
@@ -49,6 +50,7 @@ impl Core<'_> {
                 }
                 let copy = Token {
                     dead_letter: Some(DeadLetterKind::Refused),
+                    audit: None,
                     ..token.clone()
                 };
                 match self
@@ -64,6 +66,13 @@ impl Core<'_> {
                     None => Err(self.delivery_failed(&token, error)),
                 }
             }
+        }
+    }
+
+    /// A sampled event's acknowledgement, for the continuous audit.
+    pub(super) fn tap_delivered(&self, token: &Token, at: &Delivered) {
+        if let (Some(tap), Some(id), None) = (&self.config.audit, &token.audit, token.dead_letter) {
+            tap.delivered(id, &token.topic, at);
         }
     }
 

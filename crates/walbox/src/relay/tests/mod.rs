@@ -36,6 +36,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         shutdown_timeout: Duration::from_secs(30),
         exactly_once: None,
         spans: None,
+        audit: None,
     }
 }
 
@@ -166,6 +167,45 @@ async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
     let exact = |l: &crate::metrics::latency::ExactLatency| l.summary().map(|s| s.events);
     assert_eq!(exact(&fx.metrics.commit_to_ack_exact), Some(4));
     assert_eq!(exact(&fx.metrics.commit_to_read_exact), Some(4));
+}
+
+/// The continuous audit's tap: asked, it samples the next event queued,
+/// and hands back where the broker acknowledged it; unasked, nothing.
+#[tokio::test(start_paused = true)]
+async fn the_audit_samples_the_next_event_after_it_asks_with_where_it_landed() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let tap = crate::audit::live::Tap::new();
+    fx.config.audit = Some(Arc::clone(&tap));
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let asker = Arc::clone(&tap);
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(100, "e0", Some("a"), "{}"));
+            server.send(commit(190, 200));
+            until("1 sent", || b.pending() == 1).await;
+            asker.ask();
+            server.send(begin(290));
+            server.send(insert(210, "e1", Some("a"), "{}"));
+            server.send(insert(220, "e2", Some("b"), "{}"));
+            server.send(commit(290, 300));
+            until("3 sent", || b.pending() == 3).await;
+            b.ack_all();
+            until("the slot at the last commit", || server.confirmed() == 300).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let samples = tap.drain();
+    assert_eq!(samples.len(), 1, "{samples:?}");
+    let s = &samples[0];
+    assert_eq!(
+        (&*s.id, &*s.topic, s.partition, s.offset),
+        ("e1", "events", 0, 1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
