@@ -249,7 +249,6 @@ pub(crate) async fn read(
             },
         })?;
     }
-    drop(rows);
     tx.commit()
         .await
         .map_err(Error::sql("end the audit's snapshot"))?;
