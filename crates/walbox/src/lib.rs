@@ -10,6 +10,7 @@ pub mod backfill;
 pub mod bookkeeping;
 pub mod commands;
 pub mod config;
+pub mod continuous_audit;
 pub mod dead_letter;
 pub mod event_source;
 pub mod exactly_once;

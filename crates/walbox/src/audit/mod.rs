@@ -26,7 +26,6 @@
 //! snapshot.
 
 pub mod findings;
-pub mod live;
 mod spill;
 pub mod table;
 

@@ -192,12 +192,12 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         }
     };
     let audit = settings.audit_interval.map(|interval| {
-        let tap = crate::audit::live::Tap::new();
+        let tap = crate::continuous_audit::Tap::new();
         tracing::info!(
             ?interval,
             "continuous audit: reading an acknowledged event back from the broker every interval"
         );
-        let task = tokio::spawn(crate::audit::live::run(
+        let task = tokio::spawn(crate::continuous_audit::run(
             Arc::clone(&tap),
             settings.sink.clone(),
             interval,
@@ -243,7 +243,7 @@ fn log_exact(latency: &crate::metrics::latency::ExactLatency, what: &str) {
 /// What watches each event besides the relay: spans, the continuous audit.
 struct Observers {
     spans: Option<crate::spans::Spans>,
-    audit: Option<Arc<crate::audit::live::Tap>>,
+    audit: Option<Arc<crate::continuous_audit::Tap>>,
 }
 
 /// Streams, recreating the slot when it is found invalidated (with

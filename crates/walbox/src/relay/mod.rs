@@ -149,7 +149,7 @@ pub struct RelayConfig {
     /// A span per event, exported over OTLP; `None`: off.
     pub spans: Option<Spans>,
     /// The continuous audit's tap; `None`: off.
-    pub audit: Option<std::sync::Arc<crate::audit::live::Tap>>,
+    pub audit: Option<std::sync::Arc<crate::continuous_audit::Tap>>,
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

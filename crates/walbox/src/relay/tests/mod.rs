@@ -174,7 +174,7 @@ async fn events_go_out_once_in_order_and_the_slot_follows_the_acks() {
 #[tokio::test(start_paused = true)]
 async fn the_audit_samples_the_next_event_after_it_asks_with_where_it_landed() {
     let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
-    let tap = crate::audit::live::Tap::new();
+    let tap = crate::continuous_audit::Tap::new();
     fx.config.audit = Some(Arc::clone(&tap));
     let server = fx.source.session(10);
     let b = fx.broker.clone();
