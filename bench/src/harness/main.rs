@@ -41,6 +41,9 @@ Phases (all but retention by default):
   shards     the small backlog drained by 1, 2 and 4 shards
   writecost  what writing an event costs the application (pgbench, no relay)
   cleanup    what keeping the outbox small costs the primary, five ways
+  audit      the small backlog drained with the continuous audit off and on;
+             then walbox audit over every event (default memory, and 8 MiB:
+             spilling), its time, peak RSS and the primary's CPU
   retention  5,000 events/s for 10 minutes with retention off, on, and on a
              partitioned outbox (30 minutes a run)
 
@@ -64,7 +67,7 @@ WALBOX_BENCH_ARGS adds flags to every walbox run (e.g. \"--kafka-property linger
 ";
 
 /// Every phase, in the order a run takes them.
-pub(crate) const PHASES: [&str; 11] = [
+pub(crate) const PHASES: [&str; 12] = [
     "small",
     "large",
     "huge",
@@ -75,6 +78,7 @@ pub(crate) const PHASES: [&str; 11] = [
     "shards",
     "writecost",
     "cleanup",
+    "audit",
     "retention",
 ];
 
@@ -278,6 +282,9 @@ async fn main() -> ExitCode {
         }
         if wants("cleanup") {
             alone::cleanup(&mut results, &walbox, scale.large_events()).await;
+        }
+        if wants("audit") {
+            alone::audit(&mut results, &walbox, scale.small_events()).await;
         }
         if wants("retention") {
             alone::retention(&mut results, &walbox, scale.retention_seconds()).await;

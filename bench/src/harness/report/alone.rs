@@ -5,13 +5,15 @@
 use std::fmt::Write;
 
 use super::heading;
-use crate::alone::{CLEANUP_WAYS, RETENTION_WAYS, SHARDS, WRITE_WAYS};
+use crate::alone::{AUDIT_MEMORY, AUDIT_WAYS, CLEANUP_WAYS, RETENTION_WAYS, SHARDS, WRITE_WAYS};
 use crate::relay::Kind;
 use crate::results::Results;
 use crate::Scale;
 
 /// The phases of the section.
 pub(crate) const PHASES: [&str; 4] = ["eos", "shards", "writecost", "cleanup"];
+/// The phases of the audit section.
+pub(crate) const AUDIT_PHASES: [&str; 1] = ["audit"];
 /// The phases of the retention section.
 pub(crate) const RETENTION_PHASES: [&str; 1] = ["retention"];
 
@@ -182,5 +184,66 @@ pub(crate) fn retention_section(r: &Results, scale: Scale) -> String {
         );
     }
     let _ = writeln!(s, "\nCommit → ack is walbox's exact histogram over every event of the run. The table's rows and size are sampled every 10 s while the writes run.\n");
+    s
+}
+
+/// The audit section: what the continuous audit costs a drain, and what
+/// `walbox audit` costs over every event of it.
+pub(crate) fn audit_section(r: &Results, scale: Scale) -> String {
+    let mut s = heading(scale);
+    if !r.has("audit", "events") {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "### The continuous audit: {} events of ~200 bytes in transactions of 100, drained by walbox\n",
+        r.stat("audit", "events", 0, "")
+    );
+    let _ = writeln!(
+        s,
+        "| continuous audit | events/s | walbox CPU µs per event |"
+    );
+    let _ = writeln!(s, "|---|---|---|");
+    for (way, _) in AUDIT_WAYS {
+        let label = if way == "on" {
+            "on (`--audit-interval 1s`)"
+        } else {
+            "off"
+        };
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} |",
+            r.stat("audit", &format!("{way}_eps"), 0, ""),
+            r.stat("audit", &format!("{way}_cpu_us"), 2, ""),
+        );
+    }
+    let ratio = r
+        .ratio("audit", "on_eps", "off_eps")
+        .map_or("–".into(), |x| format!("{x:.2}"));
+    let _ = writeln!(s, "\non / off, events/s: **{ratio}x** (each way on a fresh Postgres and broker; the difference is within the runs' spread when it is within their ranges).\n");
+    let _ = writeln!(
+        s,
+        "### `walbox audit` over the same {} events (walbox running, nothing missing)\n",
+        r.stat("audit", "events", 0, "")
+    );
+    let _ = writeln!(s, "| sort memory | time | events/s | peak RSS MiB | its CPU s | the primary's CPU s | sort runs on disk |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for (label, memory) in AUDIT_MEMORY {
+        let m = |x: &str| format!("cli_{label}_{x}");
+        let shown = memory.map_or("default (256 MiB)".to_owned(), |mib| {
+            format!("`--memory {mib}` (MiB)")
+        });
+        let _ = writeln!(
+            s,
+            "| {shown} | {} | {} | {} | {} | {} | {} |",
+            r.stat("audit", &m("s"), 2, " s"),
+            r.stat("audit", &m("eps"), 0, ""),
+            r.stat("audit", &m("rss_mib"), 0, ""),
+            r.stat("audit", &m("cpu_s"), 2, ""),
+            r.stat("audit", &m("pg_cpu_s"), 2, ""),
+            r.stat("audit", &m("runs"), 0, ""),
+        );
+    }
+    let _ = writeln!(s, "\nThe primary's CPU is every server process's while the audit ran (its one read of the window's rows, and walbox's idle walsender).\n");
     s
 }

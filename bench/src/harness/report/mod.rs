@@ -25,7 +25,7 @@ struct Section {
     write: fn(&Results, Scale) -> String,
 }
 
-const SECTIONS: [Section; 3] = [
+const SECTIONS: [Section; 4] = [
     Section {
         name: "alone",
         start: "<!-- bench:begin -->",
@@ -39,6 +39,13 @@ const SECTIONS: [Section; 3] = [
         end: "<!-- peers:end -->",
         phases: &peers::PHASES,
         write: peers::section,
+    },
+    Section {
+        name: "audit",
+        start: "<!-- audit:begin -->",
+        end: "<!-- audit:end -->",
+        phases: &alone::AUDIT_PHASES,
+        write: alone::audit_section,
     },
     Section {
         name: "retention",
