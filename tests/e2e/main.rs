@@ -17,6 +17,7 @@ mod messages;
 mod migrate;
 mod privileges;
 mod prometheus;
+mod receipts;
 mod retention;
 mod run;
 mod secured_kafka;

@@ -8,7 +8,7 @@
 //! the in-flight bound after the original).
 //!
 //! The relay's core takes part through a [`Tap`]: when the audit wants a
-//! sample, the next event queued carries its id in its token, and its
+//! sample, the next event queued is marked in its token, and its
 //! delivery report hands the id, topic, partition and offset back. An
 //! event costs the relay one atomic load; the primary nothing (the outbox
 //! table is never read).
@@ -73,14 +73,9 @@ impl Tap {
         self.want.store(true, Ordering::Relaxed);
     }
 
-    /// Called for each event queued: its id when it is the one sampled.
-    pub fn take(&self, event_id: &str) -> Option<Box<str>> {
-        if !self.want.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.want
-            .swap(false, Ordering::Relaxed)
-            .then(|| event_id.into())
+    /// Called for each event queued: whether it is the one sampled.
+    pub fn take(&self) -> bool {
+        self.want.load(Ordering::Relaxed) && self.want.swap(false, Ordering::Relaxed)
     }
 
     /// A sampled event's acknowledgement.
@@ -297,10 +292,10 @@ mod tests {
     #[test]
     fn the_tap_samples_one_event_per_ask_and_bounds_what_waits() {
         let tap = Tap::new();
-        assert_eq!(tap.take("a"), None);
+        assert!(!tap.take());
         tap.ask();
-        assert_eq!(tap.take("b").as_deref(), Some("b"));
-        assert_eq!(tap.take("c"), None);
+        assert!(tap.take());
+        assert!(!tap.take());
         let topic: Arc<str> = Arc::from("t");
         for i in 0..100 {
             tap.delivered(

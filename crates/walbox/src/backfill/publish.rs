@@ -71,6 +71,7 @@ pub(super) async fn publish(
         save_positions: false,
         spans: None,
         audit: None,
+        receipts: None,
     };
     let saved = Rc::new(Cell::new(p.published));
     let mut rows = Rows {

@@ -27,6 +27,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0004_outbox_seq.sql",
         include_str!("../../../../migrations/0004_outbox_seq.sql"),
     ),
+    (
+        5,
+        "0005_receipts.sql",
+        include_str!("../../../../migrations/0005_receipts.sql"),
+    ),
 ];
 
 /// Arguments of `walbox migrate`.

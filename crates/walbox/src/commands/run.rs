@@ -26,6 +26,10 @@ pub struct RunArgs {
 const TXN_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long the producer may take to flush after the relay stopped.
 const SINK_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long delivery receipts are kept without a retention setting.
+const RECEIPTS_KEPT: Duration = Duration::from_secs(3600);
+/// How long the receipts still queued at exit may take to be written.
+const RECEIPTS_DRAIN: Duration = Duration::from_secs(3);
 
 /// The signals `run` answers:
 /// - the first SIGTERM or SIGINT: a graceful shutdown (finish the open
@@ -206,9 +210,28 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         ));
         (tap, task)
     });
+    let receipts = if settings.receipts {
+        let client = slot_manager::connect_control(&c.pg).await?;
+        if !crate::receipts::installed(&client).await? {
+            return Err(crate::config::ConfigError(crate::receipts::NOT_INSTALLED.into()).into());
+        }
+        let (recorder, queue) = crate::receipts::Recorder::new(Arc::clone(&metrics));
+        let keep = settings.retention.unwrap_or(RECEIPTS_KEPT);
+        tracing::info!(kept = ?keep, "delivery receipts: written to walbox.receipts after each acknowledgement");
+        let task = tokio::spawn(crate::receipts::run(
+            queue,
+            c.pg.clone(),
+            keep,
+            Arc::clone(&metrics),
+        ));
+        Some((recorder, task))
+    } else {
+        None
+    };
     let observers = Observers {
         spans,
         audit: audit.as_ref().map(|(tap, _)| Arc::clone(tap)),
+        receipts: receipts.as_ref().map(|(recorder, _)| recorder.clone()),
     };
     let result =
         stream_until_stopped(&c, &mapping, &settings, &shutdown, &metrics, &observers).await;
@@ -217,6 +240,17 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
     if let Some((_, task)) = audit {
         task.abort();
+    }
+    if let Some((recorder, task)) = receipts {
+        // The queue closes with its last sender: the writer writes what
+        // waits, then ends (bounded, like every shutdown step).
+        drop(observers.receipts);
+        drop(recorder);
+        if tokio::time::timeout(RECEIPTS_DRAIN, task).await.is_err() {
+            tracing::warn!(
+                "receipts not all written at exit (the database slow); those events were delivered"
+            );
+        }
     }
     if let Some(spans) = observers.spans {
         spans.shutdown().await;
@@ -240,10 +274,12 @@ fn log_exact(latency: &crate::metrics::latency::ExactLatency, what: &str) {
     }
 }
 
-/// What watches each event besides the relay: spans, the continuous audit.
+/// What watches each event besides the relay: spans, the continuous
+/// audit, delivery receipts.
 struct Observers {
     spans: Option<crate::spans::Spans>,
     audit: Option<Arc<crate::continuous_audit::Tap>>,
+    receipts: Option<crate::receipts::Recorder>,
 }
 
 /// Streams, recreating the slot when it is found invalidated (with
@@ -497,6 +533,7 @@ async fn stream(
         save_positions: settings.recreate_margin.is_some() || settings.retention.is_some(),
         spans: observers.spans.clone(),
         audit: observers.audit.clone(),
+        receipts: observers.receipts.clone(),
     };
     let urgency = shutdown.clone();
     let result =

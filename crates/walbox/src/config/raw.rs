@@ -46,6 +46,7 @@ pub(super) struct Raw {
     pub(super) slot_recreate_margin_secs: u64,
     pub(super) retention: Option<String>,
     pub(super) audit: RawAudit,
+    pub(super) receipts: bool,
     pub(super) otlp_endpoint: Option<String>,
     #[serde(deserialize_with = "whole::u64")]
     pub(super) max_in_flight_events: u64,
@@ -82,6 +83,7 @@ impl Default for Raw {
             slot_recreate_margin_secs: 600,
             retention: None,
             audit: RawAudit::default(),
+            receipts: false,
             otlp_endpoint: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,

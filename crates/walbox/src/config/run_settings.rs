@@ -42,6 +42,8 @@ pub struct RunSettings {
     pub otlp_endpoint: Option<super::secret::Endpoint>,
     /// The continuous audit's interval (`audit.interval`); `None`: off.
     pub audit_interval: Option<Duration>,
+    /// Write delivery receipts (`receipts`).
+    pub receipts: bool,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -178,6 +180,16 @@ impl Config {
         // value), found now without connecting: `walbox config` and `run`
         // refuse the same configuration, both as configuration errors.
         sink.validate().map_err(|e| ConfigError(e.to_string()))?;
+        if r.receipts && exactly_once.is_some() {
+            return Err(ConfigError(
+                "receipts = true is not supported with delivery = \"exactly-once\": an acknowledged record may still be aborted with its Kafka transaction, so its receipt could point at a record consumers never see".into(),
+            ));
+        }
+        if r.receipts && r.shards > 1 {
+            return Err(ConfigError(
+                "receipts = true is not supported with shards > 1: walbox.await_delivery wakes on one writer's receipts, and each shard would be one".into(),
+            ));
+        }
         let audit_interval = match &r.audit.interval {
             None => None,
             Some(text) => {
@@ -195,6 +207,7 @@ impl Config {
         Ok(RunSettings {
             otlp_endpoint,
             audit_interval,
+            receipts: r.receipts,
             message_prefix: r.message_prefix.clone(),
             sink,
             dead_letters,

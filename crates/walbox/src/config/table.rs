@@ -204,6 +204,8 @@ pub const SETTINGS: &[Setting] = &[
       "Delete outbox rows older than this (e.g. 7d, 12h) once delivered: older than the last delivered commit less slot_recreate_margin_secs too; in small paced chunks, or by dropping whole partitions of a table partitioned by range on the timestamp column (and creating them ahead). Off by default (docs/operations.md)."),
     s("audit.interval", Text, Run, "—",
       "Audit delivery continuously: every interval (e.g. 1m, at least 1s) one event the broker acknowledged in the previous one is read back from its partition, with the records around it, on a consumer of its own; the walbox_audit_*_total metrics count events checked, gone from the broker and copied more than once. Reads the broker only, never the outbox table. Off by default (docs/operations.md, \"Auditing delivery\")."),
+    s("receipts", Bool, Run, "false",
+      "Write a delivery receipt per event (topic, partition, offset, when acknowledged) to walbox.receipts (walbox migrate installs it, unlogged: no WAL), on a connection of its own, so applications can wait on walbox.await_delivery(event_id, timeout). Never holds events up: receipts that cannot be written are counted and lost. Kept as long as retention (1 hour without it). Not with delivery = exactly-once nor shards > 1 (docs/configuration.md, \"Delivery receipts\")."),
     s("max_in_flight_events", Number, Run, "10000",
       "Most events sent and not yet acknowledged; when reached, walbox stops reading the slot."),
     s("max_in_flight_bytes", Number, Run, "67108864", "The same bound in bytes (at least 1024)."),

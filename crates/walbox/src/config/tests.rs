@@ -109,6 +109,8 @@ fn every_setting_can_come_from_the_environment() {
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
             ("audit.interval", _) => "90s".to_owned(),
+            // Receipts are refused with exactly-once (the choice below).
+            ("receipts", _) => "false".to_owned(),
             // Recreating and retention need the table's rows, and
             // recreating an unsharded slot.
             ("source", _) => "table".to_owned(),

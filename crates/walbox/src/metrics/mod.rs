@@ -28,6 +28,9 @@
 //! | `walbox_audit_checked_total` | counter | continuous audit: acknowledged events read back from the broker |
 //! | `walbox_audit_missing_total` | counter | continuous audit: of those, gone from the broker |
 //! | `walbox_audit_duplicates_total` | counter | continuous audit: copies beyond the first found near them |
+//! | `walbox_receipts_written_total` | counter | delivery receipts written to `walbox.receipts` |
+//! | `walbox_receipts_dropped_total` | counter | receipts not written: the writer was behind (its queue full) |
+//! | `walbox_receipts_failed_total` | counter | receipts not written: writing them failed |
 //! | `walbox_delivery_stalled_seconds` | gauge | how long events have waited without any delivery report (0 when nothing waits or reports keep coming) |
 //!
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
@@ -178,6 +181,12 @@ pub struct Metrics {
     pub audit_missing: Counter,
     /// Continuous audit: copies beyond the first near them.
     pub audit_duplicates: Counter,
+    /// Delivery receipts written.
+    pub receipts_written: Counter,
+    /// Receipts dropped: the writer's queue was full.
+    pub receipts_dropped: Counter,
+    /// Receipts lost to a failed write.
+    pub receipts_failed: Counter,
     standby: AtomicBool,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
@@ -381,6 +390,17 @@ impl Metrics {
             c
         });
         let [audit_checked, audit_missing, audit_duplicates] = audit;
+        let receipts = [
+            ("walbox_receipts_written", "Delivery receipts (receipts = true) written to walbox.receipts"),
+            ("walbox_receipts_dropped", "Delivery receipts not written because the writer was behind (its queue full); the events were delivered"),
+            ("walbox_receipts_failed", "Delivery receipts not written because writing them failed; the events were delivered"),
+        ]
+        .map(|(name, help)| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        });
+        let [receipts_written, receipts_dropped, receipts_failed] = receipts;
         Arc::new(Metrics {
             reconnects,
             history_changes,
@@ -401,6 +421,9 @@ impl Metrics {
             audit_checked,
             audit_missing,
             audit_duplicates,
+            receipts_written,
+            receipts_dropped,
+            receipts_failed,
             dead_lettered,
             failed,
             replays_skipped,

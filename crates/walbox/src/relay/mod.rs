@@ -105,8 +105,11 @@ pub struct Token {
     progress_record: bool,
     /// walbox's span of the event, when spans are exported.
     span: Option<Box<EventSpan>>,
-    /// The event's id, when the continuous audit sampled it.
-    audit: Option<Box<str>>,
+    /// The event's id, when something needs it after the acknowledgement:
+    /// a receipt, or the continuous audit.
+    event_id: Option<Box<str>>,
+    /// The continuous audit sampled this event.
+    sampled: bool,
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -150,6 +153,8 @@ pub struct RelayConfig {
     pub spans: Option<Spans>,
     /// The continuous audit's tap; `None`: off.
     pub audit: Option<std::sync::Arc<crate::continuous_audit::Tap>>,
+    /// Where delivery receipts go; `None`: off.
+    pub receipts: Option<crate::receipts::Recorder>,
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

@@ -258,7 +258,8 @@ impl Core<'_> {
                 dead_letter: None,
                 progress_record: true,
                 span: None,
-                audit: None,
+                event_id: None,
+                sampled: false,
             },
         };
         self.outgoing.push_back(record);

@@ -240,11 +240,10 @@ impl Core<'_> {
         }
         let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
-        token.audit = self
-            .config
-            .audit
-            .as_ref()
-            .and_then(|tap| tap.take(&event.event_id));
+        token.sampled = self.config.audit.as_ref().is_some_and(|tap| tap.take());
+        if token.sampled || self.config.receipts.is_some() {
+            token.event_id = Some(event.event_id.as_str().into());
+        }
         self.outgoing.push_back(event.into_record(token));
         Ok(())
     }
@@ -260,11 +259,14 @@ impl Core<'_> {
         }: Unmapped,
         lsn: Lsn,
     ) -> Result<(), RunError> {
-        let token = self.token(
+        let mut token = self.token(
             Arc::from(topic.as_deref().unwrap_or("")),
             lsn,
             Some(DeadLetterKind::Unmappable),
         )?;
+        if self.config.receipts.is_some() {
+            token.event_id = event_id.as_deref().map(Into::into);
+        }
         let origin = Origin {
             topic: topic.as_deref(),
             lsn,
@@ -303,7 +305,8 @@ impl Core<'_> {
             dead_letter,
             progress_record: false,
             span: None,
-            audit: None,
+            event_id: None,
+            sampled: false,
         })
     }
 }

@@ -2,6 +2,9 @@
 //! one is dead-lettered or stops the relay.
 
 use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
+use std::sync::Arc;
+use std::time::SystemTime;
+
 use sink_kafka::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
@@ -9,6 +12,7 @@ use super::Core;
 use crate::dead_letter::{failure_kind, DeadLetterKind};
 use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
+use crate::receipts::Receipt;
 use crate::relay::{RunError, Token};
 
 impl Core<'_> {
@@ -31,6 +35,7 @@ impl Core<'_> {
         match result {
             Ok(at) => {
                 self.tap_delivered(&token, &at);
+                self.receipt(&token, &at);
                 let update = match self.progress.ack(token.event, now)? {
                     Ack::Current(update) => update,
                     Ack::Stale => return Ok(None),
@@ -50,7 +55,7 @@ impl Core<'_> {
                 }
                 let copy = Token {
                     dead_letter: Some(DeadLetterKind::Refused),
-                    audit: None,
+                    sampled: false,
                     ..token.clone()
                 };
                 match self
@@ -71,8 +76,28 @@ impl Core<'_> {
 
     /// A sampled event's acknowledgement, for the continuous audit.
     pub(super) fn tap_delivered(&self, token: &Token, at: &Delivered) {
-        if let (Some(tap), Some(id), None) = (&self.config.audit, &token.audit, token.dead_letter) {
+        if let (Some(tap), Some(id), true) = (&self.config.audit, &token.event_id, token.sampled) {
             tap.delivered(id, &token.topic, at);
+        }
+    }
+
+    /// An acknowledged event's receipt (at least once; exactly-once refuses
+    /// receipts: an acknowledged record may still be aborted).
+    fn receipt(&self, token: &Token, at: &Delivered) {
+        if let (Some(recorder), Some(id)) = (&self.config.receipts, &token.event_id) {
+            // A dead-lettered copy landed on the dead-letter topic.
+            let topic = match (token.dead_letter, self.config.dead_letters.topic()) {
+                (Some(_), Some(dead_letters)) => Arc::from(dead_letters),
+                _ => Arc::clone(&token.topic),
+            };
+            recorder.record(Receipt {
+                event_id: id.clone(),
+                topic,
+                partition: at.partition,
+                offset: at.offset,
+                acked_at: SystemTime::now(),
+                dead_lettered: token.dead_letter.is_some(),
+            });
         }
     }
 

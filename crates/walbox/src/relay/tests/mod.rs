@@ -37,6 +37,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         exactly_once: None,
         spans: None,
         audit: None,
+        receipts: None,
     }
 }
 
