@@ -8,11 +8,13 @@
 //! How, in bounded memory:
 //! 1. The table's side ([`table`]): the window's rows in one snapshot, in
 //!    the stream's order, each mapped as the relay maps it.
-//! 2. The grace for events in flight: the audit waits (`--wait`) until the
-//!    slot is confirmed past the WAL position of its snapshot; then every
-//!    row it saw was delivered, or it is missing. If the slot does not get
-//!    there, rows without a copy are counted as *unconfirmed* (maybe in
-//!    flight), not missing, and the report says so.
+//! 2. The grace for events in flight: a row without a copy is missing only
+//!    if the slot is confirmed past the WAL position of the snapshot (then
+//!    walbox delivered every row it holds). When rows lack a copy and the
+//!    slot is not there yet, the audit waits (`--wait`) for it and reads the
+//!    topics again; if it does not get there, those rows are counted as
+//!    *unconfirmed* (maybe in flight), not missing, and the report says so.
+//!    A clean audit never waits.
 //! 3. The broker's side ([`sink_kafka::read_topics`]): the topics the rows
 //!    map to and the dead-letter topic, from the window's start (the
 //!    brokers' time index) to their end, `read_committed`.
@@ -209,29 +211,105 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
     }
 
     progress.stage("reading the table");
-    let mut by_id: Spill<Sighting> = Spill::new(plan.memory);
+    let mut rows: Spill<Sighting> = Spill::new(plan.memory);
     let side = table::read(
         &mut client,
         plan.table,
         plan.mapping,
         &plan.window,
-        &mut by_id,
+        &mut rows,
         &progress.rows,
     )
     .await?;
-
-    progress.stage("waiting for the slot");
-    let (slots, caught_up) =
-        wait_for_slots(&client, &plan.slots, side.snapshot_lsn, plan.wait).await?;
-
-    progress.stage("reading the topics");
+    let rows = rows.seal()?;
     let mut topics: Vec<String> = side.topics.iter().cloned().collect();
-    let dead_letters = plan.dead_letter_topic.map(str::to_owned);
-    if let Some(d) = &dead_letters {
-        if !topics.contains(d) {
-            topics.push(d.clone());
+    if let Some(d) = plan.dead_letter_topic {
+        if !topics.iter().any(|t| t == d) {
+            topics.push(d.to_owned());
         }
     }
+
+    // Rows with a copy need no waiting; only rows without one depend on
+    // whether the slot passed them. An idle walbox learns of WAL past its
+    // last transaction only from the walsender's keepalives (up to
+    // wal_sender_timeout / 2 apart): the audit waits only when it must.
+    let (mut slots, mut caught_up) =
+        wait_for_slots(&client, &plan.slots, side.snapshot_lsn, Duration::ZERO).await?;
+    let mut waited = false;
+    loop {
+        progress.stage("reading the topics");
+        let (copies, summary, records_without_id) = read_copies(&plan, &side, &topics).await?;
+        progress.stage("comparing");
+        let mut findings = Findings::new(plan.max_examples);
+        let mut arrivals: Spill<Arrival> = Spill::new(plan.memory);
+        let mut candidates = Vec::new();
+        let sort_runs = rows.runs() + copies.runs();
+        for group in ById::new(spill::merge(rows.pass()?, copies.sorted()?)) {
+            let (id, places) = group?;
+            let verdict = findings.id(&id, &places, caught_up);
+            if let Some(a) = verdict.arrival {
+                arrivals.push(a)?;
+            }
+            candidates.extend(verdict.unknown);
+            if candidates.len() >= LOOKUP_BATCH {
+                settle_unknown(&client, &plan, &side, &mut findings, &mut candidates).await?;
+            }
+        }
+        settle_unknown(&client, &plan, &side, &mut findings, &mut candidates).await?;
+        let sort_runs = sort_runs + arrivals.runs();
+        findings.arrivals(arrivals.sorted()?)?;
+
+        if caught_up || waited || findings.total.unconfirmed == 0 {
+            let window = side.window;
+            return Ok(Report {
+                table: plan.table.to_string(),
+                since: rfc3339_ms(window.since_ms),
+                until: rfc3339_ms(window.until_ms),
+                snapshot_lsn: side.snapshot_lsn.to_string(),
+                slots,
+                slots_caught_up: caught_up,
+                order: match side.order {
+                    Follows::Commits => "commit order",
+                    Follows::Insertion => "insertion order (a sequence column)",
+                    Follows::Timestamp => "the timestamp column, then the event id",
+                },
+                rows_without_id: side.without_id,
+                records_read: summary.records,
+                records_without_id,
+                topics,
+                absent_topics: summary.absent_topics,
+                truncated_partitions: summary
+                    .truncated
+                    .into_iter()
+                    .map(|t| TruncatedPartition {
+                        topic: t.topic,
+                        partition: t.partition,
+                        first_offset: t.first_offset,
+                    })
+                    .collect(),
+                unknown_checked: plan.check_unknown,
+                sort_runs,
+                elapsed_ms: started.elapsed().as_millis() as u64,
+                findings,
+            });
+        }
+        // Rows without a copy, and the slot not past them yet: wait for it,
+        // then read the topics again (what it delivered meanwhile is there).
+        progress.stage("waiting for the slot");
+        (slots, caught_up) =
+            wait_for_slots(&client, &plan.slots, side.snapshot_lsn, plan.wait).await?;
+        waited = true;
+    }
+}
+
+/// The copies on the topics, sorted by event id: what [`read_topics`]
+/// finds from the window's start (see the module docs), how much it read,
+/// and how many records had no `id` header.
+async fn read_copies(
+    plan: &AuditPlan<'_>,
+    side: &table::TableSide,
+    topics: &[String],
+) -> Result<(Spill<Sighting>, sink_kafka::ReadSummary, u64), AuditError> {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -247,19 +325,21 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
     };
     let check_unknown = plan.check_unknown;
     let sink = plan.sink.clone();
-    let to_read = topics.clone();
-    let records = Arc::clone(&progress);
-    let (by_id, summary, without_id) = tokio::task::spawn_blocking(move || {
-        let mut by_id = by_id;
+    let dead_letters = plan.dead_letter_topic.map(str::to_owned);
+    let to_read = topics.to_vec();
+    let progress = Arc::clone(&plan.progress);
+    let memory = plan.memory;
+    tokio::task::spawn_blocking(move || {
+        let mut copies: Spill<Sighting> = Spill::new(memory);
         let mut without_id = 0u64;
         let summary = read_topics(&sink, &to_read, from, READ_STALL, |r| {
-            records.records.fetch_add(1, Ordering::Relaxed);
+            progress.records.fetch_add(1, Ordering::Relaxed);
             if dead_letters.as_deref() == Some(r.topic) {
                 let Some(id) = r.header(dead_letter_headers::EVENT_ID) else {
                     return Ok(());
                 };
                 let id = String::from_utf8_lossy(id).into_owned();
-                return by_id
+                return copies
                     .push(Sighting {
                         id,
                         place: Place::DeadLetter {
@@ -278,7 +358,7 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
                 without_id += 1;
                 return Ok(());
             };
-            by_id
+            copies
                 .push(Sighting {
                     id: String::from_utf8_lossy(id).into_owned(),
                     place: Place::Copy {
@@ -295,63 +375,11 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
                 })
                 .map_err(|e| e.to_string())
         });
-        summary.map(|s| (by_id, s, without_id))
+        summary.map(|s| (copies, s, without_id))
     })
     .await
     .map_err(|e| AuditError::Kafka(e.to_string()))?
-    .map_err(AuditError::Kafka)?;
-
-    progress.stage("comparing");
-    let mut findings = Findings::new(plan.max_examples);
-    let mut arrivals: Spill<Arrival> = Spill::new(plan.memory);
-    let mut candidates = Vec::new();
-    let sort_runs = by_id.runs();
-    for group in ById::new(by_id.sorted()?) {
-        let (id, places) = group?;
-        let verdict = findings.id(&id, &places, caught_up);
-        if let Some(a) = verdict.arrival {
-            arrivals.push(a)?;
-        }
-        candidates.extend(verdict.unknown);
-        if candidates.len() >= LOOKUP_BATCH {
-            settle_unknown(&client, &plan, &side, &mut findings, &mut candidates).await?;
-        }
-    }
-    settle_unknown(&client, &plan, &side, &mut findings, &mut candidates).await?;
-    let sort_runs = sort_runs + arrivals.runs();
-    findings.arrivals(arrivals.sorted()?)?;
-
-    Ok(Report {
-        table: plan.table.to_string(),
-        since: rfc3339_ms(window.since_ms),
-        until: rfc3339_ms(window.until_ms),
-        snapshot_lsn: side.snapshot_lsn.to_string(),
-        slots,
-        slots_caught_up: caught_up,
-        order: match side.order {
-            Follows::Commits => "commit order",
-            Follows::Insertion => "insertion order (a sequence column)",
-            Follows::Timestamp => "the timestamp column, then the event id",
-        },
-        rows_without_id: side.without_id,
-        records_read: summary.records,
-        records_without_id: without_id,
-        topics,
-        absent_topics: summary.absent_topics,
-        truncated_partitions: summary
-            .truncated
-            .into_iter()
-            .map(|t| TruncatedPartition {
-                topic: t.topic,
-                partition: t.partition,
-                first_offset: t.first_offset,
-            })
-            .collect(),
-        unknown_checked: plan.check_unknown,
-        sort_runs,
-        elapsed_ms: started.elapsed().as_millis() as u64,
-        findings,
-    })
+    .map_err(AuditError::Kafka)
 }
 
 /// Counts the candidates whose ids the table does not hold now as unknown.

@@ -79,6 +79,19 @@ impl<T: Entry> Spill<T> {
         Ok(())
     }
 
+    /// Every entry pushed, kept to be read in order as often as needed
+    /// ([`Sealed::pass`]).
+    pub(crate) fn seal(mut self) -> io::Result<Sealed<T>> {
+        if !self.runs.is_empty() && !self.buffer.is_empty() {
+            self.write_run()?;
+        }
+        self.buffer.sort_unstable();
+        Ok(Sealed {
+            memory: self.buffer,
+            runs: self.runs,
+        })
+    }
+
     /// Every entry pushed, in order.
     pub(crate) fn sorted(mut self) -> io::Result<Sorted<T>> {
         self.buffer.sort_unstable();
@@ -88,14 +101,57 @@ impl<T: Entry> Spill<T> {
             .map(|f| Source::Run(BufReader::with_capacity(RUN_BUFFER, f), Vec::new()))
             .collect();
         sources.push(Source::Memory(std::mem::take(&mut self.buffer).into_iter()));
-        let mut heap = BinaryHeap::with_capacity(sources.len());
-        for (i, source) in sources.iter_mut().enumerate() {
-            if let Some(entry) = source.next()? {
-                heap.push(Reverse((entry, i)));
+        Sorted::of(sources)
+    }
+}
+
+/// Sorted entries that can be read again: in memory, or in runs on disk.
+pub(crate) struct Sealed<T> {
+    memory: Vec<T>,
+    runs: Vec<File>,
+}
+
+impl<T: Entry + Clone> Sealed<T> {
+    /// Every entry, in order (each pass reads the runs from their start).
+    pub(crate) fn pass(&self) -> io::Result<Sorted<T>> {
+        let mut sources = Vec::with_capacity(self.runs.len() + 1);
+        for run in &self.runs {
+            let mut file = run.try_clone()?;
+            use std::io::Seek;
+            file.rewind()?;
+            sources.push(Source::Run(
+                BufReader::with_capacity(RUN_BUFFER, file),
+                Vec::new(),
+            ));
+        }
+        sources.push(Source::Memory(self.memory.clone().into_iter()));
+        Sorted::of(sources)
+    }
+
+    /// Runs on disk.
+    pub(crate) fn runs(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// The entries of two sorted streams, in order.
+pub(crate) fn merge<T: Ord>(
+    a: impl Iterator<Item = io::Result<T>>,
+    b: impl Iterator<Item = io::Result<T>>,
+) -> impl Iterator<Item = io::Result<T>> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(Ok(x)), Some(Ok(y))) => {
+            if x <= y {
+                a.next()
+            } else {
+                b.next()
             }
         }
-        Ok(Sorted { sources, heap })
-    }
+        (Some(Err(_)), _) | (Some(_), None) => a.next(),
+        (_, Some(_)) => b.next(),
+        (None, None) => None,
+    })
 }
 
 enum Source<T> {
@@ -128,6 +184,18 @@ impl<T: Entry> Source<T> {
 pub(crate) struct Sorted<T> {
     sources: Vec<Source<T>>,
     heap: BinaryHeap<Reverse<(T, usize)>>,
+}
+
+impl<T: Entry> Sorted<T> {
+    fn of(mut sources: Vec<Source<T>>) -> io::Result<Sorted<T>> {
+        let mut heap = BinaryHeap::with_capacity(sources.len());
+        for (i, source) in sources.iter_mut().enumerate() {
+            if let Some(entry) = source.next()? {
+                heap.push(Reverse((entry, i)));
+            }
+        }
+        Ok(Sorted { sources, heap })
+    }
 }
 
 impl<T: Entry> Iterator for Sorted<T> {
@@ -227,6 +295,35 @@ mod tests {
         let mut expected = input;
         expected.sort();
         assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn a_sealed_sort_reads_the_same_entries_on_every_pass_and_merges_in_order() {
+        for memory in [2_000, 1 << 20] {
+            let input = entries(5_000);
+            let mut spill = Spill::new(memory);
+            for e in input.clone() {
+                spill.push(e).unwrap();
+            }
+            let sealed = spill.seal().unwrap();
+            let mut expected = input.clone();
+            expected.sort();
+            for _ in 0..2 {
+                let out: Vec<E> = sealed.pass().unwrap().map(Result::unwrap).collect();
+                assert_eq!(out, expected, "memory {memory}");
+            }
+            let mut other = Spill::new(memory);
+            for e in entries(700) {
+                other.push(e).unwrap();
+            }
+            let merged: Vec<E> = merge(sealed.pass().unwrap(), other.sorted().unwrap())
+                .map(Result::unwrap)
+                .collect();
+            let mut all = input;
+            all.extend(entries(700));
+            all.sort();
+            assert_eq!(merged, all);
+        }
     }
 
     #[test]

@@ -35,9 +35,10 @@ pub struct AuditArgs {
     /// Audit the last so long, up to now, e.g. "15m", "24h".
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     last: Option<Duration>,
-    /// How long to wait for the slot to be confirmed past the audit's
-    /// snapshot. Until it is, rows without a copy may be in flight: they
-    /// are counted as unconfirmed, not missing.
+    /// When rows have no copy on the broker: how long to wait for the slot
+    /// to be confirmed past the audit's snapshot before reading the topics
+    /// again. Rows still without a copy then are missing; if the slot did
+    /// not get there, they may be in flight and count as unconfirmed.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     wait: Duration,
     /// Memory for each of the two sorts' buffers, in MiB; beyond it they
