@@ -1,8 +1,9 @@
-//! What auditing costs: the small backlog drained with the continuous
-//! audit off and on (`--audit-interval 1s`), each on a fresh world; then,
-//! walbox still running, `walbox audit` over every event, with its default
-//! memory and with 8 MiB (its sorts spill to disk): time, peak RSS, and
-//! the CPU it cost the primary.
+//! What proving delivery costs: the small backlog drained with the
+//! continuous audit off and on (`--audit-interval 1s`) and with delivery
+//! receipts on, each on a fresh world (walbox's throughput and CPU, the
+//! primary's CPU and WAL per event); then, walbox still running, `walbox
+//! audit` over every event, with its default memory and with 8 MiB (its
+//! sorts spill to disk): time, peak RSS, and the CPU it cost the primary.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,8 +15,12 @@ use crate::relay::{Kind, Relay};
 use crate::results::Results;
 use crate::world::World;
 
-/// The continuous audit off and on.
-pub(crate) const WAYS: [(&str, &[&str]); 2] = [("off", &[]), ("on", &["--audit-interval", "1s"])];
+/// Plain, the continuous audit on, receipts on.
+pub(crate) const WAYS: [(&str, &[&str]); 3] = [
+    ("off", &[]),
+    ("on", &["--audit-interval", "1s"]),
+    ("receipts", &["--receipts", "true"]),
+];
 /// `walbox audit`'s memory for each sort: its default, and small enough
 /// to spill.
 pub(crate) const MEMORY: [(&str, Option<&str>); 2] = [("default", None), ("spill", Some("8"))];
@@ -29,13 +34,34 @@ pub(crate) async fn audit(results: &mut Results, walbox: &str, events: i64) {
         world.create_topic(&kind.topic()).await;
         eprintln!("bench: audit: walbox drains {events} events, continuous audit {way}");
         let end = preload(&world, Backlog::small("audit", events)).await;
+        let pg_cpu0 = world.server_cpu().await;
         let t0 = Instant::now();
         let mut relay = Relay::start_with(kind, &world, flags);
         wait_confirmed(&world, &mut [&mut relay], &kind.slot(), &end).await;
         let secs = t0.elapsed().as_secs_f64();
+        if way == "receipts" {
+            // Written shortly after the acknowledgements: every one of them.
+            let t1 = Instant::now();
+            while world
+                .one::<i64>("SELECT count(*) FROM walbox.receipts")
+                .await
+                < events
+            {
+                assert!(
+                    t1.elapsed() < Duration::from_secs(60),
+                    "audit: receipts not all written"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let pg_cpu = world.server_cpu().await - pg_cpu0;
+        let wal = world.wal_between(&end, &world.wal_lsn().await).await;
         let cpu = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+        let per = |x: f64| x / events as f64;
         results.record("audit", &format!("{way}_eps"), events as f64 / secs);
-        results.record("audit", &format!("{way}_cpu_us"), cpu * 1e6 / events as f64);
+        results.record("audit", &format!("{way}_cpu_us"), per(cpu * 1e6));
+        results.record("audit", &format!("{way}_pg_cpu_us"), per(pg_cpu * 1e6));
+        results.record("audit", &format!("{way}_wal_bytes"), per(wal));
         if way == "on" {
             for (label, memory) in MEMORY {
                 eprintln!("bench: audit: walbox audit over {events} events, memory {label}");

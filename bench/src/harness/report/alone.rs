@@ -196,7 +196,7 @@ pub(crate) fn audit_section(r: &Results, scale: Scale) -> String {
     }
     let _ = writeln!(
         s,
-        "### The continuous audit: {} events of ~200 bytes in transactions of 100, drained by walbox\n",
+        "### The continuous audit and delivery receipts: {} events of ~200 bytes in transactions of 100, drained by walbox\n",
         r.stat("audit", "events", 0, "")
     );
     let _ = writeln!(
