@@ -16,7 +16,8 @@
 -- wait is not a polling loop: walbox holds an advisory lock for the current
 -- "generation" of receipts and releases it each time it commits more, which
 -- wakes every waiter to look again. While no walbox writes receipts (it is
--- stopped, or receipts are off), waiters look again every 100 ms.
+-- stopped, receipts are off, or no event came for 30 s), waiters look again
+-- every 100 ms.
 --
 -- The receipts table is UNLOGGED: it writes no WAL (receipts cost the
 -- primary little), it is in no publication (logical decoding skips

@@ -37,6 +37,12 @@ const QUEUE: usize = 100_000;
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// Receipts deleted per statement when pruning.
 const PRUNE_BATCH: i64 = 10_000;
+/// How long the receipts connection stays open without receipts.
+const IDLE_CLOSE: Duration = Duration::from_secs(30);
+/// How long taking a generation lock may wait (another instance's writer
+/// holding it until its connection goes idle): then the batch is lost and
+/// the writer connects again.
+const LOCK_TIMEOUT: &str = "10s";
 
 /// Where an event landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,9 +104,13 @@ pub async fn installed(client: &Client) -> Result<bool, Error> {
     Ok(row.get::<_, Option<bool>>(0) == Some(true))
 }
 
-/// Writes receipts until the queue closes (the process ends): connects,
-/// takes the generation lock, writes batches as they come, prunes; after a
-/// failure, counts what it lost and connects again.
+/// Writes receipts until the queue closes (the process ends). It connects
+/// when the first receipt comes (a standby instance, which delivers
+/// nothing, holds no connection and no generation lock), takes the
+/// generation lock, writes batches as they come, prunes, and lets the
+/// connection go after [`IDLE_CLOSE`] without receipts (an instance that
+/// lost the slot to another stops holding a lock the other needs). After a
+/// failure it counts what it lost and connects again.
 pub async fn run(
     mut rx: mpsc::Receiver<Receipt>,
     pg: PgConfig,
@@ -109,7 +119,11 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(200);
     let mut warned = false;
+    let mut batch = Vec::with_capacity(BATCH);
     loop {
+        if batch.is_empty() && rx.recv_many(&mut batch, BATCH).await == 0 {
+            return;
+        }
         let mut writer = match Writer::connect(&pg).await {
             Ok(w) => {
                 backoff = Duration::from_millis(200);
@@ -121,27 +135,17 @@ pub async fn run(
                     warned = true;
                 }
                 // What arrives meanwhile is lost: receipts never wait.
-                let lost = drain(&mut rx);
+                let lost = batch.len() as u64 + drain(&mut rx);
+                batch.clear();
                 metrics.receipts_failed.inc_by(lost);
-                if rx.is_closed() && rx.is_empty() {
-                    return;
-                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
             }
         };
-        let mut pruned = Instant::now();
-        let mut batch = Vec::with_capacity(BATCH);
+        let mut pruned: Option<Instant> = None;
+        let mut last_receipt = Instant::now();
         loop {
-            let until_prune = PRUNE_EVERY.saturating_sub(pruned.elapsed());
-            let got = tokio::select! {
-                n = rx.recv_many(&mut batch, BATCH) => n,
-                () = tokio::time::sleep(until_prune) => 0,
-            };
-            if got == 0 && rx.is_closed() && rx.is_empty() {
-                return;
-            }
             if !batch.is_empty() {
                 let n = batch.len() as u64;
                 if let Err(e) = writer.write(&batch).await {
@@ -158,12 +162,25 @@ pub async fn run(
                 }
                 metrics.receipts_written.inc_by(n);
                 batch.clear();
+                last_receipt = Instant::now();
             }
-            if pruned.elapsed() >= PRUNE_EVERY {
-                pruned = Instant::now();
+            if pruned.is_none_or(|p| p.elapsed() >= PRUNE_EVERY) {
+                pruned = Some(Instant::now());
                 if let Err(e) = writer.prune(keep).await {
                     tracing::warn!(error = %e, "deleting old receipts failed; tried again in a minute");
                 }
+            }
+            if last_receipt.elapsed() >= IDLE_CLOSE {
+                break;
+            }
+            let wake = PRUNE_EVERY.min(IDLE_CLOSE.saturating_sub(last_receipt.elapsed()));
+            let got = tokio::select! {
+                n = rx.recv_many(&mut batch, BATCH) => n,
+                () = tokio::time::sleep(wake) => usize::MAX,
+            };
+            if got == 0 {
+                // The queue closed and everything in it was written.
+                return;
             }
         }
     }
@@ -195,9 +212,11 @@ impl Writer {
     async fn connect(pg: &PgConfig) -> Result<Writer, Error> {
         let client = connect_control(pg).await?;
         client
-            .batch_execute("SET application_name = 'walbox receipts'")
+            .batch_execute(&format!(
+                "SET application_name = 'walbox receipts'; SET lock_timeout = '{LOCK_TIMEOUT}'"
+            ))
             .await
-            .map_err(Error::sql("name the receipts connection"))?;
+            .map_err(Error::sql("set up the receipts connection"))?;
         let current: i64 = client
             .query_one("SELECT generation FROM walbox.receipt_generation", &[])
             .await
