@@ -157,7 +157,8 @@ async fn produce(producer: &FutureProducer, topic: &str, key: &str, id: Option<&
 /// - 7 events the slot was moved past while walbox was stopped: missing;
 /// - 2 events of one key whose records were written in the other order
 ///   (by hand, the slot moved past them): 1 out of order;
-/// - 2 records with ids no row has: unknown; 1 without an id: not walbox's;
+/// - 3 records with ids no row has (one not even a uuid): unknown; 1
+///   without an id: not walbox's;
 /// - the first 5 records of partition 0 deleted (`DeleteRecords`): missing,
 ///   with a warning that the partition was truncated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,6 +205,8 @@ async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains()
     for ghost in [
         "00000000-0000-4000-8000-000000000001",
         "00000000-0000-4000-8000-000000000002",
+        // Another producer's id, which the uuid column cannot hold.
+        "not-a-uuid",
     ] {
         produce(&producer, &topic, "ghost", Some(ghost), now_ms).await;
     }
@@ -237,7 +240,7 @@ async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains()
     assert_eq!(count(&report, "rows"), 109, "{report:#}");
     assert_eq!(count(&report, "missing"), 7 + 5, "{report:#}");
     assert_eq!(count(&report, "out_of_order"), 1, "{report:#}");
-    assert_eq!(count(&report, "unknown"), 2, "{report:#}");
+    assert_eq!(count(&report, "unknown"), 3, "{report:#}");
     assert_eq!(count(&report, "duplicates"), 0, "{report:#}");
     assert_eq!(count(&report, "misrouted"), 0, "{report:#}");
     assert_eq!(report["records_without_id"], 1);
@@ -267,7 +270,7 @@ async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains()
     assert_eq!(reordered["key"], "k-order");
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("audit: 15 findings"), "{stderr}");
+    assert!(stderr.contains("audit: 16 findings"), "{stderr}");
 
     // The same report for a person.
     let text = walbox(&db, &["audit"])
@@ -276,7 +279,7 @@ async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains()
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("15 findings:"), "{text}");
+    assert!(text.contains("16 findings:"), "{text}");
     let listed = text
         .lines()
         .filter(|l| l.trim_start().starts_with("missing "))
@@ -391,6 +394,25 @@ fn counter(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
+/// Waits until the counter `name` on `/metrics` is at least `least`;
+/// returns that `/metrics`.
+async fn wait_counter(addr: &str, name: &str, least: f64) -> String {
+    wait_for(
+        &format!("{name} >= {least}"),
+        Duration::from_secs(60),
+        || {
+            let got = http_get(addr, "/metrics");
+            async move {
+                match got {
+                    Some((200, body)) if counter(&body, name) >= least => Ok(body),
+                    other => Err(format!("{:?}", other.map(|(s, _)| s))),
+                }
+            }
+        },
+    )
+    .await
+}
+
 /// The continuous audit (`--audit-interval 1s`) while events flow: events
 /// read back are all there at first; once acknowledged records are deleted
 /// behind walbox's back (`DeleteRecords` up to each partition's end, every
@@ -428,18 +450,7 @@ async fn the_continuous_audit_counts_acknowledged_events_deleted_from_the_broker
             }
         })
     };
-    let metrics = wait_for("3 events read back", Duration::from_secs(60), || {
-        let got = http_get(&addr, "/metrics");
-        async move {
-            match got {
-                Some((200, body)) if counter(&body, "walbox_audit_checked_total") >= 3.0 => {
-                    Ok(body)
-                }
-                other => Err(format!("{:?}", other.map(|(s, _)| s))),
-            }
-        }
-    })
-    .await;
+    let metrics = wait_counter(&addr, "walbox_audit_checked_total", 3.0).await;
     assert_eq!(
         counter(&metrics, "walbox_audit_missing_total"),
         0.0,
@@ -471,18 +482,7 @@ async fn the_continuous_audit_counts_acknowledged_events_deleted_from_the_broker
             }
         })
     };
-    let metrics = wait_for("an event counted missing", Duration::from_secs(60), || {
-        let got = http_get(&addr, "/metrics");
-        async move {
-            match got {
-                Some((200, body)) if counter(&body, "walbox_audit_missing_total") >= 1.0 => {
-                    Ok(body)
-                }
-                other => Err(format!("{:?}", other.map(|(s, _)| s))),
-            }
-        }
-    })
-    .await;
+    let metrics = wait_counter(&addr, "walbox_audit_missing_total", 1.0).await;
     assert!(counter(&metrics, "walbox_audit_checked_total") >= 4.0);
     deleting.store(false, Ordering::Relaxed);
     writing.store(false, Ordering::Relaxed);

@@ -57,7 +57,22 @@ pub struct ReadRecord<'a> {
     message: &'a rdkafka::message::BorrowedMessage<'a>,
 }
 
-impl ReadRecord<'_> {
+impl<'a> ReadRecord<'a> {
+    fn of(m: &'a rdkafka::message::BorrowedMessage<'a>) -> ReadRecord<'a> {
+        ReadRecord {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            time: match m.timestamp() {
+                Timestamp::CreateTime(t) => RecordTime::Create(t),
+                Timestamp::LogAppendTime(t) => RecordTime::LogAppend(t),
+                Timestamp::NotAvailable => RecordTime::None,
+            },
+            message: m,
+        }
+    }
+
     /// The value of the first header called `name`.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         let headers = self.message.headers()?;
@@ -211,20 +226,8 @@ pub fn read_topics(
                     continue;
                 };
                 if m.offset() < end {
-                    let time = match m.timestamp() {
-                        Timestamp::CreateTime(t) => RecordTime::Create(t),
-                        Timestamp::LogAppendTime(t) => RecordTime::LogAppend(t),
-                        Timestamp::NotAvailable => RecordTime::None,
-                    };
                     summary.records += 1;
-                    each(&ReadRecord {
-                        topic: m.topic(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        key: m.key(),
-                        time,
-                        message: &m,
-                    })?;
+                    each(&ReadRecord::of(&m))?;
                 }
                 if m.offset() + 1 >= end {
                     targets.remove(&id);
@@ -384,19 +387,7 @@ pub fn read_range(
             Some(Ok(m)) => {
                 moved = Instant::now();
                 if m.offset() < end {
-                    let time = match m.timestamp() {
-                        Timestamp::CreateTime(t) => RecordTime::Create(t),
-                        Timestamp::LogAppendTime(t) => RecordTime::LogAppend(t),
-                        Timestamp::NotAvailable => RecordTime::None,
-                    };
-                    each(&ReadRecord {
-                        topic: m.topic(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        key: m.key(),
-                        time,
-                        message: &m,
-                    });
+                    each(&ReadRecord::of(&m));
                 }
                 read.read_to = read.read_to.max(m.offset() + 1);
                 continue;

@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 /// `walbox.await_delivery` has it.
 pub const LOCK_CLASS: i32 = 2_002_873_970;
 /// Receipts written per statement, at most.
-pub const BATCH: usize = 5_000;
+pub const BATCH: usize = 10_000;
 /// Receipts waiting to be written, at most; more are dropped (counted).
 const QUEUE: usize = 100_000;
 /// How often old receipts are deleted.
@@ -254,12 +254,12 @@ impl Writer {
             let offsets: Vec<i64> = receipts.iter().map(|r| r.offset).collect();
             let acked: Vec<SystemTime> = receipts.iter().map(|r| r.acked_at).collect();
             let dead: Vec<bool> = receipts.iter().map(|r| r.dead_lettered).collect();
-            // The first acknowledgement of an event stays (a re-send after a
-            // reconnect is a duplicate consumers drop).
+            // A re-send after a reconnect adds a second receipt;
+            // await_delivery returns the earliest (no unique index: see
+            // migration 0005).
             tx.execute(
                 "INSERT INTO walbox.receipts (event_id, topic, kafka_partition, kafka_offset, acked_at, dead_lettered)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[])
-                 ON CONFLICT (event_id) DO NOTHING",
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[])",
                 &[&ids, &topics, &partitions, &offsets, &acked, &dead],
             )
             .await

@@ -32,7 +32,7 @@ pub(crate) async fn audit(results: &mut Results, walbox: &str, events: i64) {
         let kind = Kind::Walbox;
         kind.init(&world).await;
         world.create_topic(&kind.topic()).await;
-        eprintln!("bench: audit: walbox drains {events} events, continuous audit {way}");
+        eprintln!("bench: audit: walbox drains {events} events ({way})");
         let end = preload(&world, Backlog::small("audit", events)).await;
         let pg_cpu0 = world.server_cpu().await;
         let t0 = Instant::now();
@@ -40,19 +40,20 @@ pub(crate) async fn audit(results: &mut Results, walbox: &str, events: i64) {
         wait_confirmed(&world, &mut [&mut relay], &kind.slot(), &end).await;
         let secs = t0.elapsed().as_secs_f64();
         if way == "receipts" {
-            // Written shortly after the acknowledgements: every one of them.
-            let t1 = Instant::now();
-            while world
-                .one::<i64>("SELECT count(*) FROM walbox.receipts")
-                .await
-                < events
-            {
-                assert!(
-                    t1.elapsed() < Duration::from_secs(60),
-                    "audit: receipts not all written"
-                );
+            // Written shortly after the acknowledgements: until every event
+            // has one, or none came for 2 s (the writer fell behind and
+            // dropped some, which the report shows).
+            let (mut written, mut moved) = (0i64, Instant::now());
+            while written < events && moved.elapsed() < Duration::from_secs(2) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                let now = world
+                    .one::<i64>("SELECT count(DISTINCT event_id) FROM walbox.receipts")
+                    .await;
+                if now > written {
+                    (written, moved) = (now, Instant::now());
+                }
             }
+            results.record("audit", "receipts_share", written as f64 / events as f64);
         }
         let pg_cpu = world.server_cpu().await - pg_cpu0;
         let wal = world.wal_between(&end, &world.wal_lsn().await).await;

@@ -257,6 +257,9 @@ pub(crate) async fn read(
 
 /// Of `ids` (copies no row in the snapshot explained), the ones the table
 /// holds now: rows that committed after the snapshot, not unknown events.
+/// An id the column's type cannot hold (another producer's record with
+/// `id: abc` beside a uuid column) is in no row: it is not looked up, so
+/// one foreign record cannot fail the cast of a whole batch.
 pub(crate) async fn present_now(
     client: &Client,
     table: &TableName,
@@ -265,10 +268,73 @@ pub(crate) async fn present_now(
     ids: &[String],
 ) -> Result<Vec<String>, AuditError> {
     let id = quote_ident(&mapping.id);
-    let sql = format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::{id_type}[])");
+    let (sql, ids): (String, Vec<&String>) = match id_type {
+        "uuid" => (
+            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::uuid[])"),
+            ids.iter().filter(|i| is_uuid(i)).collect(),
+        ),
+        "bigint" | "integer" | "smallint" => (
+            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::{id_type}[])"),
+            ids.iter().filter(|i| fits(i, id_type)).collect(),
+        ),
+        // Text types take any id; others are compared as text (no index).
+        t if t == "text" || t.starts_with("character") => (
+            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::{id_type}[])"),
+            ids.iter().collect(),
+        ),
+        _ => (
+            format!("SELECT {id}::text FROM {table} WHERE {id}::text = ANY($1::text[])"),
+            ids.iter().collect(),
+        ),
+    };
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let rows = client
         .query(sql.as_str(), &[&ids])
         .await
         .map_err(Error::sql("look up event ids in the outbox table"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// A uuid as Postgres writes one (`8-4-4-4-12` hex digits); the ids
+/// compared are the text of the `id` header, which walbox writes that way.
+fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// Whether `s` is a whole number the integer type `ty` holds.
+fn fits(s: &str, ty: &str) -> bool {
+    match ty {
+        "smallint" => s.parse::<i16>().is_ok(),
+        "integer" => s.parse::<i32>().is_ok(),
+        _ => s.parse::<i64>().is_ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_a_column_cannot_hold_are_not_looked_up() {
+        assert!(is_uuid("7f9c24e5-2b1a-4c2e-9a0e-1c2d3e4f5a6b"));
+        assert!(is_uuid("7F9C24E5-2B1A-4C2E-9A0E-1C2D3E4F5A6B"));
+        for bad in [
+            "abc",
+            "",
+            "7f9c24e52b1a4c2e9a0e1c2d3e4f5a6b0000",
+            "7f9c24e5-2b1a-4c2e-9a0e-1c2d3e4f5a6g",
+        ] {
+            assert!(!is_uuid(bad), "{bad}");
+        }
+        assert!(fits("32767", "smallint") && !fits("32768", "smallint"));
+        assert!(fits("-7", "integer") && !fits("7.5", "integer"));
+        assert!(fits("9223372036854775807", "bigint") && !fits("x", "bigint"));
+    }
 }

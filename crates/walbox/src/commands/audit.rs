@@ -21,7 +21,8 @@ pub struct AuditArgs {
     #[command(flatten)]
     settings: RunFlags,
     /// Audit the rows whose timestamp column (mapping.timestamp) is at or
-    /// after this time, e.g. "2026-11-25 08:00:00+00".
+    /// after this time, e.g. "2026-11-25 08:00:00+00" (without an offset:
+    /// UTC).
     #[arg(
         long,
         value_name = "TIME",
@@ -76,7 +77,12 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
             until: args.until,
         },
         (None, Some(last)) => WindowSpec::Last(last),
-        (None, None) => unreachable!("clap requires --since or --last"),
+        // clap requires one of them; said again rather than assumed.
+        (None, None) => {
+            return Err(
+                ConfigError("give the window: --since TIME or --last DURATION".into()).into(),
+            )
+        }
     };
     let progress = Arc::new(Progress::default());
     let shown = (std::io::stderr().is_terminal() && !args.json)
