@@ -120,6 +120,10 @@ pub struct ReadSummary {
     pub truncated: Vec<Truncated>,
 }
 
+/// The readers' prefetch queue, in KiB: what they hold besides the record
+/// being handed over.
+const PREFETCH_KIB: &str = "16384";
+
 /// How long a metadata, offset or watermark request may take before the
 /// read fails (the brokers unreachable).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -153,6 +157,8 @@ pub fn read_topics(
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        // Prefetched records, at most (librdkafka's default is 64 MiB).
+        .set("queued.max.messages.kbytes", PREFETCH_KIB)
         .create_with_context(Quiet {
             secrets: Arc::clone(&secrets),
         })
@@ -373,6 +379,7 @@ pub fn read_range(
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        .set("queued.max.messages.kbytes", PREFETCH_KIB)
         .create_with_context(quiet())
         .map_err(|e| scrub(format!("create a consumer: {e}")))?;
     let mut tpl = TopicPartitionList::new();

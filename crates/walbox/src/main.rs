@@ -52,7 +52,7 @@ enum Command {
     /// at or after --since: for events a lost, dropped or restored slot
     /// never streamed. Stop `walbox run` first (or --force).
     Resync(commands::resync::ResyncArgs),
-    /// Checks delivery: compares a window of the outbox table (--since/
+    /// Checks delivery: compares a window of the outbox table (--since and
     /// --until, or --last) with what the topics hold, and reports per event
     /// type events missing from the broker, duplicates, a key's events out
     /// of order, and events on the broker that are not in the table. Reads

@@ -384,6 +384,16 @@ impl<I: Iterator<Item = std::io::Result<Sighting>>> Iterator for ById<I> {
     }
 }
 
+/// The heap a string or byte string holds: its bytes and the allocator's
+/// rounding and header (measured: 500,000 rows and their records took
+/// about 380 bytes each, four small allocations and the entry itself).
+fn heap(b: impl AsRef<[u8]>) -> usize {
+    match b.as_ref().len() {
+        0 => 0,
+        n => n + 32,
+    }
+}
+
 fn put_i32(out: &mut Vec<u8>, v: i32) {
     codec::put_u64(out, v as u32 as u64);
 }
@@ -493,17 +503,17 @@ impl Entry for Sighting {
     }
 
     fn weight(&self) -> usize {
-        self.id.len()
+        heap(&self.id)
             + match &self.place {
                 Place::Row {
                     route, event_type, ..
-                } => event_type.len() + route.as_ref().map_or(0, |(t, k)| t.len() + k.len()),
+                } => heap(event_type) + route.as_ref().map_or(0, |(t, k)| heap(t) + heap(k)),
                 Place::Copy {
                     topic,
                     key,
                     event_type,
                     ..
-                } => topic.len() + key.len() + event_type.len(),
+                } => heap(topic) + heap(key) + heap(event_type),
                 Place::DeadLetter { .. } => 0,
             }
     }
@@ -535,7 +545,7 @@ impl Entry for Arrival {
     }
 
     fn weight(&self) -> usize {
-        self.topic.len() + self.key.len() + self.id.len() + self.event_type.len()
+        heap(&self.topic) + heap(&self.key) + heap(&self.id) + heap(&self.event_type)
     }
 }
 

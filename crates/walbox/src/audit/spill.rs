@@ -16,7 +16,9 @@ pub(crate) trait Entry: Ord + Sized {
     fn encode(&self, out: &mut Vec<u8>);
     /// Decodes one entry from all of `bytes`; `None` if they are not one.
     fn decode(bytes: &[u8]) -> Option<Self>;
-    /// About how many bytes it holds in memory.
+    /// About how many bytes it holds on the heap, the allocator's overhead
+    /// included (the sort adds the entry's own size, twice: the buffer's
+    /// capacity grows by doubling).
     fn weight(&self) -> usize;
 }
 
@@ -46,7 +48,7 @@ impl<T: Entry> Spill<T> {
 
     /// Adds an entry; writes a run when the buffer is full.
     pub(crate) fn push(&mut self, entry: T) -> io::Result<()> {
-        self.held += entry.weight() + std::mem::size_of::<T>();
+        self.held += entry.weight() + 2 * std::mem::size_of::<T>();
         self.buffer.push(entry);
         if self.held >= self.memory {
             self.write_run()?;
