@@ -199,6 +199,9 @@ fn drain(rx: &mut mpsc::Receiver<Receipt>) -> u64 {
 struct Writer {
     client: Client,
     generation: i64,
+    /// Whether this connection holds `generation`'s lock (not yet, right
+    /// after connecting: another writer's, or nobody's).
+    holding: bool,
 }
 
 /// The lock key of generation `g` (the function's `g % 2147483647`).
@@ -225,6 +228,7 @@ impl Writer {
         let mut writer = Writer {
             client,
             generation: current,
+            holding: false,
         };
         writer.advance(None).await?;
         Ok(writer)
@@ -276,13 +280,15 @@ impl Writer {
             .map_err(Error::sql("notify receipt listeners"))?;
         tx.commit().await.map_err(Error::sql("commit receipts"))?;
         let previous = std::mem::replace(&mut self.generation, next);
-        self.client
-            .execute(
-                "SELECT pg_advisory_unlock($1, $2)",
-                &[&LOCK_CLASS, &key(previous)],
-            )
-            .await
-            .map_err(Error::sql("let the last receipt generation go"))?;
+        if std::mem::replace(&mut self.holding, true) {
+            self.client
+                .execute(
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&LOCK_CLASS, &key(previous)],
+                )
+                .await
+                .map_err(Error::sql("let the last receipt generation go"))?;
+        }
         Ok(())
     }
 

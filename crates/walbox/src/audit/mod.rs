@@ -18,10 +18,12 @@
 //! 3. The broker's side ([`sink_kafka::read_topics`]): the topics the rows
 //!    map to and the dead-letter topic, from the window's start (the
 //!    brokers' time index) to their end, `read_committed`.
-//! 4. Both sides go through an external sort by event id ([`spill`]), then
-//!    the rows' first copies through a second one by topic and key: the
-//!    [`findings`]. Memory: the sort buffers (`--memory`); temporary disk:
-//!    about 100 bytes per row and per record read.
+//! 4. Both sides go through an external sort by event id ([`spill`]): the
+//!    rows, sorted once, merged with each read of the topics; then the
+//!    rows' first copies through a third sort by topic and key: the
+//!    [`findings`]. Memory: `--memory` for the three sorts' buffers
+//!    together (a third each); temporary disk: about 100 bytes per row and
+//!    per record read.
 //!
 //! A copy no row in the snapshot explains is looked up in the table again
 //! before it counts as unknown: its row may have committed after the
@@ -93,7 +95,7 @@ pub struct AuditPlan<'a> {
     pub window: WindowSpec,
     /// How long to wait for the slot to pass the snapshot.
     pub wait: Duration,
-    /// Memory for each sort's buffer.
+    /// Memory for the sorts' buffers, all three together.
     pub memory: usize,
     /// Examples kept per kind of finding.
     pub max_examples: usize,
@@ -211,7 +213,9 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
     }
 
     progress.stage("reading the table");
-    let mut rows: Spill<Sighting> = Spill::new(plan.memory);
+    // The rows' sort, the copies' and the arrivals' are alive together.
+    let per_sort = (plan.memory / 3).max(1);
+    let mut rows: Spill<Sighting> = Spill::new(per_sort);
     let side = table::read(
         &mut client,
         plan.table,
@@ -238,10 +242,11 @@ pub async fn audit(plan: AuditPlan<'_>) -> Result<Report, AuditError> {
     let mut waited = false;
     loop {
         progress.stage("reading the topics");
-        let (copies, summary, records_without_id) = read_copies(&plan, &side, &topics).await?;
+        let (copies, summary, records_without_id) =
+            read_copies(&plan, &side, &topics, per_sort).await?;
         progress.stage("comparing");
         let mut findings = Findings::new(plan.max_examples);
-        let mut arrivals: Spill<Arrival> = Spill::new(plan.memory);
+        let mut arrivals: Spill<Arrival> = Spill::new(per_sort);
         let mut candidates = Vec::new();
         let sort_runs = rows.runs() + copies.runs();
         for group in ById::new(spill::merge(rows.pass()?, copies.sorted()?)) {
@@ -309,6 +314,7 @@ async fn read_copies(
     plan: &AuditPlan<'_>,
     side: &table::TableSide,
     topics: &[String],
+    memory: usize,
 ) -> Result<(Spill<Sighting>, sink_kafka::ReadSummary, u64), AuditError> {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -328,7 +334,6 @@ async fn read_copies(
     let dead_letters = plan.dead_letter_topic.map(str::to_owned);
     let to_read = topics.to_vec();
     let progress = Arc::clone(&plan.progress);
-    let memory = plan.memory;
     tokio::task::spawn_blocking(move || {
         let mut copies: Spill<Sighting> = Spill::new(memory);
         let mut without_id = 0u64;

@@ -42,8 +42,9 @@ pub struct AuditArgs {
     /// not get there, they may be in flight and count as unconfirmed.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     wait: Duration,
-    /// Memory for each of the two sorts' buffers, in MiB; beyond it they
-    /// spill to temporary files (about 100 bytes per row and per record).
+    /// Memory for the audit's sorts, in MiB, all three together; beyond it
+    /// they spill to temporary files (about 100 bytes per row and per
+    /// record). The process adds the Kafka consumer's buffers (16 MiB).
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     memory: u64,
     /// Findings listed per kind.

@@ -1,10 +1,10 @@
 //! Delivery reports: an acknowledged event moves the progress; a refused
 //! one is dead-lettered or stops the relay.
 
-use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
 use sink_kafka::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
