@@ -128,6 +128,65 @@ const PREFETCH_KIB: &str = "16384";
 /// read fails (the brokers unreachable).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The two consumers a read takes: `ends` (`read_uncommitted`, told the
+/// high watermarks) and `reader` (`read_committed`, no group, nothing
+/// committed, a bounded prefetch), and how to scrub secrets from errors.
+struct Readers {
+    ends: BaseConsumer<Quiet>,
+    reader: BaseConsumer<Quiet>,
+    secrets: Arc<[String]>,
+}
+
+impl Readers {
+    fn new(config: &SinkConfig) -> Result<Readers, String> {
+        let secrets: Arc<[String]> = config.secret_values().into();
+        let quiet = || Quiet {
+            secrets: Arc::clone(&secrets),
+        };
+        let connection = config.connection_config();
+        let create = |c: &mut rdkafka::ClientConfig| {
+            c.create_with_context(quiet())
+                .map_err(|e| redact_values(&format!("create a consumer: {e}"), &secrets))
+        };
+        let ends = create(
+            connection
+                .clone()
+                .set("isolation.level", "read_uncommitted"),
+        )?;
+        let reader = create(
+            connection
+                .clone()
+                .set("group.id", "walbox-reader")
+                .set("isolation.level", "read_committed")
+                .set("enable.partition.eof", "true")
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                // Prefetched records, at most (librdkafka's default is 64 MiB).
+                .set("queued.max.messages.kbytes", PREFETCH_KIB),
+        )?;
+        Ok(Readers {
+            ends,
+            reader,
+            secrets,
+        })
+    }
+
+    fn scrub(&self, e: String) -> String {
+        redact_values(&e, &self.secrets)
+    }
+
+    /// A consumer error while polling: fatal (`what` ends with it), or
+    /// transient (a broker restarting: librdkafka reconnects, the read goes
+    /// on).
+    fn on_error(&self, e: &KafkaError, what: &str) -> Result<(), String> {
+        if let Some((code, reason)) = self.reader.client().fatal_error() {
+            return Err(self.scrub(format!("{what}: {code:?}: {reason}")));
+        }
+        tracing::debug!(error = %self.scrub(e.to_string()), "{what}: a transient error");
+        Ok(())
+    }
+}
+
 /// Reads every record of `topics` from `from` to their end (see the
 /// module docs) and hands each to `each`, partition by partition
 /// in offset order (partitions interleave). Blocking: call it from
@@ -140,36 +199,16 @@ pub fn read_topics(
     mut each: impl FnMut(&ReadRecord<'_>) -> Result<(), String>,
 ) -> Result<ReadSummary, String> {
     let metadata = REQUEST_TIMEOUT.min(stall);
-    let secrets: Arc<[String]> = config.secret_values().into();
-    let scrub = |e: String| redact_values(&e, &secrets);
-    let connection = config.connection_config();
-    let ends: BaseConsumer<Quiet> = connection
-        .clone()
-        .set("isolation.level", "read_uncommitted")
-        .create_with_context(Quiet {
-            secrets: Arc::clone(&secrets),
-        })
-        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
-    let consumer: BaseConsumer<Quiet> = connection
-        .clone()
-        .set("group.id", "walbox-reader")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        // Prefetched records, at most (librdkafka's default is 64 MiB).
-        .set("queued.max.messages.kbytes", PREFETCH_KIB)
-        .create_with_context(Quiet {
-            secrets: Arc::clone(&secrets),
-        })
-        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+    let readers = Readers::new(config)?;
+    let scrub = |e: String| readers.scrub(e);
+    let (ends, consumer) = (&readers.ends, &readers.reader);
 
     let mut summary = ReadSummary::default();
     let mut start = TopicPartitionList::new();
     // (topic, partition) → the offset that ends it.
     let mut targets: HashMap<(String, i32), i64> = HashMap::new();
     for topic in topics {
-        let Some(partitions) = partitions_of(&ends, topic, metadata).map_err(&scrub)? else {
+        let Some(partitions) = partitions_of(ends, topic, metadata).map_err(scrub)? else {
             summary.absent_topics.push(topic.clone());
             continue;
         };
@@ -241,13 +280,7 @@ pub fn read_topics(
                 continue;
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-            Some(Err(e)) => {
-                if let Some((code, reason)) = consumer.client().fatal_error() {
-                    return Err(scrub(format!("read the topics: {code:?}: {reason}")));
-                }
-                // Transient (a broker restarting): librdkafka reconnects.
-                tracing::debug!(error = %scrub(e.to_string()), "reading topics back: a transient error");
-            }
+            Some(Err(e)) => readers.on_error(&e, "read the topics")?,
         }
         // Markers and aborted records take offsets without a message: the
         // position says how far the reading got.
@@ -349,17 +382,9 @@ pub fn read_range(
     stall: Duration,
     mut each: impl FnMut(&ReadRecord<'_>),
 ) -> Result<RangeRead, String> {
-    let secrets: Arc<[String]> = config.secret_values().into();
-    let scrub = |e: String| redact_values(&e, &secrets);
-    let quiet = || Quiet {
-        secrets: Arc::clone(&secrets),
-    };
-    let mut connection = config.connection_config();
-    let ends: BaseConsumer<Quiet> = connection
-        .clone()
-        .set("isolation.level", "read_uncommitted")
-        .create_with_context(quiet())
-        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
+    let readers = Readers::new(config)?;
+    let scrub = |e: String| readers.scrub(e);
+    let (ends, consumer) = (&readers.ends, &readers.reader);
     let (low, high) = ends
         .fetch_watermarks(topic, partition, REQUEST_TIMEOUT.min(stall))
         .map_err(|e| scrub(format!("read the ends of {topic} [{partition}]: {e}")))?;
@@ -373,15 +398,6 @@ pub fn read_range(
         read.read_to = end.max(start);
         return Ok(read);
     }
-    let consumer: BaseConsumer<Quiet> = connection
-        .set("group.id", "walbox-reader")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("queued.max.messages.kbytes", PREFETCH_KIB)
-        .create_with_context(quiet())
-        .map_err(|e| scrub(format!("create a consumer: {e}")))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(start))
         .map_err(|e| e.to_string())?;
@@ -400,14 +416,7 @@ pub fn read_range(
                 continue;
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-            Some(Err(e)) => {
-                if let Some((code, reason)) = consumer.client().fatal_error() {
-                    return Err(scrub(format!(
-                        "read {topic} [{partition}]: {code:?}: {reason}"
-                    )));
-                }
-                tracing::debug!(error = %scrub(e.to_string()), "reading a partition back: a transient error");
-            }
+            Some(Err(e)) => readers.on_error(&e, &format!("read {topic} [{partition}]"))?,
         }
         let position = consumer
             .position()
