@@ -15,11 +15,6 @@ use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
 
 use crate::support::*;
 
-/// A cluster of `nodes` nodes, started off the async workers.
-fn cluster(nodes: usize) -> KafkaCluster {
-    tokio::task::block_in_place(|| KafkaCluster::start(nodes))
-}
-
 /// A progress topic as walbox requires it on a real broker: compacted.
 async fn progress_topic(kafka: &walbox_test_harness::kafka::TestKafka) -> String {
     kafka
@@ -48,7 +43,7 @@ fn exactly_once<'a>(topic: &'a str, progress: &'a str) -> Vec<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_five_times_leaves_every_event_exactly_once_for_read_committed_consumers() {
     const TOTAL: usize = 20_000;
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -107,7 +102,7 @@ async fn kill_9_five_times_leaves_every_event_exactly_once_for_read_committed_co
 async fn each_key_lands_in_the_partition_the_java_producer_chooses() {
     const KEYS: usize = 10_000;
     const PARTITIONS: i32 = 7;
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -205,7 +200,7 @@ async fn wait_for_records(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_zombie_is_fenced_and_writes_nothing_visible() {
     const TOTAL: usize = 3_000;
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -271,7 +266,7 @@ async fn a_resumed_zombie_is_fenced_and_writes_nothing_visible() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_committed_behind_another_producers_open_transaction_is_read() {
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let (server, url, client) = private_outbox().await;
     let topic = kafka.create_topic(3).await;
@@ -343,7 +338,7 @@ async fn progress_committed_behind_another_producers_open_transaction_is_read() 
 /// back every event arrives exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_bounded_in_exactly_once_mode_with_the_broker_frozen() {
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -432,7 +427,7 @@ async fn insert_with_one_big(
 /// dead-letter topic, the refused event goes there and the rest follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_broker_refuses_for_good_leaves_nothing_after_it_on_the_topic() {
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -647,7 +642,7 @@ async fn with_two_of_three_brokers_down_walbox_waits_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_split_across_kafka_transactions_survive_kill_9_exactly_once() {
     const TOTAL: usize = 12_000;
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -690,7 +685,7 @@ async fn transactions_split_across_kafka_transactions_survive_kill_9_exactly_onc
 /// a new one, and a `read_committed` consumer sees every event once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_the_broker_expires_is_written_again_once() {
-    let kafka_cluster = cluster(1);
+    let kafka_cluster = kafka_cluster(1);
     let kafka = kafka_cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;

@@ -17,17 +17,12 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use tokio_postgres::Client;
-use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_until_quiet, TestKafka};
 use walbox_test_harness::pg::{fresh_db, TestDb};
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
 use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
-
-fn cluster() -> KafkaCluster {
-    tokio::task::block_in_place(|| KafkaCluster::start(1))
-}
 
 /// `walbox audit --last 1h --json` (and `extra`) over `topic`.
 fn audit(db: &TestDb, kafka: &TestKafka, topic: &str, extra: &[&str]) -> (Output, Value) {
@@ -67,7 +62,7 @@ async fn wait_caught_up(client: &Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_the_audit_counts_the_duplicates_a_consumer_sees_and_nothing_else() {
     const TOTAL: usize = 3_000;
-    let cluster = cluster();
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -163,7 +158,7 @@ async fn produce(producer: &FutureProducer, topic: &str, key: &str, id: Option<&
 ///   with a warning that the partition was truncated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains() {
-    let cluster = cluster();
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -293,7 +288,7 @@ async fn the_audit_finds_each_event_taken_away_and_each_record_no_row_explains()
 /// exits 0, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_the_slot_has_not_passed_are_unconfirmed_not_missing() {
-    let cluster = cluster();
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;
@@ -419,7 +414,7 @@ async fn wait_counter(addr: &str, name: &str, least: f64) -> String {
 /// 200 ms), it counts them missing and logs each one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_continuous_audit_counts_acknowledged_events_deleted_from_the_broker() {
-    let cluster = cluster();
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
     let client = init(&db).await;

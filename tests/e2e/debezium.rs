@@ -14,7 +14,7 @@ use walbox_test_harness::kafka::{consume_n, consume_until_quiet, TestKafka};
 use walbox_test_harness::pg::{fresh_db, TestDb};
 use walbox_test_harness::wait::wait_for;
 
-use crate::support::{spawn_run, stop};
+use crate::support::{kafka_cluster, spawn_run, stop};
 
 /// A Debezium EventRouter outbox table, as its documentation has it.
 const OUTBOX: &str = "CREATE TABLE public.outbox (
@@ -156,7 +156,7 @@ async fn world() -> Option<(KafkaCluster, TestKafka, TestDb, tokio_postgres::Cli
         eprintln!("WALBOX_DEBEZIUM_LIBS is not set (scripts/test sets it): test not run");
         return None;
     }
-    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
     let client = db.connect().await;

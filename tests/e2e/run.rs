@@ -6,7 +6,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use rdkafka::message::Message;
-use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::fresh_db;
@@ -562,7 +561,7 @@ async fn an_idle_outbox_does_not_hold_wal_while_other_tables_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_killed_mid_stream_holds_the_slot_and_loses_nothing() {
-    let mut broker = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let mut broker = kafka_cluster(1);
     let kafka = broker.kafka();
     wait_broker(&kafka).await;
     let topic = kafka.create_topic(3).await;

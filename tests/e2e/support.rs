@@ -142,6 +142,12 @@ pub(crate) async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, S
     (status, relay.log())
 }
 
+/// An Apache Kafka cluster of `nodes` KRaft nodes (a few seconds each),
+/// started off the async workers.
+pub(crate) fn kafka_cluster(nodes: usize) -> walbox_test_harness::apache_kafka::KafkaCluster {
+    tokio::task::block_in_place(|| walbox_test_harness::apache_kafka::KafkaCluster::start(nodes))
+}
+
 /// A local address nothing listens on now (for walbox's metrics, use
 /// [`ANY_PORT`]).
 pub(crate) fn free_addr() -> String {

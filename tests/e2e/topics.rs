@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, headers_of, TestKafka};
 use walbox_test_harness::pg::fresh_db;
 
-use crate::support::{expect_all, init, insert_events, spawn_run, stop, wait_broker};
+use crate::support::{
+    expect_all, init, insert_events, kafka_cluster, spawn_run, stop, wait_broker,
+};
 
 fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
     let c: BaseConsumer = kafka.client_config().create().unwrap();
@@ -24,7 +25,7 @@ fn partitions_of(kafka: &TestKafka, topic: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_event_and_dead_letter_topics_are_created_when_allowed() {
-    let cluster = tokio::task::block_in_place(|| KafkaCluster::start(1));
+    let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     wait_broker(&kafka).await;
     let db = fresh_db().await;

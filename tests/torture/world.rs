@@ -254,6 +254,25 @@ impl World {
         args
     }
 
+    /// The world's Kafka, mapping and dead-letter settings, and the
+    /// scenario's own flags: what every walbox command of it is given.
+    fn settings_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--kafka-brokers",
+            &self.broker.kafka().bootstrap(),
+            "--mapping-topic-template",
+            "{aggregate_type}",
+            "--dead-letter-topic",
+            &self.dead_letters,
+            "--kafka-property",
+            "reconnect.backoff.max.ms=500",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(self.walbox_args.iter().cloned());
+        args
+    }
+
     fn walbox_command(&self) -> Command {
         // A new config: `Config::port` appends, it would keep the direct port first.
         let admin = self.admin();
@@ -301,11 +320,7 @@ impl World {
             command
                 .arg(subcommand)
                 .args(self.shard_args(Some(shard)))
-                .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
-                .args(["--mapping-topic-template", "{aggregate_type}"])
-                .args(["--dead-letter-topic", &self.dead_letters])
-                .args(["--kafka-property", "reconnect.backoff.max.ms=500"])
-                .args(&self.walbox_args)
+                .args(self.settings_args())
                 .args(args)
                 .envs(env.iter().copied());
             let process = WalboxProcess::spawn_appending(command, &self.log_path());
@@ -396,10 +411,7 @@ impl World {
         command
             .arg("audit")
             .args(self.shard_args(None))
-            .args(["--kafka-brokers", &self.broker.kafka().bootstrap()])
-            .args(["--mapping-topic-template", "{aggregate_type}"])
-            .args(["--dead-letter-topic", &self.dead_letters])
-            .args(&self.walbox_args)
+            .args(self.settings_args())
             .args(["--last", "1h", "--json", "--wait", "30s"]);
         if matches!(self.broker, Broker::Mock(_)) {
             command.arg("--from-beginning");

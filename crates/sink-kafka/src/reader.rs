@@ -78,11 +78,6 @@ impl<'a> ReadRecord<'a> {
         let headers = self.message.headers()?;
         headers.iter().find(|h| h.key == name).and_then(|h| h.value)
     }
-
-    /// The value.
-    pub fn value(&self) -> Option<&[u8]> {
-        self.message.payload()
-    }
 }
 
 /// A partition whose first record is newer than the point read from:
@@ -112,8 +107,6 @@ pub enum ReadFrom {
 pub struct ReadSummary {
     /// Records handed to the callback.
     pub records: u64,
-    /// Partitions read (of topics that exist).
-    pub partitions: usize,
     /// Topics the broker does not know.
     pub absent_topics: Vec<String>,
     /// Partitions that begin after records from the time read were deleted.
@@ -227,7 +220,6 @@ pub fn read_topics(
             ReadFrom::Beginning => None,
         };
         for p in 0..partitions {
-            summary.partitions += 1;
             let (low, high) = ends
                 .fetch_watermarks(topic, p, metadata)
                 .map_err(|e| scrub(format!("read the ends of {topic} [{p}]: {e}")))?;
@@ -363,9 +355,8 @@ impl ConsumerContext for Quiet {}
 pub struct RangeRead {
     /// The partition's first offset (records before it were deleted).
     pub low: i64,
-    /// Its high watermark when the read started.
-    pub high: i64,
-    /// Where the reading got: `to` (clamped to `high`), or less when what
+    /// Where the reading got: `to` (clamped to the partition's high
+    /// watermark when the read started), or less when what
     /// follows is not readable yet (a transaction still open) within
     /// `stall`.
     pub read_to: i64,
@@ -391,7 +382,6 @@ pub fn read_range(
     let (start, end) = (from.max(low), to.min(high));
     let mut read = RangeRead {
         low,
-        high,
         read_to: start,
     };
     if start >= end {

@@ -401,7 +401,7 @@ async fn settle_unknown(
     let mut ids: Vec<String> = candidates.iter().map(|c| c.id.clone()).collect();
     ids.sort();
     ids.dedup();
-    let present = table::present_now(client, plan.table, plan.mapping, &side.id_type, &ids).await?;
+    let present = table::present_now(client, plan.table, plan.mapping, side.id_type, &ids).await?;
     for c in candidates.drain(..) {
         if !present.contains(&c.id) {
             findings.unknown(c);

@@ -71,8 +71,8 @@ pub(crate) struct TableSide {
     pub(crate) topics: BTreeSet<String>,
     /// The order the rows were ranked in.
     pub(crate) order: Follows,
-    /// The id column's SQL type (`uuid`, `text`, …), for looking ids up.
-    pub(crate) id_type: String,
+    /// The id column's type, for looking ids up.
+    pub(crate) id_type: IdType,
 }
 
 /// Reads the window's rows into `spill` (see the module docs).
@@ -91,14 +91,7 @@ pub(crate) async fn read(
     };
     let wanted = mapping.required_columns();
     let columns = store::columns(client, table, &wanted).await?;
-    if let Some(absent) = wanted
-        .iter()
-        .find(|w| !columns.iter().any(|(c, _)| c == *w))
-    {
-        return Err(AuditError::Config(format!(
-            "the outbox table {table} has no column {absent:?}, which the mapping needs"
-        )));
-    }
+    // A mapped column the table lacks: the mapping says which, and as what.
     let domains = domain_base_types(client, table).await?;
     let relation =
         RelationBody::from_catalog(0, table.schema(), table.name(), columns.iter().cloned());
@@ -106,15 +99,12 @@ pub(crate) async fn read(
         .resolve_with(&relation, &domains)
         .map_err(|e| AuditError::Config(e.to_string()))?;
     let order = order::choose(client, table, mapping).await?;
-    let id_type: String = client
-        .query_one(
-            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-              WHERE a.attrelid = $1::text::regclass AND a.attname = $2",
-            &[&table.quoted(), &mapping.id],
-        )
-        .await
-        .map_err(Error::sql("read the type of the outbox table's id column"))?
-        .get(0);
+    let id_type = columns
+        .iter()
+        .find(|(c, _)| *c == mapping.id)
+        .map_or(IdType::Other, |(_, oid)| {
+            IdType::of(domains.get(oid).copied().unwrap_or(*oid))
+        });
     let event_type_at = mapping
         .event_type
         .as_deref()
@@ -150,13 +140,9 @@ pub(crate) async fn read(
         .map_err(Error::sql("set the audit's time zone"))?;
     // The snapshot is taken by this statement; the position is read after
     // it, so every commit the snapshot sees is before the position.
-    let (since, until): (Option<String>, Option<String>) = match spec {
-        WindowSpec::Between { since, until } => (Some(since.clone()), until.clone()),
-        WindowSpec::Last(_) => (None, None),
-    };
-    let last = match spec {
-        WindowSpec::Last(d) => Some(format!("{} milliseconds", d.as_millis())),
-        WindowSpec::Between { .. } => None,
+    let (since, until, last): (Option<String>, Option<String>, Option<String>) = match spec {
+        WindowSpec::Between { since, until } => (Some(since.clone()), until.clone(), None),
+        WindowSpec::Last(d) => (None, None, Some(format!("{} milliseconds", d.as_millis()))),
     };
     let head = tx
         .query_one(
@@ -264,37 +250,63 @@ pub(crate) async fn present_now(
     client: &Client,
     table: &TableName,
     mapping: &OutboxMapping,
-    id_type: &str,
+    id_type: IdType,
     ids: &[String],
 ) -> Result<Vec<String>, AuditError> {
     let id = quote_ident(&mapping.id);
-    let (sql, ids): (String, Vec<&String>) = match id_type {
-        "uuid" => (
-            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::uuid[])"),
+    let (test, ids): (String, Vec<&String>) = match id_type {
+        IdType::Uuid => (
+            format!("{id} = ANY($1::text[]::uuid[])"),
             ids.iter().filter(|i| is_uuid(i)).collect(),
         ),
-        "bigint" | "integer" | "smallint" => (
-            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::{id_type}[])"),
-            ids.iter().filter(|i| fits(i, id_type)).collect(),
+        IdType::Integer(ty) => (
+            format!("{id} = ANY($1::text[]::{ty}[])"),
+            ids.iter().filter(|i| fits(i, ty)).collect(),
         ),
-        // Text types take any id; others are compared as text (no index).
-        t if t == "text" || t.starts_with("character") => (
-            format!("SELECT {id}::text FROM {table} WHERE {id} = ANY($1::text[]::{id_type}[])"),
-            ids.iter().collect(),
-        ),
-        _ => (
-            format!("SELECT {id}::text FROM {table} WHERE {id}::text = ANY($1::text[])"),
+        // text and varchar take any id, through the column's index.
+        IdType::Text => (format!("{id} = ANY($1::text[])"), ids.iter().collect()),
+        // Others are compared as text (no index).
+        IdType::Other => (
+            format!("{id}::text = ANY($1::text[])"),
             ids.iter().collect(),
         ),
     };
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    let sql = format!("SELECT {id}::text FROM {table} WHERE {test}");
     let rows = client
         .query(sql.as_str(), &[&ids])
         .await
         .map_err(Error::sql("look up event ids in the outbox table"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The id column's type, as far as looking ids up cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdType {
+    /// `uuid`.
+    Uuid,
+    /// `smallint`, `integer` or `bigint`.
+    Integer(&'static str),
+    /// `text` or `varchar`.
+    Text,
+    /// Anything else.
+    Other,
+}
+
+impl IdType {
+    /// The type of OID `oid` (a domain's base type's).
+    fn of(oid: u32) -> IdType {
+        match oid {
+            2950 => IdType::Uuid,
+            21 => IdType::Integer("smallint"),
+            23 => IdType::Integer("integer"),
+            20 => IdType::Integer("bigint"),
+            25 | 1043 => IdType::Text,
+            _ => IdType::Other,
+        }
+    }
 }
 
 /// A uuid as Postgres writes one (`8-4-4-4-12` hex digits); the ids

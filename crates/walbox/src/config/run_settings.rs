@@ -190,20 +190,7 @@ impl Config {
                 "receipts = true is not supported with shards > 1: walbox.await_delivery wakes on one writer's receipts, and each shard would be one".into(),
             ));
         }
-        let audit_interval = match &r.audit.interval {
-            None => None,
-            Some(text) => {
-                let d = humantime::parse_duration(text.trim()).map_err(|e| {
-                    ConfigError(format!(
-                        "audit.interval {text:?}: {e}; expected a duration such as 1m or 30s"
-                    ))
-                })?;
-                if d < Duration::from_secs(1) {
-                    return Err(ConfigError("audit.interval: must be at least 1s".into()));
-                }
-                Some(d)
-            }
-        };
+        let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
         Ok(RunSettings {
             otlp_endpoint,
             audit_interval,
@@ -218,20 +205,7 @@ impl Config {
             recreate_margin: (r.on_slot_invalidated == OnSlotInvalidated::Recreate)
                 .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
             margin: Duration::from_secs(r.slot_recreate_margin_secs),
-            retention: match &r.retention {
-                None => None,
-                Some(text) => {
-                    let d = humantime::parse_duration(text.trim()).map_err(|e| {
-                        ConfigError(format!(
-                            "retention {text:?}: {e}; expected a duration such as 7d, 12h or 30m"
-                        ))
-                    })?;
-                    if d < Duration::from_secs(1) {
-                        return Err(ConfigError("retention: must be at least 1s".into()));
-                    }
-                    Some(d)
-                }
-            },
+            retention: duration_setting("retention", &r.retention, "7d, 12h or 30m")?,
         })
     }
 
@@ -342,4 +316,25 @@ impl Config {
             config: t.config.clone(),
         }))
     }
+}
+
+/// A duration setting (`7d`, `30s`) of at least 1 s, if set; `examples`
+/// name a few for the error.
+fn duration_setting(
+    key: &str,
+    value: &Option<String>,
+    examples: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(text) = value else {
+        return Ok(None);
+    };
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        ConfigError(format!(
+            "{key} {text:?}: {e}; expected a duration such as {examples}"
+        ))
+    })?;
+    if d < Duration::from_secs(1) {
+        return Err(ConfigError(format!("{key}: must be at least 1s")));
+    }
+    Ok(Some(d))
 }
