@@ -41,7 +41,8 @@ Phases (all but retention by default):
   shards     the small backlog drained by 1, 2 and 4 shards
   writecost  what writing an event costs the application (pgbench, no relay)
   cleanup    what keeping the outbox small costs the primary, five ways
-  audit      the small backlog drained with the continuous audit off and on;
+  audit      the small backlog drained plain, with the continuous audit and
+             with receipts (throughput, the primary's CPU and WAL per event);
              then walbox audit over every event (default memory, and 8 MiB:
              spilling), its time, peak RSS and the primary's CPU
   retention  5,000 events/s for 10 minutes with retention off, on, and on a
