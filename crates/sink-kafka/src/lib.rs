@@ -44,7 +44,7 @@ pub use reader::{
     read_range, read_topics, RangeRead, ReadFrom, ReadRecord, ReadSummary, RecordTime, Truncated,
 };
 pub use record::{Header, Record};
-pub use sink::{shutdown, Brokers, Delivered, Permit, Report, Reports, Sink};
+pub use sink::{shutdown, Brokers, CompactedTopicError, Delivered, Permit, Report, Reports, Sink};
 pub use stats::{BrokerRtt, ProducerStats, STATISTICS_INTERVAL_MS};
 pub use transaction::{probe_transactions, TxnError, TxnErrorKind};
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkafka::message::Message;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sink_kafka::{shutdown, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig};
+use sink_kafka::{
+    shutdown, CompactedTopicError, DeliveryErrorKind, Record, Report, Reports, Sink, SinkConfig,
+};
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 
 mod transactions;
@@ -487,6 +489,49 @@ async fn new_topics_during_an_outage_cost_one_topic_check_not_one_each() {
     }
     got.sort_unstable();
     assert_eq!(got, [1, 2, 3, 4, 5]);
+}
+
+/// Exactly-once's progress topic is checked before streaming: with no
+/// broker answering, the check says "no answer" (the caller asks again),
+/// never "refused" (which stops walbox for good); back up, it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_topic_check_without_a_broker_is_unanswered_not_refused() {
+    let kafka = TestKafka::mock(1);
+    let progress = kafka.create_topic(1).await;
+    let mock = kafka.mock_cluster().unwrap();
+    let (sink, mut reports) = Sink::<u64>::new(&config(&kafka)).unwrap();
+    let warm = kafka.create_topic(1).await;
+    let first = pump(
+        &sink,
+        &mut reports,
+        vec![record(&warm, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(first.len(), 1);
+    mock.broker_down(1).unwrap();
+    match sink.ensure_compacted_topic(&progress).await {
+        Err(CompactedTopicError::Unanswered(why)) => {
+            assert!(why.contains("no broker answered"), "{why}");
+            assert!(why.contains(&progress), "{why}");
+        }
+        other => panic!("with every broker down: {other:?}"),
+    }
+    mock.broker_up(1).unwrap();
+    // The MockCluster describes no configurations: a warning, and through.
+    let back = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match sink.ensure_compacted_topic(&progress).await {
+                Err(CompactedTopicError::Unanswered(_)) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                done => return done,
+            }
+        }
+    })
+    .await
+    .expect("the broker answers again");
+    assert_eq!(back, Ok(()));
 }
 
 /// The Java client's murmur2 (Kafka's `Utils.murmur2`), written here from its

@@ -44,6 +44,7 @@ use crate::record::Record;
 mod committed;
 mod context;
 mod topics;
+pub use topics::CompactedTopicError;
 
 use context::{Gap, Movement, Pending, Raw, SinkContext};
 

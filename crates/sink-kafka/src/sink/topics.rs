@@ -49,6 +49,39 @@ pub(super) fn missing_topic(topic: &str) -> DeliveryError {
     )
 }
 
+/// Why creating a topic failed.
+pub(crate) enum CreateError {
+    /// The brokers refused it: permanent for this record.
+    Refused(DeliveryError),
+    /// No broker (or no controller) answered in time: nothing is known.
+    Unanswered(String),
+}
+
+/// Why [`Sink::ensure_compacted_topic`] could not make sure of a topic.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompactedTopicError {
+    /// No broker answered in time (an outage, a broker just back from
+    /// one): nothing is known yet; ask again later.
+    #[error("{0}")]
+    Unanswered(String),
+    /// The topic is not compacted, or the brokers refuse to create it.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// True for the codes that mean "no answer" rather than "no": a timeout,
+/// a lost connection, a controller moving.
+fn no_answer(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::NotController
+    )
+}
+
 /// What a topic check found.
 pub(crate) enum TopicVerdict {
     Known,
@@ -116,8 +149,14 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 }
                 TopicVerdict::Missing(e) => {
                     if let (Some(spec), false) = (&self.inner.create_topics, created) {
-                        self.create_topic(topic, spec).await?;
-                        created = true;
+                        match self.create_topic(topic, spec).await {
+                            Ok(()) => created = true,
+                            Err(CreateError::Refused(e)) => return Err(e),
+                            Err(CreateError::Unanswered(why)) => {
+                                self.brokers_down(topic, &why);
+                                return Ok(());
+                            }
+                        }
                     } else if Instant::now() >= deadline {
                         let mut missing = self.inner.missing_topics.lock().expect("not poisoned");
                         if missing.len() >= MAX_KNOWN_TOPICS {
@@ -133,13 +172,24 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 TopicVerdict::Refused(e) => return Err(e),
                 TopicVerdict::Unsure => return Ok(()),
                 TopicVerdict::NoBroker => {
-                    tracing::warn!(topic, "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}");
-                    *self.inner.brokers_down_until.lock().expect("not poisoned") =
-                        Some(Instant::now() + BROKERS_DOWN_BACKOFF);
+                    self.brokers_down(topic, "no broker answered a metadata request");
                     return Ok(());
                 }
             }
         }
+    }
+
+    /// No broker answered a check of `topic`: its records are produced
+    /// (librdkafka waits for the brokers) and checks are skipped for
+    /// [`BROKERS_DOWN_BACKOFF`].
+    fn brokers_down(&self, topic: &str, why: &str) {
+        tracing::warn!(
+            topic,
+            why,
+            "no broker answered a topic check; producing without it for {BROKERS_DOWN_BACKOFF:?}"
+        );
+        *self.inner.brokers_down_until.lock().expect("not poisoned") =
+            Some(Instant::now() + BROKERS_DOWN_BACKOFF);
     }
 
     /// What the broker's metadata says about `topic`.
@@ -180,13 +230,18 @@ impl<T: Send + Sync + 'static> Sink<T> {
         &self,
         topic: &str,
         spec: &TopicSpec,
-    ) -> Result<(), DeliveryError> {
+    ) -> Result<(), CreateError> {
         let refused = |why: String| {
-            DeliveryError::new(
+            CreateError::Refused(DeliveryError::new(
                 DeliveryErrorKind::Permanent,
                 None,
                 format!("topic {topic} does not exist and could not be created: {why}"),
-            )
+            ))
+        };
+        let unanswered = |why: String| {
+            CreateError::Unanswered(format!(
+                "topic {topic} does not exist and no broker answered its creation: {why}"
+            ))
         };
         let admin = self.inner.admin().map_err(|e| refused(e.to_string()))?;
         let mut new = NewTopic::new(
@@ -204,6 +259,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 tracing::info!(topic, partitions = ?spec.partitions, replication_factor = ?spec.replication_factor, "created topic");
                 Ok(())
             }
+            Ok([Err((_, code)), ..]) if no_answer(*code) => Err(unanswered(code.to_string())),
             Ok([Err((_, code)), ..]) => Err(refused(
                 if *code == RDKafkaErrorCode::TopicAuthorizationFailed
                     || *code == RDKafkaErrorCode::ClusterAuthorizationFailed
@@ -213,7 +269,10 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     code.to_string()
                 },
             )),
-            Ok(_) => Err(refused("no answer for the topic".into())),
+            Ok(_) => Err(unanswered("no answer for the topic".into())),
+            Err(e) if e.rdkafka_error_code().is_some_and(no_answer) => {
+                Err(unanswered(self.inner.redact(&e.to_string())))
+            }
             Err(e) => Err(refused(self.inner.redact(&e.to_string()))),
         }
     }
@@ -224,20 +283,23 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// one with another `cleanup.policy` is refused, since deleting old
     /// segments would delete the last value of a quiet key. A broker that
     /// cannot describe topic configurations is let through with a warning.
-    pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), String> {
+    pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), CompactedTopicError> {
         match self.topic_verdict(topic).await {
             TopicVerdict::Missing(_) => return self.create_compacted_topic(topic).await,
-            TopicVerdict::Refused(e) => return Err(e.message),
+            TopicVerdict::Refused(e) => return Err(CompactedTopicError::Refused(e.message)),
             TopicVerdict::NoBroker => {
-                return Err(format!(
-                    "topic {topic}: no broker answered a metadata request"
-                ))
+                return Err(CompactedTopicError::Unanswered(format!(
+                    "topic {topic}: no broker answered a metadata request within {TOPIC_CHECK_TIMEOUT:?}"
+                )))
             }
             // Its records are produced without another check.
             TopicVerdict::Known => self.remember_known(topic),
             TopicVerdict::Unsure => {}
         }
-        let admin = self.inner.admin().map_err(|e| e.to_string())?;
+        let admin = self
+            .inner
+            .admin()
+            .map_err(|e| CompactedTopicError::Refused(e.to_string()))?;
         // A broker that does not implement DescribeConfigs (librdkafka's
         // MockCluster) never answers: a short wait, then a warning.
         let options = AdminOptions::new()
@@ -283,22 +345,26 @@ impl<T: Send + Sync + 'static> Sink<T> {
         if policy.split(',').any(|p| p.trim() == COMPACT) {
             Ok(())
         } else {
-            Err(format!(
+            Err(CompactedTopicError::Refused(format!(
                 "topic {topic} has cleanup.policy={policy}: its old records would be deleted with the last value of a quiet key; set cleanup.policy=compact on it"
-            ))
+            )))
         }
     }
 
     /// Creates `topic` with one partition and `cleanup.policy=compact`
     /// (the replication factor and other settings of
     /// [`SinkConfig::create_topics`], if any), as the sink creates any topic.
-    async fn create_compacted_topic(&self, topic: &str) -> Result<(), String> {
+    async fn create_compacted_topic(&self, topic: &str) -> Result<(), CompactedTopicError> {
         let mut spec = self.inner.create_topics.clone().unwrap_or_default();
         spec.partitions = Some(1);
         spec.config.remove("retention.ms");
         spec.config.insert("cleanup.policy".into(), COMPACT.into());
-        self.create_topic(topic, &spec)
-            .await
-            .map_err(|e| format!("{} (it must have cleanup.policy=compact)", e.message))
+        self.create_topic(topic, &spec).await.map_err(|e| match e {
+            CreateError::Refused(e) => CompactedTopicError::Refused(format!(
+                "{} (it must have cleanup.policy=compact)",
+                e.message
+            )),
+            CreateError::Unanswered(why) => CompactedTopicError::Unanswered(why),
+        })
     }
 }

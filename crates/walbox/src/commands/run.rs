@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sink_kafka::Sink;
+use sink_kafka::{CompactedTopicError, Sink};
 use tokio::sync::watch;
 
 use slot_manager::connect_control;
@@ -293,6 +293,7 @@ async fn stream_until_stopped(
     observers: &Observers,
 ) -> Result<(), CliError> {
     let mut waiting_reported = false;
+    let mut backoff = crate::relay::Backoff::new();
     loop {
         // A backfill to finish or a slot to recreate may take long: a
         // signal stops it (its progress is saved; the next start resumes).
@@ -333,6 +334,18 @@ async fn stream_until_stopped(
                 if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
             {
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
+            }
+            Err(e) if e.is_transient() => {
+                // Before streaming (the relay retries its own): the
+                // exactly-once checks found no broker answering, or an
+                // aborted probe. A new producer tries again.
+                metrics.count_reconnect(e.reason());
+                let delay = backoff.delay();
+                let error = crate::logging::chain(&e);
+                tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
+                if wait_or_stopped(shutdown, delay).await {
+                    return Ok(());
+                }
             }
             Err(e @ RunError::Source(SourceError::BackfillPending { .. })) => {
                 // A heal another instance began between this one's checks:
@@ -511,8 +524,11 @@ async fn stream(
     if let Some(eos) = &settings.exactly_once {
         sink.ensure_compacted_topic(&eos.progress_topic)
             .await
-            .map_err(|e| {
-                RunError::Transactions(crate::relay::TransactionsError::ProgressTopic(e))
+            .map_err(|e| match e {
+                CompactedTopicError::Unanswered(why) => RunError::ProgressTopicUnchecked(why),
+                CompactedTopicError::Refused(why) => {
+                    RunError::Transactions(crate::relay::TransactionsError::ProgressTopic(why))
+                }
             })?;
         sink_kafka::probe_transactions(&settings.sink, &eos.progress_topic, TXN_PROBE_TIMEOUT)
             .await

@@ -86,6 +86,11 @@ pub enum RunError {
         /// What failed.
         detail: String,
     },
+    /// Exactly-once: no broker answered the progress topic's check in time
+    /// (an outage, a broker just back from one): checked again after a
+    /// backoff.
+    #[error("exactly-once delivery: {0}; nothing is streamed until the progress topic is checked, trying again")]
+    ProgressTopicUnchecked(String),
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
@@ -124,7 +129,7 @@ impl RunError {
         match self {
             _ if self.slot_busy() => "slot_busy",
             RunError::Postgres(_) => "postgres",
-            RunError::Broker { .. } => "kafka",
+            RunError::Broker { .. } | RunError::ProgressTopicUnchecked(_) => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             _ => "other",
         }
@@ -143,7 +148,9 @@ impl RunError {
     pub fn is_transient(&self) -> bool {
         match self {
             RunError::Postgres(e) => e.is_transient(),
-            RunError::Aborted(_) | RunError::ProgressUnread { .. } => true,
+            RunError::Aborted(_)
+            | RunError::ProgressUnread { .. }
+            | RunError::ProgressTopicUnchecked(_) => true,
             _ => false,
         }
     }
