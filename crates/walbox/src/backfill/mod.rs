@@ -18,6 +18,7 @@
 //! The backfill writes with the at-least-once producer, exactly-once mode
 //! included: its rows carry their event ids for deduplication.
 
+mod drift;
 mod heal;
 pub mod order;
 mod publish;
@@ -31,6 +32,7 @@ pub use crate::bookkeeping::backfills::Request;
 use crate::bookkeeping::backfills::{self as store, Publishing, State};
 use crate::config::RunSettings;
 use crate::mapping::{MapError, OutboxMapping};
+pub use drift::{copy_drift_rows, heal_drift};
 pub use heal::{heal, republish_since};
 
 /// Rows read from `walbox.backfill_rows` at a time.
@@ -87,6 +89,12 @@ pub enum BackfillError {
     /// Republishing by time needs the timestamp column.
     #[error("republishing from the outbox table by time needs the timestamp column (mapping.timestamp); with none, use `walbox init-slot --backfill` with a condition of your own after dropping the slot")]
     NoTimestamp,
+    /// A drift stop whose last delivered commit time walbox never knew.
+    #[error("slot {0:?} stopped for publication drift, and walbox knew no commit time to republish from (none delivered since it started, and no position saved); republish from a time you know, before the stop: `walbox resync --drift --since TIME`")]
+    NoDriftTime(String),
+    /// Healing drift streams on from the slot, which is gone.
+    #[error("replication slot {0:?} does not exist: healing publication drift republishes what the slot's stream did not carry and streams on from it; with the slot gone, republish from a time you know with `walbox resync --since TIME`")]
+    NoSlotToHeal(String),
     /// `--since` is not a time Postgres reads.
     #[error("--since {0:?} is not a timestamp Postgres reads (e.g. '2026-11-22 08:00:00+00')")]
     BadTime(String),

@@ -235,6 +235,89 @@ pub async fn copy_snapshot(
     ))
     .await
     .map_err(Error::sql("import the slot's snapshot"))?;
+    let total = copy_rows(&tx, slot, table, request, columns, id_column).await?;
+    publishing(
+        &tx,
+        slot,
+        total,
+        &exported.consistent_point.to_string(),
+        columns,
+    )
+    .await?;
+    tx.commit()
+        .await
+        .map_err(Error::sql("commit the backfill's snapshot copy"))?;
+    Ok(total)
+}
+
+/// Records a backfill of `slot` that streams nothing new: the rows matching
+/// the request now (one REPEATABLE READ snapshot) are copied and the
+/// record is in state `publishing` when it first becomes visible, so no
+/// resume ever drops or recreates the slot for it; `also` (a statement on
+/// `$1`, the slot) runs in the same transaction. The slot streams on from
+/// where it was after the rows are published (`walbox run` waits for
+/// them). Returns how many rows there are.
+pub async fn copy_current(
+    client: &mut Client,
+    slot: &str,
+    table: &TableName,
+    request: &Request,
+    columns: &[(String, u32)],
+    id_column: &str,
+    also: &str,
+) -> Result<u64, Error> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .map_err(Error::sql("start the copy's transaction"))?;
+    tx.batch_execute("SET LOCAL DateStyle = 'ISO'")
+        .await
+        .map_err(Error::sql("start the copy's transaction"))?;
+    tx.execute(
+        "INSERT INTO walbox.backfills (slot, outbox_table, condition, order_by, state)
+         VALUES ($1, $2, $3, $4, 'publishing')
+         ON CONFLICT (slot) DO UPDATE SET outbox_table = $2, condition = $3, order_by = $4,
+             state = 'publishing', started_at = now(), finished_at = NULL",
+        &[
+            &slot,
+            &table.to_string(),
+            &request.condition,
+            &request.order_by,
+        ],
+    )
+    .await
+    .map_err(Error::sql("record the backfill in walbox.backfills"))?;
+    tx.execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
+        .await
+        .map_err(Error::sql("clear walbox.backfill_rows"))?;
+    let total = copy_rows(&tx, slot, table, request, columns, id_column).await?;
+    let position: String = tx
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(Error::sql("read the WAL position"))?
+        .get(0);
+    publishing(&tx, slot, total, &position, columns).await?;
+    tx.execute(also, &[&slot])
+        .await
+        .map_err(Error::sql("record the backfill"))?;
+    tx.commit()
+        .await
+        .map_err(Error::sql("commit the backfill's copy"))?;
+    Ok(total)
+}
+
+/// Copies the rows matching the request, as `tx` sees them, into
+/// `walbox.backfill_rows`, numbered in publishing order.
+async fn copy_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    slot: &str,
+    table: &TableName,
+    request: &Request,
+    columns: &[(String, u32)],
+    id_column: &str,
+) -> Result<u64, Error> {
     let values = columns
         .iter()
         .map(|(c, _)| format!("{}::text", quote_ident(c)))
@@ -249,29 +332,30 @@ pub async fn copy_snapshot(
         table = table.quoted(),
         condition = request.condition,
     );
-    let total = tx.execute(&copy, &[&slot]).await.map_err(Error::sql(
+    tx.execute(&copy, &[&slot]).await.map_err(Error::sql(
         "select the rows to backfill (check --backfill and --backfill-order)",
-    ))?;
+    ))
+}
+
+/// Moves the backfill to `publishing` with `total` rows of `columns`.
+async fn publishing(
+    tx: &tokio_postgres::Transaction<'_>,
+    slot: &str,
+    total: u64,
+    consistent_point: &str,
+    columns: &[(String, u32)],
+) -> Result<(), Error> {
     let names: Vec<&str> = columns.iter().map(|(c, _)| c.as_str()).collect();
     let oids: Vec<i64> = columns.iter().map(|(_, o)| i64::from(*o)).collect();
     tx.execute(
         "UPDATE walbox.backfills SET state = 'publishing', total = $2, published = 0,
                 consistent_point = $3::text::pg_lsn, columns = $4, type_oids = $5::int8[]::oid[]
           WHERE slot = $1",
-        &[
-            &slot,
-            &(total as i64),
-            &exported.consistent_point.to_string(),
-            &names,
-            &oids,
-        ],
+        &[&slot, &(total as i64), &consistent_point, &names, &oids],
     )
     .await
     .map_err(Error::sql("record the backfill's snapshot"))?;
-    tx.commit()
-        .await
-        .map_err(Error::sql("commit the backfill's snapshot copy"))?;
-    Ok(total)
+    Ok(())
 }
 
 /// Up to `limit` rows after row `after`, in order: `(n, values)`.

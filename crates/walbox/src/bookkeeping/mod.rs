@@ -4,6 +4,7 @@
 //! ([`positions`]). Each table is created on first use, by whoever may.
 
 pub mod backfills;
+pub mod drift;
 pub mod positions;
 
 use slot_manager::Error;

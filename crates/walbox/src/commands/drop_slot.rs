@@ -50,6 +50,9 @@ pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
         if let Err(e) = crate::bookkeeping::backfills::forget(&client, &c.slot).await {
             tracing::warn!(error = %e, "the slot's backfill record in walbox.backfills was not removed");
         }
+        if let Err(e) = crate::bookkeeping::drift::forget(&client, &c.slot).await {
+            tracing::warn!(error = %e, "the slot's drift stop in walbox.drift_stops was not removed");
+        }
         if args.drop_publication {
             println!(
                 "publication {:?}: {}",

@@ -24,6 +24,9 @@ pub struct RunArgs {
 
 /// How long the check that the brokers run transactions may take.
 const TXN_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+/// With `on_drift = "heal"`, how often the publication is read while it
+/// does not cover the outbox table.
+const DRIFT_RECHECK: Duration = Duration::from_secs(2);
 /// How long the producer may take to flush after the relay stopped.
 const SINK_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long delivery receipts are kept without a retention setting.
@@ -319,6 +322,17 @@ async fn stream_until_stopped(
             }
             continue;
         }
+        if let Prepared::DriftUnfixed(gap) = &prepared {
+            if !waiting_reported {
+                tracing::error!(%gap, slot = %c.slot, "on_drift = heal: waiting for the publication to cover the outbox table again before republishing what the stream did not carry");
+                waiting_reported = true;
+            }
+            metrics.set_standby(true);
+            if wait_or_stopped(shutdown, DRIFT_RECHECK).await {
+                return Ok(());
+            }
+            continue;
+        }
         waiting_reported = false;
         match stream(
             c,
@@ -334,6 +348,13 @@ async fn stream_until_stopped(
                 if settings.recreate_margin.is_some() && *shutdown.borrow() == Stop::No =>
             {
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
+            }
+            Err(RunError::Drift(drift)) => {
+                record_drift(c, &drift).await;
+                if settings.drift_heal_margin.is_none() {
+                    return Err(RunError::Drift(drift).into());
+                }
+                tracing::error!(error = %drift, "on_drift = heal: walbox stays up, and once the publication covers the table again it republishes from the table what the stream did not carry, then streams on");
             }
             Err(e) if e.is_transient() => {
                 // Before streaming (the relay retries its own): the
@@ -373,8 +394,28 @@ async fn wait_or_stopped(shutdown: &watch::Receiver<Stop>, delay: Duration) -> b
     }
 }
 
+/// Records a stop for drift in `walbox.drift_stops`, where `walbox resync
+/// --drift` and `on_drift = "heal"` find it; a failure is logged (the
+/// operator can still republish with `walbox resync --since`).
+async fn record_drift(c: &Connection, drift: &crate::relay::DriftError) {
+    let recorded = async {
+        let control = connect_control(&c.pg).await?;
+        crate::bookkeeping::drift::record(
+            &control,
+            &c.slot,
+            drift.held(),
+            drift.committed(),
+            &drift.to_string(),
+        )
+        .await
+    };
+    if let Err(e) = recorded.await {
+        tracing::warn!(error = %e, "could not record the drift stop in walbox.drift_stops: `walbox resync --drift` will not know it; republish with `walbox resync --since TIME` (a time before the stop)");
+    }
+}
+
 /// What [`prepare_slot`] left.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Prepared {
     /// Nothing (left) to do before streaming, or Postgres unreachable (the
     /// relay retries, and its checks hold it back).
@@ -382,6 +423,9 @@ enum Prepared {
     /// Another instance holds the slot's backfill lock: it is finishing a
     /// backfill or heal.
     PeerBusy,
+    /// `on_drift = "heal"` after a drift stop: the publication does not
+    /// cover the table yet (the gap, with its fix).
+    DriftUnfixed(String),
 }
 
 /// Before streaming: finishes an unfinished backfill or heal (in whatever
@@ -426,13 +470,52 @@ async fn prepare_slot(
                 crate::backfill::heal(plan, &mut control, margin).await?;
             }
         }
-        Ok::<_, crate::backfill::BackfillError>(())
+        heal_drift_stop(c, plan, &mut control, settings).await
     };
     match finished.await {
-        Ok(()) => Ok(Prepared::Ready),
+        Ok(Some(gap)) => Ok(Prepared::DriftUnfixed(gap)),
+        Ok(None) => Ok(Prepared::Ready),
         Err(crate::backfill::BackfillError::Busy(_)) => Ok(Prepared::PeerBusy),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A drift stop recorded for the slot: with `on_drift = "heal"`, once the
+/// publication covers the table again, the rows the stream did not carry
+/// are republished (the slot streams on after them); until then, the gap
+/// is returned. With `stop`, a warning says how to republish them.
+async fn heal_drift_stop(
+    c: &Connection,
+    plan: Plan<'_>,
+    control: &mut tokio_postgres::Client,
+    settings: &RunSettings,
+) -> Result<Option<String>, crate::backfill::BackfillError> {
+    use crate::backfill::BackfillError;
+    let Some(stop) = crate::bookkeeping::drift::load(control, &c.slot).await? else {
+        return Ok(None);
+    };
+    let Some(margin) = settings.drift_heal_margin else {
+        tracing::warn!(slot = %c.slot, held = %stop.held, stopped_at = %stop.stopped_at, "walbox stopped for publication drift before: the rows inserted while the publication did not cover the outbox table are in the table, not in the stream; `walbox resync --drift` republishes them (or set on_drift = \"heal\")");
+        return Ok(None);
+    };
+    let reading = slot_manager::coverage(control, &c.publication, &c.table, None).await?;
+    if let Some(gap) = reading.gap {
+        return Ok(Some(gap));
+    }
+    let since = crate::bookkeeping::drift::since(control, &c.slot, margin)
+        .await?
+        .flatten()
+        .ok_or_else(|| BackfillError::NoDriftTime(c.slot.clone()))?;
+    tracing::info!(slot = %c.slot, held = %stop.held, since = %since, "the publication covers the outbox table again: republishing what the stream did not carry");
+    if let crate::backfill::Outcome::Published {
+        total,
+        dead_lettered,
+        ..
+    } = crate::backfill::heal_drift(plan, control, &since).await?
+    {
+        tracing::info!(slot = %c.slot, republished = total, dead_lettered, "publication drift healed; streaming on from the slot");
+    }
+    Ok(None)
 }
 
 /// Waits until a broker answers, as long as it takes, like an unreachable
@@ -546,7 +629,9 @@ async fn stream(
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
-        save_positions: settings.recreate_margin.is_some() || settings.retention.is_some(),
+        save_positions: settings.recreate_margin.is_some()
+            || settings.retention.is_some()
+            || settings.drift_heal_margin.is_some(),
         spans: observers.spans.clone(),
         audit: observers.audit.clone(),
         receipts: observers.receipts.clone(),

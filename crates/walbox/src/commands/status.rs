@@ -53,6 +53,8 @@ struct Status {
     publication_problem: Option<String>,
     saved_position: Option<String>,
     backfill: Option<String>,
+    /// A stop for publication drift not yet healed: where, when, why.
+    drift_stop: Option<String>,
 }
 
 /// Prints the slot's state; with shards and no `shard`, every shard's (in
@@ -141,6 +143,14 @@ async fn status(
         publication_problem: covered.gap,
         saved_position: saved,
         backfill: crate::bookkeeping::backfills::describe(client, &c.slot).await?,
+        drift_stop: crate::bookkeeping::drift::load(client, &c.slot)
+            .await?
+            .map(|d| {
+                format!(
+                    "stopped at {} on {}, not healed: the rows inserted while the publication did not cover the table are not in the stream; `walbox resync --drift` republishes them ({})",
+                    d.held, d.stopped_at, d.reason
+                )
+            }),
     })
 }
 
@@ -197,6 +207,9 @@ fn text(s: &Status) -> String {
     }
     if let Some(backfill) = &s.backfill {
         rows.push(("backfill", backfill.clone()));
+    }
+    if let Some(drift) = &s.drift_stop {
+        rows.push(("drift stop", drift.clone()));
     }
     rows.iter()
         .map(|(k, v)| format!("{:21}{v}\n", format!("{k}:")))

@@ -42,6 +42,7 @@ pub(super) struct Raw {
     pub(super) transactions: RawTransactions,
     pub(super) dead_letter_topic: Option<String>,
     pub(super) on_slot_invalidated: OnSlotInvalidated,
+    pub(super) on_drift: OnDrift,
     #[serde(deserialize_with = "whole::u64")]
     pub(super) slot_recreate_margin_secs: u64,
     pub(super) retention: Option<String>,
@@ -80,6 +81,7 @@ impl Default for Raw {
             transactions: RawTransactions::default(),
             dead_letter_topic: None,
             on_slot_invalidated: OnSlotInvalidated::Fail,
+            on_drift: OnDrift::Stop,
             slot_recreate_margin_secs: 600,
             retention: None,
             audit: RawAudit::default(),
@@ -163,6 +165,21 @@ pub enum OnSlotInvalidated {
     /// Recreate the slot and republish from the outbox table (see
     /// [`crate::backfill::heal`]).
     Recreate,
+}
+
+/// What `walbox run` does when the publication stops covering the outbox
+/// table's INSERTs (publication drift).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDrift {
+    /// Stop with the slot before the gap, saying what to fix; `walbox
+    /// resync --drift` republishes the rows the stream did not carry.
+    #[default]
+    Stop,
+    /// Wait until the publication covers the table again, republish the
+    /// rows the stream did not carry, stream on (see
+    /// [`crate::backfill::heal_drift`]).
+    Heal,
 }
 
 /// What walbox promises about each event.

@@ -8,7 +8,7 @@ use sink_kafka::{SinkConfig, TopicSpec};
 
 use super::connection::shard_name;
 
-use super::{Config, ConfigError, Connection, Delivery, EventSource, OnSlotInvalidated};
+use super::{Config, ConfigError, Connection, Delivery, EventSource, OnDrift, OnSlotInvalidated};
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce};
 use crate::mapping::OutboxMapping;
@@ -31,6 +31,10 @@ pub struct RunSettings {
     /// Recreating an invalidated slot: `None` to stop instead; else how far
     /// before the last delivered commit the republishing starts.
     pub recreate_margin: Option<Duration>,
+    /// Healing publication drift (`on_drift = "heal"`): `None` to stop
+    /// instead; else how far before the last delivered commit the
+    /// republishing starts.
+    pub drift_heal_margin: Option<Duration>,
     /// How far before the last delivered commit rows stay (retention and
     /// recreating alike).
     pub margin: Duration,
@@ -153,6 +157,23 @@ impl Config {
                 "on_slot_invalidated = \"recreate\" is not supported with shards > 1: the heal republishes every row of the table, not the shard's own, so each shard would send every other shard's events again: use fail (docs/operations.md, \"Sharded streaming\")".into(),
             ));
         }
+        if r.on_drift == OnDrift::Heal {
+            if r.source != EventSource::Table {
+                return Err(ConfigError(
+                    "on_drift = \"heal\" republishes rows of the outbox table; events written as messages (source = messages or both) are in no table: use stop".into(),
+                ));
+            }
+            if r.shards > 1 {
+                return Err(ConfigError(
+                    "on_drift = \"heal\" is not supported with shards > 1: the heal republishes every row of the table, not the shard's own: use stop".into(),
+                ));
+            }
+            if self.mapping()?.timestamp.is_none() {
+                return Err(ConfigError(
+                    "on_drift = \"heal\" republishes by time and needs the timestamp column (mapping.timestamp): set it, or use stop".into(),
+                ));
+            }
+        }
         if r.source == EventSource::Messages && r.retention.is_some() {
             return Err(ConfigError(
                 "retention deletes rows of the outbox table; with source = messages there is none: remove it".into(),
@@ -203,6 +224,8 @@ impl Config {
             metrics_addr,
             exactly_once,
             recreate_margin: (r.on_slot_invalidated == OnSlotInvalidated::Recreate)
+                .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
+            drift_heal_margin: (r.on_drift == OnDrift::Heal)
                 .then(|| Duration::from_secs(r.slot_recreate_margin_secs)),
             margin: Duration::from_secs(r.slot_recreate_margin_secs),
             retention: duration_setting("retention", &r.retention, "7d, 12h or 30m")?,

@@ -745,6 +745,25 @@ fn sources_and_formats() {
             "on_slot_invalidated = \"recreate\" is not supported with shards > 1",
         ),
         (
+            vec![("WALBOX_SOURCE", "messages"), ("WALBOX_ON_DRIFT", "heal")],
+            "on_drift = \"heal\" republishes rows of the outbox table",
+        ),
+        (
+            vec![
+                ("WALBOX_SHARDS", "2"),
+                ("WALBOX_SHARD", "1"),
+                ("WALBOX_ON_DRIFT", "heal"),
+            ],
+            "on_drift = \"heal\" is not supported with shards > 1",
+        ),
+        (
+            vec![
+                ("WALBOX_MAPPING_TIMESTAMP", ""),
+                ("WALBOX_ON_DRIFT", "heal"),
+            ],
+            "on_drift = \"heal\" republishes by time and needs the timestamp column",
+        ),
+        (
             vec![("WALBOX_MESSAGE_PREFIX", "")],
             "message_prefix: must not be empty",
         ),

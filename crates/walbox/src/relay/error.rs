@@ -1,7 +1,7 @@
 //! Why the relay stops: [`RunError`], transient or definite, and its typed
 //! parts.
 
-use pgoutput_decoder::{DecodeError, Lsn};
+use pgoutput_decoder::{DecodeError, Lsn, PgTimestamp};
 use sink_kafka::{DeliveryError, TxnError, TxnErrorKind};
 use slot_manager::TableName;
 
@@ -161,16 +161,18 @@ impl RunError {
 #[non_exhaustive]
 pub enum DriftError {
     /// The table is not published for INSERT.
-    #[error("{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox")]
+    #[error("{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox (any rows inserted while it did not cover the table are in the table, not in the stream: `walbox resync --drift` republishes them, or set on_drift = \"heal\")")]
     NotPublished {
         /// How, with the fix.
         gap: String,
         /// Where the slot stays.
         held: Lsn,
+        /// The commit time of the newest transaction delivered before.
+        committed: Option<PgTimestamp>,
     },
     /// The coverage changed while walbox ran (the table recreated, the
     /// publication altered).
-    #[error("{change} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. Check that publication covers table {table} for INSERT, then restart walbox; rows inserted while it did not are in the table but not in the stream (docs/operations.md, \"Publication drift\")")]
+    #[error("{change} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. Check that publication covers table {table} for INSERT, then restart walbox; rows inserted while it did not are in the table but not in the stream: `walbox resync --drift` republishes them, or set on_drift = \"heal\" (docs/operations.md, \"Publication drift\")")]
     Changed {
         /// What changed.
         change: String,
@@ -178,7 +180,28 @@ pub enum DriftError {
         held: Lsn,
         /// The outbox table.
         table: TableName,
+        /// The commit time of the newest transaction delivered before.
+        committed: Option<PgTimestamp>,
     },
+}
+
+impl DriftError {
+    /// Where the slot stays.
+    pub fn held(&self) -> Lsn {
+        match self {
+            DriftError::NotPublished { held, .. } | DriftError::Changed { held, .. } => *held,
+        }
+    }
+
+    /// The commit time of the newest transaction delivered before the
+    /// stop: every row the stream did not carry committed after it.
+    pub fn committed(&self) -> Option<PgTimestamp> {
+        match self {
+            DriftError::NotPublished { committed, .. } | DriftError::Changed { committed, .. } => {
+                *committed
+            }
+        }
+    }
 }
 
 /// Why an exactly-once session aborted its Kafka transaction (the next

@@ -21,11 +21,13 @@ impl Core<'_> {
         reading: Coverage,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let held = self.progress.confirmable();
+        let committed = self.progress.delivered_commit_time().map(|(_, t)| t);
         if let Some(gap) = &reading.gap {
             tracing::error!(%gap, slot = %held, "the outbox table is not published");
             return Err(RunError::Drift(DriftError::NotPublished {
                 gap: gap.clone(),
                 held,
+                committed,
             }));
         }
         let verified = match &self.coverage {
@@ -36,6 +38,7 @@ impl Core<'_> {
                     change: what,
                     held,
                     table: self.config.table.clone(),
+                    committed,
                 }));
             }
             // A reading verifies the coverage up to its own position when
