@@ -8,6 +8,7 @@ mod backfill;
 mod bad_inputs;
 mod config;
 mod debezium;
+mod drift;
 mod exactly_once;
 mod failover;
 mod formats;

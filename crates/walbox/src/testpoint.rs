@@ -17,6 +17,10 @@
 //! | `backfill.slot_created` | the new slot made, its snapshot's rows not copied |
 //! | `backfill.copied` | the rows copied (`publishing`), none published |
 //!
+//! Healing publication drift (`on_drift = "heal"`, `walbox resync --drift`)
+//! passes one: `drift_heal.copied`, the rows copied (`publishing`) and the
+//! drift stop forgotten, none published; the slot kept.
+//!
 //! And one in `walbox run`: `stream.checked`, after a session checked that
 //! the slot has no unfinished backfill or heal and before it starts
 //! streaming from the slot.

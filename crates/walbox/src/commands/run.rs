@@ -327,7 +327,8 @@ async fn stream_until_stopped(
                 tracing::error!(%gap, slot = %c.slot, "on_drift = heal: waiting for the publication to cover the outbox table again before republishing what the stream did not carry");
                 waiting_reported = true;
             }
-            metrics.set_standby(true);
+            // Not a standby: nothing streams (not ready;
+            // WalboxNotStreaming fires if it lasts).
             if wait_or_stopped(shutdown, DRIFT_RECHECK).await {
                 return Ok(());
             }
