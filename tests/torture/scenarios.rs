@@ -447,6 +447,12 @@ fn agrees(o: &mut Outcome, audit: Result<serde_json::Value, String>, t: &Tally) 
     }
 }
 
+/// The value of `name=value` in a log line.
+fn field<'l>(line: &'l str, name: &str) -> Option<&'l str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+}
+
 async fn sql(w: &World, sql: &str) {
     w.client()
         .await
@@ -686,7 +692,10 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
                 said("republishing the outbox rows since the drift"),
                 said("backfill published"),
             ) {
-                (Some(copied), Some(_)) => o.notes.push(format!("resync --drift: {copied}")),
+                (Some(copied), Some(_)) => o.notes.push(format!(
+                    "walbox resync --drift republished {} rows",
+                    field(copied, "rows").unwrap_or("?")
+                )),
                 _ => o.check(
                     false,
                     "walbox resync --drift did not say what it republished",
@@ -723,7 +732,10 @@ async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
                 .lines()
                 .find(|l| l.contains("publication drift healed"))
             {
-                o.notes.push(format!("healed: {}", line.trim()));
+                o.notes.push(format!(
+                    "walbox waited for the fix, then republished {} rows",
+                    field(line, "republished").unwrap_or("?")
+                ));
             }
         }
         Kind::DriftColumns => {
