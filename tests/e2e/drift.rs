@@ -35,6 +35,18 @@ fn command(
     c
 }
 
+/// Events 0..100, delivered and confirmed; then the table taken out of the
+/// publication and events 100..300 committed (the gap the stream will not
+/// carry), with WAL elsewhere for keepalives to report.
+async fn deliver_then_unpublish(client: &tokio_postgres::Client) {
+    insert_events(client, 0, 100, |k| 1 + k % 5, 7).await;
+    let head = current_wal_lsn(client).await;
+    wait_confirmed_at_least(client, "walbox", head, Duration::from_secs(30)).await;
+    client.batch_execute(UNPUBLISH).await.unwrap();
+    insert_events(client, 100, 300, |k| 1 + k % 5, 7).await;
+    write_wal_elsewhere(client, "elsewhere", 1 << 20).await;
+}
+
 /// walbox stops for drift (the default policy); `resync --drift` refuses
 /// while the publication still does not cover the table, then, once it
 /// does, republishes what the stream did not carry and keeps the slot:
@@ -47,14 +59,7 @@ async fn resync_drift_republishes_what_the_stream_did_not_carry_and_keeps_the_sl
     let topic = kafka.create_topic(3).await;
     let flags = ["--mapping-topic-template", topic.as_str()];
     let mut relay = spawn_run(&db, &kafka, &flags);
-    insert_events(&client, 0, 100, |k| 1 + k % 5, 7).await;
-    let head = current_wal_lsn(&client).await;
-    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
-
-    client.batch_execute(UNPUBLISH).await.unwrap();
-    // The gap: committed while the table is not published.
-    insert_events(&client, 100, 300, |k| 1 + k % 5, 7).await;
-    write_wal_elsewhere(&client, "elsewhere", 1 << 20).await;
+    deliver_then_unpublish(&client).await;
     let (status, log) = wait_exit(&mut relay).await;
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(log.contains("walbox resync --drift"), "{log}");
@@ -130,13 +135,7 @@ async fn on_drift_heal_waits_for_the_fix_and_a_kill_9_mid_heal_loses_nothing() {
         spawn_run_with(c, &kafka, &flags)
     };
     let mut relay = run(None);
-    insert_events(&client, 0, 100, |k| 1 + k % 5, 7).await;
-    let head = current_wal_lsn(&client).await;
-    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
-
-    client.batch_execute(UNPUBLISH).await.unwrap();
-    insert_events(&client, 100, 300, |k| 1 + k % 5, 7).await;
-    write_wal_elsewhere(&client, "elsewhere", 1 << 20).await;
+    deliver_then_unpublish(&client).await;
     wait_log(
         &relay,
         "waiting for the publication to cover the outbox table",

@@ -51,18 +51,7 @@ pub async fn copy_drift_rows(
     control: &mut Client,
     since: &str,
 ) -> Result<Request, BackfillError> {
-    let ts = plan
-        .mapping
-        .timestamp
-        .as_deref()
-        .ok_or(BackfillError::NoTimestamp)?;
-    if control
-        .query_one("SELECT $1::text::timestamptz", &[&since])
-        .await
-        .is_err()
-    {
-        return Err(BackfillError::BadTime(since.to_owned()));
-    }
+    let request = super::since_request(plan, control, since).await?;
     if slot_manager::slot_status(control, plan.slot)
         .await?
         .is_none()
@@ -73,24 +62,7 @@ pub async fn copy_drift_rows(
     if !store::lock(control, plan.slot).await? {
         return Err(BackfillError::Busy(plan.slot.to_owned()));
     }
-    let wanted = plan.mapping.required_columns();
-    let columns = store::columns(control, plan.table, &wanted).await?;
-    if let Some(missing) = wanted
-        .iter()
-        .find(|w| !columns.iter().any(|(c, _)| c == *w))
-    {
-        return Err(BackfillError::MissingColumn((*missing).to_owned()));
-    }
-    let order = super::order::choose(control, plan.table, plan.mapping).await?;
-    order.report(plan.table);
-    let request = Request {
-        condition: format!(
-            "{} >= {}::timestamptz",
-            slot_manager::quote_ident(ts),
-            slot_manager::quote_literal(since)
-        ),
-        order_by: order.sql,
-    };
+    let columns = super::mapped_columns(plan, control).await?;
     // The drift stop is forgotten with the copy: from here on the
     // backfill's record says what to finish.
     let forget = if drift::load(control, plan.slot).await?.is_some() {

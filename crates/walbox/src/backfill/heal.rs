@@ -6,7 +6,7 @@ use slot_manager::slot_status;
 use tokio_postgres::Client;
 
 use super::{backfill, BackfillError, Outcome, Plan};
-use crate::bookkeeping::backfills::{self as store, Request};
+use crate::bookkeeping::backfills as store;
 
 /// Recreates the invalidated `slot` and republishes the outbox rows whose
 /// timestamp is at or after the commit time walbox last saved, less
@@ -48,32 +48,11 @@ pub async fn republish_since(
     since: &str,
     terminate: bool,
 ) -> Result<Outcome, BackfillError> {
-    let ts = plan
-        .mapping
-        .timestamp
-        .as_deref()
-        .ok_or(BackfillError::NoTimestamp)?;
-    if control
-        .query_one("SELECT $1::text::timestamptz", &[&since])
-        .await
-        .is_err()
-    {
-        return Err(BackfillError::BadTime(since.to_owned()));
-    }
+    let request = super::since_request(plan, control, since).await?;
     store::prepare(control).await?;
     if !store::lock(control, plan.slot).await? {
         return Err(BackfillError::Busy(plan.slot.to_owned()));
     }
-    let column = slot_manager::quote_ident(ts);
-    let order = super::order::choose(control, plan.table, plan.mapping).await?;
-    order.report(plan.table);
-    let request = Request {
-        condition: format!(
-            "{column} >= {}::timestamptz",
-            slot_manager::quote_literal(since)
-        ),
-        order_by: order.sql,
-    };
     // The intent first: from here on, whatever happens, a record says what
     // to finish, and `walbox run` streams nothing until it is done.
     store::begin(control, plan.slot, plan.table, &request).await?;

@@ -195,6 +195,55 @@ pub async fn backfill(
     Ok(outcome)
 }
 
+/// The columns of the outbox table the mapping needs, with their type OIDs;
+/// one missing is refused.
+async fn mapped_columns(
+    plan: Plan<'_>,
+    control: &Client,
+) -> Result<Vec<(String, u32)>, BackfillError> {
+    let wanted = plan.mapping.required_columns();
+    let columns = store::columns(control, plan.table, &wanted).await?;
+    match wanted
+        .iter()
+        .find(|w| !columns.iter().any(|(c, _)| c == *w))
+    {
+        Some(missing) => Err(BackfillError::MissingColumn((*missing).to_owned())),
+        None => Ok(columns),
+    }
+}
+
+/// The request that republishes the rows whose timestamp column is at or
+/// after `since` (checked to be a time Postgres reads), in the order
+/// [`order::choose`] picks for the table.
+async fn since_request(
+    plan: Plan<'_>,
+    control: &Client,
+    since: &str,
+) -> Result<Request, BackfillError> {
+    let ts = plan
+        .mapping
+        .timestamp
+        .as_deref()
+        .ok_or(BackfillError::NoTimestamp)?;
+    if control
+        .query_one("SELECT $1::text::timestamptz", &[&since])
+        .await
+        .is_err()
+    {
+        return Err(BackfillError::BadTime(since.to_owned()));
+    }
+    let order = order::choose(control, plan.table, plan.mapping).await?;
+    order.report(plan.table);
+    Ok(Request {
+        condition: format!(
+            "{} >= {}::timestamptz",
+            slot_manager::quote_ident(ts),
+            slot_manager::quote_literal(since)
+        ),
+        order_by: order.sql,
+    })
+}
+
 /// Records the backfill, creates the slot with a snapshot and copies the
 /// matching rows out of it.
 async fn start(
@@ -202,14 +251,7 @@ async fn start(
     control: &mut Client,
     request: &Request,
 ) -> Result<Publishing, BackfillError> {
-    let wanted = plan.mapping.required_columns();
-    let columns = store::columns(control, plan.table, &wanted).await?;
-    if let Some(missing) = wanted
-        .iter()
-        .find(|w| !columns.iter().any(|(c, _)| c == *w))
-    {
-        return Err(BackfillError::MissingColumn((*missing).to_owned()));
-    }
+    let columns = mapped_columns(plan, control).await?;
     store::begin(control, plan.slot, plan.table, request).await?;
     let mut replication = ReplicationClient::connect(plan.pg).await?;
     let exported = replication

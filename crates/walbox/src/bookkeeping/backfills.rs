@@ -223,12 +223,7 @@ pub async fn copy_snapshot(
     columns: &[(String, u32)],
     id_column: &str,
 ) -> Result<u64, Error> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .map_err(Error::sql("start the snapshot transaction"))?;
+    let tx = repeatable_read(client).await?;
     tx.batch_execute(&format!(
         "SET TRANSACTION SNAPSHOT {}; SET LOCAL DateStyle = 'ISO'",
         quote_literal(&exported.snapshot)
@@ -266,12 +261,7 @@ pub async fn copy_current(
     id_column: &str,
     also: &str,
 ) -> Result<u64, Error> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .map_err(Error::sql("start the copy's transaction"))?;
+    let tx = repeatable_read(client).await?;
     tx.batch_execute("SET LOCAL DateStyle = 'ISO'")
         .await
         .map_err(Error::sql("start the copy's transaction"))?;
@@ -306,6 +296,16 @@ pub async fn copy_current(
         .await
         .map_err(Error::sql("commit the backfill's copy"))?;
     Ok(total)
+}
+
+/// A REPEATABLE READ transaction: one snapshot for the copy.
+async fn repeatable_read(client: &mut Client) -> Result<tokio_postgres::Transaction<'_>, Error> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .map_err(Error::sql("start the copy's transaction"))
 }
 
 /// Copies the rows matching the request, as `tx` sees them, into
