@@ -228,3 +228,98 @@ async fn the_debezium_format_keys_records_as_json_strings() {
         assert_eq!(headers_of(r)["event_type"], format!("E{n}"));
     }
 }
+
+/// A `bytea` payload column (the application serialized its events
+/// itself): each record's value is the row's bytes, every byte value
+/// included, for rows published by a backfill and rows streamed alike,
+/// with the database's `bytea_output` set to `escape`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytea_payloads_arrive_byte_for_byte_backfilled_and_streamed() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    client
+        .batch_execute(
+            "ALTER TABLE outbox_events ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, 'UTF8');
+             DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET bytea_output = ''escape''', current_database()); END $$;",
+        )
+        .await
+        .unwrap();
+    // Event i: 0..=255 for i = 0, else i * 13 % 700 bytes of a pattern.
+    let payload = |i: usize| -> Vec<u8> {
+        if i == 0 {
+            (0..=255).collect()
+        } else {
+            (0..i * 13 % 700)
+                .map(|j| ((i * 31 + j * 7) % 256) as u8)
+                .collect()
+        }
+    };
+    let mut expected: HashMap<String, Vec<u8>> = HashMap::new();
+    let insert = |from: usize, to: usize| {
+        let client = &client;
+        async move {
+            let mut ids = Vec::new();
+            for i in from..to {
+                let row = client
+                    .query_one(
+                        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                         VALUES ('order', $1, 'Serialized', $2) RETURNING id::text",
+                        &[&format!("agg-{}", i % 7), &payload(i)],
+                    )
+                    .await
+                    .unwrap();
+                ids.push((row.get::<_, String>(0), payload(i)));
+            }
+            ids
+        }
+    };
+    expected.extend(insert(0, 50).await);
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(3).await;
+    let flags = ["--mapping-topic-template", topic.as_str()];
+    let mut backfill = walbox(&db, &["init-slot", "--kafka-brokers", &kafka.bootstrap()]);
+    backfill.args(flags).args(["--backfill", "true"]);
+    succeeded(&backfill.output().unwrap());
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    expected.extend(insert(50, 100).await);
+    let records = walbox_test_harness::wait::wait_for(
+        "every event to arrive",
+        Duration::from_secs(90),
+        || async {
+            let records = consume_until_quiet(
+                &kafka,
+                &topic,
+                Duration::from_secs(2),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let ids: std::collections::HashSet<String> = records
+                .iter()
+                .map(|r| headers_of(r)["id"].clone())
+                .collect();
+            if ids.len() >= expected.len() {
+                Ok(records)
+            } else {
+                Err(format!("{} of {} events", ids.len(), expected.len()))
+            }
+        },
+    )
+    .await;
+    stop(&mut relay).await;
+    let mut seen = HashMap::new();
+    for r in &records {
+        let id = headers_of(r)["id"].clone();
+        let want = expected
+            .get(&id)
+            .unwrap_or_else(|| panic!("a record of no row: {id}"));
+        assert_eq!(
+            r.payload().unwrap_or_default(),
+            want.as_slice(),
+            "event {id}"
+        );
+        seen.insert(id, ());
+    }
+    assert_eq!(seen.len(), expected.len(), "every event");
+}

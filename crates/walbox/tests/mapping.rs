@@ -190,7 +190,7 @@ async fn rows_that_cannot_be_mapped_name_the_event() {
     .await;
     let mapping = OutboxMapping::default();
     let columns = mapping.resolve(&relation).unwrap();
-    let errors: Vec<String> = tuples[..4]
+    let errors: Vec<String> = [&tuples[0], &tuples[2], &tuples[3]]
         .iter()
         .map(|t| mapping.map(&columns, t).unwrap_err().to_string())
         .collect();
@@ -198,12 +198,23 @@ async fn rows_that_cannot_be_mapped_name_the_event() {
         errors[0],
         "event 6d1f1c9e-0000-4000-8000-000000000001: column \"aggregate_id\" (the aggregate id) is NULL"
     );
+    // A text payload is sent as it is; a format that writes JSON checks it.
+    let e = mapping.map(&columns, &tuples[1]).unwrap();
+    assert_eq!(e.value.as_deref(), Some(&b"not json"[..]));
+    let debezium = OutboxMapping {
+        format: walbox::mapping::format::EventFormat::Debezium,
+        ..OutboxMapping::default()
+    };
+    let columns_debezium = debezium.resolve(&relation).unwrap();
+    let e = debezium
+        .map(&columns_debezium, &tuples[1])
+        .unwrap_err()
+        .to_string();
     assert!(
-        errors[1]
-            .starts_with("event 6d1f1c9e-0000-4000-8000-000000000002: payload is not valid JSON"),
-        "{}",
-        errors[1]
+        e.starts_with("event 6d1f1c9e-0000-4000-8000-000000000002: payload is not valid JSON"),
+        "{e}"
     );
+    let errors = [errors[0].clone(), e, errors[1].clone(), errors[2].clone()];
     assert!(
         errors[2].contains("topic \"outbox.event.my order\" is not a valid Kafka topic name"),
         "{}",
@@ -330,4 +341,100 @@ async fn an_empty_aggregate_id_is_unmappable_not_a_random_partition() {
     let err = mapping.map(&columns, &tuples[0]).unwrap_err();
     assert!(matches!(err, MapError::EmptyAggregateId { .. }), "{err}");
     assert!(err.to_string().contains("aggregate id is empty"), "{err}");
+}
+
+/// A `bytea` payload (the application serialized the event itself)
+/// becomes the record's value byte for byte, every byte value included,
+/// whichever `bytea_output` the server decodes with; a format that writes
+/// JSON refuses such a table at once.
+#[tokio::test]
+async fn a_bytea_payload_is_sent_as_its_bytes_in_either_output_format() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox_events (id uuid, aggregate_type text, aggregate_id text,
+                                         event_type text, payload bytea)",
+        )
+        .await
+        .unwrap();
+    let all: Vec<u8> = (0..=255).collect();
+    let inserts = "INSERT INTO outbox_events VALUES
+        ('6d1f1c9e-0000-4000-8000-000000000001', 'order', 'o-1', 'E',
+         (SELECT string_agg(set_byte('\\x00'::bytea, 0, b), ''::bytea ORDER BY b)
+            FROM generate_series(0, 255) b)),
+        ('6d1f1c9e-0000-4000-8000-000000000002', 'order', 'o-2', 'E', ''::bytea),
+        ('6d1f1c9e-0000-4000-8000-000000000003', 'order', 'o-3', 'E', NULL)";
+    // pgoutput writes each value with the decoding session's bytea_output:
+    // the slot is read once per setting.
+    client
+        .batch_execute("CREATE PUBLICATION p FOR TABLE outbox_events WITH (publish = 'insert')")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        .await
+        .unwrap();
+    client.batch_execute(inserts).await.unwrap();
+    let mapping = OutboxMapping {
+        headers: None,
+        timestamp: None,
+        ..OutboxMapping::default()
+    };
+    for output in ["hex", "escape"] {
+        client
+            .batch_execute(&format!("SET bytea_output = '{output}'"))
+            .await
+            .unwrap();
+        let rows = client
+            .query(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes('s', NULL, NULL, 'proto_version', '1', 'publication_names', 'p')",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut decoder = Decoder::new(1).unwrap();
+        let (mut relation, mut values) = (None, Vec::new());
+        for row in rows {
+            match decoder
+                .decode(Bytes::from(row.get::<_, Vec<u8>>(0)))
+                .unwrap()
+            {
+                LogicalMessage::Relation(r) => relation = Some(r),
+                LogicalMessage::Insert(i) => {
+                    let relation = relation.as_ref().expect("a Relation first");
+                    let columns = mapping.resolve(relation).unwrap();
+                    if let Some(raw) = i.tuple().value_bytes(columns.payload_index()) {
+                        // The text really is in the format under test.
+                        assert_eq!(raw.starts_with(b"\\x"), output == "hex", "{raw:?}");
+                    }
+                    values.push(mapping.map(&columns, i.tuple()).unwrap().value);
+                }
+                _ => {}
+            }
+        }
+        let got: Vec<Option<Vec<u8>>> = values
+            .iter()
+            .map(|v| v.as_ref().map(|b| b.to_vec()))
+            .collect();
+        assert_eq!(
+            got,
+            [Some(all.clone()), Some(Vec::new()), None],
+            "decoded with bytea_output = {output}"
+        );
+
+        let relation = relation.expect("a Relation message");
+        for format in [
+            walbox::mapping::format::EventFormat::Debezium,
+            walbox::mapping::format::EventFormat::CloudEventsStructured { source: "s".into() },
+        ] {
+            let json = OutboxMapping {
+                format,
+                ..mapping.clone()
+            };
+            let err = json.resolve(&relation).unwrap_err();
+            assert!(matches!(err, MapError::BinaryPayload { .. }), "{err}");
+            assert!(err.to_string().contains("use format = as-stored"), "{err}");
+        }
+    }
 }

@@ -150,7 +150,7 @@ pub const SETTINGS: &[Setting] = &[
     s("mapping.event_type", Text, Mapping, "event_type",
       "Event type column: header `event_type`; empty for none."),
     s("mapping.payload", Text, Mapping, "payload",
-      "Payload column (json, jsonb, text or varchar): the message value."),
+      "Payload column (json, jsonb, text, varchar or bytea): the message value (what each format accepts: docs/configuration.md, \"Record formats\")."),
     s("mapping.headers", Text, Mapping, "headers",
       "jsonb object column expanded into one header per key; empty for none."),
     s("mapping.timestamp", Text, Mapping, "created_at",

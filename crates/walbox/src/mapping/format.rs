@@ -82,6 +82,25 @@ fn header(name: &'static str, value: impl Into<Bytes>) -> Header {
 }
 
 impl EventFormat {
+    /// Its name in the configuration.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            EventFormat::AsStored => "as-stored",
+            EventFormat::CloudEventsBinary { .. } => "cloudevents-binary",
+            EventFormat::CloudEventsStructured { .. } => "cloudevents-structured",
+            EventFormat::Debezium => "debezium",
+        }
+    }
+
+    /// Whether the format writes or declares the payload as JSON: every one
+    /// but as-stored (CloudEvents binary says `content-type:
+    /// application/json`; the structured mode and Debezium's envelope embed
+    /// it). A text payload is then checked to be JSON, and a `bytea` one
+    /// refused.
+    pub(crate) fn needs_json(&self) -> bool {
+        !matches!(self, EventFormat::AsStored)
+    }
+
     /// Rewrites `event`'s record in this format.
     pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
         match self {

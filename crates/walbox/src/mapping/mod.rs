@@ -6,7 +6,7 @@
 //! | `aggregate_type` | the topic, via the template `outbox.event.{aggregate_type}` |
 //! | `aggregate_id` | the message key |
 //! | `event_type` | header `event_type` |
-//! | `payload` | the message value: the JSON text as stored, not copied |
+//! | `payload` | the message value, as stored: json/jsonb/text/varchar not copied, `bytea` its bytes ([`bytea`]) |
 //! | `headers` (jsonb object) | one header per key: strings as is, other values as JSON text |
 //! | `created_at` | the message timestamp |
 //!
@@ -22,6 +22,7 @@
 //! as stored, CloudEvents, Debezium's envelope) and [`timestamp`] (the
 //! record timestamp from a column's text).
 
+pub mod bytea;
 pub mod envelope;
 pub mod format;
 pub mod timestamp;
@@ -41,6 +42,18 @@ const JSON: u32 = 114;
 const JSONB: u32 = 3802;
 const TEXT: u32 = 25;
 const VARCHAR: u32 = 1043;
+const BYTEA: u32 = 17;
+
+/// What the payload column holds, by its type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PayloadKind {
+    /// json or jsonb: JSON, as Postgres checked it.
+    Json,
+    /// text or varchar: anything; checked as JSON when the format needs it.
+    Text,
+    /// bytea: the application's own bytes (its serializer's), sent as they are.
+    Bytes,
+}
 
 /// Which columns hold what, and how topics are named.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +66,7 @@ pub struct OutboxMapping {
     pub aggregate_id: String,
     /// Event type column (`event_type`); `None` to send no `event_type` header.
     pub event_type: Option<String>,
-    /// Payload column (`payload`): json, jsonb, text or varchar.
+    /// Payload column (`payload`): json, jsonb, text, varchar or bytea.
     pub payload: String,
     /// A jsonb object column expanded into headers (`headers`); `None` for none.
     pub headers: Option<String>,
@@ -98,8 +111,8 @@ pub enum MapError {
         /// What it was mapped as.
         role: &'static str,
     },
-    /// The payload column has a type walbox cannot publish as JSON.
-    #[error("payload column {column:?} of {table} has type OID {type_oid}; use json, jsonb, text or varchar (or a domain over one)")]
+    /// The payload column has a type walbox cannot publish.
+    #[error("payload column {column:?} of {table} has type OID {type_oid}; use json, jsonb, text, varchar or bytea (or a domain over one)")]
     PayloadType {
         /// `schema.table`.
         table: String,
@@ -107,6 +120,24 @@ pub enum MapError {
         column: String,
         /// Its type OID.
         type_oid: u32,
+    },
+    /// A `bytea` payload with a format that writes JSON.
+    #[error("payload column {column:?} of {table} is bytea, and format = {format} writes the payload as JSON: use format = as-stored (the bytes as they are), or a json, jsonb or text payload column")]
+    BinaryPayload {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+        /// The configured format.
+        format: &'static str,
+    },
+    /// A `bytea` payload whose text is not `bytea` output.
+    #[error("event {event_id}: bytea payload unreadable: {reason}")]
+    PayloadNotBytea {
+        /// The event id.
+        event_id: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A required column is NULL (or not sent) in this row.
     #[error("event {event_id}: column {column:?} (the {role}) is NULL")]
@@ -125,7 +156,7 @@ pub enum MapError {
         /// The event id.
         event_id: String,
     },
-    /// A text payload that is not JSON.
+    /// A text payload that is not JSON, with a format that needs JSON.
     #[error("event {event_id}: payload is not valid JSON: {reason}")]
     PayloadNotJson {
         /// The event id.
@@ -186,7 +217,7 @@ pub struct ColumnIndexes {
     aggregate_id: usize,
     event_type: Option<usize>,
     payload: usize,
-    payload_is_text: bool,
+    payload_kind: PayloadKind,
     headers: Option<usize>,
     timestamp: Option<usize>,
     header_columns: Vec<(usize, String)>,
@@ -369,13 +400,25 @@ impl OutboxMapping {
         let payload = find(&self.payload, "payload")?;
         let declared = relation.columns()[payload].type_oid();
         let type_oid = domains.get(&declared).copied().unwrap_or(declared);
-        if ![JSON, JSONB, TEXT, VARCHAR].contains(&type_oid) {
-            return Err(MapError::PayloadType {
-                table,
-                column: self.payload.clone(),
-                type_oid: declared,
-            });
-        }
+        let payload_kind = match type_oid {
+            JSON | JSONB => PayloadKind::Json,
+            TEXT | VARCHAR => PayloadKind::Text,
+            BYTEA if self.format.needs_json() => {
+                return Err(MapError::BinaryPayload {
+                    table,
+                    column: self.payload.clone(),
+                    format: self.format.name(),
+                })
+            }
+            BYTEA => PayloadKind::Bytes,
+            _ => {
+                return Err(MapError::PayloadType {
+                    table,
+                    column: self.payload.clone(),
+                    type_oid: declared,
+                })
+            }
+        };
         Ok(ColumnIndexes {
             width: relation.columns().len(),
             id: find(&self.id, "event id")?,
@@ -383,7 +426,7 @@ impl OutboxMapping {
             aggregate_id: find(&self.aggregate_id, "aggregate id")?,
             event_type: find_opt(&self.event_type, "event type")?,
             payload,
-            payload_is_text: matches!(type_oid, TEXT | VARCHAR),
+            payload_kind,
             headers: find_opt(&self.headers, "headers")?,
             timestamp: find_opt(&self.timestamp, "timestamp")?,
             header_columns: self
@@ -459,14 +502,27 @@ impl OutboxMapping {
             "aggregate type",
         )?;
         let aggregate_id = required(columns.aggregate_id, &self.aggregate_id, "aggregate id")?;
+        let value = match (tuple.value_bytes(columns.payload), columns.payload_kind) {
+            (Some(text), PayloadKind::Bytes) => match bytea::decode(&text) {
+                Ok(bytes) => Some(Bytes::from(bytes)),
+                Err(e) => {
+                    return Err(MapError::PayloadNotBytea {
+                        event_id: id,
+                        reason: e.to_string(),
+                    })
+                }
+            },
+            (value, _) => value,
+        };
         self.event(
             Fields {
                 id,
                 aggregate_type,
                 aggregate_id,
                 event_type: columns.event_type.and_then(text),
-                value: tuple.value_bytes(columns.payload),
-                value_unchecked: columns.payload_is_text,
+                value,
+                value_unchecked: columns.payload_kind == PayloadKind::Text
+                    && self.format.needs_json(),
                 extra_headers: columns
                     .header_columns
                     .iter()
