@@ -351,8 +351,8 @@ async fn stream_until_stopped(
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
             }
             Err(RunError::Drift(drift)) => {
-                record_drift(c, &drift).await;
-                if settings.drift_heal_margin.is_none() {
+                // Healing starts from the record: without one, stop.
+                if !record_drift(c, &drift).await || settings.drift_heal_margin.is_none() {
                     return Err(RunError::Drift(drift).into());
                 }
                 tracing::error!(error = %drift, "on_drift = heal: walbox stays up, and once the publication covers the table again it republishes from the table what the stream did not carry, then streams on");
@@ -397,8 +397,8 @@ async fn wait_or_stopped(shutdown: &watch::Receiver<Stop>, delay: Duration) -> b
 
 /// Records a stop for drift in `walbox.drift_stops`, where `walbox resync
 /// --drift` and `on_drift = "heal"` find it; a failure is logged (the
-/// operator can still republish with `walbox resync --since`).
-async fn record_drift(c: &Connection, drift: &crate::relay::DriftError) {
+/// operator can still republish with `walbox resync --since`) and `false`.
+async fn record_drift(c: &Connection, drift: &crate::relay::DriftError) -> bool {
     let recorded = async {
         let control = connect_control(&c.pg).await?;
         crate::bookkeeping::drift::record(
@@ -410,8 +410,12 @@ async fn record_drift(c: &Connection, drift: &crate::relay::DriftError) {
         )
         .await
     };
-    if let Err(e) = recorded.await {
-        tracing::warn!(error = %e, "could not record the drift stop in walbox.drift_stops: `walbox resync --drift` will not know it; republish with `walbox resync --since TIME` (a time before the stop)");
+    match recorded.await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record the drift stop in walbox.drift_stops: `walbox resync --drift` and on_drift = \"heal\" will not know it; republish with `walbox resync --drift --since TIME` (a time before the stop)");
+            false
+        }
     }
 }
 
