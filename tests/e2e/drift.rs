@@ -126,6 +126,8 @@ async fn on_drift_heal_waits_for_the_fix_and_a_kill_9_mid_heal_loses_nothing() {
         "heal",
         "--slot-recreate-margin-secs",
         "1",
+        "--metrics-addr",
+        ANY_PORT,
     ];
     let run = |pause: Option<&str>| {
         let mut c = walbox(&db, &[]);
@@ -144,13 +146,17 @@ async fn on_drift_heal_waits_for_the_fix_and_a_kill_9_mid_heal_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(relay.running(), "walbox stays up: {}", relay.log());
     relay.kill9();
-    // Restarted before the fix: the recorded stop makes it wait again.
+    // Restarted before the fix: the recorded stop makes it wait again,
+    // and says so on /metrics (what WalboxDriftUnhealed alerts on).
     let mut relay = run(Some("drift_heal.copied"));
+    let addr = metrics_addr(&relay).await;
     wait_log(
         &relay,
         "waiting for the publication to cover the outbox table",
     )
     .await;
+    assert_eq!(metric_at(&addr, "walbox_drift_unhealed"), 1.0);
+    assert_eq!(metric_at(&addr, "walbox_streaming"), 0.0);
 
     client.batch_execute(REPUBLISH).await.unwrap();
     insert_events(&client, 300, 400, |k| 1 + k % 5, 7).await;
@@ -166,6 +172,8 @@ async fn on_drift_heal_waits_for_the_fix_and_a_kill_9_mid_heal_loses_nothing() {
     let duplicates = expect_all(&kafka, &topic, 500).await;
     let head = current_wal_lsn(&client).await;
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
+    let addr = metrics_addr(&relay).await;
+    assert_eq!(metric_at(&addr, "walbox_drift_unhealed"), 0.0, "healed");
     stop(&mut relay).await;
     eprintln!("on_drift = heal, killed mid-heal: 500 events, {duplicates} duplicates");
 }

@@ -36,14 +36,6 @@ async fn wait_rows(client: &Client, table: &str, n: i64) {
     .await;
 }
 
-/// The value of a counter on `/metrics`.
-fn metric(addr: &str, name: &str) -> f64 {
-    let (_, body) = http_get(addr, "/metrics").unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {body}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_older_than_the_retention_go_only_once_delivered() {
     let db = fresh_db().await;
@@ -89,7 +81,10 @@ async fn rows_older_than_the_retention_go_only_once_delivered() {
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
     wait_rows(&client, "outbox_events", 0).await;
     assert_eq!(expect_all(&kafka, &topic, 400).await, 0);
-    assert_eq!(metric(&addr, "walbox_retention_rows_deleted_total"), 400.0);
+    assert_eq!(
+        metric_at(&addr, "walbox_retention_rows_deleted_total"),
+        400.0
+    );
     stop(&mut relay).await;
 }
 
@@ -175,8 +170,8 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
         "old partitions dropped",
         Duration::from_secs(40),
         || async {
-            let dropped = metric(&addr, "walbox_retention_partitions_dropped_total");
-            let created = metric(&addr, "walbox_retention_partitions_created_total");
+            let dropped = metric_at(&addr, "walbox_retention_partitions_dropped_total");
+            let created = metric_at(&addr, "walbox_retention_partitions_created_total");
             if dropped >= 8.0 && created >= 3.0 {
                 Ok(())
             } else {
@@ -185,7 +180,7 @@ async fn a_partitioned_outbox_loses_whole_partitions_and_gains_new_ones() {
         },
     )
     .await;
-    assert_eq!(metric(&addr, "walbox_retention_rows_deleted_total"), 0.0);
+    assert_eq!(metric_at(&addr, "walbox_retention_rows_deleted_total"), 0.0);
     let first_six: i64 = client
         .query_one(
             "SELECT count(*) FROM pg_class WHERE relname ~ '^outbox_parted_[0-7]$'",

@@ -156,6 +156,14 @@ pub(crate) fn free_addr() -> String {
 
 pub(crate) use walbox_test_harness::http::get as http_get;
 
+/// The value of metric `name` (a line `name value`) on `/metrics` at `addr`.
+pub(crate) fn metric_at(addr: &str, name: &str) -> f64 {
+    let (_, body) = http_get(addr, "/metrics").expect("/metrics answers");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
 /// Waits until `GET path` answers `status`.
 pub(crate) async fn wait_http(addr: &str, path: &str, status: u16) -> String {
     wait_for(

@@ -302,7 +302,7 @@ async fn stream_until_stopped(
         // signal stops it (its progress is saved; the next start resumes).
         let mut signalled = shutdown.clone();
         let prepared = tokio::select! {
-            prepared = prepare_slot(c, mapping, settings) => prepared?,
+            prepared = prepare_slot(c, mapping, settings, metrics) => prepared?,
             _ = signalled.wait_for(|s| *s != Stop::No) => {
                 tracing::info!("stopped before streaming; what the backfill did not finish, the next start does");
                 return Ok(());
@@ -351,6 +351,7 @@ async fn stream_until_stopped(
                 tracing::warn!("the slot was invalidated while streaming; recreating it");
             }
             Err(RunError::Drift(drift)) => {
+                metrics.drift_unhealed.set(1);
                 // Healing starts from the record: without one, stop.
                 if !record_drift(c, &drift).await || settings.drift_heal_margin.is_none() {
                     return Err(RunError::Drift(drift).into());
@@ -442,6 +443,7 @@ async fn prepare_slot(
     c: &Connection,
     mapping: &OutboxMapping,
     settings: &RunSettings,
+    metrics: &Metrics,
 ) -> Result<Prepared, CliError> {
     let mut control = match connect_control(&c.pg).await {
         Ok(control) => control,
@@ -475,7 +477,7 @@ async fn prepare_slot(
                 crate::backfill::heal(plan, &mut control, margin).await?;
             }
         }
-        heal_drift_stop(c, plan, &mut control, settings).await
+        heal_drift_stop(c, plan, &mut control, settings, metrics).await
     };
     match finished.await {
         Ok(Some(gap)) => Ok(Prepared::DriftUnfixed(gap)),
@@ -494,11 +496,14 @@ async fn heal_drift_stop(
     plan: Plan<'_>,
     control: &mut tokio_postgres::Client,
     settings: &RunSettings,
+    metrics: &Metrics,
 ) -> Result<Option<String>, crate::backfill::BackfillError> {
     use crate::backfill::BackfillError;
     let Some(stop) = crate::bookkeeping::drift::load(control, &c.slot).await? else {
+        metrics.drift_unhealed.set(0);
         return Ok(None);
     };
+    metrics.drift_unhealed.set(1);
     let Some(margin) = settings.drift_heal_margin else {
         tracing::warn!(slot = %c.slot, held = %stop.held, stopped_at = %stop.stopped_at, "walbox stopped for publication drift before: the rows inserted while the publication did not cover the outbox table are in the table, not in the stream; `walbox resync --drift` republishes them (or set on_drift = \"heal\")");
         return Ok(None);
@@ -520,6 +525,7 @@ async fn heal_drift_stop(
     {
         tracing::info!(slot = %c.slot, republished = total, dead_lettered, "publication drift healed; streaming on from the slot");
     }
+    metrics.drift_unhealed.set(0);
     Ok(None)
 }
 

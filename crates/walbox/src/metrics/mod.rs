@@ -11,6 +11,7 @@
 //! | `walbox_slot_safe_wal_size_bytes` | gauge | WAL that may still be written before the slot risks invalidation; absent when `max_slot_wal_keep_size` is unlimited |
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
+//! | `walbox_drift_unhealed` | gauge | 1 while a stop for publication drift is recorded and not healed (rows the stream did not carry are only in the table: `walbox resync --drift`, or `on_drift = "heal"` waiting for the fix), else 0 |
 //! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `transactions`, `other` |
 //! | `walbox_history_changes_total{reason}` | counter | sessions that found the server on another WAL history, so nothing earlier is skipped as a replay: `timeline` (a failover or point-in-time recovery), `wal_behind` (the server's WAL ends before what walbox delivered or recorded: a restore on the same timeline) |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
@@ -126,6 +127,8 @@ pub struct Metrics {
     pub broker_round_trip: Family<RoundTripLabels, Seconds>,
     /// `walbox_streaming`, also what readiness reads.
     streaming: Gauge,
+    /// `walbox_drift_unhealed`.
+    pub drift_unhealed: Gauge,
     delivered_commit_age: Seconds,
     oldest_unacked_age: Seconds,
     /// Unix µs of the newest delivered commit; 0 for none.
@@ -270,6 +273,12 @@ impl Metrics {
             "1 while streaming from the slot, 0 otherwise (connecting, retrying, waiting for a slot another instance holds)",
             streaming.clone(),
         );
+        let drift_unhealed = Gauge::default();
+        registry.register(
+            "walbox_drift_unhealed",
+            "1 while a stop for publication drift is recorded and not healed: rows the stream did not carry are only in the table (walbox resync --drift, or on_drift = heal waiting for the fix)",
+            drift_unhealed.clone(),
+        );
         let reconnects = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "walbox_reconnects",
@@ -410,6 +419,7 @@ impl Metrics {
             producer_queue_bytes,
             broker_round_trip,
             streaming,
+            drift_unhealed,
             delivered_commit_age,
             oldest_unacked_age,
             delivered_commit_micros: AtomicI64::new(0),
