@@ -442,6 +442,21 @@ async fn keyed_records_with_headers_and_timestamps_round_trip_through_the_broker
     }
 }
 
+/// Warms the producer up on a topic of its own (connected, metadata
+/// known), then takes the one-broker MockCluster down.
+async fn warm_then_down(kafka: &TestKafka, sink: &Sink<u64>, reports: &mut Reports<u64>) {
+    let warm = kafka.create_topic(1).await;
+    let first = pump(
+        sink,
+        reports,
+        vec![record(&warm, 0, 1)],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(first.len(), 1);
+    kafka.mock_cluster().unwrap().broker_down(1).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_topics_during_an_outage_cost_one_topic_check_not_one_each() {
     let kafka = TestKafka::mock(1);
@@ -454,17 +469,7 @@ async fn new_topics_during_an_outage_cost_one_topic_check_not_one_each() {
     ];
     let mock = kafka.mock_cluster().unwrap();
     let (sink, mut reports) = Sink::new(&config(&kafka)).unwrap();
-    // Warm up the producer on another topic, then take the broker down.
-    let warm = kafka.create_topic(1).await;
-    let first = pump(
-        &sink,
-        &mut reports,
-        vec![record(&warm, 0, 1)],
-        Duration::from_secs(30),
-    )
-    .await;
-    assert_eq!(first.len(), 1);
-    mock.broker_down(1).unwrap();
+    warm_then_down(&kafka, &sink, &mut reports).await;
     let started = std::time::Instant::now();
     for (i, topic) in topics.iter().enumerate() {
         let r = record(topic, i as u64 + 1, 1);
@@ -500,16 +505,7 @@ async fn a_compacted_topic_check_without_a_broker_is_unanswered_not_refused() {
     let progress = kafka.create_topic(1).await;
     let mock = kafka.mock_cluster().unwrap();
     let (sink, mut reports) = Sink::<u64>::new(&config(&kafka)).unwrap();
-    let warm = kafka.create_topic(1).await;
-    let first = pump(
-        &sink,
-        &mut reports,
-        vec![record(&warm, 0, 1)],
-        Duration::from_secs(30),
-    )
-    .await;
-    assert_eq!(first.len(), 1);
-    mock.broker_down(1).unwrap();
+    warm_then_down(&kafka, &sink, &mut reports).await;
     match sink.ensure_compacted_topic(&progress).await {
         Err(CompactedTopicError::Unanswered(why)) => {
             assert!(why.contains("no broker answered"), "{why}");

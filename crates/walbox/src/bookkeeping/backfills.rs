@@ -13,7 +13,7 @@ use pgoutput_decoder::Lsn;
 use slot_manager::{quote_ident, quote_literal, Error, ExportedSlot, TableName};
 
 use crate::bookkeeping;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 /// The tables, created on first use (see [`crate::bookkeeping`]).
 const TABLES: &str = "
@@ -158,18 +158,31 @@ pub async fn begin(
     table: &TableName,
     request: &Request,
 ) -> Result<(), Error> {
+    record(client, slot, table, request, "snapshot").await
+}
+
+/// Records a new backfill of `slot` in `state`, replacing any earlier
+/// record and its copied rows.
+async fn record(
+    client: &impl GenericClient,
+    slot: &str,
+    table: &TableName,
+    request: &Request,
+    state: &str,
+) -> Result<(), Error> {
     client
         .execute(
             "INSERT INTO walbox.backfills (slot, outbox_table, condition, order_by, state)
-             VALUES ($1, $2, $3, $4, 'snapshot')
+             VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (slot) DO UPDATE SET outbox_table = $2, condition = $3, order_by = $4,
-                 state = 'snapshot', consistent_point = NULL, columns = NULL, type_oids = NULL,
+                 state = $5, consistent_point = NULL, columns = NULL, type_oids = NULL,
                  total = NULL, published = 0, started_at = now(), finished_at = NULL",
             &[
                 &slot,
                 &table.to_string(),
                 &request.condition,
                 &request.order_by,
+                &state,
             ],
         )
         .await
@@ -265,23 +278,7 @@ pub async fn copy_current(
     tx.batch_execute("SET LOCAL DateStyle = 'ISO'")
         .await
         .map_err(Error::sql("start the copy's transaction"))?;
-    tx.execute(
-        "INSERT INTO walbox.backfills (slot, outbox_table, condition, order_by, state)
-         VALUES ($1, $2, $3, $4, 'publishing')
-         ON CONFLICT (slot) DO UPDATE SET outbox_table = $2, condition = $3, order_by = $4,
-             state = 'publishing', started_at = now(), finished_at = NULL",
-        &[
-            &slot,
-            &table.to_string(),
-            &request.condition,
-            &request.order_by,
-        ],
-    )
-    .await
-    .map_err(Error::sql("record the backfill in walbox.backfills"))?;
-    tx.execute("DELETE FROM walbox.backfill_rows WHERE slot = $1", &[&slot])
-        .await
-        .map_err(Error::sql("clear walbox.backfill_rows"))?;
+    record(&tx, slot, table, request, "publishing").await?;
     let total = copy_rows(&tx, slot, table, request, columns, id_column).await?;
     let position: String = tx
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
