@@ -283,29 +283,9 @@ async fn bytea_payloads_arrive_byte_for_byte_backfilled_and_streamed() {
     succeeded(&backfill.output().unwrap());
     let mut relay = spawn_run(&db, &kafka, &flags);
     expected.extend(insert(50, 100).await);
-    let records = walbox_test_harness::wait::wait_for(
-        "every event to arrive",
-        Duration::from_secs(90),
-        || async {
-            let records = consume_until_quiet(
-                &kafka,
-                &topic,
-                Duration::from_secs(2),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            let ids: std::collections::HashSet<String> = records
-                .iter()
-                .map(|r| headers_of(r)["id"].clone())
-                .collect();
-            if ids.len() >= expected.len() {
-                Ok(records)
-            } else {
-                Err(format!("{} of {} events", ids.len(), expected.len()))
-            }
-        },
-    )
+    let records = crate::support::wait_distinct(&kafka, &topic, expected.len(), |r| {
+        headers_of(r)["id"].clone()
+    })
     .await;
     stop(&mut relay).await;
     let mut seen = HashMap::new();

@@ -294,11 +294,16 @@ pub(crate) async fn insert_events(
     }
 }
 
-/// Reads the topic until every `n` in `0..total` arrived (duplicates allowed);
-/// returns how many duplicates there were. Checks that, per key, first
-/// arrivals follow commit order.
-pub(crate) async fn expect_all(kafka: &TestKafka, topic: &str, total: usize) -> usize {
-    let messages = wait_for("every event to arrive", Duration::from_secs(90), || async {
+/// Reads the topic to its end until its records hold exactly `total`
+/// distinct events, as `event` tells them apart (duplicates allowed);
+/// returns the records.
+pub(crate) async fn wait_distinct<K: std::hash::Hash + Eq>(
+    kafka: &TestKafka,
+    topic: &str,
+    total: usize,
+    event: impl Fn(&rdkafka::message::OwnedMessage) -> K,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    wait_for("every event to arrive", Duration::from_secs(90), || async {
         let messages = consume_until_quiet(
             kafka,
             topic,
@@ -307,14 +312,21 @@ pub(crate) async fn expect_all(kafka: &TestKafka, topic: &str, total: usize) -> 
         )
         .await
         .map_err(|e| e.to_string())?;
-        let distinct: HashSet<i64> = messages.iter().map(n_of).collect();
+        let distinct: HashSet<K> = messages.iter().map(&event).collect();
         if distinct.len() == total {
             Ok(messages)
         } else {
             Err(format!("{} of {total} distinct events", distinct.len()))
         }
     })
-    .await;
+    .await
+}
+
+/// Reads the topic until every `n` in `0..total` arrived (duplicates allowed);
+/// returns how many duplicates there were. Checks that, per key, first
+/// arrivals follow commit order.
+pub(crate) async fn expect_all(kafka: &TestKafka, topic: &str, total: usize) -> usize {
+    let messages = wait_distinct(kafka, topic, total, n_of).await;
     let mut sorted = messages.clone();
     sorted.sort_by_key(|m| (m.partition(), m.offset()));
     let mut seen = HashSet::new();

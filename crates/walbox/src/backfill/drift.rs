@@ -65,11 +65,9 @@ pub async fn copy_drift_rows(
     let columns = super::mapped_columns(plan, control).await?;
     // The drift stop is forgotten with the copy: from here on the
     // backfill's record says what to finish.
-    let forget = if drift::load(control, plan.slot).await?.is_some() {
-        drift::FORGET
-    } else {
-        "SELECT $1::text"
-    };
+    let forget = crate::bookkeeping::exist(control, &["walbox.drift_stops"])
+        .await?
+        .then_some(drift::FORGET);
     let total = store::copy_current(
         control,
         plan.slot,

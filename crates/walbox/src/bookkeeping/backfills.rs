@@ -262,7 +262,7 @@ pub async fn copy_snapshot(
 /// the request now (one REPEATABLE READ snapshot) are copied and the
 /// record is in state `publishing` when it first becomes visible, so no
 /// resume ever drops or recreates the slot for it; `also` (a statement on
-/// `$1`, the slot) runs in the same transaction. The slot streams on from
+/// `$1`, the slot), if any, runs in the same transaction. The slot streams on from
 /// where it was after the rows are published (`walbox run` waits for
 /// them). Returns how many rows there are.
 pub async fn copy_current(
@@ -272,7 +272,7 @@ pub async fn copy_current(
     request: &Request,
     columns: &[(String, u32)],
     id_column: &str,
-    also: &str,
+    also: Option<&str>,
 ) -> Result<u64, Error> {
     let tx = repeatable_read(client).await?;
     tx.batch_execute("SET LOCAL DateStyle = 'ISO'")
@@ -286,9 +286,11 @@ pub async fn copy_current(
         .map_err(Error::sql("read the WAL position"))?
         .get(0);
     publishing(&tx, slot, total, &position, columns).await?;
-    tx.execute(also, &[&slot])
-        .await
-        .map_err(Error::sql("record the backfill"))?;
+    if let Some(also) = also {
+        tx.execute(also, &[&slot])
+            .await
+            .map_err(Error::sql("record the backfill"))?;
+    }
     tx.commit()
         .await
         .map_err(Error::sql("commit the backfill's copy"))?;

@@ -31,12 +31,25 @@ pub struct DriftStop {
     /// Where the slot was held.
     pub held: Lsn,
     /// The commit time of the newest transaction delivered before the
-    /// stop, as text; `None` when walbox knew none.
-    pub committed_at: Option<String>,
+    /// stop, in µs since the Unix epoch; `None` when walbox knew none.
+    pub committed_micros: Option<i64>,
     /// When walbox stopped, as text.
     pub stopped_at: String,
     /// What walbox found.
     pub reason: String,
+}
+
+impl DriftStop {
+    /// The time republishing starts from: the commit time less `margin`
+    /// (to the millisecond below), as a timestamp Postgres reads; `None`
+    /// when the commit time is unknown.
+    pub fn since(&self, margin: std::time::Duration) -> Option<String> {
+        let margin = i64::try_from(margin.as_micros()).unwrap_or(i64::MAX);
+        let micros = self.committed_micros?.saturating_sub(margin);
+        Some(crate::mapping::timestamp::rfc3339_ms(
+            micros.div_euclid(1000),
+        ))
+    }
 }
 
 /// Records that `slot` stopped for drift at `held`, after delivering
@@ -89,7 +102,8 @@ pub async fn load(client: &Client, slot: &str) -> Result<Option<DriftStop>, Erro
     }
     let row = client
         .query_opt(
-            "SELECT held_lsn::text, committed_at::text, stopped_at::text, reason
+            "SELECT held_lsn::text, (extract(epoch FROM committed_at) * 1000000)::int8,
+                    stopped_at::text, reason
                FROM walbox.drift_stops WHERE slot = $1",
             &[&slot],
         )
@@ -97,33 +111,10 @@ pub async fn load(client: &Client, slot: &str) -> Result<Option<DriftStop>, Erro
         .map_err(Error::sql("read walbox.drift_stops"))?;
     Ok(row.map(|r| DriftStop {
         held: r.get::<_, String>(0).parse().unwrap_or(Lsn::ZERO),
-        committed_at: r.get(1),
+        committed_micros: r.get(1),
         stopped_at: r.get(2),
         reason: r.get(3),
     }))
-}
-
-/// The time republishing for `slot`'s drift stop starts from: its commit
-/// time less `margin`, as a timestamptz literal. `None` when no stop is
-/// recorded; `Some(None)` when one is but its time is unknown.
-pub async fn since(
-    client: &Client,
-    slot: &str,
-    margin: std::time::Duration,
-) -> Result<Option<Option<String>>, Error> {
-    if !bookkeeping::exist(client, &["walbox.drift_stops"]).await? {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT to_char((committed_at - make_interval(secs => $2)) AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD HH24:MI:SS.US') || '+00'
-               FROM walbox.drift_stops WHERE slot = $1",
-            &[&slot, &margin.as_secs_f64()],
-        )
-        .await
-        .map_err(Error::sql("read walbox.drift_stops"))?;
-    Ok(row.map(|r| r.get(0)))
 }
 
 /// The statement that forgets `slot`'s drift stop (`$1`): run in the
@@ -140,4 +131,31 @@ pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
         .await
         .map_err(Error::sql("forget the slot's drift stop"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn republishing_starts_the_margin_before_the_commit_rounded_down() {
+        let stop = |committed_micros| DriftStop {
+            held: Lsn::ZERO,
+            committed_micros,
+            stopped_at: String::new(),
+            reason: String::new(),
+        };
+        // 2026-11-25 14:45:46.290909 UTC.
+        let committed = Some(1_795_617_946_290_909);
+        let margin = std::time::Duration::from_secs(600);
+        assert_eq!(
+            stop(committed).since(margin).as_deref(),
+            Some("2026-11-25T14:35:46.290Z")
+        );
+        assert_eq!(
+            stop(committed).since(std::time::Duration::ZERO).as_deref(),
+            Some("2026-11-25T14:45:46.290Z")
+        );
+        assert_eq!(stop(None).since(margin), None);
+    }
 }

@@ -116,9 +116,8 @@ async fn resync_drift(
             ))
             .into())
         }
-        (None, Some(_)) => crate::bookkeeping::drift::since(client, slot, plan.settings.margin)
-            .await?
-            .flatten()
+        (None, Some(stop)) => stop
+            .since(plan.settings.margin)
             .ok_or_else(|| crate::backfill::BackfillError::NoDriftTime(slot.to_owned()))?,
     };
     let reading = slot_manager::coverage(client, publication, plan.table, None).await?;

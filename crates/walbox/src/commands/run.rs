@@ -512,9 +512,8 @@ async fn heal_drift_stop(
     if let Some(gap) = reading.gap {
         return Ok(Some(gap));
     }
-    let since = crate::bookkeeping::drift::since(control, &c.slot, margin)
-        .await?
-        .flatten()
+    let since = stop
+        .since(margin)
         .ok_or_else(|| BackfillError::NoDriftTime(c.slot.clone()))?;
     tracing::info!(slot = %c.slot, held = %stop.held, since = %since, "the publication covers the outbox table again: republishing what the stream did not carry");
     if let crate::backfill::Outcome::Published {
