@@ -18,6 +18,7 @@ pub mod logging;
 pub mod mapping;
 pub mod metrics;
 pub mod progress;
+pub mod quarantine;
 pub mod receipts;
 pub mod relay;
 pub mod retention;

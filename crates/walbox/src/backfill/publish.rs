@@ -65,6 +65,9 @@ pub(super) async fn publish(
         source: EventSource::Table,
         message_prefix: String::new(),
         dead_letters: plan.settings.dead_letters.clone(),
+        // A backfill's rows are not held: one that fails stops it (with
+        // the quarantine on, as with stop).
+        quarantine: None,
         status_interval: SAVE_EVERY,
         shutdown_timeout: Duration::ZERO,
         exactly_once: None,

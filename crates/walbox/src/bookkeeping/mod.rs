@@ -6,6 +6,7 @@
 pub mod backfills;
 pub mod drift;
 pub mod positions;
+pub mod quarantine;
 
 use slot_manager::Error;
 use tokio_postgres::Client;

@@ -636,6 +636,7 @@ async fn stream(
         source: c.source,
         message_prefix: settings.message_prefix.clone(),
         dead_letters: settings.dead_letters.clone(),
+        quarantine: settings.quarantine,
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::event_source::EventSource;
 pub use args::{ConnectionFlags, MappingFlags, RunFlags};
 pub use connection::Connection;
-pub use raw::{Delivery, OnDrift, OnSlotInvalidated};
+pub use raw::{Delivery, OnDrift, OnFailure, OnSlotInvalidated};
 use raw::{Raw, RawFormat};
 pub use run_settings::{RunPlan, RunSettings};
 

@@ -41,6 +41,8 @@ pub(super) struct Raw {
     pub(super) delivery: Delivery,
     pub(super) transactions: RawTransactions,
     pub(super) dead_letter_topic: Option<String>,
+    pub(super) on_failure: Option<OnFailure>,
+    pub(super) quarantine: RawQuarantine,
     pub(super) on_slot_invalidated: OnSlotInvalidated,
     pub(super) on_drift: OnDrift,
     #[serde(deserialize_with = "whole::u64")]
@@ -80,6 +82,8 @@ impl Default for Raw {
             delivery: Delivery::AtLeastOnce,
             transactions: RawTransactions::default(),
             dead_letter_topic: None,
+            on_failure: None,
+            quarantine: RawQuarantine::default(),
             on_slot_invalidated: OnSlotInvalidated::Fail,
             on_drift: OnDrift::Stop,
             slot_recreate_margin_secs: 600,
@@ -192,6 +196,35 @@ pub enum Delivery {
     /// Every event once for `read_committed` consumers, through Kafka
     /// transactions (see [`crate::exactly_once`]).
     ExactlyOnce,
+}
+
+/// What `walbox run` does with an event that fails for good (see
+/// [`crate::dead_letter`] and [`crate::quarantine`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailure {
+    /// Stop with the slot before it.
+    Stop,
+    /// Publish it to `dead_letter_topic` and go on.
+    DeadLetter,
+    /// Hold its aggregate in `walbox.quarantine` and go on.
+    Quarantine,
+}
+
+/// `[quarantine]`: its bound.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawQuarantine {
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) max_events: u64,
+}
+
+impl Default for RawQuarantine {
+    fn default() -> Self {
+        RawQuarantine {
+            max_events: 100_000,
+        }
+    }
 }
 
 /// `[audit]`: the continuous audit.

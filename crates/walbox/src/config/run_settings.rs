@@ -8,7 +8,9 @@ use sink_kafka::{SinkConfig, TopicSpec};
 
 use super::connection::shard_name;
 
-use super::{Config, ConfigError, Connection, Delivery, EventSource, OnDrift, OnSlotInvalidated};
+use super::{
+    Config, ConfigError, Connection, Delivery, EventSource, OnDrift, OnFailure, OnSlotInvalidated,
+};
 use crate::dead_letter::DeadLetters;
 use crate::exactly_once::{Bounds, ExactlyOnce};
 use crate::mapping::OutboxMapping;
@@ -20,6 +22,9 @@ pub struct RunSettings {
     pub sink: SinkConfig,
     /// What happens to undeliverable events.
     pub dead_letters: DeadLetters,
+    /// Hold them instead, at most this many (`on_failure = "quarantine"`);
+    /// `None`: off.
+    pub quarantine: Option<u64>,
     /// Status update interval.
     pub status_interval: Duration,
     /// Shutdown drain bound.
@@ -139,10 +144,42 @@ impl Config {
             None => DeadLetters::halt(),
         };
         sink.create_topics = self.topic_spec()?;
-        // Without a dead-letter topic an event that fails for good stops
-        // walbox, and nothing after it may be written ahead of it.
-        sink.gapless = r.dead_letter_topic.is_none();
+        let on_failure = match (r.on_failure, &r.dead_letter_topic) {
+            (None, Some(_)) => OnFailure::DeadLetter,
+            (None, None) => OnFailure::Stop,
+            (Some(OnFailure::DeadLetter), None) => {
+                return Err(ConfigError(
+                    "on_failure = \"dead-letter\" needs dead_letter_topic".into(),
+                ))
+            }
+            (Some(p @ (OnFailure::Stop | OnFailure::Quarantine)), Some(_)) => {
+                let word = if p == OnFailure::Stop {
+                    "stop"
+                } else {
+                    "quarantine"
+                };
+                return Err(ConfigError(format!(
+                    "on_failure = \"{word}\" and dead_letter_topic contradict each other: remove one"
+                )));
+            }
+            (Some(p), _) => p,
+        };
+        // When an event that fails for good stops walbox, nothing after it
+        // may be written ahead of it.
+        sink.gapless = on_failure == OnFailure::Stop;
         let exactly_once = self.exactly_once()?;
+        if on_failure == OnFailure::Quarantine {
+            if exactly_once.is_some() {
+                return Err(ConfigError(
+                    "on_failure = \"quarantine\" is not supported with delivery = \"exactly-once\" yet: use stop or dead-letter".into(),
+                ));
+            }
+            if r.quarantine.max_events == 0 {
+                return Err(ConfigError(
+                    "quarantine.max_events: must be at least 1".into(),
+                ));
+            }
+        }
         sink.transactional_id = exactly_once.as_ref().map(|e| e.transactional_id.clone());
         if r.message_prefix.is_empty() {
             return Err(ConfigError("message_prefix: must not be empty".into()));
@@ -219,6 +256,7 @@ impl Config {
             message_prefix: r.message_prefix.clone(),
             sink,
             dead_letters,
+            quarantine: (on_failure == OnFailure::Quarantine).then_some(r.quarantine.max_events),
             status_interval: Duration::from_millis(r.status_interval_ms),
             shutdown_timeout: Duration::from_secs(r.shutdown_timeout_secs),
             metrics_addr,

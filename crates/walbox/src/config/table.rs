@@ -82,6 +82,8 @@ impl Setting {
             || k.starts_with("topics.")
             || k.starts_with("transactions.")
             || k == "dead_letter_topic"
+            || k == "on_failure"
+            || k.starts_with("quarantine.")
             || k == "delivery"
         {
             "Kafka and delivery"
@@ -174,6 +176,10 @@ pub const SETTINGS: &[Setting] = &[
       "source = messages or both: the prefix of the logical decoding messages that are events; messages with other prefixes are ignored."),
     s("dead_letter_topic", Text, Run, "—",
       "Topic for events that cannot be mapped or that the broker refuses for good; without it such an event stops walbox."),
+    s("on_failure", Choice(&["stop", "dead-letter", "quarantine"]), Run, "stop",
+      "An event that cannot be mapped or that the broker refuses for good: stop with the slot before it; publish it to dead_letter_topic (the default when that is set) and go on; or quarantine: hold it and every later event of its aggregate in walbox.quarantine, keep every other aggregate flowing, and republish them in order on `walbox quarantine release KEY` (at least once; docs/guarantees.md, \"Failure policies\")."),
+    s("quarantine.max_events", Number, Run, "100000",
+      "on_failure = quarantine: most events held; one more stops walbox with the slot before it."),
     s("topics.create", Bool, Run, "false",
       "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 5 s before it counts as refused."),
     s("topics.partitions", Number, Run, "—",

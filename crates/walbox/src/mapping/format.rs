@@ -101,13 +101,22 @@ impl EventFormat {
         !matches!(self, EventFormat::AsStored)
     }
 
+    /// The record key of an event of aggregate `aggregate_id`.
+    pub(crate) fn key_of(&self, aggregate_id: &str) -> Bytes {
+        match self {
+            EventFormat::Debezium => {
+                Bytes::from(serde_json::Value::String(aggregate_id.to_owned()).to_string())
+            }
+            _ => Bytes::copy_from_slice(aggregate_id.as_bytes()),
+        }
+    }
+
     /// Rewrites `event`'s record in this format.
     pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
         match self {
             EventFormat::AsStored => {}
             EventFormat::Debezium => {
-                let quoted = serde_json::Value::String(event.aggregate_id.clone()).to_string();
-                event.key = Bytes::from(quoted);
+                event.key = self.key_of(&event.aggregate_id);
                 // As Kafka Connect's JsonConverter writes it: compact, and a
                 // missing payload as JSON `null` (not a record without a
                 // value, which a compacted topic takes for a tombstone).

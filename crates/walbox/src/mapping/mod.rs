@@ -452,6 +452,12 @@ impl OutboxMapping {
             .replace("{aggregate_type}", aggregate_type)
     }
 
+    /// A row's record key (its aggregate id, in the format's key), if set.
+    pub fn key_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<Bytes> {
+        let aggregate_id = tuple.iter().nth(columns.aggregate_id)?.as_str()?;
+        Some(self.format.key_of(aggregate_id))
+    }
+
     /// A row's event id, if set.
     pub fn event_id_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
         tuple

@@ -12,6 +12,10 @@
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
 //! | `walbox_drift_unhealed` | gauge | 1 while a stop for publication drift is recorded and not healed (rows the stream did not carry are only in the table: `walbox resync --drift`, or `on_drift = "heal"` waiting for the fix), else 0 |
+//! | `walbox_quarantined_aggregates` | gauge | `on_failure = "quarantine"`: aggregates held (their events wait in `walbox.quarantine` for `walbox quarantine release`) |
+//! | `walbox_quarantined_events` | gauge | `on_failure = "quarantine"`: events held |
+//! | `walbox_quarantine_held_total` | counter | events written to `walbox.quarantine` (the failing ones and those behind them) |
+//! | `walbox_quarantine_released_total` | counter | held events released: acknowledged by the broker |
 //! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `transactions`, `other` |
 //! | `walbox_history_changes_total{reason}` | counter | sessions that found the server on another WAL history, so nothing earlier is skipped as a replay: `timeline` (a failover or point-in-time recovery), `wal_behind` (the server's WAL ends before what walbox delivered or recorded: a restore on the same timeline) |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
@@ -129,6 +133,14 @@ pub struct Metrics {
     streaming: Gauge,
     /// `walbox_drift_unhealed`.
     pub drift_unhealed: Gauge,
+    /// `walbox_quarantined_aggregates`.
+    pub quarantined_aggregates: Gauge,
+    /// `walbox_quarantined_events`.
+    pub quarantined_events: Gauge,
+    /// `walbox_quarantine_held_total`.
+    pub quarantine_held: Counter,
+    /// `walbox_quarantine_released_total`.
+    pub quarantine_released: Counter,
     delivered_commit_age: Seconds,
     oldest_unacked_age: Seconds,
     /// Unix µs of the newest delivered commit; 0 for none.
@@ -279,6 +291,28 @@ impl Metrics {
             "1 while a stop for publication drift is recorded and not healed: rows the stream did not carry are only in the table (walbox resync --drift, or on_drift = heal waiting for the fix)",
             drift_unhealed.clone(),
         );
+        let (quarantined_aggregates, quarantined_events) = (Gauge::default(), Gauge::default());
+        registry.register(
+            "walbox_quarantined_aggregates",
+            "on_failure = quarantine: aggregates held, their events waiting in walbox.quarantine for walbox quarantine release",
+            quarantined_aggregates.clone(),
+        );
+        registry.register(
+            "walbox_quarantined_events",
+            "on_failure = quarantine: events held in walbox.quarantine",
+            quarantined_events.clone(),
+        );
+        let (quarantine_held, quarantine_released) = (Counter::default(), Counter::default());
+        registry.register(
+            "walbox_quarantine_held",
+            "Events written to walbox.quarantine: the ones that failed for good and those of their aggregates behind them",
+            quarantine_held.clone(),
+        );
+        registry.register(
+            "walbox_quarantine_released",
+            "Held events released and acknowledged by the broker",
+            quarantine_released.clone(),
+        );
         let reconnects = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "walbox_reconnects",
@@ -420,6 +454,10 @@ impl Metrics {
             broker_round_trip,
             streaming,
             drift_unhealed,
+            quarantined_aggregates,
+            quarantined_events,
+            quarantine_held,
+            quarantine_released,
             delivered_commit_age,
             oldest_unacked_age,
             delivered_commit_micros: AtomicI64::new(0),

@@ -94,6 +94,10 @@ pub enum RunError {
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
+    /// The quarantine cannot hold an event (full, or the event has no
+    /// aggregate): the slot stays before it.
+    #[error("{0}")]
+    Quarantine(#[from] crate::quarantine::QuarantineError),
     /// The source refused to stream, or its stream failed, other than
     /// through Postgres: an unfinished backfill or heal of the slot
     /// ([`SourceError::BackfillPending`]: the caller finishes it, or waits

@@ -82,7 +82,7 @@ pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
 pub use error::{AbortCause, DriftError, RunError, TransactionsError};
 pub use source::{
-    CopiedRow, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
+    CopiedRow, Done, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
 };
 
 /// What travels with an event to the broker and back.
@@ -91,9 +91,12 @@ pub struct Token {
     event: EventToken,
     /// The row's WAL position.
     lsn: Lsn,
-    /// Exactly-once: the event's index among its Postgres transaction's
-    /// events. With `lsn` it names the event: a `COPY`'s rows share one
-    /// WAL position.
+    /// Its transaction's commit position.
+    commit_lsn: Lsn,
+    /// The event's index among its Postgres transaction's events. With
+    /// `lsn` it names the event (exactly-once: a `COPY`'s rows share one
+    /// WAL position); with `commit_lsn`, its place in the stream (the
+    /// quarantine).
     index: u64,
     commit_time: PgTimestamp,
     /// The topic the event was meant for (empty when the row named none).
@@ -103,6 +106,9 @@ pub struct Token {
     /// Set on the progress record that closes a Kafka transaction
     /// (exactly-once): it carries no event.
     progress_record: bool,
+    /// A held event's record, released from the quarantine: it carries no
+    /// event of the stream.
+    released: bool,
     /// walbox's span of the event, when spans are exported.
     span: Option<Box<EventSpan>>,
     /// The event's id, when something needs it after the acknowledgement:
@@ -139,6 +145,9 @@ pub struct RelayConfig {
     pub message_prefix: String,
     /// What happens to undeliverable events.
     pub dead_letters: DeadLetters,
+    /// Hold them instead (`on_failure = "quarantine"`), at most this many;
+    /// `None`: off. Takes precedence over `dead_letters`.
+    pub quarantine: Option<u64>,
     /// Status update interval.
     pub status_interval: Duration,
     /// How long a shutdown may take to finish the open transaction and wait

@@ -13,11 +13,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::core::{Core, EosStartup, SessionStart};
+use super::Done;
 use super::{
     Backoff, Deliveries, Destination, Input, RelayConfig, ReplicationStream, RunError, Source,
     Started, Stop,
 };
 use crate::metrics::Metrics;
+use crate::quarantine::Step;
 
 /// At most this many received messages are handled in one turn of the
 /// select loop (at-least-once mode): bounded so that reports, timers and
@@ -43,6 +45,10 @@ enum Read {
     /// The stream ended ([`Input::End`]).
     End,
 }
+
+/// How often the quarantine's requests (`walbox quarantine release`, `drop`)
+/// are read, while it is on.
+const QUARANTINE_POLL: Duration = Duration::from_secs(1);
 
 /// How often the slot's retained WAL is sampled for the metrics.
 const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
@@ -198,6 +204,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let result = async {
             let update = self.check_coverage(&mut stream).await?;
             send_status(&mut stream, update).await?;
+            // What is held, before the first event.
+            self.quarantine_steps(&mut stream, false).await?;
             self.stream(&mut stream, shutdown).await
         }
         .await;
@@ -324,6 +332,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_kafka::TxnError>>> = None;
         let txn_due = tokio::time::sleep_until(Instant::now());
         tokio::pin!(txn_due);
+        // The quarantine's requests are read this often.
+        let held_poll = tokio::time::sleep_until(Instant::now() + QUARANTINE_POLL);
+        tokio::pin!(held_poll);
+        let quarantines = self.core.quarantines();
         // Reading paused while draining a backlog (see `Core::behind`).
         let mut pausing = false;
         let pause = tokio::time::sleep_until(Instant::now());
@@ -464,10 +476,21 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     pausing = false;
                     Ok(())
                 }
+                () = &mut held_poll, if quarantines => {
+                    held_poll.as_mut().reset(Instant::now() + QUARANTINE_POLL);
+                    self.core.quarantine_poll();
+                    Ok(())
+                }
                 // After the stream's branch: what is already received is read first.
                 () = &mut silence, if waiting.is_none() && !busy => {
                     Err(presumed_dead("the replication connection", RECEIVE_TIMEOUT))
                 }
+            };
+            // Held events are written before anything else: until then
+            // their transactions cannot be confirmed.
+            let step = match step {
+                Ok(()) if quarantines => self.quarantine_steps(stream, finishing.is_some()).await,
+                other => other,
             };
             if let Err(e) = step {
                 break Err(e);
@@ -606,6 +629,11 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let now = stopped(shutdown, Stop::Now);
         tokio::pin!(now);
         while self.core.unacked_events() > 0 {
+            // Held events count as delivered once written.
+            self.quarantine_steps(stream, true).await?;
+            if self.core.unacked_events() == 0 {
+                break;
+            }
             let waiting = self.core.waiting();
             tokio::select! {
                 biased;
@@ -634,6 +662,43 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                     );
                     return Ok(());
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out the quarantine's steps due (see [`crate::quarantine`]):
+    /// held events written (and then acknowledged), requests read, a
+    /// release's batches read and deleted. Only the writes when
+    /// `writes_only` (shutting down).
+    async fn quarantine_steps<S: ReplicationStream>(
+        &mut self,
+        stream: &mut S,
+        writes_only: bool,
+    ) -> Result<(), RunError> {
+        while let Some(step) = self.core.quarantine_step(writes_only) {
+            let events = match step {
+                Step::Write => {
+                    let (events, tokens) = self.core.take_held();
+                    let new = match stream.quarantine(&step, &events).await? {
+                        Done::Written(new) => new,
+                        _ => 0,
+                    };
+                    let update = self.core.on_held_written(tokens, new, Instant::now())?;
+                    send_status(stream, update).await?;
+                    continue;
+                }
+                _ => Vec::new(),
+            };
+            match (&step, stream.quarantine(&step, &events).await?) {
+                (_, Done::Polled(keys, events)) => self.core.on_quarantine_polled(keys, events),
+                (_, Done::Loaded(batch)) => {
+                    self.core.on_release_loaded(batch);
+                    self.send_while_room().await?;
+                }
+                (Step::Released { .. }, Done::Deleted(n)) => self.core.on_release_deleted(n),
+                (Step::Forget { key }, Done::Deleted(n)) => self.core.on_key_forgotten(key, n),
+                _ => self.core.on_release_failed_recorded(),
             }
         }
         Ok(())

@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 use super::RunError;
 use crate::config::Connection;
 use crate::mapping::OutboxMapping;
+use crate::quarantine::{HeldEvent, HeldKey, Step};
 
 /// Why a source or its stream failed: the seam's own error, which the
 /// relay turns into a [`RunError`] (transient or definite as the error is).
@@ -35,6 +36,9 @@ pub enum SourceError {
         /// Rows in the backfill (0 before its snapshot was copied).
         total: u64,
     },
+    /// The stream cannot hold events (a backfill's).
+    #[error("this source cannot hold events in a quarantine")]
+    NoQuarantine,
     /// A backfill row too large for a record.
     #[error("backfill row {n} is too large to publish")]
     RowTooLarge {
@@ -142,8 +146,30 @@ pub trait ReplicationStream {
         committed: PgTimestamp,
     ) -> Result<(), SourceError>;
 
+    /// Carries out a quarantine step (see [`crate::quarantine`]) on
+    /// walbox's tables; `events` are those to write for [`Step::Write`].
+    async fn quarantine(&mut self, step: &Step, events: &[HeldEvent]) -> Result<Done, SourceError> {
+        let _ = (step, events);
+        Err(SourceError::NoQuarantine)
+    }
+
     /// Ends the session cleanly.
     async fn close(self);
+}
+
+/// What a quarantine step did.
+#[derive(Debug)]
+pub enum Done {
+    /// Events written ([`Step::Write`]): how many were not held before.
+    Written(u64),
+    /// The held aggregates and the number of held events ([`Step::Poll`]).
+    Polled(Vec<HeldKey>, u64),
+    /// Held events read ([`Step::Load`]).
+    Loaded(Vec<HeldEvent>),
+    /// Events deleted ([`Step::Released`], [`Step::Forget`]).
+    Deleted(u64),
+    /// A failed release recorded.
+    Recorded,
 }
 
 /// The production source: a Postgres slot through slot-manager.
@@ -308,7 +334,50 @@ impl ReplicationStream for PostgresStream {
         }
     }
 
+    async fn quarantine(&mut self, step: &Step, events: &[HeldEvent]) -> Result<Done, SourceError> {
+        use crate::bookkeeping::quarantine as q;
+        let (client, slot) = (&mut self.control, self.slot.as_str());
+        let work = async move {
+            Ok::<_, slot_manager::Error>(match step {
+                Step::Write => {
+                    q::ensure(client).await?;
+                    Done::Written(q::hold(client, slot, events).await?)
+                }
+                Step::Poll => {
+                    let (keys, events) = q::held(client, slot).await?;
+                    Done::Polled(keys, events)
+                }
+                Step::Load { key, after } => Done::Loaded(
+                    q::load(client, slot, key, *after, crate::quarantine::RELEASE_BATCH).await?,
+                ),
+                Step::Released { key, through } => {
+                    Done::Deleted(q::released(client, slot, key, *through).await?)
+                }
+                Step::Forget { key } => Done::Deleted(q::forget_key(client, slot, key).await?),
+                Step::ReleaseFailed { key, error } => {
+                    q::release_failed(client, slot, key, error).await?;
+                    Done::Recorded
+                }
+            })
+        };
+        match tokio::time::timeout(QUARANTINE_TIMEOUT, work).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(SourceError::Postgres(slot_manager::Error::Io {
+                target: "Postgres".into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the quarantine's tables: no answer within {QUARANTINE_TIMEOUT:?}"),
+                ),
+            })),
+        }
+    }
+
     async fn close(self) {
         self.stream.close().await;
     }
 }
+
+/// How long a statement on the quarantine's tables may take before the
+/// session is deemed broken (a new one starts; nothing was confirmed past
+/// what is not held yet).
+const QUARANTINE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -252,11 +252,13 @@ impl Core<'_> {
             token: Token {
                 event: self.progress.marker(),
                 lsn: position.commit_lsn,
+                commit_lsn: position.commit_lsn,
                 index: 0,
                 commit_time: PgTimestamp::default(),
                 topic: Arc::from(""),
                 dead_letter: None,
                 progress_record: true,
+                released: false,
                 span: None,
                 event_id: None,
                 sampled: false,

@@ -8,11 +8,14 @@ use pgoutput_decoder::{
     LogicalMessage, Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate,
     TupleData,
 };
+use sink_kafka::Record;
 use tokio::time::Instant;
 
+use super::quarantine::Why;
 use super::Core;
 use crate::dead_letter::{DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
+use crate::quarantine::QuarantineError;
 use crate::relay::{CopiedRow, RunError, Token};
 
 /// What is known of an event that cannot be mapped, for its dead-letter copy.
@@ -20,6 +23,8 @@ use crate::relay::{CopiedRow, RunError, Token};
 struct Unmapped {
     /// The topic it was meant for, if it named one.
     topic: Option<String>,
+    /// Its record key, if its aggregate id can be read.
+    key: Option<bytes::Bytes>,
     event_id: Option<String>,
     /// The payload (a row's) or the whole envelope (a message's).
     payload: Option<bytes::Bytes>,
@@ -48,6 +53,8 @@ impl Core<'_> {
             LogicalMessage::Begin(b) => {
                 self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
+                self.commit_lsn = b.final_lsn();
+                self.event_index = 0;
                 self.queued_in_transaction = 0;
                 if let Some(t) = &mut self.eos {
                     t.begin(b.final_lsn());
@@ -142,6 +149,8 @@ impl Core<'_> {
         self.progress.received(at);
         self.progress.begin_at(at, PgTimestamp::default())?;
         self.commit_time = PgTimestamp::default();
+        self.commit_lsn = at;
+        self.event_index = 0;
         self.on_insert(&columns, &row.tuple, row.lsn)?;
         Ok(self.progress.commit(at, at, Instant::now())?)
     }
@@ -175,6 +184,7 @@ impl Core<'_> {
                 let mapping = &self.config.mapping;
                 let unmapped = Unmapped {
                     topic: mapping.topic_of(columns, tuple),
+                    key: mapping.key_of(columns, tuple),
                     event_id: mapping.event_id_of(columns, tuple),
                     payload: tuple.value_bytes(columns.payload_index()),
                 };
@@ -194,6 +204,7 @@ impl Core<'_> {
             Err(e) => {
                 let unmapped = Unmapped {
                     topic: None,
+                    key: None,
                     event_id: crate::mapping::envelope::event_id_of(content),
                     payload: Some(content.clone()),
                 };
@@ -238,6 +249,10 @@ impl Core<'_> {
             }
             return Err(RunError::Delivery(error));
         }
+        if self.holds(&event.key) {
+            let token = self.token(Arc::clone(&event.topic), lsn, None)?;
+            return self.hold(event.into_record(()), token, Why::Behind);
+        }
         let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
         token.sampled = self.config.audit.as_ref().is_some_and(|tap| tap.take());
@@ -254,11 +269,25 @@ impl Core<'_> {
         e: MapError,
         Unmapped {
             topic,
+            key,
             event_id,
             payload,
         }: Unmapped,
         lsn: Lsn,
     ) -> Result<(), RunError> {
+        if self.quarantines() {
+            let (Some(topic), Some(key)) = (topic, key) else {
+                tracing::error!(error = %e, %lsn, "cannot map an outbox row, nor hold it");
+                return Err(QuarantineError::NoKey(e.to_string()).into());
+            };
+            let token = self.token(Arc::from(topic.as_str()), lsn, None)?;
+            let mut record = Record::new(topic, Some(key), payload, ());
+            if let Some(id) = event_id {
+                record = record.with_header("id", id);
+            }
+            let error = e.to_string();
+            return self.hold(record, token, Why::Unmappable(&error));
+        }
         let mut token = self.token(
             Arc::from(topic.as_deref().unwrap_or("")),
             lsn,
@@ -299,11 +328,13 @@ impl Core<'_> {
         Ok(Token {
             event: self.progress.event()?,
             lsn,
-            index: self.eos.as_ref().map_or(0, |t| t.current_index()),
+            commit_lsn: self.commit_lsn,
+            index: self.next_index(),
             commit_time: self.commit_time,
             topic,
             dead_letter,
             progress_record: false,
+            released: false,
             span: None,
             event_id: None,
             sampled: false,

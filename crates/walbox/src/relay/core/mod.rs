@@ -27,6 +27,7 @@
 mod coverage;
 mod exactly_once;
 mod message;
+mod quarantine;
 mod report;
 mod transactions;
 
@@ -112,6 +113,12 @@ pub(super) struct Core<'a> {
     nontransactional_reported: bool,
     /// Dead-letter copies delivered.
     dead_lettered: u64,
+    /// The quarantine (`on_failure = "quarantine"`); `None`: off.
+    quarantine: Option<crate::quarantine::Quarantine<Token>>,
+    /// The open transaction's commit position (from Begin).
+    commit_lsn: Lsn,
+    /// At least once: the index of the open transaction's next event.
+    event_index: u64,
 }
 
 impl<'a> Core<'a> {
@@ -138,6 +145,9 @@ impl<'a> Core<'a> {
             save_failure_reported: false,
             nontransactional_reported: false,
             dead_lettered: 0,
+            quarantine: config.quarantine.map(crate::quarantine::Quarantine::new),
+            commit_lsn: Lsn::ZERO,
+            event_index: 0,
         }
     }
 
@@ -179,6 +189,9 @@ impl<'a> Core<'a> {
         self.outgoing.clear();
         self.outbox.clear();
         self.domains = domains;
+        if let Some(q) = &mut self.quarantine {
+            q.start_session();
+        }
         self.start_transactions(history, server_wal, same)
     }
 

@@ -32,6 +32,12 @@ impl Core<'_> {
             result,
             returned,
         } = report;
+        if token.released {
+            if self.progress.is_current(token.event) {
+                self.on_released_report(result.map(|_| ()));
+            }
+            return Ok(None);
+        }
         match result {
             Ok(at) => {
                 self.tap_delivered(&token, &at);
@@ -52,6 +58,9 @@ impl Core<'_> {
                 if token.dead_letter.is_some() {
                     tracing::error!(%error, lsn = %token.lsn, "the dead-letter copy failed");
                     return Err(RunError::DeadLetter(error));
+                }
+                if self.quarantines() {
+                    return self.hold_refused(token, error, returned).map(|()| None);
                 }
                 let copy = Token {
                     dead_letter: Some(DeadLetterKind::Refused),

@@ -15,8 +15,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use slot_manager::{ChangeInFlight, Coverage};
 
+use crate::quarantine::{HeldEvent, HeldKey, Place, Request, Step};
 use crate::relay::{
-    Deliveries, Destination, Input, ReplicationStream, Source, SourceError, Started, Token,
+    Deliveries, Destination, Done, Input, ReplicationStream, Source, SourceError, Started, Token,
 };
 
 // ---- frames ---------------------------------------------------------------
@@ -158,6 +159,54 @@ pub(super) struct Database {
     head: Arc<AtomicU64>,
     /// Positions saved by the relay: (delivered, commit time).
     pub(super) positions: Arc<Mutex<Vec<(Lsn, PgTimestamp)>>>,
+    /// The quarantine's tables.
+    pub(super) held: Arc<Mutex<HeldTables>>,
+}
+
+/// The quarantine's tables, in memory.
+#[derive(Default)]
+pub(super) struct HeldTables {
+    /// Held events by place.
+    pub(super) events: std::collections::BTreeMap<Place, HeldEvent>,
+    /// Held aggregates and their requests, in the order they were held.
+    pub(super) keys: Vec<(Bytes, Option<Request>)>,
+    /// Writes of held events fail (Postgres unreachable) while set.
+    pub(super) unwritable: bool,
+    /// Releases that failed, and why.
+    pub(super) failed_releases: Vec<(Bytes, String)>,
+}
+
+impl Database {
+    /// The operator asks for `request` on `key`; false if it is not held.
+    pub(super) fn request(&self, key: &str, request: Request) -> bool {
+        let mut held = self.held.lock().unwrap();
+        match held.keys.iter_mut().find(|(k, _)| k == key.as_bytes()) {
+            Some((_, r)) => {
+                *r = Some(request);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The ids of the held events of `key`, in stream order.
+    pub(super) fn held_ids(&self, key: &str) -> Vec<String> {
+        let held = self.held.lock().unwrap();
+        held.events
+            .values()
+            .filter(|e| e.key == key.as_bytes())
+            .map(|e| header(&e.record, "id").unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// The held aggregates.
+    pub(super) fn held_keys(&self) -> Vec<String> {
+        let held = self.held.lock().unwrap();
+        held.keys
+            .iter()
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    }
 }
 
 impl Database {
@@ -191,6 +240,7 @@ impl Default for FakeSource {
                 readings: Arc::default(),
                 head: Arc::new(AtomicU64::new(0)),
                 positions: Arc::default(),
+                held: Arc::default(),
             },
         }
     }
@@ -376,6 +426,67 @@ impl ReplicationStream for FakeStream {
         Ok(())
     }
 
+    async fn quarantine(&mut self, step: &Step, events: &[HeldEvent]) -> Result<Done, SourceError> {
+        let mut held = self.database.held.lock().unwrap();
+        Ok(match step {
+            Step::Write => {
+                if held.unwritable {
+                    return Err(SourceError::Postgres(slot_manager::Error::StreamEnded));
+                }
+                let mut new = 0;
+                for e in events {
+                    if !held.keys.iter().any(|(k, _)| *k == e.key) {
+                        held.keys.push((e.key.clone(), None));
+                    }
+                    if held.events.insert(e.place, e.clone()).is_none() {
+                        new += 1;
+                    }
+                }
+                Done::Written(new)
+            }
+            Step::Poll => {
+                let keys = held
+                    .keys
+                    .iter()
+                    .map(|(k, r)| HeldKey {
+                        key: k.clone(),
+                        request: *r,
+                        events: held.events.values().filter(|e| e.key == *k).count() as u64,
+                    })
+                    .collect();
+                Done::Polled(keys, held.events.len() as u64)
+            }
+            Step::Load { key, after } => Done::Loaded(
+                held.events
+                    .values()
+                    .filter(|e| e.key == *key && after.map_or(true, |a| e.place > a))
+                    .take(2)
+                    .cloned()
+                    .collect(),
+            ),
+            Step::Released { key, through } => {
+                let before = held.events.len();
+                held.events.retain(|p, e| !(e.key == *key && p <= through));
+                Done::Deleted((before - held.events.len()) as u64)
+            }
+            Step::Forget { key } => {
+                let before = held.events.len();
+                held.events.retain(|_, e| e.key != *key);
+                held.keys.retain(|(k, _)| k != key);
+                Done::Deleted((before - held.events.len()) as u64)
+            }
+            Step::ReleaseFailed { key, error } => {
+                for (k, r) in &mut held.keys {
+                    if k == key {
+                        *r = None;
+                    }
+                }
+                held.failed_releases.push((key.clone(), error.clone()));
+                Done::Recorded
+            }
+        })
+    }
+
     async fn close(self) {
         *self.closed.lock().unwrap() = true;
     }
@@ -542,6 +653,32 @@ impl Broker {
     /// Acknowledges the oldest pending record with `key`.
     pub(super) fn ack_key(&self, key: &str) -> bool {
         self.ack_where(|r| key_of(r) == key)
+    }
+
+    /// Refuses the oldest pending record with `key` for good, handing it
+    /// back (as the sink does); false if there is none.
+    pub(super) fn refuse_key(&self, key: &str) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let Some(i) = state
+            .in_flight
+            .iter()
+            .position(|f| key_of(&f.record) == key)
+        else {
+            return false;
+        };
+        let f = state.in_flight.remove(i).expect("found");
+        let (returned, token) = f.record.split_token();
+        let report = Report {
+            token,
+            result: Err(DeliveryError {
+                kind: DeliveryErrorKind::Permanent,
+                code: None,
+                message: "Broker: Message size too large".into(),
+            }),
+            returned: Some(returned),
+        };
+        let _ = f.reports.send((report, f.permits));
+        true
     }
 
     /// Acknowledges everything pending.

@@ -4,6 +4,7 @@
 mod exactly_once;
 pub(in crate::relay) mod fakes;
 mod no_loss;
+mod quarantine;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         source: EventSource::Table,
         message_prefix: "walbox".into(),
         dead_letters,
+        quarantine: None,
         status_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(30),
         exactly_once: None,

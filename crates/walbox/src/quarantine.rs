@@ -1,0 +1,394 @@
+//! The quarantine policy (`on_failure = "quarantine"`), stated once: what
+//! walbox does with an event that fails for good when neither stopping
+//! (nothing else flows) nor a dead-letter topic (later events of its
+//! aggregate overtake it) will do.
+//!
+//! - An event that fails for good (unmappable, or refused by the broker for
+//!   good) is **held**: written, as the record it is or would be, to
+//!   `walbox.quarantine` with its place in the stream, and its aggregate
+//!   (the record key) is held from then on.
+//! - Every later event of a held aggregate is held too, in stream order,
+//!   instead of being sent: its aggregate's order is kept.
+//! - Every other aggregate flows, and the slot advances past held events
+//!   once they are written: a held event counts as delivered only when the
+//!   write that holds it committed (the slot never passes an event that is
+//!   neither in Kafka nor in `walbox.quarantine`).
+//! - `walbox quarantine release KEY` asks the running walbox to republish
+//!   the aggregate's held events in stream order; events of it that arrive
+//!   meanwhile keep joining the quarantine, behind the ones being released,
+//!   and the aggregate flows again only once none is left. A batch's rows
+//!   are deleted only after the broker acknowledged all of it: a crash
+//!   mid-release sends some again (at least once), never out of order, and
+//!   never loses one. A released event refused again ends the release; the
+//!   aggregate stays held, with the error shown by `walbox quarantine list`.
+//! - `walbox quarantine drop KEY` deletes the aggregate's held events and
+//!   lets it flow again: the one way an event is given up, on an operator's
+//!   word.
+//! - The quarantine is bounded (`quarantine.max_events`): an event that
+//!   would exceed it stops walbox, with the slot before it.
+//!
+//! What it does not promise:
+//! - A record refused by the broker for its own sake (its size) is learnt
+//!   of from its delivery report: later events of its aggregate already
+//!   sent by then (within the in-flight bounds) are not held back and reach
+//!   Kafka before it. Refusals of a whole topic (authorization, a missing
+//!   topic) refuse those later events too, so they are held in order.
+//! - An unmappable event can be held only when its aggregate id and topic
+//!   can be read; one without (a NULL aggregate id) stops walbox. Its held
+//!   record carries the payload as stored: fix it with SQL
+//!   (`UPDATE walbox.quarantine SET value = …`) before releasing it, or drop
+//!   the aggregate.
+//! - At-least-once delivery only; backfills and heals stop on such an event.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use pgoutput_decoder::Lsn;
+use sink_kafka::Record;
+
+/// An event's place in the stream: its transaction's commit position and
+/// its index among the transaction's events. Held events are released in
+/// this order, which is the order the stream delivered them in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Place {
+    /// The commit position of the event's transaction.
+    pub commit_lsn: Lsn,
+    /// The event's index among its transaction's events, from 0.
+    pub index: u64,
+}
+
+/// What the operator asked for a held aggregate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Republish its held events in order, then let it flow.
+    Release,
+    /// Delete its held events, then let it flow.
+    Drop,
+}
+
+impl Request {
+    /// The word stored in `walbox.quarantined_keys.request`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Request::Release => "release",
+            Request::Drop => "drop",
+        }
+    }
+
+    /// The request stored as `word`.
+    pub fn parse(word: &str) -> Option<Request> {
+        match word {
+            "release" => Some(Request::Release),
+            "drop" => Some(Request::Drop),
+            _ => None,
+        }
+    }
+}
+
+/// A held aggregate, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldKey {
+    /// Its record key.
+    pub key: Bytes,
+    /// What the operator asked, if anything.
+    pub request: Option<Request>,
+    /// How many of its events are held.
+    pub events: u64,
+}
+
+/// A held event: the record it is (or would be), and why it is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldEvent {
+    /// Its place in the stream.
+    pub place: Place,
+    /// The row's (or message's) own WAL position, for people.
+    pub lsn: Lsn,
+    /// Its aggregate: the record key.
+    pub key: Bytes,
+    /// The record, as it is published on release.
+    pub record: Record<()>,
+    /// `unmappable`, `refused`, or `held` (an event behind one of those).
+    pub kind: String,
+    /// The error, or for a `held` event the aggregate's.
+    pub error: String,
+}
+
+/// Why the quarantine cannot take an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuarantineError {
+    /// The configured maximum of held events is reached.
+    #[error("the quarantine holds {held} events, its maximum (quarantine.max_events): walbox stops before the next one; release or drop held aggregates (walbox quarantine list), or raise the maximum")]
+    Full {
+        /// Events held.
+        held: u64,
+    },
+    /// The event has no aggregate to hold it under.
+    #[error(
+        "{0}: it has no aggregate id (record key) to be held under, so walbox stops before it"
+    )]
+    NoKey(String),
+}
+
+/// What the session must do next for the quarantine, one step at a time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Read the held aggregates and their requests.
+    Poll,
+    /// Write the held events waiting ([`Quarantine::take_pending`]).
+    Write,
+    /// Read up to a batch of `key`'s held events after `after`.
+    Load {
+        /// The aggregate being released.
+        key: Bytes,
+        /// The last place already released, if any.
+        after: Option<Place>,
+    },
+    /// Delete `key`'s released events through `through`.
+    Released {
+        /// The aggregate being released.
+        key: Bytes,
+        /// The last place of the acknowledged batch.
+        through: Place,
+    },
+    /// Forget `key` and whatever is still held of it (a finished release,
+    /// or a drop).
+    Forget {
+        /// The aggregate.
+        key: Bytes,
+    },
+    /// Record that `key`'s release failed, and why.
+    ReleaseFailed {
+        /// The aggregate.
+        key: Bytes,
+        /// Why.
+        error: String,
+    },
+}
+
+/// A release under way: one aggregate at a time, a batch at a time.
+#[derive(Debug)]
+struct Release {
+    key: Bytes,
+    /// The last place released (its batch acknowledged and deleted).
+    after: Option<Place>,
+    /// The batch sent: its last place, and how many of it are unacknowledged.
+    batch: Option<(Place, u64)>,
+    /// What the session must do next for it.
+    next: Option<Step>,
+}
+
+/// The quarantine's state in `walbox run`: which aggregates are held, the
+/// events waiting to be written, and the release under way. `T` is what
+/// travels with a held event until its write commits (the relay's token).
+#[derive(Debug)]
+pub struct Quarantine<T> {
+    max_events: u64,
+    /// Held aggregates and their requests.
+    keys: HashMap<Bytes, Option<Request>>,
+    /// Held events written, as last counted.
+    written: u64,
+    /// Held events not yet written, with their tokens.
+    pending: Vec<(HeldEvent, T)>,
+    release: Option<Release>,
+    /// A read of the held aggregates is due.
+    poll_due: bool,
+}
+
+/// How many held events a release reads and sends at a time.
+pub const RELEASE_BATCH: u32 = 500;
+
+impl<T> Quarantine<T> {
+    /// An empty quarantine of at most `max_events` events; the session
+    /// reads what is held first.
+    pub fn new(max_events: u64) -> Self {
+        Quarantine {
+            max_events,
+            keys: HashMap::new(),
+            written: 0,
+            pending: Vec::new(),
+            release: None,
+            poll_due: true,
+        }
+    }
+
+    /// A session starts: what was waiting or under way belonged to the
+    /// last one (its events are sent again by the server, its release
+    /// resumes after the last batch deleted). The held aggregates are read
+    /// again before the first event.
+    pub fn start_session(&mut self) {
+        self.pending.clear();
+        self.release = None;
+        self.poll_due = true;
+    }
+
+    /// Whether `key`'s events are held.
+    pub fn holds(&self, key: &[u8]) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    /// Held aggregates.
+    pub fn aggregates(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Held events, written or waiting.
+    pub fn events(&self) -> u64 {
+        self.written + self.pending.len() as u64
+    }
+
+    /// Holds `event` (its aggregate from now on), to be written before its
+    /// token counts as delivered; refused past the maximum.
+    pub fn hold(&mut self, event: HeldEvent, token: T) -> Result<(), QuarantineError> {
+        if self.events() >= self.max_events {
+            return Err(QuarantineError::Full {
+                held: self.events(),
+            });
+        }
+        self.keys.entry(event.key.clone()).or_insert(None);
+        self.pending.push((event, token));
+        Ok(())
+    }
+
+    /// Whether held events wait to be written.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The held events waiting to be written, taken.
+    pub fn take_pending(&mut self) -> Vec<(HeldEvent, T)> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// `new` held events were written (a replayed one is not new).
+    pub fn on_written(&mut self, new: u64) {
+        self.written += new;
+    }
+
+    /// The poll timer fired.
+    pub fn poll_now(&mut self) {
+        self.poll_due = true;
+    }
+
+    /// What was read of the held aggregates: the table is the truth (only
+    /// this process writes it; the operator only requests).
+    pub fn on_polled(&mut self, keys: Vec<HeldKey>, events: u64) {
+        self.poll_due = false;
+        self.written = events;
+        self.keys = keys.into_iter().map(|k| (k.key, k.request)).collect();
+        if let Some(r) = &self.release {
+            if !self.keys.contains_key(&r.key) {
+                self.release = None;
+            }
+        }
+    }
+
+    /// The next step for the session, if any: waiting events are written
+    /// first, so that a release or a drop reads every event held so far.
+    pub fn next_step(&mut self) -> Option<Step> {
+        if !self.pending.is_empty() {
+            return Some(Step::Write);
+        }
+        if self.poll_due {
+            return Some(Step::Poll);
+        }
+        if let Some(r) = &mut self.release {
+            return r.next.take();
+        }
+        // The oldest request first (the keys' order does not matter for
+        // correctness: each aggregate's events keep their own order).
+        let (key, request) = self
+            .keys
+            .iter()
+            .filter_map(|(k, r)| r.map(|r| (k.clone(), r)))
+            .min_by(|a, b| a.0.cmp(&b.0))?;
+        match request {
+            Request::Drop => {
+                self.keys.insert(key.clone(), None);
+                Some(Step::Forget { key })
+            }
+            Request::Release => {
+                tracing::info!(key = %String::from_utf8_lossy(&key), "releasing a held aggregate");
+                self.keys.insert(key.clone(), None);
+                self.release = Some(Release {
+                    key: key.clone(),
+                    after: None,
+                    batch: None,
+                    next: None,
+                });
+                Some(Step::Load { key, after: None })
+            }
+        }
+    }
+
+    /// A batch of the released aggregate's events was read: the records to
+    /// send now, in order (none: the release is finished, and the session
+    /// forgets the aggregate).
+    pub fn on_loaded(&mut self, batch: Vec<HeldEvent>) -> Vec<HeldEvent> {
+        let Some(r) = &mut self.release else {
+            return Vec::new();
+        };
+        match batch.last() {
+            Some(last) => r.batch = Some((last.place, batch.len() as u64)),
+            None => r.next = Some(Step::Forget { key: r.key.clone() }),
+        }
+        batch
+    }
+
+    /// The aggregate was forgotten (released or dropped): it flows again.
+    pub fn on_forgotten(&mut self, key: &[u8], deleted: u64) {
+        self.keys.remove(key);
+        self.written = self.written.saturating_sub(deleted);
+        if self.release.as_ref().is_some_and(|r| r.key == key) {
+            tracing::info!(key = %String::from_utf8_lossy(key), "the aggregate flows again");
+            self.release = None;
+        }
+    }
+
+    /// A released record was acknowledged.
+    pub fn on_release_acked(&mut self) {
+        let Some(r) = &mut self.release else { return };
+        if let Some((last, unacked)) = &mut r.batch {
+            *unacked -= 1;
+            if *unacked == 0 {
+                r.next = Some(Step::Released {
+                    key: r.key.clone(),
+                    through: *last,
+                });
+            }
+        }
+    }
+
+    /// The acknowledged batch's events were deleted: read the next one.
+    pub fn on_released(&mut self, deleted: u64) {
+        self.written = self.written.saturating_sub(deleted);
+        let Some(r) = &mut self.release else { return };
+        if let Some((last, _)) = r.batch.take() {
+            r.after = Some(last);
+            r.next = Some(Step::Load {
+                key: r.key.clone(),
+                after: r.after,
+            });
+        }
+    }
+
+    /// A released record was refused again: the release ends, the aggregate
+    /// stays held (the rest of the batch may still be acknowledged: those
+    /// events are sent again by the next release).
+    pub fn on_release_refused(&mut self, error: String) {
+        let Some(r) = &mut self.release else { return };
+        tracing::error!(key = %String::from_utf8_lossy(&r.key), %error, "a released event was refused again: the release stops, the aggregate stays held");
+        r.batch = None;
+        r.next = Some(Step::ReleaseFailed {
+            key: r.key.clone(),
+            error,
+        });
+    }
+
+    /// The failed release was recorded.
+    pub fn on_release_failed_recorded(&mut self) {
+        self.release = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {}

@@ -1,0 +1,250 @@
+//! The quarantine in the relay's core (`on_failure = "quarantine"`, see
+//! [`crate::quarantine`]): events of held aggregates are held instead of
+//! sent, a failing event holds its aggregate, a held event counts as
+//! delivered once its write committed, and released records go out in
+//! their aggregate's order.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgoutput_decoder::StandbyStatusUpdate;
+use sink_kafka::{DeliveryError, DeliveryErrorKind, Record};
+use tokio::time::Instant;
+
+use super::Core;
+use crate::progress::Ack;
+use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, Step};
+use crate::relay::{RunError, Token};
+
+/// Why an event is held.
+pub(in crate::relay) enum Why<'e> {
+    /// Its aggregate is held.
+    Behind,
+    /// It cannot be mapped.
+    Unmappable(&'e str),
+    /// The broker refused it for good.
+    Refused(&'e str),
+}
+
+impl Core<'_> {
+    /// True when the quarantine is on and holds `key`.
+    pub(super) fn holds(&self, key: &[u8]) -> bool {
+        self.quarantine.as_ref().is_some_and(|q| q.holds(key))
+    }
+
+    /// True when the quarantine is on.
+    pub(in crate::relay) fn quarantines(&self) -> bool {
+        self.quarantine.is_some()
+    }
+
+    /// Holds `record`, the event of `token`; stops past the maximum.
+    pub(super) fn hold(
+        &mut self,
+        record: Record<()>,
+        token: Token,
+        why: Why<'_>,
+    ) -> Result<(), RunError> {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        let Some(key) = record.key.clone() else {
+            return Err(QuarantineError::NoKey(format!("the event at {}", token.lsn)).into());
+        };
+        let (kind, error) = match why {
+            Why::Behind => (
+                "held",
+                "held behind an earlier event of its aggregate".to_owned(),
+            ),
+            Why::Unmappable(e) => ("unmappable", e.to_owned()),
+            Why::Refused(e) => ("refused", e.to_owned()),
+        };
+        if !matches!(why, Why::Behind) && !q.holds(&key) {
+            tracing::warn!(key = %String::from_utf8_lossy(&key), lsn = %token.lsn, %error, "holding the aggregate: this event and every later one of it go to walbox.quarantine until released");
+        }
+        let event = HeldEvent {
+            place: Place {
+                commit_lsn: token.commit_lsn,
+                index: token.index,
+            },
+            lsn: token.lsn,
+            key,
+            record,
+            kind: kind.to_owned(),
+            error,
+        };
+        q.hold(event, token)?;
+        Ok(())
+    }
+
+    /// A refused event of the current session, with the quarantine on:
+    /// held, with the records of its aggregate still waiting to be sent.
+    pub(super) fn hold_refused(
+        &mut self,
+        token: Token,
+        error: DeliveryError,
+        returned: Option<Record<()>>,
+    ) -> Result<(), RunError> {
+        let returned = match returned {
+            Some(r) if error.kind == DeliveryErrorKind::Permanent && r.key.is_some() => r,
+            _ => return Err(self.delivery_failed(&token, error)),
+        };
+        let key = returned.key.clone().expect("checked");
+        self.hold(returned, token, Why::Refused(&error.message))?;
+        // Records of the aggregate not sent yet come after it: held too.
+        let waiting = std::mem::take(&mut self.outgoing);
+        for record in waiting {
+            if record.key.as_ref() == Some(&key) && !record.token.released {
+                let (record, token) = record.split_token();
+                self.hold(record, token, Why::Behind)?;
+            } else {
+                self.outgoing.push_back(record);
+            }
+        }
+        Ok(())
+    }
+
+    /// The report of a released record.
+    pub(super) fn on_released_report(&mut self, result: Result<(), DeliveryError>) {
+        let q = self
+            .quarantine
+            .as_mut()
+            .expect("only the quarantine releases");
+        match result {
+            Ok(()) => {
+                self.metrics.quarantine_released.inc();
+                q.on_release_acked();
+            }
+            Err(e) => q.on_release_refused(e.to_string()),
+        }
+    }
+
+    /// The session's next quarantine step, if any.
+    /// Only [`Step::Write`] when `writes_only`.
+    pub(in crate::relay) fn quarantine_step(&mut self, writes_only: bool) -> Option<Step> {
+        let q = self.quarantine.as_mut()?;
+        if writes_only {
+            return q.has_pending().then_some(Step::Write);
+        }
+        q.next_step()
+    }
+
+    /// The poll timer fired.
+    pub(in crate::relay) fn quarantine_poll(&mut self) {
+        if let Some(q) = &mut self.quarantine {
+            q.poll_now();
+        }
+    }
+
+    /// The held events waiting to be written, for [`Step::Write`].
+    pub(in crate::relay) fn take_held(&mut self) -> (Vec<HeldEvent>, Vec<Token>) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        q.take_pending().into_iter().unzip()
+    }
+
+    /// The held events of `tokens` were written (`new` of them were not
+    /// held before): they count as delivered. Returns the status update due.
+    pub(in crate::relay) fn on_held_written(
+        &mut self,
+        tokens: Vec<Token>,
+        new: u64,
+        now: Instant,
+    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        q.on_written(new);
+        self.metrics.quarantine_held.inc_by(new);
+        let mut update = None;
+        for token in tokens {
+            if let Ack::Current(u) = self.progress.ack(token.event, now)? {
+                update = u.or(update);
+            }
+        }
+        self.quarantine_gauges();
+        Ok(update)
+    }
+
+    /// What was read of the held aggregates.
+    pub(in crate::relay) fn on_quarantine_polled(&mut self, keys: Vec<HeldKey>, events: u64) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        q.on_polled(keys, events);
+        self.quarantine_gauges();
+    }
+
+    /// A batch of the released aggregate's events was read: queued to be
+    /// sent, in order.
+    pub(in crate::relay) fn on_release_loaded(&mut self, batch: Vec<HeldEvent>) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        for held in q.on_loaded(batch) {
+            let Record {
+                topic,
+                key,
+                value,
+                headers,
+                timestamp_ms,
+                token: (),
+            } = held.record;
+            let token = Token {
+                event: self.progress.marker(),
+                lsn: held.lsn,
+                commit_lsn: held.place.commit_lsn,
+                index: held.place.index,
+                commit_time: pgoutput_decoder::PgTimestamp::default(),
+                topic: Arc::clone(&topic),
+                dead_letter: None,
+                progress_record: false,
+                released: true,
+                span: None,
+                event_id: None,
+                sampled: false,
+            };
+            self.outgoing.push_back(Record {
+                topic,
+                key,
+                value,
+                headers,
+                timestamp_ms,
+                token,
+            });
+        }
+    }
+
+    /// The acknowledged batch's `deleted` events were deleted.
+    pub(in crate::relay) fn on_release_deleted(&mut self, deleted: u64) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        q.on_released(deleted);
+        self.quarantine_gauges();
+    }
+
+    /// `key` was forgotten (released or dropped; `deleted` events gone).
+    pub(in crate::relay) fn on_key_forgotten(&mut self, key: &Bytes, deleted: u64) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        if deleted > 0 {
+            tracing::warn!(key = %String::from_utf8_lossy(key), events = deleted, "dropped a held aggregate's events, as asked");
+        }
+        q.on_forgotten(key, deleted);
+        self.quarantine_gauges();
+    }
+
+    /// A failed release was recorded.
+    pub(in crate::relay) fn on_release_failed_recorded(&mut self) {
+        if let Some(q) = &mut self.quarantine {
+            q.on_release_failed_recorded();
+        }
+    }
+
+    fn quarantine_gauges(&self) {
+        if let Some(q) = &self.quarantine {
+            self.metrics
+                .quarantined_aggregates
+                .set(q.aggregates() as i64);
+            self.metrics.quarantined_events.set(q.events() as i64);
+        }
+    }
+
+    /// The place of the next event of the open transaction.
+    pub(super) fn next_index(&mut self) -> u64 {
+        if let Some(t) = &self.eos {
+            return t.current_index();
+        }
+        let index = self.event_index;
+        self.event_index += 1;
+        index
+    }
+}

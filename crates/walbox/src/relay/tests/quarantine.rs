@@ -1,0 +1,212 @@
+//! The quarantine (`on_failure = "quarantine"`) through the relay loop: a
+//! failing event holds its aggregate, every other aggregate flows, the slot
+//! passes held events only once they are written, and a release
+//! republishes them in order before the aggregate's newer events.
+
+use super::fakes::{header, insert_row, key_of, OUTBOX};
+use super::*;
+use crate::quarantine::{QuarantineError, Request};
+
+fn quarantined(max_events: u64) -> Fixture {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    fx.config.quarantine = Some(max_events);
+    fx
+}
+
+/// The ids of the delivered records of `key`, in order.
+fn delivered_ids(fx: &Fixture, key: &str) -> Vec<String> {
+    fx.broker
+        .delivered()
+        .iter()
+        .filter(|r| key_of(r) == key)
+        .map(|r| header(r, "id").unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_event_holds_its_aggregate_while_the_others_flow_and_a_release_keeps_its_order() {
+    let mut fx = quarantined(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let metrics = Arc::clone(&fx.metrics);
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a")), ("b1", Some("b"))]);
+            until("2 sent", || b.pending() == 2).await;
+            assert!(b.refuse_key("a"));
+            assert!(b.ack_key("b"));
+            server.transaction(290, &[("a2", Some("a")), ("b2", Some("b"))]);
+            until("b2 sent", || b.pending() == 1).await;
+            assert_eq!(b.pending_keys(), ["b"], "a2 is held, not sent");
+            b.ack_all();
+            // Both transactions are passed: a1 and a2 are held, b's delivered.
+            until("the slot past both", || server.confirmed() == 300).await;
+            assert_eq!(db.held_ids("a"), ["a1", "a2"]);
+            let text = metrics.encode();
+            assert!(text.contains("walbox_quarantined_aggregates 1"), "{text}");
+            assert!(text.contains("walbox_quarantined_events 2"), "{text}");
+
+            // Released: a1, a2 (a batch), then a3, which joined meanwhile.
+            assert!(db.request("a", Request::Release));
+            until("the first batch sent", || b.pending() == 2).await;
+            server.transaction(390, &[("a3", Some("a")), ("b3", Some("b"))]);
+            until("b3 sent", || b.pending() == 3).await;
+            assert_eq!(b.pending_keys(), ["a", "a", "b"], "a3 joins the quarantine");
+            until("a3 held", || db.held_ids("a").len() == 3).await;
+            b.ack_all();
+            until("a3 released", || b.pending() == 1).await;
+            b.ack_all();
+            until("the aggregate flows again", || db.held_keys().is_empty()).await;
+            server.transaction(490, &[("a4", Some("a"))]);
+            until("a4 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("the slot at the end", || server.confirmed() == 500).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(delivered_ids(&fx, "a"), ["a1", "a2", "a3", "a4"]);
+    assert_eq!(delivered_ids(&fx, "b"), ["b1", "b2", "b3"]);
+    let text = fx.metrics.encode();
+    assert!(text.contains("walbox_quarantined_aggregates 0"), "{text}");
+    assert!(text.contains("walbox_quarantine_held_total 3"), "{text}");
+    assert!(
+        text.contains("walbox_quarantine_released_total 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_event_is_not_confirmed_until_its_write_committed() {
+    let mut fx = quarantined(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let status = server.status_handle();
+    let result = fx
+        .run(|stop| async move {
+            db.held.lock().unwrap().unwritable = true;
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a"))]);
+            until("a1 sent", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            server.transaction(290, &[("b1", Some("b"))]);
+            idle(5_000).await;
+            stop.send(Stop::Graceful).unwrap();
+            idle(1_000).await;
+        })
+        .await;
+    result.unwrap();
+    // The write failed: the session ended without confirming a1's
+    // transaction (the server sends it again to the next one).
+    assert!(fakes::highest_confirmed(&status).unwrap_or(0) < 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_quarantine_stops_with_the_slot_before_the_event_it_cannot_hold() {
+    let mut fx = quarantined(2);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let status = server.status_handle();
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a"))]);
+            until("a1 sent", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            until("a1 held", || server.confirmed() == 200).await;
+            server.transaction(290, &[("a2", Some("a")), ("a3", Some("a"))]);
+            idle(60_000).await;
+        })
+        .await;
+    match result {
+        Err(RunError::Quarantine(QuarantineError::Full { held: 2 })) => {}
+        other => panic!("expected a full quarantine, got {other:?}"),
+    }
+    assert_eq!(fakes::highest_confirmed(&status), Some(200));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_refused_again_stops_and_the_aggregate_stays_held() {
+    let mut fx = quarantined(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a"))]);
+            until("a1 sent", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            until("a1 held", || server.confirmed() == 200).await;
+            assert!(db.request("a", Request::Release));
+            until("a1 released", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            until("the failure recorded", || {
+                !db.held.lock().unwrap().failed_releases.is_empty()
+            })
+            .await;
+            server.transaction(290, &[("a2", Some("a"))]);
+            until("a2 held", || db.held_ids("a").len() == 2).await;
+            assert_eq!(b.pending(), 0);
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    assert!(fx.broker.delivered().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unmappable_row_is_held_under_its_aggregate_and_one_without_an_aggregate_stops() {
+    let mut fx = quarantined(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let status = server.status_handle();
+    let row = |lsn, id, key| {
+        insert_row(
+            lsn,
+            OUTBOX,
+            &[id, Some("order"), key, Some("Created"), Some("{}")],
+        )
+    };
+    let result = fx
+        .run(|_stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            // No event id: unmappable, but its aggregate is known.
+            server.send(row(100, None, Some("a")));
+            server.send(row(110, Some("a2"), Some("a")));
+            server.send(row(120, Some("b1"), Some("b")));
+            server.send(commit(190, 200));
+            until("b1 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("the slot past it", || server.confirmed() == 200).await;
+            assert_eq!(db.held_keys(), ["a"]);
+            assert_eq!(db.held_ids("a").len(), 2);
+            let kinds: Vec<String> = db
+                .held
+                .lock()
+                .unwrap()
+                .events
+                .values()
+                .map(|e| e.kind.clone())
+                .collect();
+            assert_eq!(kinds, ["unmappable", "held"]);
+            // No aggregate id: nothing to hold it under.
+            server.send(begin(290));
+            server.send(row(210, Some("c1"), None));
+            server.send(commit(290, 300));
+            idle(60_000).await;
+        })
+        .await;
+    match result {
+        Err(RunError::Quarantine(QuarantineError::NoKey(_))) => {}
+        other => panic!("expected a stop for a row without an aggregate, got {other:?}"),
+    }
+    assert_eq!(fakes::highest_confirmed(&status), Some(200));
+}
