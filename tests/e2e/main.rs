@@ -18,6 +18,7 @@ mod messages;
 mod migrate;
 mod privileges;
 mod prometheus;
+mod quarantine;
 mod receipts;
 mod retention;
 mod run;

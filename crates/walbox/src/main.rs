@@ -52,6 +52,11 @@ enum Command {
     /// at or after --since: for events a lost, dropped or restored slot
     /// never streamed. Stop `walbox run` first (or --force).
     Resync(commands::resync::ResyncArgs),
+    /// What on_failure = "quarantine" holds: `list` the held aggregates,
+    /// `show KEY` its events, `release KEY` (republish them in order, then
+    /// let it flow) or `drop KEY` (delete them). The running `walbox run`
+    /// carries out a release or drop; the command waits for it.
+    Quarantine(commands::quarantine::QuarantineArgs),
     /// Checks delivery: compares a window of the outbox table (--since and
     /// --until, or --last) with what the topics hold, and reports per event
     /// type events missing from the broker, duplicates, a key's events out
@@ -74,6 +79,7 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
         Command::DropSlot(args) => commands::drop_slot::run(args).await,
         Command::Status(args) => commands::status::run(args).await,
         Command::Resync(args) => commands::resync::run(args).await,
+        Command::Quarantine(args) => commands::quarantine::run(args).await,
         Command::Audit(args) => commands::audit::run(args).await,
         Command::Config(args) => commands::config::run(args),
     }

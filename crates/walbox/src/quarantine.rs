@@ -21,6 +21,10 @@
 //!   mid-release sends some again (at least once), never out of order, and
 //!   never loses one. A released event refused again ends the release; the
 //!   aggregate stays held, with the error shown by `walbox quarantine list`.
+//!   Each batch's first event is sent alone, the rest once it is
+//!   acknowledged: a cause not fixed yet refuses it before any later event
+//!   of the aggregate is sent. (An event refused for its own sake later in
+//!   a batch can be overtaken by the events after it in that batch.)
 //! - `walbox quarantine drop KEY` deletes the aggregate's held events and
 //!   lets it flow again: the one way an event is given up, on an operator's
 //!   word.
@@ -173,6 +177,9 @@ struct Release {
     after: Option<Place>,
     /// The batch sent: its last place, and how many of it are unacknowledged.
     batch: Option<(Place, u64)>,
+    /// The batch's events after its first, sent once the first was
+    /// acknowledged.
+    rest: Vec<HeldEvent>,
     /// What the session must do next for it.
     next: Option<Step>,
 }
@@ -194,8 +201,10 @@ pub struct Quarantine<T> {
     poll_due: bool,
 }
 
-/// How many held events a release reads and sends at a time.
+/// At most this many held events a release reads and sends at a time…
 pub const RELEASE_BATCH: u32 = 500;
+/// …and about this many bytes of them (at least one event).
+pub const RELEASE_BATCH_BYTES: i64 = 16 * 1024 * 1024;
 
 impl<T> Quarantine<T> {
     /// An empty quarantine of at most `max_events` events; the session
@@ -313,6 +322,7 @@ impl<T> Quarantine<T> {
                     key: key.clone(),
                     after: None,
                     batch: None,
+                    rest: Vec::new(),
                     next: None,
                 });
                 Some(Step::Load { key, after: None })
@@ -320,16 +330,21 @@ impl<T> Quarantine<T> {
         }
     }
 
-    /// A batch of the released aggregate's events was read: the records to
-    /// send now, in order (none: the release is finished, and the session
-    /// forgets the aggregate).
-    pub fn on_loaded(&mut self, batch: Vec<HeldEvent>) -> Vec<HeldEvent> {
+    /// A batch of the released aggregate's events was read: the record to
+    /// send now, its first (none: the release is finished, and the session
+    /// forgets the aggregate). The rest follow once it is acknowledged: a
+    /// cause not fixed yet refuses the first, and nothing of the aggregate
+    /// overtakes it.
+    pub fn on_loaded(&mut self, mut batch: Vec<HeldEvent>) -> Vec<HeldEvent> {
         let Some(r) = &mut self.release else {
             return Vec::new();
         };
         match batch.last() {
             Some(last) => r.batch = Some((last.place, batch.len() as u64)),
             None => r.next = Some(Step::Forget { key: r.key.clone() }),
+        }
+        if batch.len() > 1 {
+            r.rest = batch.split_off(1);
         }
         batch
     }
@@ -344,9 +359,13 @@ impl<T> Quarantine<T> {
         }
     }
 
-    /// A released record was acknowledged.
-    pub fn on_release_acked(&mut self) {
-        let Some(r) = &mut self.release else { return };
+    /// A released record was acknowledged: the records to send now (the
+    /// rest of the batch, once its first was acknowledged).
+    pub fn on_release_acked(&mut self) -> Vec<HeldEvent> {
+        let Some(r) = &mut self.release else {
+            return Vec::new();
+        };
+        let rest = std::mem::take(&mut r.rest);
         if let Some((last, unacked)) = &mut r.batch {
             *unacked -= 1;
             if *unacked == 0 {
@@ -356,6 +375,7 @@ impl<T> Quarantine<T> {
                 });
             }
         }
+        rest
     }
 
     /// The acknowledged batch's events were deleted: read the next one.
@@ -378,6 +398,7 @@ impl<T> Quarantine<T> {
         let Some(r) = &mut self.release else { return };
         tracing::error!(key = %String::from_utf8_lossy(&r.key), %error, "a released event was refused again: the release stops, the aggregate stays held");
         r.batch = None;
+        r.rest.clear();
         r.next = Some(Step::ReleaseFailed {
             key: r.key.clone(),
             error,

@@ -161,13 +161,15 @@ pub async fn held(client: &Client, slot: &str) -> Result<(Vec<HeldKey>, u64), Er
     Ok((keys, events))
 }
 
-/// Up to `limit` held events of `key` after `after`, in stream order.
+/// Up to `limit` held events of `key` after `after`, in stream order, and
+/// no more than about `budget` bytes of them (at least one).
 pub async fn load(
     client: &Client,
     slot: &str,
     key: &[u8],
     after: Option<Place>,
     limit: u32,
+    budget: i64,
 ) -> Result<Vec<HeldEvent>, Error> {
     let (commit, index) = match after {
         Some(p) => (p.commit_lsn.to_string(), p.index as i64),
@@ -177,10 +179,15 @@ pub async fn load(
         .query(
             "SELECT commit_lsn::text, idx, lsn::text, topic, value, header_names,
                     header_values, timestamp_ms, kind, error
-               FROM walbox.quarantine
-              WHERE slot = $1 AND key = $2 AND (commit_lsn, idx) > ($3::text::pg_lsn, $4)
-              ORDER BY commit_lsn, idx LIMIT $5",
-            &[&slot, &key, &commit, &index, &i64::from(limit)],
+               FROM (SELECT *, row_number() OVER w AS nth,
+                            sum(coalesce(octet_length(value), 0) + 100) OVER w AS running
+                       FROM walbox.quarantine
+                      WHERE slot = $1 AND key = $2 AND (commit_lsn, idx) > ($3::text::pg_lsn, $4)
+                     WINDOW w AS (ORDER BY commit_lsn, idx)
+                      ORDER BY commit_lsn, idx LIMIT $5) held
+              WHERE nth = 1 OR running <= $6
+              ORDER BY commit_lsn, idx",
+            &[&slot, &key, &commit, &index, &i64::from(limit), &budget],
         )
         .await
         .map_err(Error::sql("read walbox.quarantine"))?;
@@ -343,18 +350,4 @@ pub async fn list(client: &Client, slot: &str) -> Result<Vec<Listed>, Error> {
             last_release_error: r.get(5),
         })
         .collect())
-}
-
-/// Forgets everything `slot` holds (when its slot is dropped).
-pub async fn forget(client: &Client, slot: &str) -> Result<(), Error> {
-    if !exists(client).await? {
-        return Ok(());
-    }
-    for table in BOTH {
-        client
-            .execute(&format!("DELETE FROM {table} WHERE slot = $1"), &[&slot])
-            .await
-            .map_err(Error::sql("forget the slot's quarantine"))?;
-    }
-    Ok(())
 }

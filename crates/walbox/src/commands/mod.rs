@@ -7,6 +7,7 @@ pub mod config;
 pub mod drop_slot;
 pub mod init_slot;
 pub mod migrate;
+pub mod quarantine;
 pub mod resync;
 pub mod run;
 pub mod status;
@@ -50,6 +51,35 @@ pub enum CliError {
     /// `walbox audit` found problems: exit status 1.
     #[error("audit: {0} findings")]
     Findings(u64),
+    /// `walbox quarantine`: the aggregate is not held.
+    #[error(
+        "slot {slot:?} holds nothing for {key:?} (walbox quarantine list shows what it holds)"
+    )]
+    NotHeld {
+        /// The slot.
+        slot: String,
+        /// The record key asked for.
+        key: String,
+    },
+    /// `walbox quarantine release`: a released event was refused again.
+    #[error("the release of {key:?} failed and it stays held: {error}")]
+    ReleaseFailed {
+        /// The record key.
+        key: String,
+        /// Why.
+        error: String,
+    },
+    /// `walbox quarantine release|drop`: no running walbox carried the
+    /// request out in time.
+    #[error("the {request} of {key:?} was not carried out within {secs} s: `walbox run` (with on_failure = \"quarantine\") carries it out, and will when it runs; the request stays")]
+    NotCarriedOut {
+        /// `release` or `drop`.
+        request: &'static str,
+        /// The record key.
+        key: String,
+        /// How long it waited.
+        secs: u64,
+    },
     /// The metrics address cannot be bound.
     #[error("cannot serve metrics on {0}")]
     Metrics(std::net::SocketAddr, #[source] std::io::Error),

@@ -55,6 +55,8 @@ struct Status {
     backfill: Option<String>,
     /// A stop for publication drift not yet healed: where, when, why.
     drift_stop: Option<String>,
+    /// What `on_failure = "quarantine"` holds: aggregates and events.
+    quarantined: Option<String>,
 }
 
 /// Prints the slot's state; with shards and no `shard`, every shard's (in
@@ -151,7 +153,24 @@ async fn status(
                     d.held, d.stopped_at, d.reason
                 )
             }),
+        quarantined: quarantined(client, &c.slot).await?,
     })
+}
+
+/// What the slot's quarantine holds, if anything.
+async fn quarantined(
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<Option<String>, CliError> {
+    let held = crate::bookkeeping::quarantine::list(client, slot).await?;
+    if held.is_empty() {
+        return Ok(None);
+    }
+    let events: u64 = held.iter().map(|h| h.events).sum();
+    Ok(Some(format!(
+        "{} aggregates, {events} events held (walbox quarantine list)",
+        held.len()
+    )))
 }
 
 /// The text form: `name: value` lines, aligned.
@@ -210,6 +229,9 @@ fn text(s: &Status) -> String {
     }
     if let Some(drift) = &s.drift_stop {
         rows.push(("drift stop", drift.clone()));
+    }
+    if let Some(held) = &s.quarantined {
+        rows.push(("quarantine", held.clone()));
     }
     rows.iter()
         .map(|(k, v)| format!("{:21}{v}\n", format!("{k}:")))

@@ -347,9 +347,18 @@ impl ReplicationStream for PostgresStream {
                     let (keys, events) = q::held(client, slot).await?;
                     Done::Polled(keys, events)
                 }
-                Step::Load { key, after } => Done::Loaded(
-                    q::load(client, slot, key, *after, crate::quarantine::RELEASE_BATCH).await?,
-                ),
+                Step::Load { key, after } => {
+                    use crate::quarantine::{RELEASE_BATCH, RELEASE_BATCH_BYTES};
+                    let batch = q::load(
+                        client,
+                        slot,
+                        key,
+                        *after,
+                        RELEASE_BATCH,
+                        RELEASE_BATCH_BYTES,
+                    );
+                    Done::Loaded(batch.await?)
+                }
                 Step::Released { key, through } => {
                     Done::Deleted(q::released(client, slot, key, *through).await?)
                 }

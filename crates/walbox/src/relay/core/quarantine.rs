@@ -110,7 +110,8 @@ impl Core<'_> {
         match result {
             Ok(()) => {
                 self.metrics.quarantine_released.inc();
-                q.on_release_acked();
+                let rest = q.on_release_acked();
+                self.queue_released(rest);
             }
             Err(e) => q.on_release_refused(e.to_string()),
         }
@@ -171,7 +172,13 @@ impl Core<'_> {
     /// sent, in order.
     pub(in crate::relay) fn on_release_loaded(&mut self, batch: Vec<HeldEvent>) {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
-        for held in q.on_loaded(batch) {
+        let first = q.on_loaded(batch);
+        self.queue_released(first);
+    }
+
+    /// Queues released events' records, in order.
+    fn queue_released(&mut self, events: Vec<HeldEvent>) {
+        for held in events {
             let Record {
                 topic,
                 key,
