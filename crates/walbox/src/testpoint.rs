@@ -21,9 +21,11 @@
 //! passes one: `drift_heal.copied`, the rows copied (`publishing`) and the
 //! drift stop forgotten, none published; the slot kept.
 //!
-//! And one in `walbox run`: `stream.checked`, after a session checked that
+//! And two in `walbox run`: `stream.checked`, after a session checked that
 //! the slot has no unfinished backfill or heal and before it starts
-//! streaming from the slot.
+//! streaming from the slot; `quarantine.acked`, when the broker
+//! acknowledged a batch of a release (`walbox quarantine release`) and its
+//! held events are not deleted yet.
 
 /// The environment variable naming the points to pause at.
 pub const PAUSE_AT: &str = "WALBOX_TEST_PAUSE_AT";

@@ -690,6 +690,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 _ => Vec::new(),
             };
+            if let Step::Released { .. } = step {
+                crate::testpoint::reached("quarantine.acked").await;
+            }
             match (&step, stream.quarantine(&step, &events).await?) {
                 (_, Done::Polled(keys, events)) => self.core.on_quarantine_polled(keys, events),
                 (_, Done::Loaded(batch)) => {
