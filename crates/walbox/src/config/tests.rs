@@ -39,6 +39,7 @@ fn load(
 }
 
 const PG: (&str, &str) = ("WALBOX_PG_URL", "host=h user=u");
+const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "b:9092");
 
 #[test]
 fn defaults() {
@@ -440,7 +441,6 @@ fn the_configuration_doc_lists_every_setting() {
 
 #[test]
 fn topic_creation_settings() {
-    const BROKERS: (&str, &str) = ("WALBOX_KAFKA_BROKERS", "b:9092");
     // Off by default: nothing is created, and gapless without dead letters.
     let run = load(None, &[PG, BROKERS], &[]).unwrap().run().unwrap();
     assert_eq!(run.sink.create_topics, None);
@@ -1024,5 +1024,72 @@ fn config_shows_what_it_derives_and_what_walbox_sets() {
             .filter(|(k, _, _)| k == "kafka.properties.linger.ms")
             .count(),
         1
+    );
+}
+
+#[test]
+fn the_failure_policy_is_one_of_three_and_quarantine_is_bounded() {
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(env);
+        load(None, &all, &[]).unwrap().run()
+    };
+    // Unset: stop, or dead-letter when a topic is named (as before).
+    let stop = run(&[]).unwrap();
+    assert!(stop.sink.gapless && stop.quarantine.is_none());
+    let dlq = run(&[("WALBOX_DEAD_LETTER_TOPIC", "dlq")]).unwrap();
+    assert!(!dlq.sink.gapless && dlq.dead_letters.topic() == Some("dlq"));
+    // Quarantine: held events go on, so the producer is not gapless.
+    let q = run(&[("WALBOX_ON_FAILURE", "quarantine")]).unwrap();
+    assert_eq!(q.quarantine, Some(100_000));
+    assert!(!q.sink.gapless && q.dead_letters.topic().is_none());
+    let q = run(&[
+        ("WALBOX_ON_FAILURE", "quarantine"),
+        ("WALBOX_QUARANTINE_MAX_EVENTS", "5"),
+    ])
+    .unwrap();
+    assert_eq!(q.quarantine, Some(5));
+    for (env, says) in [
+        (
+            vec![("WALBOX_ON_FAILURE", "dead-letter")],
+            "on_failure = \"dead-letter\" needs dead_letter_topic",
+        ),
+        (
+            vec![
+                ("WALBOX_ON_FAILURE", "quarantine"),
+                ("WALBOX_DEAD_LETTER_TOPIC", "dlq"),
+            ],
+            "on_failure = \"quarantine\" and dead_letter_topic contradict",
+        ),
+        (
+            vec![
+                ("WALBOX_ON_FAILURE", "stop"),
+                ("WALBOX_DEAD_LETTER_TOPIC", "dlq"),
+            ],
+            "on_failure = \"stop\" and dead_letter_topic contradict",
+        ),
+        (
+            vec![
+                ("WALBOX_ON_FAILURE", "quarantine"),
+                ("WALBOX_QUARANTINE_MAX_EVENTS", "0"),
+            ],
+            "quarantine.max_events: must be at least 1",
+        ),
+        (
+            vec![
+                ("WALBOX_ON_FAILURE", "quarantine"),
+                ("WALBOX_DELIVERY", "exactly-once"),
+            ],
+            "not supported with delivery = \"exactly-once\"",
+        ),
+    ] {
+        let e = run(&env).unwrap_err();
+        assert!(e.to_string().contains(says), "{env:?}: {e}");
+    }
+    let e = load(None, &[PG, BROKERS, ("WALBOX_ON_FAILURE", "skip")], &[]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("WALBOX_ON_FAILURE: expected one of stop, dead-letter, quarantine"),
+        "{e}"
     );
 }
