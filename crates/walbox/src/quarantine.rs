@@ -136,7 +136,10 @@ pub enum QuarantineError {
 /// What the session must do next for the quarantine, one step at a time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Read the held aggregates and their requests.
+    /// Read every held aggregate, its request, and the number of held
+    /// events (as a session starts).
+    Sync,
+    /// Read the requests.
     Poll,
     /// Write the held events waiting ([`Quarantine::take_pending`]).
     Write,
@@ -197,7 +200,9 @@ pub struct Quarantine<T> {
     /// Held events not yet written, with their tokens.
     pending: Vec<(HeldEvent, T)>,
     release: Option<Release>,
-    /// A read of the held aggregates is due.
+    /// A read of every held aggregate is due.
+    sync_due: bool,
+    /// A read of the requests is due.
     poll_due: bool,
 }
 
@@ -216,7 +221,8 @@ impl<T> Quarantine<T> {
             written: 0,
             pending: Vec::new(),
             release: None,
-            poll_due: true,
+            sync_due: true,
+            poll_due: false,
         }
     }
 
@@ -227,7 +233,7 @@ impl<T> Quarantine<T> {
     pub fn start_session(&mut self) {
         self.pending.clear();
         self.release = None;
-        self.poll_due = true;
+        self.sync_due = true;
     }
 
     /// Whether `key`'s events are held.
@@ -278,15 +284,21 @@ impl<T> Quarantine<T> {
         self.poll_due = true;
     }
 
-    /// What was read of the held aggregates: the table is the truth (only
-    /// this process writes it; the operator only requests).
-    pub fn on_polled(&mut self, keys: Vec<HeldKey>, events: u64) {
+    /// Every held aggregate and the number of held events, read: the table
+    /// is the truth (only this process writes it; the operator requests).
+    pub fn on_synced(&mut self, keys: Vec<HeldKey>, events: u64) {
+        self.sync_due = false;
         self.poll_due = false;
         self.written = events;
         self.keys = keys.into_iter().map(|k| (k.key, k.request)).collect();
-        if let Some(r) = &self.release {
-            if !self.keys.contains_key(&r.key) {
-                self.release = None;
+    }
+
+    /// The requests read: those of held aggregates are taken.
+    pub fn on_polled(&mut self, requests: Vec<HeldKey>) {
+        self.poll_due = false;
+        for k in requests {
+            if let Some(request) = self.keys.get_mut(&k.key) {
+                *request = k.request;
             }
         }
     }
@@ -296,6 +308,9 @@ impl<T> Quarantine<T> {
     pub fn next_step(&mut self) -> Option<Step> {
         if !self.pending.is_empty() {
             return Some(Step::Write);
+        }
+        if self.sync_due {
+            return Some(Step::Sync);
         }
         if self.poll_due {
             return Some(Step::Poll);

@@ -161,6 +161,32 @@ pub async fn held(client: &Client, slot: &str) -> Result<(Vec<HeldKey>, u64), Er
     Ok((keys, events))
 }
 
+/// The held aggregates of `slot` with a request (cheap: read every second
+/// while the quarantine is on).
+pub async fn requests(client: &Client, slot: &str) -> Result<Vec<HeldKey>, Error> {
+    if !exists(client).await? {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            "SELECT key, request FROM walbox.quarantined_keys
+              WHERE slot = $1 AND request IS NOT NULL",
+            &[&slot],
+        )
+        .await
+        .map_err(Error::sql("read walbox.quarantined_keys"))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| HeldKey {
+            key: Bytes::from(r.get::<_, Vec<u8>>(0)),
+            request: r
+                .get::<_, Option<String>>(1)
+                .and_then(|s| Request::parse(&s)),
+            events: 0,
+        })
+        .collect())
+}
+
 /// Up to `limit` held events of `key` after `after`, in stream order, and
 /// no more than about `budget` bytes of them (at least one).
 pub async fn load(

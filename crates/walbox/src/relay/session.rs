@@ -694,7 +694,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 crate::testpoint::reached("quarantine.acked").await;
             }
             match (&step, stream.quarantine(&step, &events).await?) {
-                (_, Done::Polled(keys, events)) => self.core.on_quarantine_polled(keys, events),
+                (_, Done::Synced(keys, events)) => self.core.on_quarantine_synced(keys, events),
+                (_, Done::Polled(requests)) => self.core.on_quarantine_polled(requests),
                 (_, Done::Loaded(batch)) => {
                     self.core.on_release_loaded(batch);
                     self.send_while_room().await?;

@@ -162,8 +162,10 @@ pub trait ReplicationStream {
 pub enum Done {
     /// Events written ([`Step::Write`]): how many were not held before.
     Written(u64),
-    /// The held aggregates and the number of held events ([`Step::Poll`]).
-    Polled(Vec<HeldKey>, u64),
+    /// Every held aggregate and the number of held events ([`Step::Sync`]).
+    Synced(Vec<HeldKey>, u64),
+    /// The requests ([`Step::Poll`]).
+    Polled(Vec<HeldKey>),
     /// Held events read ([`Step::Load`]).
     Loaded(Vec<HeldEvent>),
     /// Events deleted ([`Step::Released`], [`Step::Forget`]).
@@ -343,10 +345,11 @@ impl ReplicationStream for PostgresStream {
                     q::ensure(client).await?;
                     Done::Written(q::hold(client, slot, events).await?)
                 }
-                Step::Poll => {
+                Step::Sync => {
                     let (keys, events) = q::held(client, slot).await?;
-                    Done::Polled(keys, events)
+                    Done::Synced(keys, events)
                 }
+                Step::Poll => Done::Polled(q::requests(client, slot).await?),
                 Step::Load { key, after } => {
                     use crate::quarantine::{RELEASE_BATCH, RELEASE_BATCH_BYTES};
                     let batch = q::load(

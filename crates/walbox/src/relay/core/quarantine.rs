@@ -161,11 +161,17 @@ impl Core<'_> {
         Ok(update)
     }
 
-    /// What was read of the held aggregates.
-    pub(in crate::relay) fn on_quarantine_polled(&mut self, keys: Vec<HeldKey>, events: u64) {
+    /// Every held aggregate read, and the number of held events.
+    pub(in crate::relay) fn on_quarantine_synced(&mut self, keys: Vec<HeldKey>, events: u64) {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
-        q.on_polled(keys, events);
+        q.on_synced(keys, events);
         self.quarantine_gauges();
+    }
+
+    /// The requests read.
+    pub(in crate::relay) fn on_quarantine_polled(&mut self, requests: Vec<HeldKey>) {
+        let q = self.quarantine.as_mut().expect("the quarantine is on");
+        q.on_polled(requests);
     }
 
     /// A batch of the released aggregate's events was read: queued to be

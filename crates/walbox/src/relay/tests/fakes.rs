@@ -444,7 +444,18 @@ impl ReplicationStream for FakeStream {
                 }
                 Done::Written(new)
             }
-            Step::Poll => {
+            Step::Poll => Done::Polled(
+                held.keys
+                    .iter()
+                    .filter(|(_, r)| r.is_some())
+                    .map(|(k, r)| HeldKey {
+                        key: k.clone(),
+                        request: *r,
+                        events: 0,
+                    })
+                    .collect(),
+            ),
+            Step::Sync => {
                 let keys = held
                     .keys
                     .iter()
@@ -454,12 +465,12 @@ impl ReplicationStream for FakeStream {
                         events: held.events.values().filter(|e| e.key == *k).count() as u64,
                     })
                     .collect();
-                Done::Polled(keys, held.events.len() as u64)
+                Done::Synced(keys, held.events.len() as u64)
             }
             Step::Load { key, after } => Done::Loaded(
                 held.events
                     .values()
-                    .filter(|e| e.key == *key && after.map_or(true, |a| e.place > a))
+                    .filter(|e| e.key == *key && after.is_none_or(|a| e.place > a))
                     .take(2)
                     .cloned()
                     .collect(),

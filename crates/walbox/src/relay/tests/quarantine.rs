@@ -213,3 +213,40 @@ async fn an_unmappable_row_is_held_under_its_aggregate_and_one_without_an_aggreg
     }
     assert_eq!(fakes::highest_confirmed(&status), Some(200));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_session_holds_what_the_table_holds_and_a_drop_lets_the_aggregate_flow() {
+    let mut fx = quarantined(100);
+    let mut first = fx.source.session(10);
+    let second = fx.source.session(200);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let result = fx
+        .run(|stop| async move {
+            first.send(relation());
+            first.transaction(190, &[("a1", Some("a"))]);
+            until("a1 sent", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            until("a1 held", || first.confirmed() == 200).await;
+            first.disconnect();
+            // The next session reads what is held before its first event.
+            second.send(relation());
+            second.transaction(290, &[("a2", Some("a")), ("b1", Some("b"))]);
+            until("b1 sent", || b.pending() == 1).await;
+            assert_eq!(b.pending_keys(), ["b"]);
+            b.ack_all();
+            until("a2 held", || db.held_ids("a") == ["a1", "a2"]).await;
+            assert!(db.request("a", Request::Drop));
+            until("the aggregate forgotten", || db.held_keys().is_empty()).await;
+            assert!(db.held_ids("a").is_empty());
+            second.transaction(390, &[("a3", Some("a"))]);
+            until("a3 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("the slot at the end", || second.confirmed() == 400).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || second.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(delivered_ids(&fx, "a"), ["a3"], "a1 and a2 were dropped");
+}
