@@ -120,6 +120,21 @@ async fn three_refused_aggregates_are_held_while_the_rest_flow_and_released_in_o
                 && l["error"].as_str().unwrap().contains("too large"))
     );
 
+    let shown = quarantine(&db, &["show", "agg-7", "--limit", "3"]);
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 3, "{shown}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("refused: ") && l.contains(&topic)),
+        "{shown}"
+    );
+    let status = succeeded(&walbox(&db, &["status"]).output().unwrap());
+    assert!(
+        status.contains(&format!("3 aggregates, {} events held", 3 * held_per_key)),
+        "{status}"
+    );
+
     // New events of the held aggregates join them; a release before the
     // fix fails and leaves them held.
     insert(&client, TOTAL, TOTAL + 1_000, false).await;
