@@ -75,6 +75,13 @@ pub(super) async fn publish(
         spans: None,
         audit: None,
         receipts: None,
+        claim_check: plan
+            .settings
+            .claim_check
+            .clone()
+            .map(crate::claim_check::ClaimCheck::new)
+            .transpose()
+            .map_err(RunError::from)?,
     };
     let saved = Rc::new(Cell::new(p.published));
     let mut rows = Rows {

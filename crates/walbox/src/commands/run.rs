@@ -646,6 +646,12 @@ async fn stream(
         spans: observers.spans.clone(),
         audit: observers.audit.clone(),
         receipts: observers.receipts.clone(),
+        claim_check: settings
+            .claim_check
+            .clone()
+            .map(crate::claim_check::ClaimCheck::new)
+            .transpose()
+            .map_err(RunError::from)?,
     };
     let urgency = shutdown.clone();
     let result =

@@ -43,6 +43,7 @@ pub(super) struct Raw {
     pub(super) dead_letter_topic: Option<String>,
     pub(super) on_failure: Option<OnFailure>,
     pub(super) quarantine: RawQuarantine,
+    pub(super) claim_check: RawClaimCheck,
     pub(super) on_slot_invalidated: OnSlotInvalidated,
     pub(super) on_drift: OnDrift,
     #[serde(deserialize_with = "whole::u64")]
@@ -84,6 +85,7 @@ impl Default for Raw {
             dead_letter_topic: None,
             on_failure: None,
             quarantine: RawQuarantine::default(),
+            claim_check: RawClaimCheck::default(),
             on_slot_invalidated: OnSlotInvalidated::Fail,
             on_drift: OnDrift::Stop,
             slot_recreate_margin_secs: 600,
@@ -223,6 +225,30 @@ impl Default for RawQuarantine {
     fn default() -> Self {
         RawQuarantine {
             max_events: 100_000,
+        }
+    }
+}
+
+/// `[claim_check]`: where oversized values go.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawClaimCheck {
+    pub(super) bucket: Option<String>,
+    pub(super) endpoint: Option<String>,
+    pub(super) region: Option<String>,
+    pub(super) prefix: String,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) threshold_bytes: u64,
+}
+
+impl Default for RawClaimCheck {
+    fn default() -> Self {
+        RawClaimCheck {
+            bucket: None,
+            endpoint: None,
+            region: None,
+            prefix: "walbox/".into(),
+            threshold_bytes: 900_000,
         }
     }
 }

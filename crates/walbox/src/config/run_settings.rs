@@ -53,6 +53,8 @@ pub struct RunSettings {
     pub audit_interval: Option<Duration>,
     /// Write delivery receipts (`receipts`).
     pub receipts: bool,
+    /// Where oversized values go (`claim_check.*`); `None`: off.
+    pub claim_check: Option<crate::claim_check::ClaimCheckConfig>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -249,7 +251,9 @@ impl Config {
             ));
         }
         let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
+        let claim_check = self.claim_check()?;
         Ok(RunSettings {
+            claim_check,
             otlp_endpoint,
             audit_interval,
             receipts: r.receipts,
@@ -268,6 +272,39 @@ impl Config {
             margin: Duration::from_secs(r.slot_recreate_margin_secs),
             retention: duration_setting("retention", &r.retention, "7d, 12h or 30m")?,
         })
+    }
+
+    /// `claim_check.*`, checked; `None` without a bucket.
+    fn claim_check(&self) -> Result<Option<crate::claim_check::ClaimCheckConfig>, ConfigError> {
+        let c = &self.raw.claim_check;
+        let Some(bucket) = &c.bucket else {
+            return Ok(None);
+        };
+        if bucket.is_empty() {
+            return Err(ConfigError("claim_check.bucket: must not be empty".into()));
+        }
+        if let Some(e) = &c.endpoint {
+            let scheme = e.split_once("://").map(|(s, _)| s);
+            if !matches!(scheme, Some("http" | "https")) || e.ends_with("://") {
+                return Err(ConfigError(format!(
+                    "claim_check.endpoint {:?}: expected an http:// or https:// URL, e.g. https://s3.eu-central-1.amazonaws.com or http://127.0.0.1:9000",
+                    super::redact_userinfo(e)
+                )));
+            }
+        }
+        if c.threshold_bytes < 1024 {
+            return Err(ConfigError(
+                "claim_check.threshold_bytes: must be at least 1024".into(),
+            ));
+        }
+        Ok(Some(crate::claim_check::ClaimCheckConfig {
+            bucket: bucket.clone(),
+            endpoint: c.endpoint.clone(),
+            region: c.region.clone(),
+            prefix: c.prefix.clone(),
+            threshold: usize::try_from(c.threshold_bytes)
+                .map_err(|_| ConfigError("claim_check.threshold_bytes: too large".into()))?,
+        }))
     }
 
     /// This process's slot and the suffix of its shard. Each shard is its

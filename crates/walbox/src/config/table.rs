@@ -84,6 +84,7 @@ impl Setting {
             || k == "dead_letter_topic"
             || k == "on_failure"
             || k.starts_with("quarantine.")
+            || k.starts_with("claim_check.")
             || k == "delivery"
         {
             "Kafka and delivery"
@@ -180,6 +181,16 @@ pub const SETTINGS: &[Setting] = &[
       "An event that cannot be mapped or that the broker refuses for good: stop with the slot before it; publish it to dead_letter_topic (the default when that is set) and go on; or quarantine: hold it and every later event of its aggregate in walbox.quarantine, keep every other aggregate flowing, and republish them in order on `walbox quarantine release KEY` (at least once; docs/guarantees.md, \"Failure policies\")."),
     s("quarantine.max_events", Number, Run, "100000",
       "on_failure = quarantine: most events held; one more stops walbox with the slot before it."),
+    s("claim_check.bucket", Text, Run, "—",
+      "Claim-check: store the value of a record larger than claim_check.threshold_bytes as an object in this S3 bucket and publish a pointer to it instead (headers walbox.claim-check.url, .sha256, .size), rather than have the broker refuse it. Credentials from the AWS chain (AWS_* variables, web identity on EKS, ECS and EC2 roles). Off by default (docs/configuration.md, \"Claim-check\")."),
+    s("claim_check.endpoint", Text, Run, "—",
+      "Claim-check: an S3-compatible endpoint instead of AWS (MinIO, Ceph, R2, …), http:// or https://."),
+    s("claim_check.region", Text, Run, "—",
+      "Claim-check: the bucket's region; default AWS_REGION or AWS_DEFAULT_REGION, else us-east-1."),
+    s("claim_check.prefix", Text, Run, "walbox/",
+      "Claim-check: prepended to each object's key (the value's SHA-256, hex)."),
+    s("claim_check.threshold_bytes", Number, Run, "900000",
+      "Claim-check: records larger than this (key, value and headers) have their value stored; keep it under the topics' max.message.bytes (Kafka's default is 1048588)."),
     s("topics.create", Bool, Run, "false",
       "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 5 s before it counts as refused."),
     s("topics.partitions", Number, Run, "—",

@@ -117,6 +117,7 @@ fn every_setting_can_come_from_the_environment() {
             ("source", _) => "table".to_owned(),
             ("shards", _) => "1".to_owned(),
             ("otlp_endpoint", _) => "http://127.0.0.1:4318".to_owned(),
+            ("claim_check.endpoint", _) => "http://127.0.0.1:9000".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),
@@ -1092,4 +1093,47 @@ fn the_failure_policy_is_one_of_three_and_quarantine_is_bounded() {
             .contains("WALBOX_ON_FAILURE: expected one of stop, dead-letter, quarantine"),
         "{e}"
     );
+}
+
+#[test]
+fn claim_check_is_off_without_a_bucket_and_checked_with_one() {
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(env);
+        load(None, &all, &[]).unwrap().run()
+    };
+    assert!(run(&[]).unwrap().claim_check.is_none());
+    let on = run(&[
+        ("WALBOX_CLAIM_CHECK_BUCKET", "events"),
+        ("WALBOX_CLAIM_CHECK_ENDPOINT", "http://127.0.0.1:9000"),
+    ])
+    .unwrap()
+    .claim_check
+    .unwrap();
+    assert_eq!(on.bucket, "events");
+    assert_eq!(on.threshold, 900_000);
+    assert_eq!(on.prefix, "walbox/");
+    for (env, says) in [
+        (
+            vec![
+                ("WALBOX_CLAIM_CHECK_BUCKET", "events"),
+                ("WALBOX_CLAIM_CHECK_ENDPOINT", "minio:9000"),
+            ],
+            "claim_check.endpoint \"minio:9000\": expected an http:// or https:// URL",
+        ),
+        (
+            vec![
+                ("WALBOX_CLAIM_CHECK_BUCKET", "events"),
+                ("WALBOX_CLAIM_CHECK_THRESHOLD_BYTES", "10"),
+            ],
+            "claim_check.threshold_bytes: must be at least 1024",
+        ),
+        (
+            vec![("WALBOX_CLAIM_CHECK_BUCKET", "")],
+            "claim_check.bucket: must not be empty",
+        ),
+    ] {
+        let e = run(&env).unwrap_err();
+        assert!(e.to_string().contains(says), "{env:?}: {e}");
+    }
 }

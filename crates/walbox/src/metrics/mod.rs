@@ -16,6 +16,8 @@
 //! | `walbox_quarantined_events` | gauge | `on_failure = "quarantine"`: events held |
 //! | `walbox_quarantine_held_total` | counter | events written to `walbox.quarantine` (the failing ones and those behind them) |
 //! | `walbox_quarantine_released_total` | counter | held events released: acknowledged by the broker |
+//! | `walbox_claim_checks_total` | counter | records whose value went to the object store (`claim_check.bucket`) |
+//! | `walbox_claim_check_bytes_total` | counter | bytes of those values |
 //! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `transactions`, `other` |
 //! | `walbox_history_changes_total{reason}` | counter | sessions that found the server on another WAL history, so nothing earlier is skipped as a replay: `timeline` (a failover or point-in-time recovery), `wal_behind` (the server's WAL ends before what walbox delivered or recorded: a restore on the same timeline) |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
@@ -141,6 +143,10 @@ pub struct Metrics {
     pub quarantine_held: Counter,
     /// `walbox_quarantine_released_total`.
     pub quarantine_released: Counter,
+    /// `walbox_claim_checks_total`.
+    pub claim_checks: Counter,
+    /// `walbox_claim_check_bytes_total`.
+    pub claim_check_bytes: Counter,
     delivered_commit_age: Seconds,
     oldest_unacked_age: Seconds,
     /// Unix µs of the newest delivered commit; 0 for none.
@@ -313,6 +319,17 @@ impl Metrics {
             "Held events released and acknowledged by the broker",
             quarantine_released.clone(),
         );
+        let (claim_checks, claim_check_bytes) = (Counter::default(), Counter::default());
+        registry.register(
+            "walbox_claim_checks",
+            "Records whose value was stored in the object store (claim_check.bucket) and replaced by a pointer",
+            claim_checks.clone(),
+        );
+        registry.register(
+            "walbox_claim_check_bytes",
+            "Bytes of the values stored in the object store",
+            claim_check_bytes.clone(),
+        );
         let reconnects = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "walbox_reconnects",
@@ -458,6 +475,8 @@ impl Metrics {
             quarantined_events,
             quarantine_held,
             quarantine_released,
+            claim_checks,
+            claim_check_bytes,
             delivered_commit_age,
             oldest_unacked_age,
             delivered_commit_micros: AtomicI64::new(0),

@@ -94,6 +94,9 @@ pub enum RunError {
     /// Unexpected message for the negotiated protocol.
     #[error("unexpected {0} message: walbox streams with protocol 1 and no streaming")]
     Unexpected(char),
+    /// Claim-check: an oversized value could not be stored.
+    #[error(transparent)]
+    ClaimCheck(#[from] crate::claim_check::ClaimCheckError),
     /// The quarantine cannot hold an event (full, or the event has no
     /// aggregate): the slot stays before it.
     #[error("{0}")]
@@ -155,6 +158,7 @@ impl RunError {
             RunError::Aborted(_)
             | RunError::ProgressUnread { .. }
             | RunError::ProgressTopicUnchecked(_) => true,
+            RunError::ClaimCheck(e) => e.is_transient(),
             _ => false,
         }
     }

@@ -164,6 +164,8 @@ pub struct RelayConfig {
     pub audit: Option<std::sync::Arc<crate::continuous_audit::Tap>>,
     /// Where delivery receipts go; `None`: off.
     pub receipts: Option<crate::receipts::Recorder>,
+    /// Where oversized values go (`claim_check.bucket`); `None`: off.
+    pub claim_check: Option<crate::claim_check::ClaimCheck>,
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

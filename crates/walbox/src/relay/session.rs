@@ -378,6 +378,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if coverage_due.deadline() != due {
                 coverage_due.as_mut().reset(due);
             }
+            // An oversized record's value is stored before it is sent.
+            if let Err(e) = self.claim_check_front().await {
+                break Err(e);
+            }
             let waiting = self.core.waiting();
             if waiting.is_some() || busy {
                 heard = Instant::now();
@@ -588,12 +592,35 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     /// costs no extra turn of the loop. Whatever must wait for room is left
     /// to the loop's `reserve` branch.
     async fn send_while_room(&mut self) -> Result<(), RunError> {
-        while let Some(size) = self.core.waiting() {
+        loop {
+            self.claim_check_front().await?;
+            let Some(size) = self.core.waiting() else {
+                return Ok(());
+            };
             let Some(permit) = self.destination.reserve(size).now_or_never() else {
                 return Ok(());
             };
             self.send_front(permit).await?;
         }
+    }
+
+    /// Claim-check (see [`crate::claim_check`]): stores the value of the
+    /// first waiting record in the object store when it is oversized, and
+    /// makes the record point to it.
+    async fn claim_check_front(&mut self) -> Result<(), RunError> {
+        let config = self.config;
+        let Some(check) = &config.claim_check else {
+            return Ok(());
+        };
+        let Some(record) = self.core.front_mut() else {
+            return Ok(());
+        };
+        if !check.needs(record) {
+            return Ok(());
+        }
+        let bytes = check.store(record).await?;
+        self.metrics.claim_checks.inc();
+        self.metrics.claim_check_bytes.inc_by(bytes as u64);
         Ok(())
     }
 
@@ -634,6 +661,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if self.core.unacked_events() == 0 {
                 break;
             }
+            self.claim_check_front().await?;
             let waiting = self.core.waiting();
             tokio::select! {
                 biased;

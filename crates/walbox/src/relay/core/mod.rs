@@ -222,6 +222,11 @@ impl<'a> Core<'a> {
         self.outgoing.front().map(Record::size)
     }
 
+    /// The first waiting record, to be claim-checked in place.
+    pub(super) fn front_mut(&mut self) -> Option<&mut Record<Token>> {
+        self.outgoing.front_mut()
+    }
+
     /// The first waiting record, now that there is room for it (exactly-once:
     /// inside the open Kafka transaction, which it may have to begin).
     pub(super) fn take_send(&mut self, now: Instant) -> Option<ToSend> {

@@ -40,6 +40,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         spans: None,
         audit: None,
         receipts: None,
+        claim_check: None,
     }
 }
 
