@@ -6,6 +6,7 @@ mod apache_kafka;
 mod audit;
 mod backfill;
 mod bad_inputs;
+mod claim_check;
 mod config;
 mod debezium;
 mod drift;

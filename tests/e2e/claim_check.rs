@@ -1,0 +1,238 @@
+//! Claim-check (`claim_check.bucket`) against a real S3 API server (moto's
+//! server mode, `WALBOX_MOTO_PYTHON`, which scripts/test installs) and
+//! Apache Kafka with its default 1 MiB record limit: 1 MiB events are
+//! stored as objects, their records carry pointers, and an independent
+//! client (Python boto3) fetches and verifies every object. While the store
+//! does not answer, nothing past the oversized event is confirmed: a kill -9
+//! then loses nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdkafka::message::{Message, OwnedMessage};
+use walbox_test_harness::kafka::{headers_of, TestKafka};
+use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::wait::wait_for;
+
+use crate::support::*;
+
+const BUCKET: &str = "walbox-events";
+/// The secret access key walbox is given (moto takes any).
+const SECRET: &str = "s3cr3t-claim-check-key";
+/// 1 MiB of payload padding: the record is past the broker's limit.
+const BIG: i32 = 1 << 20;
+
+/// The Python with moto and boto3: `WALBOX_MOTO_PYTHON` (scripts/test
+/// installs one), else `python3`.
+fn python() -> String {
+    let python = std::env::var("WALBOX_MOTO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import moto.server, boto3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{python} cannot import moto and boto3: run scripts/test (it installs them), or `pip install 'moto[server]==5.1.0'` and set WALBOX_MOTO_PYTHON"
+    );
+    python
+}
+
+/// moto's S3 API server on a free local port, killed when dropped.
+struct S3Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl S3Server {
+    async fn start() -> S3Server {
+        let port = walbox_test_harness::port::free_port();
+        let child = Command::new(python())
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let server = S3Server { child, endpoint };
+        let addr = format!("127.0.0.1:{port}");
+        wait_for("moto to listen", Duration::from_secs(60), || {
+            let addr = addr.clone();
+            async move {
+                tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
+        server
+    }
+
+    /// Runs the boto3 tool with `action`, `input` on its stdin; its stdout.
+    fn tool(&self, action: &str, input: &str) -> String {
+        use std::io::Write;
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/tools/s3_claim_check.py");
+        let mut child = Command::new(python())
+            .args([script, action, &self.endpoint, BUCKET])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        succeeded(&out)
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Inserts events `from..to` in one transaction (key `agg-{n % 7}`, event
+/// type `E{n}`); those with `n % 11 == 5` carry 1 MiB of padding.
+async fn insert(client: &tokio_postgres::Client, from: i64, to: i64) {
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'agg-' || (n % 7), 'E' || n, \
+                    jsonb_build_object('n', n, 'pad', CASE WHEN n % 11 = 5 THEN repeat('x', $3) ELSE '' END) \
+             FROM generate_series($1::int8, $2::int8 - 1) n",
+            &[&from, &to, &BIG],
+        )
+        .await
+        .unwrap();
+}
+
+/// An event's number, from its `event_type` header.
+fn n(m: &OwnedMessage) -> i64 {
+    headers_of(m)["event_type"][1..].parse().unwrap()
+}
+
+/// Reads the topic until `total` distinct events arrived; checks that each
+/// key's first arrivals follow commit order; returns the claim-checked
+/// records' pointers as the boto3 tool reads them.
+async fn all_arrived(
+    kafka: &TestKafka,
+    topic: &str,
+    total: usize,
+) -> (Vec<serde_json::Value>, usize) {
+    let messages = wait_distinct(kafka, topic, total, n).await;
+    let mut sorted = messages.clone();
+    sorted.sort_by_key(|m| (m.partition(), m.offset()));
+    let (mut seen, mut last) = (HashSet::new(), HashMap::<Vec<u8>, i64>::new());
+    let mut pointers = Vec::new();
+    for m in &sorted {
+        let n = n(m);
+        if !seen.insert(n) {
+            continue;
+        }
+        let prev = last.insert(m.key().unwrap().to_vec(), n);
+        assert!(
+            prev.is_none_or(|p| p < n),
+            "per-key order of first arrivals"
+        );
+        let h = headers_of(m);
+        let value: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        if n % 11 == 5 {
+            let url = &h["walbox.claim-check.url"];
+            assert_eq!(value["claim_check"]["url"], url.as_str());
+            assert!(
+                m.payload().unwrap().len() < 1024,
+                "a pointer, not the value"
+            );
+            pointers.push(serde_json::json!({
+                "url": url,
+                "sha256": h["walbox.claim-check.sha256"],
+                "size": h["walbox.claim-check.size"].parse::<u64>().unwrap(),
+                "n": n,
+            }));
+        } else {
+            assert!(!h.contains_key("walbox.claim-check.url"));
+            assert_eq!(value["n"], n);
+        }
+    }
+    (pointers, messages.len() - total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mib_events_go_to_the_bucket_and_their_records_point_there() {
+    let s3 = S3Server::start().await;
+    assert_eq!(s3.tool("create", "").trim(), "created");
+    let cluster = kafka_cluster(1);
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    // Apache Kafka's default record limit, stated.
+    let topic = kafka
+        .create_topic_configured(3, 1, &[("max.message.bytes", "1048588")])
+        .await;
+    let flags = [
+        "--mapping-topic-template",
+        &topic,
+        "--claim-check-bucket",
+        BUCKET,
+        "--claim-check-endpoint",
+        &s3.endpoint,
+        "--metrics-addr",
+        ANY_PORT,
+    ];
+    let start = || {
+        let mut c = walbox(&db, &[]);
+        c.env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_REGION", "us-east-1");
+        spawn_run_with(c, &kafka, &flags)
+    };
+    let mut relay = start();
+    let addr = metrics_addr(&relay).await;
+    for chunk in 0..4 {
+        insert(&client, chunk * 55, (chunk + 1) * 55).await;
+    }
+    let (pointers, _) = all_arrived(&kafka, &topic, 220).await;
+    assert_eq!(pointers.len(), 20);
+    let verified = s3.tool("verify", &serde_json::to_string(&pointers).unwrap());
+    assert_eq!(verified.trim(), "verified 20");
+    assert_eq!(metric_at(&addr, "walbox_claim_checks_total"), 20.0);
+    assert!(!relay.log().contains(SECRET), "a secret in the log");
+
+    // The store stops answering: the oversized event waits, nothing past it
+    // is confirmed, and a kill -9 meanwhile loses nothing.
+    s3.signal("-STOP");
+    insert(&client, 220, 240).await;
+    wait_log(&relay, "claim-check: storing the value").await;
+    relay.kill9();
+    s3.signal("-CONT");
+    relay = start();
+    let (pointers, duplicates) = all_arrived(&kafka, &topic, 240).await;
+    assert_eq!(pointers.len(), 22);
+    let verified = s3.tool("verify", &serde_json::to_string(&pointers).unwrap());
+    assert_eq!(verified.trim(), "verified 22");
+    eprintln!("{duplicates} duplicates after the kill -9 during the store's outage");
+    assert!(!relay.log().contains(SECRET), "a secret in the log");
+    stop(&mut relay).await;
+}
