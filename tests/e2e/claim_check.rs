@@ -23,19 +23,13 @@ const SECRET: &str = "s3cr3t-claim-check-key";
 /// 1 MiB of payload padding: the record is past the broker's limit.
 const BIG: i32 = 1 << 20;
 
-/// The Python with moto and boto3: `WALBOX_MOTO_PYTHON` (scripts/test
-/// installs one), else `python3`.
+/// The Python with moto and boto3.
 fn python() -> String {
-    let python = std::env::var("WALBOX_MOTO_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import moto.server, boto3"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "{python} cannot import moto and boto3: run scripts/test (it installs them), or `pip install 'moto[server]==5.1.0'` and set WALBOX_MOTO_PYTHON"
-    );
-    python
+    python_with(
+        "WALBOX_MOTO_PYTHON",
+        "moto.server, boto3",
+        "moto[server]==5.1.0",
+    )
 }
 
 /// moto's S3 API server on a free local port, killed when dropped.

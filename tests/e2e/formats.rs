@@ -14,23 +14,17 @@ use walbox_test_harness::kafka::{consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, TestDb};
 
-use crate::support::{expect_all, spawn_run, stop, succeeded, walbox};
+use crate::support::{expect_all, python_with, spawn_run, stop, succeeded, walbox};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// The Python with the CloudEvents SDK: `WALBOX_CLOUDEVENTS_PYTHON`
-/// (scripts/test installs one), else `python3`.
+/// The Python with the CloudEvents SDK.
 fn python() -> String {
-    let python = std::env::var("WALBOX_CLOUDEVENTS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import cloudevents.core.bindings.kafka"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "{python} cannot import the CloudEvents SDK: run scripts/test (it installs it), or `pip install cloudevents==2.2.0` and set WALBOX_CLOUDEVENTS_PYTHON"
-    );
-    python
+    python_with(
+        "WALBOX_CLOUDEVENTS_PYTHON",
+        "cloudevents.core.bindings.kafka",
+        "cloudevents==2.2.0",
+    )
 }
 
 /// Parses records with the SDK: one JSON result per record.

@@ -400,3 +400,19 @@ pub(crate) async fn crash_and_restart(
         .unwrap();
     (server, client)
 }
+
+/// The Python named by the environment variable `var` (scripts/test
+/// installs one in a venv), else `python3`, checked to run `import`;
+/// `package` is what to pip install otherwise.
+pub(crate) fn python_with(var: &str, import: &str, package: &str) -> String {
+    let python = std::env::var(var).unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", &format!("import {import}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{python} cannot import {import}: run scripts/test (it installs it), or `pip install '{package}'` and set {var}"
+    );
+    python
+}

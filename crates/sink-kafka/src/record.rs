@@ -36,6 +36,28 @@ pub struct Record<T> {
     pub token: T,
 }
 
+impl Record<()> {
+    /// The record carrying `token` (the inverse of [`Record::split_token`]).
+    pub fn with_token<T>(self, token: T) -> Record<T> {
+        let Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp_ms,
+            token: (),
+        } = self;
+        Record {
+            topic,
+            key,
+            value,
+            headers,
+            timestamp_ms,
+            token,
+        }
+    }
+}
+
 impl<T> Record<T> {
     /// A record with a topic, key, value and token, and no headers or timestamp.
     pub fn new(topic: impl AsRef<str>, key: Option<Bytes>, value: Option<Bytes>, token: T) -> Self {

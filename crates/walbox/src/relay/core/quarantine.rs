@@ -185,21 +185,13 @@ impl Core<'_> {
     /// Queues released events' records, in order.
     fn queue_released(&mut self, events: Vec<HeldEvent>) {
         for held in events {
-            let Record {
-                topic,
-                key,
-                value,
-                headers,
-                timestamp_ms,
-                token: (),
-            } = held.record;
             let token = Token {
                 event: self.progress.marker(),
                 lsn: held.lsn,
                 commit_lsn: held.place.commit_lsn,
                 index: held.place.index,
                 commit_time: pgoutput_decoder::PgTimestamp::default(),
-                topic: Arc::clone(&topic),
+                topic: Arc::clone(&held.record.topic),
                 dead_letter: None,
                 progress_record: false,
                 released: true,
@@ -207,14 +199,7 @@ impl Core<'_> {
                 event_id: None,
                 sampled: false,
             };
-            self.outgoing.push_back(Record {
-                topic,
-                key,
-                value,
-                headers,
-                timestamp_ms,
-                token,
-            });
+            self.outgoing.push_back(held.record.with_token(token));
         }
     }
 

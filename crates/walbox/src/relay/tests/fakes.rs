@@ -678,17 +678,7 @@ impl Broker {
             return false;
         };
         let f = state.in_flight.remove(i).expect("found");
-        let (returned, token) = f.record.split_token();
-        let report = Report {
-            token,
-            result: Err(DeliveryError {
-                kind: DeliveryErrorKind::Permanent,
-                code: None,
-                message: "Broker: Message size too large".into(),
-            }),
-            returned: Some(returned),
-        };
-        let _ = f.reports.send((report, f.permits));
+        let _ = f.reports.send((refused(f.record), f.permits));
         true
     }
 
@@ -747,6 +737,21 @@ impl Broker {
     /// Every record acknowledged so far.
     pub(super) fn delivered(&self) -> Vec<Record<()>> {
         self.state.lock().unwrap().delivered.clone()
+    }
+}
+
+/// The broker's report refusing `record` for good, handing it back (as
+/// the sink does).
+pub(in crate::relay) fn refused(record: Record<Token>) -> Report<Token> {
+    let (returned, token) = record.split_token();
+    Report {
+        token,
+        result: Err(DeliveryError {
+            kind: DeliveryErrorKind::Permanent,
+            code: None,
+            message: "Broker: Message size too large".into(),
+        }),
+        returned: Some(returned),
     }
 }
 

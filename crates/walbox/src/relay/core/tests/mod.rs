@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage};
-use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError};
+use sink_kafka::{Delivered, Record, Report, TxnError};
 use slot_manager::{ChangeInFlight, Coverage};
 use tokio::time::Instant;
 
@@ -192,18 +192,7 @@ pub(super) fn acked(token: Token) -> Report<Token> {
     }
 }
 
-pub(super) fn refused(record: Record<Token>) -> Report<Token> {
-    let (returned, token) = record.split_token();
-    Report {
-        token,
-        result: Err(DeliveryError {
-            kind: DeliveryErrorKind::Permanent,
-            code: None,
-            message: "Broker: Message size too large".into(),
-        }),
-        returned: Some(returned),
-    }
-}
+pub(super) use crate::relay::tests::fakes::refused;
 
 pub(super) fn report(core: &mut Core<'_>, report: Report<Token>) -> Result<(), RunError> {
     core.on_report(report, Instant::now(), PgTimestamp::now())
