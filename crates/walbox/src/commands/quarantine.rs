@@ -31,16 +31,16 @@ enum Action {
     List(ListArgs),
     /// Shows an aggregate's held events in the order a release publishes
     /// them: place in the stream, topic, why held, event id, value.
-    Show(KeyArgs),
+    Show(ShowArgs),
     /// Asks the running `walbox run` to republish the aggregate's held
     /// events in order (events of it arriving meanwhile join them), then
     /// let it flow again; waits until that is done. Fix the cause first (the
     /// topic's permissions or size limit, or an unmappable event's value
     /// with SQL on walbox.quarantine).
-    Release(KeyArgs),
+    Release(RequestArgs),
     /// Asks the running `walbox run` to delete the aggregate's held events
     /// and let it flow again: they are never published. Waits until done.
-    Drop(KeyArgs),
+    Drop(RequestArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -53,17 +53,26 @@ struct ListArgs {
 }
 
 #[derive(Debug, clap::Args)]
-struct KeyArgs {
+struct ShowArgs {
     /// The aggregate: its record key as text (with format = debezium, the
     /// JSON string walbox publishes, quotes included).
     key: String,
-    /// release and drop: how long to wait for `walbox run` to carry the
-    /// request out (0: do not wait); show: ignored.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    wait: u64,
-    /// show: at most this many events.
+    /// At most this many events.
     #[arg(long, value_name = "N", default_value_t = 50)]
     limit: u32,
+    #[command(flatten)]
+    settings: ConnectionFlags,
+}
+
+#[derive(Debug, clap::Args)]
+struct RequestArgs {
+    /// The aggregate: its record key as text (with format = debezium, the
+    /// JSON string walbox publishes, quotes included).
+    key: String,
+    /// How long to wait for `walbox run` to carry the request out (0: do
+    /// not wait).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    wait: u64,
     #[command(flatten)]
     settings: ConnectionFlags,
 }
@@ -155,7 +164,7 @@ async fn list(args: ListArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn show(args: KeyArgs) -> Result<(), CliError> {
+async fn show(args: ShowArgs) -> Result<(), CliError> {
     let (slot, client) = connect(&args.settings).await?;
     let key = Bytes::from(args.key.clone().into_bytes());
     let events = if q::exists(&client).await? {
@@ -192,7 +201,7 @@ async fn show(args: KeyArgs) -> Result<(), CliError> {
 /// How often a waiting release or drop looks again.
 const WAIT_POLL: Duration = Duration::from_millis(250);
 
-async fn request(args: KeyArgs, request: Request) -> Result<(), CliError> {
+async fn request(args: RequestArgs, request: Request) -> Result<(), CliError> {
     let (slot, client) = connect(&args.settings).await?;
     let key = args.key.as_bytes();
     let word = request.as_str();
