@@ -27,9 +27,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
 use sink_kafka::{Header, Record};
 
@@ -104,7 +104,7 @@ impl ClaimCheckError {
 #[derive(Debug, Clone)]
 pub struct ClaimCheck {
     config: ClaimCheckConfig,
-    store: Arc<AmazonS3>,
+    store: Arc<dyn ObjectStore>,
 }
 
 impl ClaimCheck {
@@ -131,10 +131,13 @@ impl ClaimCheck {
         let store = builder
             .build()
             .map_err(|e| ClaimCheckError::Setup(e.to_string()))?;
-        Ok(ClaimCheck {
-            config,
-            store: Arc::new(store),
-        })
+        Ok(ClaimCheck::with_store(config, Arc::new(store)))
+    }
+
+    /// The claim-check writing to `store` (any object_store store: the
+    /// relay's tests use an in-memory one) as if it were `config.bucket`.
+    pub fn with_store(config: ClaimCheckConfig, store: Arc<dyn ObjectStore>) -> ClaimCheck {
+        ClaimCheck { config, store }
     }
 
     /// Whether `record` must be claim-checked: larger than the threshold,

@@ -1,6 +1,7 @@
 //! The relay loop against in-memory fakes: no Postgres, no Kafka. Time is
 //! paused, so timers (status interval, backoff) run instantly and in order.
 
+mod claim_check;
 mod exactly_once;
 pub(in crate::relay) mod fakes;
 mod no_loss;
