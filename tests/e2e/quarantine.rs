@@ -10,7 +10,7 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::message::Message;
-use walbox_test_harness::kafka::consume_until_quiet;
+use walbox_test_harness::kafka::{consume_until_quiet, TestKafka};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
 use walbox_test_harness::wait::wait_for;
@@ -202,5 +202,72 @@ async fn three_refused_aggregates_are_held_while_the_rest_flow_and_released_in_o
         }
         assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{key}: {firsts:?}");
     }
+    stop(&mut relay).await;
+}
+
+/// An unmappable row (its headers column sets a header walbox sets itself)
+/// is held under its aggregate with the payload as stored; fixed with SQL
+/// on walbox.quarantine, it is released first, then the event held behind
+/// it. Real Postgres, any broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmappable_row_is_held_fixed_with_sql_and_released_in_order() {
+    let kafka = TestKafka::from_env();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            &topic,
+            "--on-failure",
+            "quarantine",
+        ],
+    );
+    wait_log(&relay, "streaming from the slot").await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) VALUES
+               ('order', 'a', 'E0', '{\"n\": 0}', '{}'),
+               ('order', 'b', 'E1', '{\"n\": 1}', '{\"walbox.error\": \"mine\"}'),
+               ('order', 'b', 'E2', '{\"n\": 2}', '{}'),
+               ('order', 'a', 'E3', '{\"n\": 3}', '{}')",
+        )
+        .await
+        .unwrap();
+    let flowing = wait_distinct(&kafka, &topic, 2, n_of).await;
+    assert!(flowing.iter().all(|m| m.key() == Some(&b"a"[..])));
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&quarantine(&db, &["list", "--json"])).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["key"], "b");
+    assert_eq!(listed[0]["events"], 2);
+    assert!(
+        listed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("a header walbox sets itself"),
+        "{listed:?}"
+    );
+    let fixed = client
+        .execute(
+            "UPDATE walbox.quarantine SET value = convert_to('{\"n\": 1, \"fixed\": true}', 'UTF8') \
+             WHERE slot = 'walbox' AND kind = 'unmappable'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fixed, 1);
+    quarantine(&db, &["release", "b"]);
+    let all = wait_distinct(&kafka, &topic, 4, n_of).await;
+    let b: Vec<serde_json::Value> = all
+        .iter()
+        .filter(|m| m.key() == Some(&b"b"[..]))
+        .map(|m| serde_json::from_slice(m.payload().unwrap()).unwrap())
+        .collect();
+    assert_eq!(b[0]["n"], 1);
+    assert_eq!(b[0]["fixed"], true, "the value as fixed in SQL");
+    assert_eq!(b[1]["n"], 2);
     stop(&mut relay).await;
 }
