@@ -422,9 +422,102 @@ impl<T> Quarantine<T> {
 
     /// The failed release was recorded.
     pub fn on_release_failed_recorded(&mut self) {
-        self.release = None;
+        if let Some(r) = self.release.take() {
+            // Withdrawn in the table: a request read before that is stale.
+            self.keys.insert(r.key, None);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {}
+mod tests {
+    use super::*;
+
+    fn held(key: &str, index: u64) -> HeldEvent {
+        HeldEvent {
+            place: Place {
+                commit_lsn: Lsn::new(100),
+                index,
+            },
+            lsn: Lsn::new(90 + index),
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            record: Record::new("t", Some(Bytes::copy_from_slice(key.as_bytes())), None, ()),
+            kind: "refused".into(),
+            error: "too large".into(),
+        }
+    }
+
+    fn requested(key: &str) -> HeldKey {
+        HeldKey {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            request: Some(Request::Release),
+            events: 2,
+        }
+    }
+
+    /// A release refused again is not started over by the request read
+    /// before the failure withdrew it.
+    #[test]
+    fn a_failed_release_is_not_retried_on_a_stale_request() {
+        let mut q = Quarantine::<()>::new(10);
+        assert_eq!(q.next_step(), Some(Step::Sync));
+        q.on_synced(vec![requested("a")], 2);
+        let load = q.next_step();
+        assert!(
+            matches!(load, Some(Step::Load { after: None, .. })),
+            "{load:?}"
+        );
+        let first = q.on_loaded(vec![held("a", 0), held("a", 1)]);
+        assert_eq!(first.len(), 1, "the batch's first alone");
+        q.on_release_refused("still too large".into());
+        // The poll reads the request the failure has not withdrawn yet.
+        q.poll_now();
+        assert_eq!(q.next_step(), Some(Step::Poll));
+        q.on_polled(vec![requested("a")]);
+        assert!(matches!(q.next_step(), Some(Step::ReleaseFailed { .. })));
+        q.on_release_failed_recorded();
+        assert_eq!(q.next_step(), None);
+        assert!(q.holds(b"a"));
+    }
+
+    /// A batch's rest goes out once its first is acknowledged; the batch is
+    /// deleted once all of it is, and the next one read after it.
+    #[test]
+    fn a_release_goes_batch_by_batch_after_each_first_event() {
+        let mut q = Quarantine::<()>::new(10);
+        q.on_synced(vec![requested("a")], 3);
+        assert!(matches!(q.next_step(), Some(Step::Load { .. })));
+        let batch = vec![held("a", 0), held("a", 1), held("a", 2)];
+        assert_eq!(q.on_loaded(batch).len(), 1);
+        assert_eq!(q.next_step(), None, "waiting for the first's ack");
+        assert_eq!(q.on_release_acked().len(), 2, "the rest");
+        assert!(q.on_release_acked().is_empty());
+        assert_eq!(q.next_step(), None);
+        assert!(q.on_release_acked().is_empty());
+        let through = Place {
+            commit_lsn: Lsn::new(100),
+            index: 2,
+        };
+        let key = Bytes::from_static(b"a");
+        assert_eq!(
+            q.next_step(),
+            Some(Step::Released {
+                key: key.clone(),
+                through
+            })
+        );
+        q.on_released(3);
+        assert_eq!(
+            q.next_step(),
+            Some(Step::Load {
+                key: key.clone(),
+                after: Some(through)
+            })
+        );
+        assert!(q.on_loaded(Vec::new()).is_empty());
+        assert_eq!(q.next_step(), Some(Step::Forget { key: key.clone() }));
+        q.on_forgotten(&key, 0);
+        assert!(!q.holds(b"a"));
+        assert_eq!(q.events(), 0);
+    }
+}
