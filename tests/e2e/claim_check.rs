@@ -72,23 +72,12 @@ impl S3Server {
 
     /// Runs the boto3 tool with `action`, `input` on its stdin; its stdout.
     fn tool(&self, action: &str, input: &str) -> String {
-        use std::io::Write;
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/tools/s3_claim_check.py");
-        let mut child = Command::new(python())
-            .args([script, action, &self.endpoint, BUCKET])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        succeeded(&out)
+        run_tool(
+            &python(),
+            "s3_claim_check.py",
+            &[action, &self.endpoint, BUCKET],
+            input,
+        )
     }
 
     fn signal(&self, signal: &str) {

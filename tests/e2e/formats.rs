@@ -3,8 +3,6 @@
 //! JSON key, and W3C trace context carried from the row or the message.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rdkafka::message::{Message, OwnedMessage};
@@ -14,7 +12,7 @@ use walbox_test_harness::kafka::{consume_until_quiet, headers_of, TestKafka};
 use walbox_test_harness::migrations::apply_migrations;
 use walbox_test_harness::pg::{fresh_db, TestDb};
 
-use crate::support::{expect_all, python_with, spawn_run, stop, succeeded, walbox};
+use crate::support::{expect_all, python_with, run_tool, spawn_run, stop, succeeded, walbox};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -29,16 +27,6 @@ fn python() -> String {
 
 /// Parses records with the SDK: one JSON result per record.
 fn parse_with_sdk(records: &[OwnedMessage]) -> Vec<Value> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/e2e/tools/cloudevents_parse.py"
-    );
-    let mut child = Command::new(python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
     let mut input = String::new();
     for r in records {
         let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8(b.to_vec()).unwrap());
@@ -48,16 +36,7 @@ fn parse_with_sdk(records: &[OwnedMessage]) -> Vec<Value> {
         );
         input.push('\n');
     }
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
-        .unwrap()
+    run_tool(&python(), "cloudevents_parse.py", &[], &input)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()

@@ -416,3 +416,26 @@ pub(crate) fn python_with(var: &str, import: &str, package: &str) -> String {
     );
     python
 }
+
+/// Runs `python` on the e2e tool `script` (in `tests/e2e/tools/`) with
+/// `args`, `input` on its standard input; asserts that it succeeded
+/// (showing its output otherwise) and returns its standard output.
+pub(crate) fn run_tool(python: &str, script: &str, args: &[&str], input: &str) -> String {
+    use std::io::Write;
+    let path = format!("{}/e2e/tools/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new(python)
+        .arg(path)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    succeeded(&child.wait_with_output().unwrap())
+}

@@ -39,22 +39,7 @@ pub struct Record<T> {
 impl Record<()> {
     /// The record carrying `token` (the inverse of [`Record::split_token`]).
     pub fn with_token<T>(self, token: T) -> Record<T> {
-        let Record {
-            topic,
-            key,
-            value,
-            headers,
-            timestamp_ms,
-            token: (),
-        } = self;
-        Record {
-            topic,
-            key,
-            value,
-            headers,
-            timestamp_ms,
-            token,
-        }
+        self.replace_token(token).0
     }
 }
 
@@ -92,13 +77,18 @@ impl<T> Record<T> {
 
     /// The record without its token, and the token.
     pub fn split_token(self) -> (Record<()>, T) {
+        self.replace_token(())
+    }
+
+    /// The record carrying `token` instead, and the token it carried.
+    fn replace_token<U>(self, token: U) -> (Record<U>, T) {
         let Record {
             topic,
             key,
             value,
             headers,
             timestamp_ms,
-            token,
+            token: old,
         } = self;
         (
             Record {
@@ -107,9 +97,9 @@ impl<T> Record<T> {
                 value,
                 headers,
                 timestamp_ms,
-                token: (),
+                token,
             },
-            token,
+            old,
         )
     }
 

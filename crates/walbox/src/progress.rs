@@ -281,6 +281,11 @@ impl Progress {
         Ok(())
     }
 
+    /// The final (commit) LSN of the open transaction, if one is open.
+    pub fn open_transaction(&self) -> Option<Lsn> {
+        self.open
+    }
+
     /// An event of the open transaction, about to be sent; ack its token when
     /// the broker acknowledged it.
     pub fn event(&mut self) -> Result<EventToken, ProgressError> {

@@ -96,8 +96,6 @@ pub struct HeldKey {
     pub key: Bytes,
     /// What the operator asked, if anything.
     pub request: Option<Request>,
-    /// How many of its events are held.
-    pub events: u64,
 }
 
 /// A held event: the record it is (or would be), and why it is held.
@@ -279,9 +277,10 @@ impl<T> Quarantine<T> {
         self.written += new;
     }
 
-    /// The poll timer fired.
+    /// The poll timer fired. Requests name held aggregates, which only
+    /// this process holds: with none held there is nothing to read.
     pub fn poll_now(&mut self) {
-        self.poll_due = true;
+        self.poll_due = !self.keys.is_empty();
     }
 
     /// Every held aggregate and the number of held events, read: the table
@@ -451,7 +450,6 @@ mod tests {
         HeldKey {
             key: Bytes::copy_from_slice(key.as_bytes()),
             request: Some(Request::Release),
-            events: 2,
         }
     }
 

@@ -134,44 +134,31 @@ pub async fn held(client: &Client, slot: &str) -> Result<(Vec<HeldKey>, u64), Er
     if !exists(client).await? {
         return Ok((Vec::new(), 0));
     }
-    let rows = client
-        .query(
-            "SELECT k.key, k.request,
-                    (SELECT count(*) FROM walbox.quarantine q WHERE q.slot = k.slot AND q.key = k.key)
-               FROM walbox.quarantined_keys k WHERE k.slot = $1 ORDER BY k.since, k.key",
+    let events: i64 = client
+        .query_one(
+            "SELECT count(*) FROM walbox.quarantine WHERE slot = $1",
             &[&slot],
         )
         .await
-        .map_err(Error::sql("read walbox.quarantined_keys"))?;
-    let mut events = 0;
-    let keys = rows
-        .into_iter()
-        .map(|r| {
-            let held: i64 = r.get(2);
-            events += held as u64;
-            HeldKey {
-                key: Bytes::from(r.get::<_, Vec<u8>>(0)),
-                request: r
-                    .get::<_, Option<String>>(1)
-                    .and_then(|s| Request::parse(&s)),
-                events: held as u64,
-            }
-        })
-        .collect();
-    Ok((keys, events))
+        .map_err(Error::sql("read walbox.quarantine"))?
+        .get(0);
+    Ok((keys(client, slot, false).await?, events as u64))
 }
 
-/// The held aggregates of `slot` with a request (cheap: read every second
-/// while the quarantine is on).
+/// The held aggregates of `slot` with a request: read every second while
+/// walbox holds any (so the tables exist).
 pub async fn requests(client: &Client, slot: &str) -> Result<Vec<HeldKey>, Error> {
-    if !exists(client).await? {
-        return Ok(Vec::new());
-    }
+    keys(client, slot, true).await
+}
+
+/// The held aggregates of `slot` (only those with a request when
+/// `requested`), oldest first.
+async fn keys(client: &Client, slot: &str, requested: bool) -> Result<Vec<HeldKey>, Error> {
     let rows = client
         .query(
             "SELECT key, request FROM walbox.quarantined_keys
-              WHERE slot = $1 AND request IS NOT NULL",
-            &[&slot],
+              WHERE slot = $1 AND (NOT $2 OR request IS NOT NULL) ORDER BY since, key",
+            &[&slot, &requested],
         )
         .await
         .map_err(Error::sql("read walbox.quarantined_keys"))?;
@@ -182,7 +169,6 @@ pub async fn requests(client: &Client, slot: &str) -> Result<Vec<HeldKey>, Error
             request: r
                 .get::<_, Option<String>>(1)
                 .and_then(|s| Request::parse(&s)),
-            events: 0,
         })
         .collect())
 }
@@ -332,6 +318,25 @@ pub async fn request(
         .await
         .map_err(Error::sql("request a release from walbox.quarantined_keys"))?;
     Ok(n > 0)
+}
+
+/// Where `key`'s request stands: `None` when `slot` no longer holds it
+/// (carried out), else its pending request and why the last release
+/// failed.
+pub async fn request_state(
+    client: &Client,
+    slot: &str,
+    key: &[u8],
+) -> Result<Option<(Option<String>, Option<String>)>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT request, last_release_error FROM walbox.quarantined_keys
+              WHERE slot = $1 AND key = $2",
+            &[&slot, &key],
+        )
+        .await
+        .map_err(Error::sql("read walbox.quarantined_keys"))?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
 /// One held aggregate as `walbox quarantine list` shows it.

@@ -220,8 +220,7 @@ async fn request(args: RequestArgs, request: Request) -> Result<(), CliError> {
     }
     let deadline = Instant::now() + Duration::from_secs(args.wait);
     loop {
-        let held = q::list(&client, &slot).await?;
-        match held.iter().find(|l| l.key == key) {
+        match q::request_state(&client, &slot, key).await? {
             None => {
                 let done = if request == Request::Release {
                     "released: it flows again"
@@ -231,13 +230,10 @@ async fn request(args: RequestArgs, request: Request) -> Result<(), CliError> {
                 println!("{:?} {done}", args.key);
                 return Ok(());
             }
-            Some(l) if l.request.is_none() => {
+            Some((None, last_release_error)) => {
                 return Err(CliError::ReleaseFailed {
                     key: args.key,
-                    error: l
-                        .last_release_error
-                        .clone()
-                        .unwrap_or_else(|| "the request was withdrawn".into()),
+                    error: last_release_error.unwrap_or_else(|| "the request was withdrawn".into()),
                 });
             }
             Some(_) if Instant::now() >= deadline => {

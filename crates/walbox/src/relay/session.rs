@@ -705,23 +705,20 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         writes_only: bool,
     ) -> Result<(), RunError> {
         while let Some(step) = self.core.quarantine_step(writes_only) {
-            let events = match step {
-                Step::Write => {
-                    let (events, tokens) = self.core.take_held();
-                    let new = match stream.quarantine(&step, &events).await? {
-                        Done::Written(new) => new,
-                        _ => 0,
-                    };
-                    let update = self.core.on_held_written(tokens, new, Instant::now())?;
-                    send_status(stream, update).await?;
-                    continue;
-                }
-                _ => Vec::new(),
-            };
+            if let Step::Write = step {
+                let (events, tokens) = self.core.take_held();
+                let new = match stream.quarantine(&step, &events).await? {
+                    Done::Written(new) => new,
+                    _ => 0,
+                };
+                let update = self.core.on_held_written(tokens, new, Instant::now())?;
+                send_status(stream, update).await?;
+                continue;
+            }
             if let Step::Released { .. } = step {
                 crate::testpoint::reached("quarantine.acked").await;
             }
-            match (&step, stream.quarantine(&step, &events).await?) {
+            match (&step, stream.quarantine(&step, &[]).await?) {
                 (_, Done::Synced(keys, events)) => self.core.on_quarantine_synced(keys, events),
                 (_, Done::Polled(requests)) => self.core.on_quarantine_polled(requests),
                 (_, Done::Loaded(batch)) => {

@@ -53,7 +53,6 @@ impl Core<'_> {
             LogicalMessage::Begin(b) => {
                 self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
-                self.commit_lsn = b.final_lsn();
                 self.event_index = 0;
                 self.queued_in_transaction = 0;
                 if let Some(t) = &mut self.eos {
@@ -149,7 +148,6 @@ impl Core<'_> {
         self.progress.received(at);
         self.progress.begin_at(at, PgTimestamp::default())?;
         self.commit_time = PgTimestamp::default();
-        self.commit_lsn = at;
         self.event_index = 0;
         self.on_insert(&columns, &row.tuple, row.lsn)?;
         Ok(self.progress.commit(at, at, Instant::now())?)
@@ -325,10 +323,12 @@ impl Core<'_> {
         lsn: Lsn,
         dead_letter: Option<DeadLetterKind>,
     ) -> Result<Token, RunError> {
+        let event = self.progress.event()?;
         Ok(Token {
-            event: self.progress.event()?,
+            event,
             lsn,
-            commit_lsn: self.commit_lsn,
+            // `event` succeeded: a transaction is open.
+            commit_lsn: self.progress.open_transaction().unwrap_or_default(),
             index: self.next_index(),
             commit_time: self.commit_time,
             topic,

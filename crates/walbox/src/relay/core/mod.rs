@@ -115,8 +115,6 @@ pub(super) struct Core<'a> {
     dead_lettered: u64,
     /// The quarantine (`on_failure = "quarantine"`); `None`: off.
     quarantine: Option<crate::quarantine::Quarantine<Token>>,
-    /// The open transaction's commit position (from Begin).
-    commit_lsn: Lsn,
     /// At least once: the index of the open transaction's next event.
     event_index: u64,
 }
@@ -146,7 +144,6 @@ impl<'a> Core<'a> {
             nontransactional_reported: false,
             dead_lettered: 0,
             quarantine: config.quarantine.map(crate::quarantine::Quarantine::new),
-            commit_lsn: Lsn::ZERO,
             event_index: 0,
         }
     }

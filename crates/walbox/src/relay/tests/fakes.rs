@@ -451,7 +451,6 @@ impl ReplicationStream for FakeStream {
                     .map(|(k, r)| HeldKey {
                         key: k.clone(),
                         request: *r,
-                        events: 0,
                     })
                     .collect(),
             ),
@@ -462,7 +461,6 @@ impl ReplicationStream for FakeStream {
                     .map(|(k, r)| HeldKey {
                         key: k.clone(),
                         request: *r,
-                        events: held.events.values().filter(|e| e.key == *k).count() as u64,
                     })
                     .collect();
                 Done::Synced(keys, held.events.len() as u64)
