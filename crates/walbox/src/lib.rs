@@ -23,6 +23,7 @@ pub mod quarantine;
 pub mod receipts;
 pub mod relay;
 pub mod retention;
+pub mod schema_registry;
 pub mod spans;
 pub mod stall;
 pub mod testpoint;

@@ -1,0 +1,187 @@
+//! The registry's Confluent-compatible REST API: a subject's latest
+//! version (`GET /subjects/{subject}/versions/latest`), with basic
+//! authentication and the CA to trust, each answer classified as an
+//! outage (tried again) or a refusal (walbox stops).
+
+use serde::Deserialize;
+
+use super::{RegistryConfig, SchemaError, REQUEST_TIMEOUT};
+
+/// The largest answer read: a schema larger than this is refused.
+const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// A client of one registry.
+#[derive(Clone)]
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: String,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+/// `GET /subjects/{subject}/versions/latest`'s answer.
+#[derive(Deserialize)]
+struct Version {
+    id: u32,
+    schema: String,
+    /// Absent for Avro.
+    #[serde(default, rename = "schemaType")]
+    schema_type: Option<String>,
+}
+
+impl RegistryClient {
+    /// A client of the configured registry.
+    pub fn new(config: &RegistryConfig) -> Result<RegistryClient, SchemaError> {
+        let mut http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(REQUEST_TIMEOUT);
+        if let Some(path) = &config.ca_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                SchemaError::Setup(format!("schema_registry.ca_file {}: {e}", path.display()))
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                SchemaError::Setup(format!(
+                    "schema_registry.ca_file {}: not PEM certificates: {e}",
+                    path.display()
+                ))
+            })?;
+            http = http.tls_certs_only(certs);
+        }
+        let http = http
+            .build()
+            .map_err(|e| SchemaError::Setup(format!("cannot set up the HTTP client: {e}")))?;
+        Ok(RegistryClient {
+            http,
+            base: config.url.trim_end_matches('/').to_owned(),
+            username: config.username.clone(),
+            password: config.password.clone(),
+        })
+    }
+
+    /// The id and text of `subject`'s latest schema.
+    pub async fn latest(&self, subject: &str) -> Result<(u32, String), SchemaError> {
+        let url = format!(
+            "{}/subjects/{}/versions/latest",
+            self.base,
+            path_segment(subject)
+        );
+        let unavailable = |detail: String| SchemaError::Unavailable {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let refused = |detail: String| SchemaError::Refused {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let mut request = self.http.get(&url).header(
+            reqwest::header::ACCEPT,
+            "application/vnd.schemaregistry.v1+json, application/json",
+        );
+        if let Some(user) = &self.username {
+            request = request.basic_auth(user, self.password.as_deref());
+        }
+        // reqwest's errors name the URL, which holds no secret (user
+        // information in it is refused by the configuration).
+        let response = request
+            .send()
+            .await
+            .map_err(|e| unavailable(crate::logging::chain(&e)))?;
+        let status = response.status();
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(refused(format!(
+                "the registry's answer is larger than {MAX_ANSWER_BYTES} bytes"
+            )));
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| unavailable(crate::logging::chain(&e)))?;
+        if body.len() > MAX_ANSWER_BYTES {
+            return Err(refused(format!(
+                "the registry's answer is larger than {MAX_ANSWER_BYTES} bytes"
+            )));
+        }
+        let said = || {
+            let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+            text.split_whitespace().collect::<Vec<_>>().join(" ")
+        };
+        match status.as_u16() {
+            200 => {}
+            401 | 403 => {
+                return Err(refused(format!(
+                    "the registry refused access (HTTP {status}: {}): check schema_registry.username and password",
+                    said()
+                )))
+            }
+            404 => {
+                return Err(refused(format!(
+                    "no schema is registered under this subject (HTTP 404: {}): register it, or check schema_registry.subject_strategy and schema_registry.url",
+                    said()
+                )))
+            }
+            408 | 429 | 500..=599 => {
+                return Err(unavailable(format!("HTTP {status}: {}", said())))
+            }
+            _ => return Err(refused(format!("HTTP {status}: {}", said()))),
+        }
+        let version: Version = serde_json::from_slice(&body).map_err(|e| {
+            refused(format!(
+                "the registry's answer is not a schema version: {e}"
+            ))
+        })?;
+        match version.schema_type.as_deref() {
+            None | Some("AVRO") => Ok((version.id, version.schema)),
+            Some(other) => Err(refused(format!(
+                "its latest schema (id {}) is {other}, and format = \"avro\" needs an Avro schema",
+                version.id
+            ))),
+        }
+    }
+}
+
+/// `subject` as one path segment: unreserved characters as they are, every
+/// other byte percent-encoded.
+fn path_segment(subject: &str) -> String {
+    let mut out = String::with_capacity(subject.len());
+    for b in subject.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subject_is_one_path_segment() {
+        assert_eq!(path_segment("orders-value"), "orders-value");
+        assert_eq!(path_segment("a/b c?é"), "a%2Fb%20c%3F%C3%A9");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_registry_is_an_outage() {
+        // A port nothing listens on.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let client = RegistryClient::new(&RegistryConfig {
+            url: format!("http://127.0.0.1:{port}"),
+            username: Some("u".into()),
+            password: Some("hunter2".into()),
+            ca_file: None,
+            strategy: Default::default(),
+        })
+        .unwrap();
+        let e = client.latest("t-value").await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(!e.to_string().contains("hunter2"));
+    }
+}

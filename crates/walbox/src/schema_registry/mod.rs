@@ -1,0 +1,511 @@
+//! Records serialized against a schema registry (`format = "avro"`), stated
+//! once:
+//!
+//! - **The subject** of a record is named by `schema_registry.subject_strategy`
+//!   as Confluent's serializers name it: `topic` (TopicNameStrategy,
+//!   `<topic>-value`), `record` (RecordNameStrategy: the event type, which
+//!   is then the record's full name, e.g. `shop.OrderPlaced`) or
+//!   `topic-record` (TopicRecordNameStrategy, `<topic>-<event type>`).
+//! - **The schema** is the subject's latest version, registered by the team
+//!   (walbox registers nothing). It is looked up once and cached, and
+//!   looked up again after [`REFRESH`] so a new version is picked up; at
+//!   most [`MAX_SUBJECTS`] subjects and [`MAX_CACHED_BYTES`] of schema text
+//!   are kept.
+//! - **The value** is the JSON payload resolved against that schema and
+//!   written in Confluent's wire format ([`avro`]): magic byte, the schema
+//!   id, the Avro datum. The key (the aggregate id) and the headers are
+//!   unchanged; a NULL payload stays a record without a value.
+//! - **A payload that does not fit** its schema is refused for its own
+//!   sake ([`SchemaError::Invalid`]): it follows the failure policy, to the
+//!   dead-letter topic with Avro's reason in `walbox.error` (kind
+//!   `invalid`), or a stop with the slot before it.
+//! - **A registry that does not answer** (a connection error, a timeout, a
+//!   5xx or 429 answer) is an outage: the session ends and the event is read
+//!   again after a backoff, nothing skipped ([`SchemaError::Unavailable`]).
+//!   A subject already cached keeps its schema through an outage.
+//! - **A registry that refuses** (401, 403, no such subject, a schema that
+//!   is not Avro) stops walbox with the slot before the event, in one line
+//!   ([`SchemaError::Refused`]).
+
+pub mod avro;
+mod client;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apache_avro::Schema;
+use bytes::Bytes;
+use sink_kafka::Record;
+use tokio::time::Instant;
+
+use crate::mapping::EVENT_TYPE_HEADER;
+
+pub use client::RegistryClient;
+
+/// How long a subject's schema is used before it is looked up again.
+pub const REFRESH: Duration = Duration::from_secs(300);
+/// How soon a stale schema is looked up again after the registry failed
+/// to answer (it is used meanwhile).
+pub const RETRY_STALE: Duration = Duration::from_secs(30);
+/// Most subjects cached.
+pub const MAX_SUBJECTS: usize = 10_000;
+/// Most schema text cached, in bytes.
+pub const MAX_CACHED_BYTES: usize = 64 * 1024 * 1024;
+/// How long one request to the registry may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a record's subject is named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SubjectStrategy {
+    /// `<topic>-value`.
+    #[default]
+    Topic,
+    /// The event type (the record's full name).
+    Record,
+    /// `<topic>-<event type>`.
+    TopicRecord,
+}
+
+impl SubjectStrategy {
+    /// The subject of a record on `topic` of `event_type`; the error says
+    /// why there is none.
+    pub fn subject(self, topic: &str, event_type: Option<&str>) -> Result<String, String> {
+        let event_type = || {
+            match event_type {
+            Some(t) if !t.is_empty() => Ok(t),
+            _ => Err(format!(
+                "the event has no event type, which schema_registry.subject_strategy = {} names its subject by",
+                self.name()
+            )),
+        }
+        };
+        Ok(match self {
+            SubjectStrategy::Topic => format!("{topic}-value"),
+            SubjectStrategy::Record => event_type()?.to_owned(),
+            SubjectStrategy::TopicRecord => format!("{topic}-{}", event_type()?),
+        })
+    }
+
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            SubjectStrategy::Topic => "topic",
+            SubjectStrategy::Record => "record",
+            SubjectStrategy::TopicRecord => "topic-record",
+        }
+    }
+
+    /// Whether subjects are named by the event type.
+    pub fn needs_event_type(self) -> bool {
+        !matches!(self, SubjectStrategy::Topic)
+    }
+}
+
+/// Where the registry is and how to reach it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// The base URL of its Confluent-compatible API (Apicurio's is
+    /// `…/apis/ccompat/v7`).
+    pub url: String,
+    /// Basic authentication's user.
+    pub username: Option<String>,
+    /// Basic authentication's password (never printed).
+    pub password: Option<String>,
+    /// PEM certificates to trust instead of the system's (https).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// How subjects are named.
+    pub strategy: SubjectStrategy,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("url", &sink_kafka::redact_userinfo(&self.url))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .field("strategy", &self.strategy)
+            .finish()
+    }
+}
+
+/// Why a record could not be serialized.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// The registry did not answer: a new session tries again.
+    #[error("schema registry: looking up subject {subject:?} failed: {detail}; nothing is skipped, trying again")]
+    Unavailable {
+        /// The subject looked up.
+        subject: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The registry refused, or has no usable schema: walbox stops with
+    /// the slot before the event.
+    #[error("schema registry: subject {subject:?}: {detail}; the slot stays before this event")]
+    Refused {
+        /// The subject looked up.
+        subject: String,
+        /// What happened, with what to do.
+        detail: String,
+    },
+    /// The event's payload does not fit its subject's schema: it follows
+    /// the failure policy.
+    #[error("event {event_id} does not match {what}: {detail}")]
+    Invalid {
+        /// The event id.
+        event_id: String,
+        /// The schema (`schema 3 of subject "orders-value"`) or what named
+        /// no subject.
+        what: String,
+        /// Why.
+        detail: String,
+    },
+    /// The client cannot be set up from the configuration.
+    #[error("schema registry: {0}")]
+    Setup(String),
+}
+
+impl SchemaError {
+    /// True when a new session may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SchemaError::Unavailable { .. })
+    }
+}
+
+/// A subject's schema as the registry gave it.
+#[derive(Clone, Debug)]
+pub struct Registered {
+    /// The schema id, written into every record.
+    pub id: u32,
+    /// The parsed schema.
+    pub schema: Arc<Schema>,
+    /// The size of its text (the cache's bound).
+    pub text_len: usize,
+}
+
+struct Cached {
+    registered: Registered,
+    fetched: Instant,
+}
+
+/// The subjects looked up, bounded.
+#[derive(Default)]
+struct Cache {
+    subjects: HashMap<String, Cached>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn insert(&mut self, subject: &str, registered: Registered, now: Instant) {
+        if let Some(old) = self.subjects.remove(subject) {
+            self.bytes -= old.registered.text_len;
+        }
+        while !self.subjects.is_empty()
+            && (self.subjects.len() >= MAX_SUBJECTS
+                || self.bytes + registered.text_len > MAX_CACHED_BYTES)
+        {
+            let oldest = self
+                .subjects
+                .iter()
+                .min_by_key(|(_, c)| c.fetched)
+                .map(|(s, _)| s.clone())
+                .expect("not empty");
+            let gone = self.subjects.remove(&oldest).expect("present");
+            self.bytes -= gone.registered.text_len;
+        }
+        self.bytes += registered.text_len;
+        self.subjects.insert(
+            subject.to_owned(),
+            Cached {
+                registered,
+                fetched: now,
+            },
+        );
+    }
+}
+
+/// Where schemas are looked up: the registry's API, or (in tests) a map.
+#[derive(Clone)]
+enum Lookup {
+    Http(RegistryClient),
+    #[cfg(test)]
+    Memory(Arc<Mutex<Memory>>),
+}
+
+/// An in-memory registry for the relay's tests: subject → (id, schema).
+#[cfg(test)]
+#[derive(Default)]
+pub struct Memory {
+    /// The subjects.
+    pub subjects: HashMap<String, (u32, String)>,
+    /// Lookups fail as an outage.
+    pub down: bool,
+    /// Lookups made.
+    pub lookups: usize,
+}
+
+/// Serializes records against the registry, with the subjects' schemas
+/// cached (see the module's documentation).
+#[derive(Clone)]
+pub struct SchemaRegistry {
+    strategy: SubjectStrategy,
+    lookup: Lookup,
+    cache: Arc<Mutex<Cache>>,
+}
+
+impl std::fmt::Debug for SchemaRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchemaRegistry")
+            .field("strategy", &self.strategy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SchemaRegistry {
+    /// A client of the configured registry.
+    pub fn new(config: &RegistryConfig) -> Result<SchemaRegistry, SchemaError> {
+        Ok(SchemaRegistry {
+            strategy: config.strategy,
+            lookup: Lookup::Http(RegistryClient::new(config)?),
+            cache: Arc::default(),
+        })
+    }
+
+    /// One on an in-memory registry, for tests.
+    #[cfg(test)]
+    pub fn in_memory(strategy: SubjectStrategy, memory: Arc<Mutex<Memory>>) -> SchemaRegistry {
+        SchemaRegistry {
+            strategy,
+            lookup: Lookup::Memory(memory),
+            cache: Arc::default(),
+        }
+    }
+
+    /// Rewrites `record`'s JSON value as Avro in the wire format; returns
+    /// the schema id used (`None` for a record without a value).
+    pub async fn encode<T>(&self, record: &mut Record<T>) -> Result<Option<u32>, SchemaError> {
+        let Some(payload) = record.value.as_ref() else {
+            return Ok(None);
+        };
+        let event_id = header(record, crate::mapping::ID_HEADER).unwrap_or("<unknown>");
+        let event_type = header(record, EVENT_TYPE_HEADER);
+        let subject = self
+            .strategy
+            .subject(&record.topic, event_type)
+            .map_err(|detail| SchemaError::Invalid {
+                event_id: event_id.to_owned(),
+                what: "any subject".into(),
+                detail,
+            })?;
+        let registered = self.schema(&subject).await?;
+        let value = avro::encode(&registered.schema, registered.id, payload).map_err(|detail| {
+            SchemaError::Invalid {
+                event_id: event_id.to_owned(),
+                what: format!("schema {} of subject {subject:?}", registered.id),
+                detail,
+            }
+        })?;
+        record.value = Some(Bytes::from(value));
+        Ok(Some(registered.id))
+    }
+
+    /// The schema of `subject`: cached, or looked up.
+    pub async fn schema(&self, subject: &str) -> Result<Registered, SchemaError> {
+        let now = Instant::now();
+        let stale = {
+            let cache = self.cache.lock().expect("not poisoned");
+            match cache.subjects.get(subject) {
+                Some(c) if now.duration_since(c.fetched) < REFRESH => {
+                    return Ok(c.registered.clone())
+                }
+                Some(c) => Some(c.registered.clone()),
+                None => None,
+            }
+        };
+        match (self.fetch(subject).await, stale) {
+            (Ok(registered), _) => {
+                let mut cache = self.cache.lock().expect("not poisoned");
+                cache.insert(subject, registered.clone(), Instant::now());
+                Ok(registered)
+            }
+            (Err(e), Some(stale)) if e.is_transient() => {
+                tracing::warn!(error = %e, schema_id = stale.id, "using the cached schema meanwhile");
+                let mut cache = self.cache.lock().expect("not poisoned");
+                let retry_at = Instant::now()
+                    .checked_sub(REFRESH - RETRY_STALE)
+                    .unwrap_or_else(Instant::now);
+                cache.insert(subject, stale.clone(), retry_at);
+                Ok(stale)
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    async fn fetch(&self, subject: &str) -> Result<Registered, SchemaError> {
+        let (id, text) = match &self.lookup {
+            Lookup::Http(client) => client.latest(subject).await?,
+            #[cfg(test)]
+            Lookup::Memory(memory) => {
+                let mut memory = memory.lock().expect("not poisoned");
+                memory.lookups += 1;
+                if memory.down {
+                    return Err(SchemaError::Unavailable {
+                        subject: subject.to_owned(),
+                        detail: "connection refused".into(),
+                    });
+                }
+                memory
+                    .subjects
+                    .get(subject)
+                    .cloned()
+                    .ok_or_else(|| SchemaError::Refused {
+                        subject: subject.to_owned(),
+                        detail: "not found".into(),
+                    })?
+            }
+        };
+        let schema = avro::parse(&text).map_err(|e| SchemaError::Refused {
+            subject: subject.to_owned(),
+            detail: format!("its latest schema (id {id}) is not a valid Avro schema: {e}"),
+        })?;
+        Ok(Registered {
+            id,
+            schema: Arc::new(schema),
+            text_len: text.len(),
+        })
+    }
+}
+
+fn header<'a, T>(record: &'a Record<T>, name: &str) -> Option<&'a str> {
+    record
+        .headers
+        .iter()
+        .find(|h| h.name == name)
+        .and_then(|h| std::str::from_utf8(&h.value).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str =
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}"#;
+
+    fn registry(subjects: &[(&str, u32)]) -> (SchemaRegistry, Arc<Mutex<Memory>>) {
+        let memory = Arc::new(Mutex::new(Memory {
+            subjects: subjects
+                .iter()
+                .map(|(s, id)| (s.to_string(), (*id, SCHEMA.to_owned())))
+                .collect(),
+            ..Memory::default()
+        }));
+        (
+            SchemaRegistry::in_memory(SubjectStrategy::Topic, Arc::clone(&memory)),
+            memory,
+        )
+    }
+
+    #[test]
+    fn subjects_are_named_as_confluents_strategies_name_them() {
+        use SubjectStrategy::*;
+        assert_eq!(Topic.subject("orders", None).unwrap(), "orders-value");
+        assert_eq!(
+            Record.subject("orders", Some("shop.Placed")).unwrap(),
+            "shop.Placed"
+        );
+        assert_eq!(
+            TopicRecord.subject("orders", Some("shop.Placed")).unwrap(),
+            "orders-shop.Placed"
+        );
+        let e = Record.subject("orders", None).unwrap_err();
+        assert!(e.contains("no event type"), "{e}");
+        assert!(TopicRecord.subject("orders", Some("")).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_schema_is_looked_up_once_and_again_after_the_refresh() {
+        let (registry, memory) = registry(&[("t-value", 7)]);
+        let mut record = Record::new("t", None, Some(Bytes::from_static(br#"{"a": 5}"#)), ());
+        assert_eq!(registry.encode(&mut record).await.unwrap(), Some(7));
+        assert_eq!(
+            record.value.as_deref().unwrap(),
+            &[0, 0, 0, 0, 7, 10][..],
+            "magic, id 7, zig-zag 5"
+        );
+        registry.schema("t-value").await.unwrap();
+        assert_eq!(memory.lock().unwrap().lookups, 1);
+        tokio::time::advance(REFRESH).await;
+        registry.schema("t-value").await.unwrap();
+        assert_eq!(memory.lock().unwrap().lookups, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_keeps_a_cached_schema_and_stalls_an_uncached_one() {
+        let (registry, memory) = registry(&[("t-value", 7), ("u-value", 8)]);
+        registry.schema("t-value").await.unwrap();
+        memory.lock().unwrap().down = true;
+        tokio::time::advance(REFRESH).await;
+        assert_eq!(registry.schema("t-value").await.unwrap().id, 7);
+        let e = registry.schema("u-value").await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        // The stale one is tried again after RETRY_STALE, not on every event.
+        let lookups = memory.lock().unwrap().lookups;
+        registry.schema("t-value").await.unwrap();
+        assert_eq!(memory.lock().unwrap().lookups, lookups);
+        tokio::time::advance(RETRY_STALE).await;
+        registry.schema("t-value").await.unwrap();
+        assert_eq!(memory.lock().unwrap().lookups, lookups + 1);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_subject_is_refused_and_a_bad_payload_invalid() {
+        let (registry, _) = registry(&[("t-value", 7)]);
+        let mut other = Record::new("u", None, Some(Bytes::from_static(b"{}")), ());
+        let e = registry.encode(&mut other).await.unwrap_err();
+        assert!(matches!(e, SchemaError::Refused { .. }), "{e}");
+        let mut bad = Record::new("t", None, Some(Bytes::from_static(br#"{"a": "x"}"#)), ())
+            .with_header("id", "e-1");
+        let e = registry.encode(&mut bad).await.unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("event e-1 does not match schema 7 of subject \"t-value\": "),
+            "{e}"
+        );
+        assert_eq!(
+            bad.value.as_deref(),
+            Some(&br#"{"a": "x"}"#[..]),
+            "untouched"
+        );
+        let mut null = Record::new("t", None, None, ());
+        assert_eq!(registry.encode(&mut null).await.unwrap(), None);
+    }
+
+    #[test]
+    fn the_cache_is_bounded_by_count_and_bytes() {
+        let now = Instant::now();
+        let registered = |len| Registered {
+            id: 1,
+            schema: Arc::new(Schema::Int),
+            text_len: len,
+        };
+        let mut cache = Cache::default();
+        for i in 0..MAX_SUBJECTS + 10 {
+            cache.insert(
+                &format!("s{i}"),
+                registered(10),
+                now + Duration::from_millis(i as u64),
+            );
+        }
+        assert_eq!(cache.subjects.len(), MAX_SUBJECTS);
+        assert!(!cache.subjects.contains_key("s0"), "the oldest went first");
+        cache.insert(
+            "big",
+            registered(MAX_CACHED_BYTES),
+            now + Duration::from_secs(99),
+        );
+        assert_eq!(cache.subjects.len(), 1);
+        assert_eq!(cache.bytes, MAX_CACHED_BYTES);
+    }
+}
