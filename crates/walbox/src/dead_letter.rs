@@ -1,9 +1,11 @@
 //! The dead-letter policy, stated once: what happens to an event walbox
 //! cannot deliver as it is.
 //!
-//! Two things make an event undeliverable:
+//! Three things make an event undeliverable:
 //! - **unmappable**: its outbox row cannot become a Kafka record (a NULL
 //!   aggregate id, a text payload that is not JSON, a topic name Kafka refuses);
+//! - **invalid**: its payload does not fit its subject's schema
+//!   (`format = "avro"`, [`crate::schema_registry`]);
 //! - **refused**: the broker refused the record for good
 //!   ([`DeliveryErrorKind::Permanent`]: authorization, size, unknown topic).
 //!
@@ -19,7 +21,7 @@
 //! | header | value |
 //! |---|---|
 //! | `walbox.error` | the error, as text |
-//! | `walbox.error.kind` | `unmappable` or `refused` |
+//! | `walbox.error.kind` | `unmappable`, `invalid` or `refused` |
 //! | `walbox.original.topic` | the topic the event was meant for (absent when the row named none) |
 //! | `walbox.source.lsn` | the WAL position of the row, e.g. `0/16B3748` |
 //! | `walbox.event.id` | the event id (absent when the row has none) |
@@ -47,6 +49,8 @@ pub mod headers {
 pub enum DeadLetterKind {
     /// The row could not be mapped to a record.
     Unmappable,
+    /// Its payload does not fit its schema.
+    Invalid,
     /// The broker refused the record for good.
     Refused,
 }
@@ -56,6 +60,7 @@ impl DeadLetterKind {
     pub fn as_str(self) -> &'static str {
         match self {
             DeadLetterKind::Unmappable => "unmappable",
+            DeadLetterKind::Invalid => "invalid",
             DeadLetterKind::Refused => "refused",
         }
     }
@@ -121,6 +126,35 @@ impl DeadLetters {
         Some(label(
             record,
             DeadLetterKind::Unmappable,
+            &error.to_string(),
+            origin,
+        ))
+    }
+
+    /// The dead-letter copy of a record whose payload does not fit its
+    /// schema (its value still the JSON payload), or `None` to halt.
+    pub fn invalid<T>(
+        &self,
+        error: &dyn std::fmt::Display,
+        mut record: Record<T>,
+        lsn: Lsn,
+    ) -> Option<Record<T>> {
+        let topic = self.topic.as_deref()?;
+        let event_id = record
+            .headers
+            .iter()
+            .find(|h| h.name == "id")
+            .and_then(|h| std::str::from_utf8(&h.value).ok())
+            .map(str::to_owned);
+        let original_topic = std::mem::replace(&mut record.topic, topic.into());
+        let origin = Origin {
+            topic: Some(&original_topic),
+            lsn,
+            event_id: event_id.as_deref(),
+        };
+        Some(label(
+            record,
+            DeadLetterKind::Invalid,
             &error.to_string(),
             origin,
         ))

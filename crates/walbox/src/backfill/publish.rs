@@ -82,6 +82,13 @@ pub(super) async fn publish(
             .map(crate::claim_check::ClaimCheck::new)
             .transpose()
             .map_err(RunError::from)?,
+        schema_registry: plan
+            .settings
+            .schema_registry
+            .as_ref()
+            .map(crate::schema_registry::SchemaRegistry::new)
+            .transpose()
+            .map_err(RunError::from)?,
     };
     let saved = Rc::new(Cell::new(p.published));
     let mut rows = Rows {

@@ -652,6 +652,12 @@ async fn stream(
             .map(crate::claim_check::ClaimCheck::new)
             .transpose()
             .map_err(RunError::from)?,
+        schema_registry: settings
+            .schema_registry
+            .as_ref()
+            .map(crate::schema_registry::SchemaRegistry::new)
+            .transpose()
+            .map_err(RunError::from)?,
     };
     let urgency = shutdown.clone();
     let result =

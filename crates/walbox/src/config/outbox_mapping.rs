@@ -70,6 +70,7 @@ impl Config {
             RawFormat::CloudeventsBinary => EventFormat::CloudEventsBinary { source },
             RawFormat::CloudeventsStructured => EventFormat::CloudEventsStructured { source },
             RawFormat::Debezium => EventFormat::Debezium,
+            RawFormat::Avro => EventFormat::Avro,
         };
         Ok(mapping)
     }

@@ -16,6 +16,7 @@ pub(super) enum RawFormat {
     CloudeventsBinary,
     CloudeventsStructured,
     Debezium,
+    Avro,
 }
 
 /// The merged settings, as the file spells them (see [`table::SETTINGS`]).
@@ -44,6 +45,7 @@ pub(super) struct Raw {
     pub(super) on_failure: Option<OnFailure>,
     pub(super) quarantine: RawQuarantine,
     pub(super) claim_check: RawClaimCheck,
+    pub(super) schema_registry: RawSchemaRegistry,
     pub(super) on_slot_invalidated: OnSlotInvalidated,
     pub(super) on_drift: OnDrift,
     #[serde(deserialize_with = "whole::u64")]
@@ -86,6 +88,7 @@ impl Default for Raw {
             on_failure: None,
             quarantine: RawQuarantine::default(),
             claim_check: RawClaimCheck::default(),
+            schema_registry: RawSchemaRegistry::default(),
             on_slot_invalidated: OnSlotInvalidated::Fail,
             on_drift: OnDrift::Stop,
             slot_recreate_margin_secs: 600,
@@ -251,6 +254,27 @@ impl Default for RawClaimCheck {
             threshold_bytes: 900_000,
         }
     }
+}
+
+/// `[schema_registry]`: where format = avro finds its schemas.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawSchemaRegistry {
+    pub(super) url: Option<String>,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<Secret>,
+    pub(super) ca_file: Option<String>,
+    pub(super) subject_strategy: RawSubjectStrategy,
+}
+
+/// `schema_registry.subject_strategy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawSubjectStrategy {
+    #[default]
+    Topic,
+    Record,
+    TopicRecord,
 }
 
 /// `[audit]`: the continuous audit.

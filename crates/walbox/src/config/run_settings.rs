@@ -55,6 +55,9 @@ pub struct RunSettings {
     pub receipts: bool,
     /// Where oversized values go (`claim_check.*`); `None`: off.
     pub claim_check: Option<crate::claim_check::ClaimCheckConfig>,
+    /// Where format = avro finds its schemas (`schema_registry.*`);
+    /// `None` with any other format.
+    pub schema_registry: Option<crate::schema_registry::RegistryConfig>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -252,7 +255,21 @@ impl Config {
         }
         let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
         let claim_check = self.claim_check()?;
+        let schema_registry = self.schema_registry()?;
+        if schema_registry.is_some() {
+            if exactly_once.is_some() {
+                return Err(ConfigError(
+                    "format = \"avro\" is not supported with delivery = \"exactly-once\" yet: use at-least-once".into(),
+                ));
+            }
+            if on_failure == OnFailure::Quarantine {
+                return Err(ConfigError(
+                    "format = \"avro\" is not supported with on_failure = \"quarantine\" yet: use stop or dead-letter".into(),
+                ));
+            }
+        }
         Ok(RunSettings {
+            schema_registry,
             claim_check,
             otlp_endpoint,
             audit_interval,
@@ -272,6 +289,67 @@ impl Config {
             margin: Duration::from_secs(r.slot_recreate_margin_secs),
             retention: duration_setting("retention", &r.retention, "7d, 12h or 30m")?,
         })
+    }
+
+    /// `schema_registry.*`, checked: required by format = avro, refused
+    /// with any other format.
+    fn schema_registry(
+        &self,
+    ) -> Result<Option<crate::schema_registry::RegistryConfig>, ConfigError> {
+        use super::raw::{RawFormat, RawSubjectStrategy};
+        use crate::schema_registry::{RegistryConfig, SubjectStrategy};
+        let s = &self.raw.schema_registry;
+        if self.raw.format != RawFormat::Avro {
+            // Unused: a warning (config/warnings.rs).
+            return Ok(None);
+        }
+        let Some(url) = &s.url else {
+            return Err(ConfigError(
+                "format = \"avro\" needs schema_registry.url, the registry's Confluent-compatible API (e.g. http://registry:8081 or Apicurio's http://apicurio:8080/apis/ccompat/v7)".into(),
+            ));
+        };
+        let after_scheme = match url.split_once("://") {
+            Some(("http" | "https", rest)) if !rest.is_empty() => rest,
+            _ => {
+                return Err(ConfigError(format!(
+                    "schema_registry.url {:?}: expected an http:// or https:// URL, e.g. http://registry:8081",
+                    super::redact_userinfo(url)
+                )))
+            }
+        };
+        if after_scheme
+            .split('/')
+            .next()
+            .is_some_and(|host| host.contains('@'))
+        {
+            return Err(ConfigError(format!(
+                "schema_registry.url {:?}: put the credentials in schema_registry.username and schema_registry.password, not in the URL",
+                super::redact_userinfo(url)
+            )));
+        }
+        if s.password.is_some() && s.username.is_none() {
+            return Err(ConfigError(
+                "schema_registry.password is set without schema_registry.username".into(),
+            ));
+        }
+        let strategy = match s.subject_strategy {
+            RawSubjectStrategy::Topic => SubjectStrategy::Topic,
+            RawSubjectStrategy::Record => SubjectStrategy::Record,
+            RawSubjectStrategy::TopicRecord => SubjectStrategy::TopicRecord,
+        };
+        if strategy.needs_event_type() && self.mapping()?.event_type.is_none() {
+            return Err(ConfigError(format!(
+                "schema_registry.subject_strategy = \"{}\" names subjects by the event type, and mapping.event_type is empty: map the event type column, or use subject_strategy = \"topic\"",
+                strategy.name()
+            )));
+        }
+        Ok(Some(RegistryConfig {
+            url: url.clone(),
+            username: s.username.clone(),
+            password: s.password.as_ref().map(|p| p.expose().to_owned()),
+            ca_file: s.ca_file.as_ref().map(Into::into),
+            strategy,
+        }))
     }
 
     /// `claim_check.*`, checked; `None` without a bucket.

@@ -713,7 +713,7 @@ fn sources_and_formats() {
             "cloudevents_source \"urn:x\" applies to format = \"cloudevents-binary\"",
         ),
         (
-            vec![("WALBOX_FORMAT", "avro")],
+            vec![("WALBOX_FORMAT", "protobuf")],
             "WALBOX_FORMAT: expected one of as-stored",
         ),
     ] {
@@ -1093,6 +1093,91 @@ fn the_failure_policy_is_one_of_three_and_quarantine_is_bounded() {
             .contains("WALBOX_ON_FAILURE: expected one of stop, dead-letter, quarantine"),
         "{e}"
     );
+}
+
+#[test]
+fn avro_needs_a_registry_which_is_checked() {
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(env);
+        load(None, &all, &[]).unwrap().run()
+    };
+    let avro = ("WALBOX_FORMAT", "avro");
+    let url = ("WALBOX_SCHEMA_REGISTRY_URL", "https://registry:8081/");
+    assert!(run(&[]).unwrap().schema_registry.is_none());
+    let on = run(&[
+        avro,
+        url,
+        ("WALBOX_SCHEMA_REGISTRY_USERNAME", "svc"),
+        ("WALBOX_SCHEMA_REGISTRY_PASSWORD", "hunter2"),
+        ("WALBOX_SCHEMA_REGISTRY_SUBJECT_STRATEGY", "topic-record"),
+    ])
+    .unwrap()
+    .schema_registry
+    .unwrap();
+    assert_eq!(on.url, "https://registry:8081/");
+    assert_eq!(on.password.as_deref(), Some("hunter2"));
+    assert_eq!(
+        on.strategy,
+        crate::schema_registry::SubjectStrategy::TopicRecord
+    );
+    assert!(!format!("{on:?}").contains("hunter2"), "{on:?}");
+    for (env, says) in [
+        (vec![avro], "format = \"avro\" needs schema_registry.url"),
+        (
+            vec![avro, ("WALBOX_SCHEMA_REGISTRY_URL", "registry:8081")],
+            "schema_registry.url \"registry:8081\": expected an http:// or https:// URL",
+        ),
+        (
+            vec![
+                avro,
+                ("WALBOX_SCHEMA_REGISTRY_URL", "https://u:hunter2@registry"),
+            ],
+            "put the credentials in schema_registry.username and schema_registry.password",
+        ),
+        (
+            vec![avro, url, ("WALBOX_SCHEMA_REGISTRY_PASSWORD", "x")],
+            "schema_registry.password is set without schema_registry.username",
+        ),
+        (
+            vec![
+                avro,
+                url,
+                ("WALBOX_SCHEMA_REGISTRY_SUBJECT_STRATEGY", "record"),
+                ("WALBOX_MAPPING_EVENT_TYPE", ""),
+            ],
+            "mapping.event_type is empty",
+        ),
+        (
+            vec![avro, url, ("WALBOX_DELIVERY", "exactly-once")],
+            "format = \"avro\" is not supported with delivery = \"exactly-once\" yet",
+        ),
+        (
+            vec![avro, url, ("WALBOX_ON_FAILURE", "quarantine")],
+            "format = \"avro\" is not supported with on_failure = \"quarantine\" yet",
+        ),
+    ] {
+        let e = run(&env).unwrap_err().to_string();
+        assert!(e.contains(says), "{env:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+    let warned = |env: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(env);
+        load(None, &all, &[]).unwrap().warnings().join("\n")
+    };
+    assert!(warned(&[url]).contains("only format = \"avro\" uses a schema registry"));
+    let plain = warned(&[
+        avro,
+        ("WALBOX_SCHEMA_REGISTRY_URL", "http://registry:8081"),
+        ("WALBOX_SCHEMA_REGISTRY_USERNAME", "svc"),
+        ("WALBOX_SCHEMA_REGISTRY_PASSWORD", "hunter2"),
+    ]);
+    assert!(
+        plain.contains("the password travels unencrypted"),
+        "{plain}"
+    );
+    assert!(!plain.contains("hunter2"));
 }
 
 #[test]

@@ -7,6 +7,8 @@
 //! - Kafka over plaintext, or TLS that does not verify the broker.
 //! - A secret given as a command-line flag: every user of the machine can
 //!   read it in the process list, and it stays in shell history.
+//! - A schema registry's password sent over http://, or a registry URL
+//!   with a format that uses none.
 
 use slot_manager::SslMode;
 
@@ -45,11 +47,21 @@ impl Config {
                 out.push("Kafka's TLS does not check the brokers' host names (ssl.endpoint.identification.algorithm=none); remove it".into());
             }
         }
+        let registry = &self.raw.schema_registry;
+        if let Some(url) = &registry.url {
+            if self.raw.format != super::raw::RawFormat::Avro {
+                out.push("schema_registry.url is set, and only format = \"avro\" uses a schema registry: it is ignored".into());
+            } else if url.starts_with("http://") && registry.password.is_some() {
+                out.push("the schema registry is reached over http:// with basic authentication: the password travels unencrypted; use https://".into());
+            }
+        }
         for (key, _, source) in self.effective() {
             if source != "command line" {
                 continue;
             }
-            let secret = if key == "pg_url" {
+            let secret = if key == "schema_registry.password" {
+                true
+            } else if key == "pg_url" {
                 connection
                     .as_ref()
                     .is_some_and(|c| c.pg.password().is_some())

@@ -42,6 +42,11 @@ pub enum EventFormat {
     },
     /// Debezium EventRouter's record with the JSON key converter.
     Debezium,
+    /// The JSON payload serialized with its subject's schema from a schema
+    /// registry, in Confluent's wire format ([`crate::schema_registry`]):
+    /// the mapping leaves the value JSON, and the relay serializes it just
+    /// before the record is sent.
+    Avro,
 }
 
 /// `json` without the whitespace between its tokens (Postgres writes
@@ -89,6 +94,7 @@ impl EventFormat {
             EventFormat::CloudEventsBinary { .. } => "cloudevents-binary",
             EventFormat::CloudEventsStructured { .. } => "cloudevents-structured",
             EventFormat::Debezium => "debezium",
+            EventFormat::Avro => "avro",
         }
     }
 
@@ -114,7 +120,7 @@ impl EventFormat {
     /// Rewrites `event`'s record in this format.
     pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
         match self {
-            EventFormat::AsStored => {}
+            EventFormat::AsStored | EventFormat::Avro => {}
             EventFormat::Debezium => {
                 event.key = self.key_of(&event.aggregate_id);
                 // As Kafka Connect's JsonConverter writes it: compact, and a

@@ -3,7 +3,7 @@
 //! | metric | type | meaning |
 //! |---|---|---|
 //! | `walbox_events_published_total{topic}` | counter | events the broker acknowledged (dead-lettered ones not included) |
-//! | `walbox_events_dead_lettered_total{topic,kind}` | counter | events published to the dead-letter topic instead; `topic` is the one they were meant for (empty when the row named none), `kind` `unmappable` or `refused` |
+//! | `walbox_events_dead_lettered_total{topic,kind}` | counter | events published to the dead-letter topic instead; `topic` is the one they were meant for (empty when the row named none), `kind` `unmappable`, `invalid` (format = avro: the payload does not fit its schema) or `refused` |
 //! | `walbox_events_failed_total{topic,kind}` | counter | deliveries that failed and halted walbox; `kind` `permanent`, `fatal`, `retriable_exhausted`, `purged`, `withheld` |
 //! | `walbox_in_flight_events` | gauge | events sent, not yet acknowledged |
 //! | `walbox_in_flight_bytes` | gauge | their bytes (KiB granularity) |

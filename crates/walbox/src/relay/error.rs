@@ -97,6 +97,11 @@ pub enum RunError {
     /// Claim-check: an oversized value could not be stored.
     #[error(transparent)]
     ClaimCheck(#[from] crate::claim_check::ClaimCheckError),
+    /// `format = "avro"`: a value could not be serialized (the registry
+    /// did not answer or refused, or the payload does not fit its schema
+    /// and there is no dead-letter topic).
+    #[error(transparent)]
+    Schema(#[from] crate::schema_registry::SchemaError),
     /// The quarantine cannot hold an event (full, or the event has no
     /// aggregate): the slot stays before it.
     #[error("{0}")]
@@ -159,6 +164,7 @@ impl RunError {
             | RunError::ProgressUnread { .. }
             | RunError::ProgressTopicUnchecked(_) => true,
             RunError::ClaimCheck(e) => e.is_transient(),
+            RunError::Schema(e) => e.is_transient(),
             _ => false,
         }
     }

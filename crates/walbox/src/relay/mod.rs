@@ -116,6 +116,8 @@ pub struct Token {
     event_id: Option<Box<str>>,
     /// The continuous audit sampled this event.
     sampled: bool,
+    /// Its value is serialized with its schema already (`format = "avro"`).
+    serialized: bool,
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -166,6 +168,9 @@ pub struct RelayConfig {
     pub receipts: Option<crate::receipts::Recorder>,
     /// Where oversized values go (`claim_check.bucket`); `None`: off.
     pub claim_check: Option<crate::claim_check::ClaimCheck>,
+    /// Serializes values with their schemas (`format = "avro"`); `None`:
+    /// the mapping's value is the record's.
+    pub schema_registry: Option<crate::schema_registry::SchemaRegistry>,
 }
 
 /// What a stream that ended ([`Input::End`]) delivered.

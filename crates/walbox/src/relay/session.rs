@@ -378,8 +378,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if coverage_due.deadline() != due {
                 coverage_due.as_mut().reset(due);
             }
-            // An oversized record's value is stored before it is sent.
-            if let Err(e) = self.claim_check_front().await {
+            // A value is serialized, and an oversized one stored, before
+            // the record is sent.
+            if let Err(e) = self.prepare_front().await {
                 break Err(e);
             }
             let waiting = self.core.waiting();
@@ -593,7 +594,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
     /// to the loop's `reserve` branch.
     async fn send_while_room(&mut self) -> Result<(), RunError> {
         loop {
-            self.claim_check_front().await?;
+            self.prepare_front().await?;
             let Some(size) = self.core.waiting() else {
                 return Ok(());
             };
@@ -601,6 +602,37 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 return Ok(());
             };
             self.send_front(permit).await?;
+        }
+    }
+
+    /// Readies the first waiting record for the broker: its value
+    /// serialized with its schema (`format = "avro"`), then stored in the
+    /// object store when oversized.
+    async fn prepare_front(&mut self) -> Result<(), RunError> {
+        self.serialize_front().await?;
+        self.claim_check_front().await
+    }
+
+    /// Serializes the first waiting record's value with its subject's
+    /// schema (see [`crate::schema_registry`]); one that does not fit
+    /// follows the failure policy.
+    async fn serialize_front(&mut self) -> Result<(), RunError> {
+        let config = self.config;
+        let Some(registry) = &config.schema_registry else {
+            return Ok(());
+        };
+        let Some(record) = self.core.front_to_serialize() else {
+            return Ok(());
+        };
+        match registry.encode(record).await {
+            Ok(_) => {
+                record.token.serialized = true;
+                Ok(())
+            }
+            Err(e @ crate::schema_registry::SchemaError::Invalid { .. }) => {
+                self.core.front_invalid(e)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -661,7 +693,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             if self.core.unacked_events() == 0 {
                 break;
             }
-            self.claim_check_front().await?;
+            self.prepare_front().await?;
             let waiting = self.core.waiting();
             tokio::select! {
                 biased;

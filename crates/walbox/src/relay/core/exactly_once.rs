@@ -262,6 +262,7 @@ impl Core<'_> {
                 span: None,
                 event_id: None,
                 sampled: false,
+                serialized: false,
             },
         };
         self.outgoing.push_back(record);

@@ -338,6 +338,7 @@ impl Core<'_> {
             span: None,
             event_id: None,
             sampled: false,
+            serialized: false,
         })
     }
 }

@@ -219,9 +219,45 @@ impl<'a> Core<'a> {
         self.outgoing.front().map(Record::size)
     }
 
-    /// The first waiting record, to be claim-checked in place.
+    /// The first waiting record, to be serialized or claim-checked in
+    /// place.
     pub(super) fn front_mut(&mut self) -> Option<&mut Record<Token>> {
         self.outgoing.front_mut()
+    }
+
+    /// The first waiting record, when it is an event's (not a dead-letter
+    /// copy, a progress record or a released one) whose value is not
+    /// serialized with its schema yet.
+    pub(super) fn front_to_serialize(&mut self) -> Option<&mut Record<Token>> {
+        self.outgoing.front_mut().filter(|r| {
+            let t = &r.token;
+            !t.serialized && t.dead_letter.is_none() && !t.progress_record && !t.released
+        })
+    }
+
+    /// The first waiting record's payload does not fit its schema: it
+    /// follows the failure policy like a refused one (its dead-letter copy
+    /// takes its place, or walbox stops with the slot before it).
+    pub(super) fn front_invalid(
+        &mut self,
+        error: crate::schema_registry::SchemaError,
+    ) -> Result<(), RunError> {
+        let mut record = self.outgoing.pop_front().expect("a record is waiting");
+        let lsn = record.token.lsn;
+        record.token.dead_letter = Some(crate::dead_letter::DeadLetterKind::Invalid);
+        record.token.sampled = false;
+        let topic = Arc::clone(&record.token.topic);
+        match self.config.dead_letters.invalid(&error, record, lsn) {
+            Some(copy) => {
+                tracing::warn!(%error, %topic, %lsn, dead_letter_topic = %copy.topic, "dead-lettering an event that does not match its schema");
+                self.outgoing.push_front(copy);
+                Ok(())
+            }
+            None => {
+                tracing::error!(%error, %topic, %lsn, "an event does not match its schema");
+                Err(RunError::Schema(error))
+            }
+        }
     }
 
     /// The first waiting record, now that there is room for it (exactly-once:

@@ -198,6 +198,7 @@ impl Core<'_> {
                 span: None,
                 event_id: None,
                 sampled: false,
+                serialized: false,
             };
             self.outgoing.push_back(held.record.with_token(token));
         }

@@ -6,6 +6,7 @@ mod exactly_once;
 pub(in crate::relay) mod fakes;
 mod no_loss;
 mod quarantine;
+mod schema_registry;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         audit: None,
         receipts: None,
         claim_check: None,
+        schema_registry: None,
     }
 }
 

@@ -1,0 +1,161 @@
+//! `format = "avro"` through the relay loop, with an in-memory registry:
+//! values go out in the wire format with their subject's schema id; a
+//! payload that does not fit follows the failure policy; a registry that
+//! does not answer stalls the stream without skipping an event.
+
+use std::sync::{Arc, Mutex};
+
+use super::fakes::{header, key_of};
+use super::*;
+use crate::mapping::format::EventFormat;
+use crate::schema_registry::{Memory, SchemaError, SchemaRegistry, SubjectStrategy};
+
+const SCHEMA: &str =
+    r#"{"type": "record", "name": "Created", "fields": [{"name": "n", "type": "int"}]}"#;
+
+/// A fixture whose records are Avro with subject `events-value` (id 7).
+fn avro_fixture(dead_letters: DeadLetters) -> (Fixture, Arc<Mutex<Memory>>) {
+    let mut fx = Fixture::new(dead_letters, 100, 1024);
+    let memory = Arc::new(Mutex::new(Memory::default()));
+    memory
+        .lock()
+        .unwrap()
+        .subjects
+        .insert("events-value".into(), (7, SCHEMA.into()));
+    fx.config.mapping.format = EventFormat::Avro;
+    fx.config.schema_registry = Some(SchemaRegistry::in_memory(
+        SubjectStrategy::Topic,
+        Arc::clone(&memory),
+    ));
+    (fx, memory)
+}
+
+#[tokio::test(start_paused = true)]
+async fn values_go_out_with_their_schema_id_and_an_invalid_one_is_dead_lettered() {
+    let (mut fx, _) = avro_fixture(DeadLetters::to_topic("dlq"));
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(100, "e0", Some("a"), r#"{"n": 1}"#));
+            server.send(insert(110, "e1", Some("a"), r#"{"n": "one"}"#));
+            server.send(insert(120, "e2", Some("a"), r#"{"n": -2}"#));
+            server.send(commit(190, 200));
+            until("all three sent", || b.pending() == 3).await;
+            idle(2_000).await;
+            assert!(
+                server.confirmed() < 200,
+                "nothing confirmed before the acks"
+            );
+            b.ack_all();
+            until("the slot past them", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let delivered = fx.broker.delivered();
+    assert_eq!(delivered.len(), 3);
+    // Magic byte, schema id 7, the zig-zag varint of n.
+    assert_eq!(delivered[0].value.as_deref(), Some(&[0, 0, 0, 0, 7, 2][..]));
+    assert_eq!(delivered[2].value.as_deref(), Some(&[0, 0, 0, 0, 7, 3][..]));
+    for r in [&delivered[0], &delivered[2]] {
+        assert_eq!(&*r.topic, "events");
+        assert_eq!(key_of(r), "a", "the key stays the aggregate id");
+        assert_eq!(header(r, "event_type"), Some("Created"));
+    }
+    assert_eq!(header(&delivered[0], "id"), Some("e0"));
+    let copy = &delivered[1];
+    assert_eq!(&*copy.topic, "dlq");
+    assert_eq!(
+        copy.value.as_deref(),
+        Some(&br#"{"n": "one"}"#[..]),
+        "as stored"
+    );
+    assert_eq!(header(copy, "walbox.error.kind"), Some("invalid"));
+    assert_eq!(header(copy, "walbox.original.topic"), Some("events"));
+    assert_eq!(header(copy, "walbox.event.id"), Some("e1"));
+    let error = header(copy, "walbox.error").unwrap();
+    assert!(
+        error.starts_with("event e1 does not match schema 7 of subject \"events-value\": "),
+        "{error}"
+    );
+    assert!(fx
+        .metrics
+        .encode()
+        .contains("walbox_events_dead_lettered_total{topic=\"events\",kind=\"invalid\"} 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_dead_letter_topic_an_invalid_event_stops_with_the_slot_before_it() {
+    let (mut fx, _) = avro_fixture(DeadLetters::halt());
+    let server = fx.source.session(10);
+    let status = server.status_handle();
+    let result = fx
+        .run(|_stop| async move {
+            let s = server;
+            s.send(relation());
+            s.send(begin(190));
+            s.send(insert(100, "e0", Some("a"), r#"{"n": 1}"#));
+            s.send(insert(110, "e1", Some("a"), r#"{}"#));
+            s.send(commit(190, 200));
+            idle(60_000).await;
+            panic!("the relay should have stopped");
+        })
+        .await;
+    let e = result.unwrap_err();
+    assert!(
+        matches!(e, RunError::Schema(SchemaError::Invalid { .. })),
+        "{e}"
+    );
+    assert!(!e.is_transient());
+    assert!(
+        super::fakes::highest_confirmed(&status).unwrap_or(0) < 200,
+        "the slot stays before e1's commit"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_registry_outage_stalls_the_stream_and_skips_nothing() {
+    let (mut fx, memory) = avro_fixture(DeadLetters::halt());
+    memory.lock().unwrap().down = true;
+    let first = fx.source.session(10);
+    let second = fx.source.session(10);
+    let b = fx.broker.clone();
+    let registry = Arc::clone(&memory);
+    let metrics = Arc::clone(&fx.metrics);
+    let result = fx
+        .run(|stop| async move {
+            for server in [&first, &second] {
+                server.send(relation());
+                server.send(begin(190));
+                server.send(insert(100, "e0", Some("a"), r#"{"n": 1}"#));
+                server.send(commit(190, 200));
+            }
+            until("the first session ended", || {
+                metrics
+                    .encode()
+                    .contains("walbox_reconnects_total{reason=\"other\"} 1")
+            })
+            .await;
+            assert!(first.confirmed() < 200, "nothing confirmed past e0");
+            assert_eq!(b.pending(), 0, "nothing sent while the registry is down");
+            registry.lock().unwrap().down = false;
+            until("e0 sent by the next session", || b.pending() == 1).await;
+            b.ack_all();
+            until("the slot past e0", || second.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || second.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let delivered = fx.broker.delivered();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].value.as_deref(), Some(&[0, 0, 0, 0, 7, 2][..]));
+    assert!(fx
+        .metrics
+        .encode()
+        .contains("walbox_reconnects_total{reason=\"other\"} 1"));
+}
