@@ -23,6 +23,7 @@ mod quarantine;
 mod receipts;
 mod retention;
 mod run;
+mod schema_registry;
 mod secured_kafka;
 mod shards;
 mod spans;

@@ -1,0 +1,49 @@
+"""The format = avro e2e test's independent side: Confluent's own Python
+client (confluent-kafka's SchemaRegistryClient and AvroDeserializer, with
+fastavro) against the same registry walbox serializes with.
+
+  registry_avro.py register URL   stdin: {"subject": "<Avro schema>", ...}
+                                  stdout: {"subject": id, ...}
+  registry_avro.py decode URL     stdin: [{"topic": T, "value": hex}, ...]
+                                  stdout: [{"schema_id": id, "value": {...}}, ...]
+
+`decode` reads each value as Confluent's deserializer does: the magic byte,
+the schema id, the writer's schema fetched from the registry by that id,
+the Avro datum; a value it cannot read fails the tool.
+"""
+
+import json
+import struct
+import sys
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+
+def main():
+    action, url = sys.argv[1], sys.argv[2]
+    client = SchemaRegistryClient({"url": url})
+    if action == "register":
+        schemas = json.load(sys.stdin)
+        ids = {
+            subject: client.register_schema(subject, Schema(text, "AVRO"))
+            for subject, text in schemas.items()
+        }
+        json.dump(ids, sys.stdout)
+    elif action == "decode":
+        deserializer = AvroDeserializer(client)
+        out = []
+        for record in json.load(sys.stdin):
+            value = bytes.fromhex(record["value"])
+            magic, schema_id = struct.unpack(">bI", value[:5])
+            assert magic == 0, f"magic byte {magic}"
+            ctx = SerializationContext(record["topic"], MessageField.VALUE)
+            out.append({"schema_id": schema_id, "value": deserializer(value, ctx)})
+        json.dump(out, sys.stdout, default=str)
+    else:
+        sys.exit(f"unknown action {action}")
+
+
+if __name__ == "__main__":
+    main()
