@@ -1,6 +1,8 @@
 //! What mapping one event costs walbox, by source and record format: an
 //! outbox row (the default columns, a ~200-byte jsonb payload) and the
-//! envelope `walbox.emit()` writes for the same event.
+//! envelope `walbox.emit()` writes for the same event. `map/row/avro` is
+//! the mapping plus serializing the payload with its (cached) schema in
+//! Confluent's wire format, what `format = "avro"` adds to every event.
 //!
 //! `cargo bench -p walbox --bench map`
 
@@ -95,6 +97,28 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    let schema = walbox::schema_registry::avro::parse(
+        r#"{"type": "record", "name": "OrderCreated", "namespace": "shop", "fields": [
+            {"name": "pad", "type": "string"},
+            {"name": "total", "type": "long"},
+            {"name": "order_id", "type": "string"}]}"#,
+    )
+    .unwrap();
+    let mapping = OutboxMapping {
+        format: EventFormat::Avro,
+        ..OutboxMapping::default()
+    };
+    let columns = mapping.resolve(&relation).unwrap();
+    let mut topics = Topics::default();
+    c.bench_function("map/row/avro", |b| {
+        b.iter(|| {
+            let event = mapping
+                .map_with(&columns, black_box(&tuple), &mut topics)
+                .unwrap();
+            let value = event.value.as_deref().unwrap();
+            black_box(walbox::schema_registry::avro::encode(&schema, 7, value).unwrap())
+        })
+    });
 }
 
 criterion_group!(benches, bench);
