@@ -159,3 +159,41 @@ async fn a_registry_outage_stalls_the_stream_and_skips_nothing() {
         .encode()
         .contains("walbox_reconnects_total{reason=\"other\"} 1"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_record_waiting_for_room_is_serialized_once() {
+    let (mut fx, memory) = avro_fixture(DeadLetters::halt());
+    // One event in flight at a time: each next record is serialized, then
+    // waits for room while the loop turns.
+    fx = Fixture {
+        config: fx.config.clone(),
+        ..Fixture::new(DeadLetters::halt(), 1, 1024)
+    };
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            for (i, lsn) in [100, 110, 120].into_iter().enumerate() {
+                server.send(insert(lsn, &format!("e{i}"), Some("a"), r#"{"n": 1}"#));
+            }
+            server.send(commit(190, 200));
+            for sent in 1..=3 {
+                until("the next one sent", || b.pending() == 1).await;
+                // Turns of the loop while the next record waits for room.
+                idle(3_000).await;
+                b.ack_all();
+                until("acknowledged", || b.delivered().len() == sent).await;
+            }
+            until("the slot past them", || server.confirmed() == 200).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    for r in fx.broker.delivered() {
+        assert_eq!(r.value.as_deref(), Some(&[0, 0, 0, 0, 7, 2][..]));
+    }
+    assert_eq!(memory.lock().unwrap().lookups, 1, "one lookup, then the cache");
+}
