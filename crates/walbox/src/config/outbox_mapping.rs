@@ -71,6 +71,7 @@ impl Config {
             RawFormat::CloudeventsStructured => EventFormat::CloudEventsStructured { source },
             RawFormat::Debezium => EventFormat::Debezium,
             RawFormat::Avro => EventFormat::Avro,
+            RawFormat::JsonSchema => EventFormat::JsonSchema,
         };
         Ok(mapping)
     }

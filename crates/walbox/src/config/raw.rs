@@ -17,6 +17,7 @@ pub(super) enum RawFormat {
     CloudeventsStructured,
     Debezium,
     Avro,
+    JsonSchema,
 }
 
 /// The merged settings, as the file spells them (see [`table::SETTINGS`]).

@@ -256,16 +256,17 @@ impl Config {
         let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
         let claim_check = self.claim_check()?;
         let schema_registry = self.schema_registry()?;
-        if schema_registry.is_some() {
+        if let Some(registry) = &schema_registry {
+            let format = registry.kind.format();
             if exactly_once.is_some() {
-                return Err(ConfigError(
-                    "format = \"avro\" is not supported with delivery = \"exactly-once\" yet: use at-least-once".into(),
-                ));
+                return Err(ConfigError(format!(
+                    "format = \"{format}\" is not supported with delivery = \"exactly-once\" yet: use at-least-once"
+                )));
             }
             if on_failure == OnFailure::Quarantine {
-                return Err(ConfigError(
-                    "format = \"avro\" is not supported with on_failure = \"quarantine\" yet: use stop or dead-letter".into(),
-                ));
+                return Err(ConfigError(format!(
+                    "format = \"{format}\" is not supported with on_failure = \"quarantine\" yet: use stop or dead-letter"
+                )));
             }
         }
         Ok(RunSettings {
@@ -297,16 +298,19 @@ impl Config {
         &self,
     ) -> Result<Option<crate::schema_registry::RegistryConfig>, ConfigError> {
         use super::raw::{RawFormat, RawSubjectStrategy};
-        use crate::schema_registry::{RegistryConfig, SubjectStrategy};
+        use crate::schema_registry::{RegistryConfig, SchemaKind, SubjectStrategy};
         let s = &self.raw.schema_registry;
-        if self.raw.format != RawFormat::Avro {
+        let kind = match self.raw.format {
+            RawFormat::Avro => SchemaKind::Avro,
+            RawFormat::JsonSchema => SchemaKind::JsonSchema,
             // Unused: a warning (config/warnings.rs).
-            return Ok(None);
-        }
+            _ => return Ok(None),
+        };
         let Some(url) = &s.url else {
-            return Err(ConfigError(
-                "format = \"avro\" needs schema_registry.url, the registry's Confluent-compatible API (e.g. http://registry:8081 or Apicurio's http://apicurio:8080/apis/ccompat/v7)".into(),
-            ));
+            return Err(ConfigError(format!(
+                "format = \"{}\" needs schema_registry.url, the registry's Confluent-compatible API (e.g. http://registry:8081 or Apicurio's http://apicurio:8080/apis/ccompat/v7)",
+                kind.format()
+            )));
         };
         let after_scheme = match url.split_once("://") {
             Some(("http" | "https", rest)) if !rest.is_empty() => rest,
@@ -349,6 +353,7 @@ impl Config {
             password: s.password.as_ref().map(|p| p.expose().to_owned()),
             ca_file: s.ca_file.as_ref().map(Into::into),
             strategy,
+            kind,
         }))
     }
 

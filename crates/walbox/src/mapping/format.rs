@@ -47,6 +47,9 @@ pub enum EventFormat {
     /// the mapping leaves the value JSON, and the relay serializes it just
     /// before the record is sent.
     Avro,
+    /// The JSON payload validated against its subject's JSON Schema, in
+    /// Confluent's wire format; serialized by the relay as [`Self::Avro`].
+    JsonSchema,
 }
 
 /// `json` without the whitespace between its tokens (Postgres writes
@@ -95,6 +98,7 @@ impl EventFormat {
             EventFormat::CloudEventsStructured { .. } => "cloudevents-structured",
             EventFormat::Debezium => "debezium",
             EventFormat::Avro => "avro",
+            EventFormat::JsonSchema => "json-schema",
         }
     }
 
@@ -120,7 +124,7 @@ impl EventFormat {
     /// Rewrites `event`'s record in this format.
     pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
         match self {
-            EventFormat::AsStored | EventFormat::Avro => {}
+            EventFormat::AsStored | EventFormat::Avro | EventFormat::JsonSchema => {}
             EventFormat::Debezium => {
                 event.key = self.key_of(&event.aggregate_id);
                 // As Kafka Connect's JsonConverter writes it: compact, and a

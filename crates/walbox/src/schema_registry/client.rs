@@ -58,8 +58,12 @@ impl RegistryClient {
         })
     }
 
-    /// The id and text of `subject`'s latest schema.
-    pub async fn latest(&self, subject: &str) -> Result<(u32, String), SchemaError> {
+    /// The id, text and type (`schemaType`, absent for Avro) of
+    /// `subject`'s latest schema.
+    pub async fn latest(
+        &self,
+        subject: &str,
+    ) -> Result<(u32, String, Option<String>), SchemaError> {
         let url = format!(
             "{}/subjects/{}/versions/latest",
             self.base,
@@ -132,13 +136,7 @@ impl RegistryClient {
                 "the registry's answer is not a schema version: {e}"
             ))
         })?;
-        match version.schema_type.as_deref() {
-            None | Some("AVRO") => Ok((version.id, version.schema)),
-            Some(other) => Err(refused(format!(
-                "its latest schema (id {}) is {other}, and format = \"avro\" needs an Avro schema",
-                version.id
-            ))),
-        }
+        Ok((version.id, version.schema, version.schema_type))
     }
 }
 
@@ -178,6 +176,7 @@ mod tests {
             password: Some("hunter2".into()),
             ca_file: None,
             strategy: Default::default(),
+            kind: Default::default(),
         })
         .unwrap();
         let e = client.latest("t-value").await.unwrap_err();

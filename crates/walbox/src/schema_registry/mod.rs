@@ -1,5 +1,5 @@
-//! Records serialized against a schema registry (`format = "avro"`), stated
-//! once:
+//! Records serialized against a schema registry (`format = "avro"` or
+//! `"json-schema"`), stated once:
 //!
 //! - **The subject** of a record is named by `schema_registry.subject_strategy`
 //!   as Confluent's serializers name it: `topic` (TopicNameStrategy,
@@ -11,10 +11,12 @@
 //!   looked up again after [`REFRESH`] so a new version is picked up; at
 //!   most [`MAX_SUBJECTS`] subjects and [`MAX_CACHED_BYTES`] of schema text
 //!   are kept.
-//! - **The value** is the JSON payload resolved against that schema and
-//!   written in Confluent's wire format ([`avro`]): magic byte, the schema
-//!   id, the Avro datum. The key (the aggregate id) and the headers are
-//!   unchanged; a NULL payload stays a record without a value.
+//! - **The value** is in Confluent's wire format: magic byte, the schema
+//!   id, then the JSON payload resolved against an Avro schema and written
+//!   as its datum ([`avro`]), or the JSON payload as stored once it
+//!   validated against a JSON Schema ([`json_schema`]). The key (the
+//!   aggregate id) and the headers are unchanged; a NULL payload stays a
+//!   record without a value.
 //! - **A payload that does not fit** its schema is refused for its own
 //!   sake ([`SchemaError::Invalid`]): it follows the failure policy, to the
 //!   dead-letter topic with Avro's reason in `walbox.error` (kind
@@ -24,11 +26,12 @@
 //!   again after a backoff, nothing skipped ([`SchemaError::Unavailable`]).
 //!   A subject already cached keeps its schema through an outage.
 //! - **A registry that refuses** (401, 403, no such subject, a schema that
-//!   is not Avro) stops walbox with the slot before the event, in one line
-//!   ([`SchemaError::Refused`]).
+//!   is not of the format's type) stops walbox with the slot before the
+//!   event, in one line ([`SchemaError::Refused`]).
 
 pub mod avro;
 mod client;
+pub mod json_schema;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -102,6 +105,34 @@ impl SubjectStrategy {
     }
 }
 
+/// Which kind of schema serializes the values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchemaKind {
+    /// Avro (`format = "avro"`).
+    #[default]
+    Avro,
+    /// JSON Schema (`format = "json-schema"`).
+    JsonSchema,
+}
+
+impl SchemaKind {
+    /// The registry's `schemaType` for it (Avro's may be absent).
+    fn schema_type(self) -> &'static str {
+        match self {
+            SchemaKind::Avro => "AVRO",
+            SchemaKind::JsonSchema => "JSON",
+        }
+    }
+
+    /// The format that uses it.
+    pub fn format(self) -> &'static str {
+        match self {
+            SchemaKind::Avro => "avro",
+            SchemaKind::JsonSchema => "json-schema",
+        }
+    }
+}
+
 /// Where the registry is and how to reach it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RegistryConfig {
@@ -116,6 +147,8 @@ pub struct RegistryConfig {
     pub ca_file: Option<std::path::PathBuf>,
     /// How subjects are named.
     pub strategy: SubjectStrategy,
+    /// Which kind of schema.
+    pub kind: SchemaKind,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -126,6 +159,7 @@ impl std::fmt::Debug for RegistryConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("ca_file", &self.ca_file)
             .field("strategy", &self.strategy)
+            .field("kind", &self.kind)
             .finish()
     }
 }
@@ -174,15 +208,35 @@ impl SchemaError {
     }
 }
 
+/// A schema, ready to serialize with.
+#[derive(Debug)]
+pub enum Compiled {
+    /// An Avro schema.
+    Avro(Schema),
+    /// A JSON Schema's validator.
+    Json(jsonschema::Validator),
+}
+
 /// A subject's schema as the registry gave it.
 #[derive(Clone, Debug)]
 pub struct Registered {
     /// The schema id, written into every record.
     pub id: u32,
     /// The parsed schema.
-    pub schema: Arc<Schema>,
+    pub schema: Arc<Compiled>,
     /// The size of its text (the cache's bound).
     pub text_len: usize,
+}
+
+impl Registered {
+    /// `payload` (JSON) in the wire format with this schema; the error is
+    /// why it does not fit.
+    pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+        match &*self.schema {
+            Compiled::Avro(schema) => avro::encode(schema, self.id, payload),
+            Compiled::Json(validator) => json_schema::encode(validator, self.id, payload),
+        }
+    }
 }
 
 struct Cached {
@@ -251,6 +305,7 @@ pub struct Memory {
 #[derive(Clone)]
 pub struct SchemaRegistry {
     strategy: SubjectStrategy,
+    kind: SchemaKind,
     lookup: Lookup,
     cache: Arc<Mutex<Cache>>,
 }
@@ -268,6 +323,7 @@ impl SchemaRegistry {
     pub fn new(config: &RegistryConfig) -> Result<SchemaRegistry, SchemaError> {
         Ok(SchemaRegistry {
             strategy: config.strategy,
+            kind: config.kind,
             lookup: Lookup::Http(RegistryClient::new(config)?),
             cache: Arc::default(),
         })
@@ -275,16 +331,22 @@ impl SchemaRegistry {
 
     /// One on an in-memory registry, for tests.
     #[cfg(test)]
-    pub fn in_memory(strategy: SubjectStrategy, memory: Arc<Mutex<Memory>>) -> SchemaRegistry {
+    pub fn in_memory(
+        strategy: SubjectStrategy,
+        kind: SchemaKind,
+        memory: Arc<Mutex<Memory>>,
+    ) -> SchemaRegistry {
         SchemaRegistry {
             strategy,
+            kind,
             lookup: Lookup::Memory(memory),
             cache: Arc::default(),
         }
     }
 
-    /// Rewrites `record`'s JSON value as Avro in the wire format; returns
-    /// the schema id used (`None` for a record without a value).
+    /// Rewrites `record`'s JSON value in the wire format with its
+    /// subject's schema; returns the schema id used (`None` for a record
+    /// without a value).
     pub async fn encode<T>(&self, record: &mut Record<T>) -> Result<Option<u32>, SchemaError> {
         let Some(payload) = record.value.as_ref() else {
             return Ok(None);
@@ -300,7 +362,7 @@ impl SchemaRegistry {
                 detail,
             })?;
         let registered = self.schema(&subject).await?;
-        let value = avro::encode(&registered.schema, registered.id, payload).map_err(|detail| {
+        let value = registered.encode(payload).map_err(|detail| {
             SchemaError::Invalid {
                 event_id: event_id.to_owned(),
                 what: format!("schema {} of subject {subject:?}", registered.id),
@@ -344,7 +406,7 @@ impl SchemaRegistry {
     }
 
     async fn fetch(&self, subject: &str) -> Result<Registered, SchemaError> {
-        let (id, text) = match &self.lookup {
+        let (id, text, schema_type) = match &self.lookup {
             Lookup::Http(client) => client.latest(subject).await?,
             #[cfg(test)]
             Lookup::Memory(memory) => {
@@ -356,20 +418,35 @@ impl SchemaRegistry {
                         detail: "connection refused".into(),
                     });
                 }
-                memory
-                    .subjects
-                    .get(subject)
-                    .cloned()
-                    .ok_or_else(|| SchemaError::Refused {
+                let (id, text) = memory.subjects.get(subject).cloned().ok_or_else(|| {
+                    SchemaError::Refused {
                         subject: subject.to_owned(),
                         detail: "not found".into(),
-                    })?
+                    }
+                })?;
+                let schema_type = (self.kind == SchemaKind::JsonSchema).then(|| "JSON".to_owned());
+                (id, text, schema_type)
             }
         };
-        let schema = avro::parse(&text).map_err(|e| SchemaError::Refused {
+        let wanted = self.kind.schema_type();
+        let schema_type = schema_type.as_deref().unwrap_or("AVRO");
+        if schema_type != wanted {
+            return Err(SchemaError::Refused {
+                subject: subject.to_owned(),
+                detail: format!(
+                    "its latest schema (id {id}) is {schema_type}, and format = \"{}\" needs a {wanted} schema",
+                    self.kind.format()
+                ),
+            });
+        }
+        let invalid = |e: String| SchemaError::Refused {
             subject: subject.to_owned(),
-            detail: format!("its latest schema (id {id}) is not a valid Avro schema: {e}"),
-        })?;
+            detail: format!("its latest schema (id {id}) is not a valid {wanted} schema: {e}"),
+        };
+        let schema = match self.kind {
+            SchemaKind::Avro => Compiled::Avro(avro::parse(&text).map_err(invalid)?),
+            SchemaKind::JsonSchema => Compiled::Json(json_schema::compile(&text).map_err(invalid)?),
+        };
         Ok(Registered {
             id,
             schema: Arc::new(schema),
@@ -402,7 +479,11 @@ mod tests {
             ..Memory::default()
         }));
         (
-            SchemaRegistry::in_memory(SubjectStrategy::Topic, Arc::clone(&memory)),
+            SchemaRegistry::in_memory(
+                SubjectStrategy::Topic,
+                SchemaKind::Avro,
+                Arc::clone(&memory),
+            ),
             memory,
         )
     }
@@ -482,12 +563,50 @@ mod tests {
         assert_eq!(registry.encode(&mut null).await.unwrap(), None);
     }
 
+    #[tokio::test]
+    async fn a_json_schema_validates_and_the_payload_goes_out_as_stored() {
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        memory.lock().unwrap().subjects.insert(
+            "t-value".into(),
+            (9, r#"{"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}"#.into()),
+        );
+        let registry =
+            SchemaRegistry::in_memory(SubjectStrategy::Topic, SchemaKind::JsonSchema, memory);
+        let mut ok = Record::new("t", None, Some(Bytes::from_static(br#"{"a": 5}"#)), ());
+        assert_eq!(registry.encode(&mut ok).await.unwrap(), Some(9));
+        assert_eq!(ok.value.as_deref().unwrap(), b"\0\0\0\0\x09{\"a\": 5}");
+        let mut bad = Record::new("t", None, Some(Bytes::from_static(br#"{"a": "x"}"#)), ())
+            .with_header("id", "e-2");
+        let e = registry.encode(&mut bad).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("event e-2 does not match schema 9 of subject \"t-value\": ")
+                && e.contains("/a"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_schema_that_does_not_compile_is_refused() {
+        // "record" is an Avro type, no JSON Schema type.
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        memory
+            .lock()
+            .unwrap()
+            .subjects
+            .insert("t-value".into(), (1, r#"{"type": "record"}"#.into()));
+        let registry =
+            SchemaRegistry::in_memory(SubjectStrategy::Topic, SchemaKind::JsonSchema, memory);
+        let e = registry.schema("t-value").await.unwrap_err();
+        assert!(matches!(e, SchemaError::Refused { .. }), "{e}");
+        assert!(e.to_string().contains("is not a valid JSON schema"), "{e}");
+    }
+
     #[test]
     fn the_cache_is_bounded_by_count_and_bytes() {
         let now = Instant::now();
         let registered = |len| Registered {
             id: 1,
-            schema: Arc::new(Schema::Int),
+            schema: Arc::new(Compiled::Avro(Schema::Int)),
             text_len: len,
         };
         let mut cache = Cache::default();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::fakes::{header, key_of};
 use super::*;
 use crate::mapping::format::EventFormat;
-use crate::schema_registry::{Memory, SchemaError, SchemaRegistry, SubjectStrategy};
+use crate::schema_registry::{Memory, SchemaError, SchemaKind, SchemaRegistry, SubjectStrategy};
 
 const SCHEMA: &str =
     r#"{"type": "record", "name": "Created", "fields": [{"name": "n", "type": "int"}]}"#;
@@ -25,6 +25,7 @@ fn avro_fixture(dead_letters: DeadLetters) -> (Fixture, Arc<Mutex<Memory>>) {
     fx.config.mapping.format = EventFormat::Avro;
     fx.config.schema_registry = Some(SchemaRegistry::in_memory(
         SubjectStrategy::Topic,
+        SchemaKind::Avro,
         Arc::clone(&memory),
     ));
     (fx, memory)
