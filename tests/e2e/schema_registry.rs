@@ -1,12 +1,13 @@
-//! `format = "avro"` against a real schema registry (Apicurio Registry
-//! 3.0.9, in-memory storage, its Confluent-compatible API; scripts/test
-//! fetches it from Maven Central) and Apache Kafka. The schemas are
-//! registered, and every record read back, by Confluent's own Python client
-//! (confluent-kafka's SchemaRegistryClient and AvroDeserializer), not by
-//! walbox's code: 5,000 events over 50 event types (RecordNameStrategy),
-//! two kill -9s, an invalid payload dead-lettered with Avro's reason, and
-//! the registry stopped for more than 10 s while event types walbox has
-//! not looked up yet arrive: nothing skipped.
+//! `format = "avro"` and `"json-schema"` against a real schema registry
+//! (Apicurio Registry 3.0.9, in-memory storage, its Confluent-compatible
+//! API; scripts/test fetches it from Maven Central) and Apache Kafka. The
+//! schemas are registered, and every record read back, by Confluent's own
+//! Python client (confluent-kafka's SchemaRegistryClient, AvroDeserializer
+//! and JSONDeserializer, which validates), not by walbox's code: 5,000
+//! events over 50 event types (RecordNameStrategy), two kill -9s, an
+//! invalid payload dead-lettered with the reason, and the registry stopped
+//! for more than 10 s while event types walbox has not looked up yet
+//! arrive: nothing skipped.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -26,13 +27,37 @@ const TOTAL: i64 = 5_000;
 /// The event whose payload does not fit its schema (`n` is text).
 const INVALID: i64 = 1_234;
 
-/// The Python with confluent-kafka's schema-registry client and fastavro.
+/// The Python with confluent-kafka's schema-registry client, fastavro and
+/// jsonschema.
 fn python() -> String {
     python_with(
         "WALBOX_CONFLUENT_PYTHON",
-        "confluent_kafka.schema_registry.avro, fastavro",
-        "confluent-kafka[avro,schemaregistry]==2.12.2",
+        "confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.json_schema",
+        "confluent-kafka[avro,json,schemaregistry]==2.12.2",
     )
+}
+
+/// A format under test: its name, and the registry's name for its schemas.
+#[derive(Clone, Copy)]
+enum Format {
+    Avro,
+    JsonSchema,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Avro => "avro",
+            Format::JsonSchema => "json-schema",
+        }
+    }
+
+    fn schema_type(self) -> &'static str {
+        match self {
+            Format::Avro => "AVRO",
+            Format::JsonSchema => "JSON",
+        }
+    }
 }
 
 /// Apicurio Registry on a free local port, killed when dropped.
@@ -83,9 +108,15 @@ impl Registry {
         registry
     }
 
-    /// Runs the confluent-kafka tool with `action`, `input` on its stdin.
-    fn tool(&self, action: &str, input: &str) -> serde_json::Value {
-        let out = run_tool(&python(), "registry_avro.py", &[action, &self.url], input);
+    /// Runs the confluent-kafka tool with `action` on schemas of type
+    /// `schema_type`, `input` on its stdin.
+    fn tool(&self, action: &str, schema_type: &str, input: &str) -> serde_json::Value {
+        let out = run_tool(
+            &python(),
+            "registry_client.py",
+            &[action, &self.url, schema_type],
+            input,
+        );
         serde_json::from_str(&out).unwrap()
     }
 
@@ -106,9 +137,27 @@ impl Drop for Registry {
     }
 }
 
-/// Event type `k`'s schema: a record named after it, with a field of its
-/// own (`f<k>`), so a record read with another type's schema fails.
-fn schema(k: i64) -> String {
+/// Event type `k`'s schema: named after it, with a field of its own
+/// (`f<k>`), so a record read with another type's schema fails.
+fn schema(format: Format, k: i64) -> String {
+    if let Format::JsonSchema = format {
+        let mut properties = serde_json::json!({
+            "n": {"type": "integer"},
+            "k": {"type": "integer"},
+            "label": {"type": "string"},
+            "note": {"type": ["string", "null"]},
+        });
+        properties[format!("f{k}")] = serde_json::json!({"type": "integer"});
+        return serde_json::json!({
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "title": format!("shop.Event{k}"),
+            "type": "object",
+            "properties": properties,
+            "required": ["n", "k", "label", format!("f{k}")],
+            "additionalProperties": false,
+        })
+        .to_string();
+    }
     serde_json::json!({
         "type": "record", "name": format!("Event{k}"), "namespace": "shop",
         "fields": [
@@ -174,11 +223,24 @@ fn n(m: &OwnedMessage) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_records_read_back_by_confluents_deserializer_through_kills_and_an_outage() {
+    read_back_through_kills_and_an_outage(Format::Avro).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_records_read_back_by_confluents_deserializer_through_kills_and_an_outage() {
+    read_back_through_kills_and_an_outage(Format::JsonSchema).await;
+}
+
+async fn read_back_through_kills_and_an_outage(format: Format) {
     let registry = Registry::start().await;
     let schemas: HashMap<String, String> = (0..TYPES)
-        .map(|k| (format!("shop.Event{k}"), schema(k)))
+        .map(|k| (format!("shop.Event{k}"), schema(format, k)))
         .collect();
-    let ids = registry.tool("register", &serde_json::to_string(&schemas).unwrap());
+    let ids = registry.tool(
+        "register",
+        format.schema_type(),
+        &serde_json::to_string(&schemas).unwrap(),
+    );
     let id_of = |k: i64| ids[format!("shop.Event{k}")].as_u64().unwrap();
 
     let cluster = kafka_cluster(1);
@@ -191,7 +253,7 @@ async fn avro_records_read_back_by_confluents_deserializer_through_kills_and_an_
         "--mapping-topic-template",
         &topic,
         "--format",
-        "avro",
+        format.name(),
         "--schema-registry-url",
         &registry.url,
         "--schema-registry-subject-strategy",
@@ -255,7 +317,11 @@ async fn avro_records_read_back_by_confluents_deserializer_through_kills_and_an_
             })
         })
         .collect();
-    let decoded = registry.tool("decode", &serde_json::to_string(&input).unwrap());
+    let decoded = registry.tool(
+        "decode",
+        format.schema_type(),
+        &serde_json::to_string(&input).unwrap(),
+    );
     let decoded = decoded.as_array().unwrap();
     assert_eq!(decoded.len(), messages.len());
     let mut sorted: Vec<(&OwnedMessage, &serde_json::Value)> =

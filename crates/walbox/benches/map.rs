@@ -2,7 +2,8 @@
 //! outbox row (the default columns, a ~200-byte jsonb payload) and the
 //! envelope `walbox.emit()` writes for the same event. `map/row/avro` is
 //! the mapping plus serializing the payload with its (cached) schema in
-//! Confluent's wire format, what `format = "avro"` adds to every event.
+//! Confluent's wire format, what `format = "avro"` adds to every event;
+//! `map/row/json-schema` the same with validating against a JSON Schema.
 //!
 //! `cargo bench -p walbox --bench map`
 
@@ -117,6 +118,26 @@ fn bench(c: &mut Criterion) {
                 .unwrap();
             let value = event.value.as_deref().unwrap();
             black_box(walbox::schema_registry::avro::encode(&schema, 7, value).unwrap())
+        })
+    });
+    let validator = walbox::schema_registry::json_schema::compile(
+        r#"{"type": "object", "additionalProperties": false,
+            "required": ["pad", "total", "order_id"],
+            "properties": {"pad": {"type": "string"}, "total": {"type": "integer"},
+                           "order_id": {"type": "string"}}}"#,
+    )
+    .unwrap();
+    let mapping = OutboxMapping {
+        format: EventFormat::JsonSchema,
+        ..OutboxMapping::default()
+    };
+    c.bench_function("map/row/json-schema", |b| {
+        b.iter(|| {
+            let event = mapping
+                .map_with(&columns, black_box(&tuple), &mut topics)
+                .unwrap();
+            let value = event.value.as_deref().unwrap();
+            black_box(walbox::schema_registry::json_schema::encode(&validator, 7, value).unwrap())
         })
     });
 }

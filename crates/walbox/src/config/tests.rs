@@ -1166,14 +1166,21 @@ fn avro_needs_a_registry_which_is_checked() {
         all.extend_from_slice(env);
         load(None, &all, &[]).unwrap().warnings().join("\n")
     };
-    assert!(warned(&[url]).contains("only format = \"avro\" or \"json-schema\" uses a schema registry"));
+    assert!(
+        warned(&[url]).contains("only format = \"avro\" or \"json-schema\" uses a schema registry")
+    );
     let json = run(&[("WALBOX_FORMAT", "json-schema"), url])
         .unwrap()
         .schema_registry
         .unwrap();
     assert_eq!(json.kind, crate::schema_registry::SchemaKind::JsonSchema);
-    let e = run(&[("WALBOX_FORMAT", "json-schema")]).unwrap_err().to_string();
-    assert!(e.contains("format = \"json-schema\" needs schema_registry.url"), "{e}");
+    let e = run(&[("WALBOX_FORMAT", "json-schema")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("format = \"json-schema\" needs schema_registry.url"),
+        "{e}"
+    );
     let plain = warned(&[
         avro,
         ("WALBOX_SCHEMA_REGISTRY_URL", "http://registry:8081"),

@@ -88,7 +88,10 @@ mod tests {
             (br#"{"order_id": 7}"#, "status"),
             (br#"{"order_id": 7, "status": "LOST"}"#, "/status"),
             (br#"{"order_id": 7, "status": "NEW", "x": 1}"#, "x"),
-            (br#"{"order_id": 7, "status": "NEW", "lines": [{"qty": 0}]}"#, "/lines/0/qty"),
+            (
+                br#"{"order_id": 7, "status": "NEW", "lines": [{"qty": 0}]}"#,
+                "/lines/0/qty",
+            ),
             (br#"{"order_id": 7"#, "the payload is not JSON"),
         ] {
             let e = encode(&v, 1, payload).unwrap_err();

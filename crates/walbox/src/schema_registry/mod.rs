@@ -362,13 +362,13 @@ impl SchemaRegistry {
                 detail,
             })?;
         let registered = self.schema(&subject).await?;
-        let value = registered.encode(payload).map_err(|detail| {
-            SchemaError::Invalid {
+        let value = registered
+            .encode(payload)
+            .map_err(|detail| SchemaError::Invalid {
                 event_id: event_id.to_owned(),
                 what: format!("schema {} of subject {subject:?}", registered.id),
                 detail,
-            }
-        })?;
+            })?;
         record.value = Some(Bytes::from(value));
         Ok(Some(registered.id))
     }
@@ -406,28 +406,30 @@ impl SchemaRegistry {
     }
 
     async fn fetch(&self, subject: &str) -> Result<Registered, SchemaError> {
-        let (id, text, schema_type) = match &self.lookup {
-            Lookup::Http(client) => client.latest(subject).await?,
-            #[cfg(test)]
-            Lookup::Memory(memory) => {
-                let mut memory = memory.lock().expect("not poisoned");
-                memory.lookups += 1;
-                if memory.down {
-                    return Err(SchemaError::Unavailable {
-                        subject: subject.to_owned(),
-                        detail: "connection refused".into(),
-                    });
-                }
-                let (id, text) = memory.subjects.get(subject).cloned().ok_or_else(|| {
-                    SchemaError::Refused {
-                        subject: subject.to_owned(),
-                        detail: "not found".into(),
+        let (id, text, schema_type) =
+            match &self.lookup {
+                Lookup::Http(client) => client.latest(subject).await?,
+                #[cfg(test)]
+                Lookup::Memory(memory) => {
+                    let mut memory = memory.lock().expect("not poisoned");
+                    memory.lookups += 1;
+                    if memory.down {
+                        return Err(SchemaError::Unavailable {
+                            subject: subject.to_owned(),
+                            detail: "connection refused".into(),
+                        });
                     }
-                })?;
-                let schema_type = (self.kind == SchemaKind::JsonSchema).then(|| "JSON".to_owned());
-                (id, text, schema_type)
-            }
-        };
+                    let (id, text) = memory.subjects.get(subject).cloned().ok_or_else(|| {
+                        SchemaError::Refused {
+                            subject: subject.to_owned(),
+                            detail: "not found".into(),
+                        }
+                    })?;
+                    let schema_type =
+                        (self.kind == SchemaKind::JsonSchema).then(|| "JSON".to_owned());
+                    (id, text, schema_type)
+                }
+            };
         let wanted = self.kind.schema_type();
         let schema_type = schema_type.as_deref().unwrap_or("AVRO");
         if schema_type != wanted {

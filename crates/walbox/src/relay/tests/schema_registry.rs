@@ -196,5 +196,9 @@ async fn a_record_waiting_for_room_is_serialized_once() {
     for r in fx.broker.delivered() {
         assert_eq!(r.value.as_deref(), Some(&[0, 0, 0, 0, 7, 2][..]));
     }
-    assert_eq!(memory.lock().unwrap().lookups, 1, "one lookup, then the cache");
+    assert_eq!(
+        memory.lock().unwrap().lookups,
+        1,
+        "one lookup, then the cache"
+    );
 }
