@@ -32,6 +32,7 @@
 pub mod avro;
 mod client;
 pub mod json_schema;
+pub mod protobuf;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -113,6 +114,8 @@ pub enum SchemaKind {
     Avro,
     /// JSON Schema (`format = "json-schema"`).
     JsonSchema,
+    /// Protobuf (`format = "protobuf"`).
+    Protobuf,
 }
 
 impl SchemaKind {
@@ -121,6 +124,7 @@ impl SchemaKind {
         match self {
             SchemaKind::Avro => "AVRO",
             SchemaKind::JsonSchema => "JSON",
+            SchemaKind::Protobuf => "PROTOBUF",
         }
     }
 
@@ -129,6 +133,7 @@ impl SchemaKind {
         match self {
             SchemaKind::Avro => "avro",
             SchemaKind::JsonSchema => "json-schema",
+            SchemaKind::Protobuf => "protobuf",
         }
     }
 }
@@ -215,6 +220,8 @@ pub enum Compiled {
     Avro(Schema),
     /// A JSON Schema's validator.
     Json(jsonschema::Validator),
+    /// A `.proto` file's messages.
+    Protobuf(protobuf::ProtoFile),
 }
 
 /// A subject's schema as the registry gave it.
@@ -229,12 +236,13 @@ pub struct Registered {
 }
 
 impl Registered {
-    /// `payload` (JSON) in the wire format with this schema; the error is
-    /// why it does not fit.
-    pub fn encode(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+    /// `payload` (JSON) of an event of `event_type` in the wire format
+    /// with this schema; the error is why it does not fit.
+    pub fn encode(&self, event_type: Option<&str>, payload: &[u8]) -> Result<Vec<u8>, String> {
         match &*self.schema {
             Compiled::Avro(schema) => avro::encode(schema, self.id, payload),
             Compiled::Json(validator) => json_schema::encode(validator, self.id, payload),
+            Compiled::Protobuf(file) => protobuf::encode(file, self.id, event_type, payload),
         }
     }
 }
@@ -362,13 +370,14 @@ impl SchemaRegistry {
                 detail,
             })?;
         let registered = self.schema(&subject).await?;
-        let value = registered
-            .encode(payload)
-            .map_err(|detail| SchemaError::Invalid {
-                event_id: event_id.to_owned(),
-                what: format!("schema {} of subject {subject:?}", registered.id),
-                detail,
-            })?;
+        let value =
+            registered
+                .encode(event_type, payload)
+                .map_err(|detail| SchemaError::Invalid {
+                    event_id: event_id.to_owned(),
+                    what: format!("schema {} of subject {subject:?}", registered.id),
+                    detail,
+                })?;
         record.value = Some(Bytes::from(value));
         Ok(Some(registered.id))
     }
@@ -425,8 +434,7 @@ impl SchemaRegistry {
                             detail: "not found".into(),
                         }
                     })?;
-                    let schema_type =
-                        (self.kind == SchemaKind::JsonSchema).then(|| "JSON".to_owned());
+                    let schema_type = Some(self.kind.schema_type().to_owned());
                     (id, text, schema_type)
                 }
             };
@@ -448,6 +456,7 @@ impl SchemaRegistry {
         let schema = match self.kind {
             SchemaKind::Avro => Compiled::Avro(avro::parse(&text).map_err(invalid)?),
             SchemaKind::JsonSchema => Compiled::Json(json_schema::compile(&text).map_err(invalid)?),
+            SchemaKind::Protobuf => Compiled::Protobuf(protobuf::compile(&text).map_err(invalid)?),
         };
         Ok(Registered {
             id,
