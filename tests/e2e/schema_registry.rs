@@ -1,9 +1,10 @@
-//! `format = "avro"` and `"json-schema"` against a real schema registry
+//! `format = "avro"`, `"json-schema"` and `"protobuf"` against a real schema registry
 //! (Apicurio Registry 3.0.9, in-memory storage, its Confluent-compatible
 //! API; scripts/test fetches it from Maven Central) and Apache Kafka. The
 //! schemas are registered, and every record read back, by Confluent's own
-//! Python client (confluent-kafka's SchemaRegistryClient, AvroDeserializer
-//! and JSONDeserializer, which validates), not by walbox's code: 5,000
+//! Python client (confluent-kafka's SchemaRegistryClient, AvroDeserializer,
+//! JSONDeserializer, which validates, and ProtobufDeserializer with classes
+//! Google's protoc generates), not by walbox's code: 5,000
 //! events over 50 event types (RecordNameStrategy), two kill -9s, an
 //! invalid payload dead-lettered with the reason, and the registry stopped
 //! for more than 10 s while event types walbox has not looked up yet
@@ -27,13 +28,13 @@ const TOTAL: i64 = 5_000;
 /// The event whose payload does not fit its schema (`n` is text).
 const INVALID: i64 = 1_234;
 
-/// The Python with confluent-kafka's schema-registry client, fastavro and
-/// jsonschema.
+/// The Python with confluent-kafka's schema-registry client, fastavro,
+/// jsonschema, protobuf and protoc (grpcio-tools).
 fn python() -> String {
     python_with(
         "WALBOX_CONFLUENT_PYTHON",
-        "confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.json_schema",
-        "confluent-kafka[avro,json,schemaregistry]==2.12.2",
+        "confluent_kafka.schema_registry.avro, confluent_kafka.schema_registry.json_schema, confluent_kafka.schema_registry.protobuf, grpc_tools.protoc",
+        "confluent-kafka[avro,json,protobuf,schemaregistry]==2.12.2 grpcio-tools==1.85.1",
     )
 }
 
@@ -42,6 +43,7 @@ fn python() -> String {
 enum Format {
     Avro,
     JsonSchema,
+    Protobuf,
 }
 
 impl Format {
@@ -49,6 +51,7 @@ impl Format {
         match self {
             Format::Avro => "avro",
             Format::JsonSchema => "json-schema",
+            Format::Protobuf => "protobuf",
         }
     }
 
@@ -56,6 +59,7 @@ impl Format {
         match self {
             Format::Avro => "AVRO",
             Format::JsonSchema => "JSON",
+            Format::Protobuf => "PROTOBUF",
         }
     }
 }
@@ -140,6 +144,11 @@ impl Drop for Registry {
 /// Event type `k`'s schema: named after it, with a field of its own
 /// (`f<k>`), so a record read with another type's schema fails.
 fn schema(format: Format, k: i64) -> String {
+    if let Format::Protobuf = format {
+        return format!(
+            "syntax = \"proto3\";\npackage shop;\nmessage Event{k} {{\n  int64 n = 1;\n  int32 k = 2;\n  string label = 3;\n  optional string note = 4;\n  int64 f{k} = 5;\n}}\n"
+        );
+    }
     if let Format::JsonSchema = format {
         let mut properties = serde_json::json!({
             "n": {"type": "integer"},
@@ -229,6 +238,11 @@ async fn avro_records_read_back_by_confluents_deserializer_through_kills_and_an_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_schema_records_read_back_by_confluents_deserializer_through_kills_and_an_outage() {
     read_back_through_kills_and_an_outage(Format::JsonSchema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_records_read_back_by_confluents_deserializer_through_kills_and_an_outage() {
+    read_back_through_kills_and_an_outage(Format::Protobuf).await;
 }
 
 async fn read_back_through_kills_and_an_outage(format: Format) {

@@ -72,6 +72,7 @@ impl Config {
             RawFormat::Debezium => EventFormat::Debezium,
             RawFormat::Avro => EventFormat::Avro,
             RawFormat::JsonSchema => EventFormat::JsonSchema,
+            RawFormat::Protobuf => EventFormat::Protobuf,
         };
         Ok(mapping)
     }

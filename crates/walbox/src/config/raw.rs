@@ -18,6 +18,7 @@ pub(super) enum RawFormat {
     Debezium,
     Avro,
     JsonSchema,
+    Protobuf,
 }
 
 /// The merged settings, as the file spells them (see [`table::SETTINGS`]).

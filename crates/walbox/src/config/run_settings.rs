@@ -303,6 +303,7 @@ impl Config {
         let kind = match self.raw.format {
             RawFormat::Avro => SchemaKind::Avro,
             RawFormat::JsonSchema => SchemaKind::JsonSchema,
+            RawFormat::Protobuf => SchemaKind::Protobuf,
             // Unused: a warning (config/warnings.rs).
             _ => return Ok(None),
         };

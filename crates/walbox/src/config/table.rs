@@ -167,23 +167,23 @@ pub const SETTINGS: &[Setting] = &[
         ..s("mapping.header_columns", Map, Mapping, "—",
             "Extra columns copied into headers: COLUMN=HEADER.")
     },
-    s("format", Choice(&["as-stored", "cloudevents-binary", "cloudevents-structured", "debezium", "avro", "json-schema"]), Mapping, "as-stored",
-      "The record: the payload as stored with headers id and event_type; CloudEvents 1.0 in binary mode (ce_* headers, the payload as data) or structured mode (a JSON CloudEvent as the value); as Debezium's EventRouter with table.expand.json.payload and the JSON key converter wrote it (the key a JSON string); avro: the JSON payload serialized with its subject's latest Avro schema in a schema registry, in Confluent's wire format (schema_registry.*); or json-schema: the JSON payload, validated against its subject's latest JSON Schema, in the same wire format. docs/configuration.md, \"Record formats\"."),
+    s("format", Choice(&["as-stored", "cloudevents-binary", "cloudevents-structured", "debezium", "avro", "json-schema", "protobuf"]), Mapping, "as-stored",
+      "The record: the payload as stored with headers id and event_type; CloudEvents 1.0 in binary mode (ce_* headers, the payload as data) or structured mode (a JSON CloudEvent as the value); as Debezium's EventRouter with table.expand.json.payload and the JSON key converter wrote it (the key a JSON string); avro: the JSON payload serialized with its subject's latest Avro schema in a schema registry, in Confluent's wire format (schema_registry.*); json-schema: the JSON payload, validated against its subject's latest JSON Schema, in the same wire format; or protobuf: the JSON payload as a message of its subject's latest .proto file, in the same wire format. docs/configuration.md, \"Record formats\"."),
     s("cloudevents_source", Text, Mapping, "/walbox/{slot}",
       "CloudEvents formats: the events' source attribute (a URI reference)."),
     s("schema_registry.url", Text, Run, "—",
-      "format = avro or json-schema: the schema registry's Confluent-compatible API, http:// or https:// (Confluent Schema Registry, Apicurio's /apis/ccompat/v7, Karapace, Redpanda). Required with these formats."),
+      "format = avro, json-schema or protobuf: the schema registry's Confluent-compatible API, http:// or https:// (Confluent Schema Registry, Apicurio's /apis/ccompat/v7, Karapace, Redpanda). Required with these formats."),
     s("schema_registry.username", Text, Run, "—",
-      "format = avro or json-schema: the registry's basic-authentication user."),
+      "format = avro, json-schema or protobuf: the registry's basic-authentication user."),
     Setting {
         secret: true,
         ..s("schema_registry.password", Text, Run, "—",
-            "format = avro or json-schema: the registry's basic-authentication password (WALBOX_SCHEMA_REGISTRY_PASSWORD_FILE reads it from a file).")
+            "format = avro, json-schema or protobuf: the registry's basic-authentication password (WALBOX_SCHEMA_REGISTRY_PASSWORD_FILE reads it from a file).")
     },
     s("schema_registry.ca_file", Text, Run, "—",
-      "format = avro or json-schema: PEM certificates to trust for an https registry instead of the system's."),
+      "format = avro, json-schema or protobuf: PEM certificates to trust for an https registry instead of the system's."),
     s("schema_registry.subject_strategy", Choice(&["topic", "record", "topic-record"]), Run, "topic",
-      "format = avro or json-schema: the subject whose latest schema serializes an event, as Confluent's strategies name it: <topic>-value; the event type (the record's full name, e.g. shop.OrderPlaced); or <topic>-<event type>. The team registers the schemas; walbox registers none."),
+      "format = avro, json-schema or protobuf: the subject whose latest schema serializes an event, as Confluent's strategies name it: <topic>-value; the event type (the record's full name, e.g. shop.OrderPlaced); or <topic>-<event type>. The team registers the schemas; walbox registers none."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
     Setting {
         flag_name: Some("kafka-property"),

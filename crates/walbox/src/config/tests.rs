@@ -713,7 +713,7 @@ fn sources_and_formats() {
             "cloudevents_source \"urn:x\" applies to format = \"cloudevents-binary\"",
         ),
         (
-            vec![("WALBOX_FORMAT", "protobuf")],
+            vec![("WALBOX_FORMAT", "thrift")],
             "WALBOX_FORMAT: expected one of as-stored",
         ),
     ] {
@@ -1166,9 +1166,9 @@ fn avro_needs_a_registry_which_is_checked() {
         all.extend_from_slice(env);
         load(None, &all, &[]).unwrap().warnings().join("\n")
     };
-    assert!(
-        warned(&[url]).contains("only format = \"avro\" or \"json-schema\" uses a schema registry")
-    );
+    assert!(warned(&[url]).contains(
+        "only format = \"avro\", \"json-schema\" or \"protobuf\" uses a schema registry"
+    ));
     let json = run(&[("WALBOX_FORMAT", "json-schema"), url])
         .unwrap()
         .schema_registry

@@ -50,8 +50,11 @@ impl Config {
         let registry = &self.raw.schema_registry;
         if let Some(url) = &registry.url {
             use super::raw::RawFormat;
-            if !matches!(self.raw.format, RawFormat::Avro | RawFormat::JsonSchema) {
-                out.push("schema_registry.url is set, and only format = \"avro\" or \"json-schema\" uses a schema registry: it is ignored".into());
+            if !matches!(
+                self.raw.format,
+                RawFormat::Avro | RawFormat::JsonSchema | RawFormat::Protobuf
+            ) {
+                out.push("schema_registry.url is set, and only format = \"avro\", \"json-schema\" or \"protobuf\" uses a schema registry: it is ignored".into());
             } else if url.starts_with("http://") && registry.password.is_some() {
                 out.push("the schema registry is reached over http:// with basic authentication: the password travels unencrypted; use https://".into());
             }

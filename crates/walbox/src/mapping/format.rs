@@ -50,6 +50,9 @@ pub enum EventFormat {
     /// The JSON payload validated against its subject's JSON Schema, in
     /// Confluent's wire format; serialized by the relay as [`Self::Avro`].
     JsonSchema,
+    /// The JSON payload as a message of its subject's `.proto` file, in
+    /// Confluent's wire format; serialized by the relay as [`Self::Avro`].
+    Protobuf,
 }
 
 /// `json` without the whitespace between its tokens (Postgres writes
@@ -99,6 +102,7 @@ impl EventFormat {
             EventFormat::Debezium => "debezium",
             EventFormat::Avro => "avro",
             EventFormat::JsonSchema => "json-schema",
+            EventFormat::Protobuf => "protobuf",
         }
     }
 
@@ -124,7 +128,10 @@ impl EventFormat {
     /// Rewrites `event`'s record in this format.
     pub(crate) fn apply(&self, event: &mut MappedEvent, attributes: &Attributes<'_>) {
         match self {
-            EventFormat::AsStored | EventFormat::Avro | EventFormat::JsonSchema => {}
+            EventFormat::AsStored
+            | EventFormat::Avro
+            | EventFormat::JsonSchema
+            | EventFormat::Protobuf => {}
             EventFormat::Debezium => {
                 event.key = self.key_of(&event.aggregate_id);
                 // As Kafka Connect's JsonConverter writes it: compact, and a
