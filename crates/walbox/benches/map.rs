@@ -3,7 +3,8 @@
 //! envelope `walbox.emit()` writes for the same event. `map/row/avro` is
 //! the mapping plus serializing the payload with its (cached) schema in
 //! Confluent's wire format, what `format = "avro"` adds to every event;
-//! `map/row/json-schema` the same with validating against a JSON Schema.
+//! `map/row/json-schema` the same with validating against a JSON Schema,
+//! `map/row/protobuf` with writing a Protobuf message.
 //!
 //! `cargo bench -p walbox --bench map`
 
@@ -138,6 +139,32 @@ fn bench(c: &mut Criterion) {
                 .unwrap();
             let value = event.value.as_deref().unwrap();
             black_box(walbox::schema_registry::json_schema::encode(&validator, 7, value).unwrap())
+        })
+    });
+    let file = walbox::schema_registry::protobuf::compile(
+        "syntax = \"proto3\"; package shop;
+         message OrderCreated { string pad = 1; int64 total = 2; string order_id = 3; }",
+    )
+    .unwrap();
+    let mapping = OutboxMapping {
+        format: EventFormat::Protobuf,
+        ..OutboxMapping::default()
+    };
+    c.bench_function("map/row/protobuf", |b| {
+        b.iter(|| {
+            let event = mapping
+                .map_with(&columns, black_box(&tuple), &mut topics)
+                .unwrap();
+            let value = event.value.as_deref().unwrap();
+            black_box(
+                walbox::schema_registry::protobuf::encode(
+                    &file,
+                    7,
+                    Some("shop.OrderCreated"),
+                    value,
+                )
+                .unwrap(),
+            )
         })
     });
 }
