@@ -8,7 +8,9 @@
 //! events over 50 event types (RecordNameStrategy), two kill -9s, an
 //! invalid payload dead-lettered with the reason, and the registry stopped
 //! for more than 10 s while event types walbox has not looked up yet
-//! arrive: nothing skipped.
+//! arrive: nothing skipped. And the registry over HTTPS with basic
+//! authentication: the right password, a wrong one (a stop before the
+//! event, in one line), neither in the log.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -69,34 +71,84 @@ struct Registry {
     child: Child,
     /// Its Confluent-compatible API.
     url: String,
+    /// The confluent-kafka client's settings beyond the URL (TLS, auth).
+    client_conf: Vec<(String, String)>,
     _dir: tempfile::TempDir,
 }
 
+/// The user the secured registry knows, and its password.
+const USER: &str = "walbox";
+const PASSWORD: &str = "s3cret-registry-password";
+
 impl Registry {
     async fn start() -> Registry {
+        Registry::start_with(None).await
+    }
+
+    /// With `certs`: HTTPS only (Quarkus' TLS listener with the server
+    /// certificate) and HTTP basic authentication of [`USER`] on its APIs.
+    async fn start_with(certs: Option<&walbox_test_harness::tls::Certificates>) -> Registry {
         let jar = std::env::var("WALBOX_APICURIO_JAR").unwrap_or_else(|_| {
             panic!("WALBOX_APICURIO_JAR is not set: run scripts/test (scripts/install-apicurio fetches Apicurio Registry)")
         });
         let port = walbox_test_harness::port::free_port();
         let dir = tempfile::tempdir().unwrap();
         let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let mut args = vec![
+            "-Xmx384m".to_owned(),
+            format!("-Dquarkus.http.port={port}"),
+            "-Dquarkus.http.host=127.0.0.1".to_owned(),
+        ];
+        let mut client_conf = Vec::new();
+        let secured_port = certs.map(|certs| {
+            let tls_port = walbox_test_harness::port::free_port();
+            let users = format!("-Dquarkus.security.users.embedded.users.{USER}={PASSWORD}");
+            let roles = format!("-Dquarkus.security.users.embedded.roles.{USER}=sr-admin");
+            args.extend([
+                format!("-Dquarkus.http.ssl-port={tls_port}"),
+                format!(
+                    "-Dquarkus.http.ssl.certificate.files={}",
+                    certs.server_cert().display()
+                ),
+                format!(
+                    "-Dquarkus.http.ssl.certificate.key-files={}",
+                    certs.server_key().display()
+                ),
+                "-Dquarkus.http.auth.basic=true".to_owned(),
+                "-Dquarkus.security.users.embedded.enabled=true".to_owned(),
+                "-Dquarkus.security.users.embedded.plain-text=true".to_owned(),
+                users,
+                roles,
+                "-Dquarkus.http.auth.permission.apis.paths=/apis/*".to_owned(),
+                "-Dquarkus.http.auth.permission.apis.policy=authenticated".to_owned(),
+            ]);
+            client_conf.push((
+                "basic.auth.user.info".to_owned(),
+                format!("{USER}:{PASSWORD}"),
+            ));
+            client_conf.push((
+                "ssl.ca.location".to_owned(),
+                certs.ca().display().to_string(),
+            ));
+            tls_port
+        });
+        args.extend(["-jar".to_owned(), jar]);
         let child = Command::new("java")
-            .args([
-                "-Xmx384m",
-                &format!("-Dquarkus.http.port={port}"),
-                "-Dquarkus.http.host=127.0.0.1",
-                "-jar",
-                &jar,
-            ])
+            .args(&args)
             .current_dir(dir.path())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
             .expect("start java");
         let addr = format!("127.0.0.1:{port}");
+        let url = match secured_port {
+            Some(tls) => format!("https://127.0.0.1:{tls}/apis/ccompat/v7"),
+            None => format!("http://{addr}/apis/ccompat/v7"),
+        };
         let registry = Registry {
             child,
-            url: format!("http://{addr}/apis/ccompat/v7"),
+            url,
+            client_conf,
             _dir: dir,
         };
         wait_for("the registry to be ready", Duration::from_secs(120), || {
@@ -115,10 +167,18 @@ impl Registry {
     /// Runs the confluent-kafka tool with `action` on schemas of type
     /// `schema_type`, `input` on its stdin.
     fn tool(&self, action: &str, schema_type: &str, input: &str) -> serde_json::Value {
+        let conf = serde_json::to_string(
+            &self
+                .client_conf
+                .iter()
+                .cloned()
+                .collect::<HashMap<String, String>>(),
+        )
+        .unwrap();
         let out = run_tool(
             &python(),
             "registry_client.py",
-            &[action, &self.url, schema_type],
+            &[action, &self.url, schema_type, &conf],
             input,
         );
         serde_json::from_str(&out).unwrap()
@@ -386,5 +446,87 @@ async fn read_back_through_kills_and_an_outage(format: Format) {
         let value: serde_json::Value = serde_json::from_slice(copy.payload().unwrap()).unwrap();
         assert_eq!(value["n"], format!("n{INVALID}"));
     }
+    stop(&mut relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox_before_the_event()
+{
+    let certs = walbox_test_harness::tls::Certificates::generate();
+    let registry = Registry::start_with(Some(&certs)).await;
+    let schemas: HashMap<String, String> = (0..TYPES)
+        .map(|k| (format!("shop.Event{k}"), schema(Format::Avro, k)))
+        .collect();
+    registry.tool(
+        "register",
+        "AVRO",
+        &serde_json::to_string(&schemas).unwrap(),
+    );
+    let cluster = kafka_cluster(1);
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let secrets = tempfile::tempdir().unwrap();
+    let password_file = secrets.path().join("registry-password");
+    let ca = certs.ca().display().to_string();
+    let flags = [
+        "--mapping-topic-template",
+        &topic,
+        "--format",
+        "avro",
+        "--schema-registry-url",
+        &registry.url,
+        "--schema-registry-subject-strategy",
+        "record",
+        "--schema-registry-username",
+        USER,
+        "--schema-registry-ca-file",
+        &ca,
+    ];
+    let start = || {
+        let mut c = walbox(&db, &[]);
+        c.env("WALBOX_SCHEMA_REGISTRY_PASSWORD_FILE", &password_file);
+        spawn_run_with(c, &kafka, &flags)
+    };
+    walbox_test_harness::secret_file::write(&password_file, format!("{PASSWORD}\n"));
+    let mut relay = start();
+    insert(&client, 0, 100, 10).await;
+    let messages = wait_distinct(&kafka, &topic, 100, n).await;
+    let input: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "topic": m.topic(),
+                "value": m.payload().unwrap().iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            })
+        })
+        .collect();
+    let decoded = registry.tool("decode", "AVRO", &serde_json::to_string(&input).unwrap());
+    for (m, d) in messages.iter().zip(decoded.as_array().unwrap()) {
+        assert_eq!(d["value"], expected(n(m)));
+    }
+    let log = stop(&mut relay).await;
+    assert!(!log.contains(PASSWORD), "the password in the log");
+
+    // A wrong password: the registry refuses, walbox stops in one line with
+    // the slot before the events; with the right one they all arrive.
+    let wrong = "not-the-registry-password";
+    walbox_test_harness::secret_file::write(&password_file, wrong);
+    relay = start();
+    insert(&client, 100, 150, 10).await;
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("the registry refused access (HTTP 401"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(wrong) && !log.contains(PASSWORD),
+        "a password in the log"
+    );
+    walbox_test_harness::secret_file::write(&password_file, PASSWORD);
+    relay = start();
+    wait_distinct(&kafka, &topic, 150, n).await;
     stop(&mut relay).await;
 }

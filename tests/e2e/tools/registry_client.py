@@ -4,10 +4,13 @@ fastavro, JSONDeserializer with jsonschema, ProtobufDeserializer with the
 message classes Google's protoc (grpcio-tools) generates from the registry's
 .proto files) against the same registry walbox serializes with.
 
-  registry_client.py register URL TYPE   stdin: {"subject": "<schema>", ...}
-                                         stdout: {"subject": id, ...}
-  registry_client.py decode URL TYPE     stdin: [{"topic": T, "value": hex}, ...]
-                                         stdout: [{"schema_id": id, "value": {...}}, ...]
+  registry_client.py register URL TYPE [CONF]   stdin: {"subject": "<schema>", ...}
+                                                stdout: {"subject": id, ...}
+  registry_client.py decode URL TYPE [CONF]     stdin: [{"topic": T, "value": hex}, ...]
+                                                stdout: [{"schema_id": id, "value": {...}}, ...]
+
+CONF is a JSON object of the client's further settings (basic.auth.user.info,
+ssl.ca.location).
 
 TYPE is AVRO, JSON or PROTOBUF. `decode` reads each value as Confluent's
 deserializer does: the magic byte, the schema id, the writer's schema
@@ -33,7 +36,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 def main():
     action, url, schema_type = sys.argv[1], sys.argv[2], sys.argv[3]
-    client = SchemaRegistryClient({"url": url})
+    conf = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    client = SchemaRegistryClient({"url": url, **conf})
     if action == "register":
         schemas = json.load(sys.stdin)
         ids = {
