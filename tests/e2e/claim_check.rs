@@ -81,11 +81,7 @@ impl S3Server {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        signal_child(&self.child, signal);
     }
 }
 

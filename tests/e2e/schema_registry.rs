@@ -185,11 +185,7 @@ impl Registry {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        signal_child(&self.child, signal);
     }
 }
 
@@ -283,6 +279,23 @@ async fn insert(client: &tokio_postgres::Client, from: i64, to: i64, per_tx: i64
             .unwrap();
         at = end;
     }
+}
+
+/// The records' values for the tool's `decode`: topic and hex bytes.
+fn values_of(messages: &[OwnedMessage]) -> String {
+    let values: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| {
+            let hex: String = m
+                .payload()
+                .unwrap()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            serde_json::json!({"topic": m.topic(), "value": hex})
+        })
+        .collect();
+    serde_json::to_string(&values).unwrap()
 }
 
 /// An event's number, from its `n` header (the headers column).
@@ -382,20 +395,7 @@ async fn read_back_through_kills_and_an_outage(format: Format) {
 
     // Every record read by Confluent's deserializer with the schema its
     // id names: the right type's, every field as written.
-    let input: Vec<serde_json::Value> = messages
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "topic": m.topic(),
-                "value": m.payload().unwrap().iter().map(|b| format!("{b:02x}")).collect::<String>(),
-            })
-        })
-        .collect();
-    let decoded = registry.tool(
-        "decode",
-        format.schema_type(),
-        &serde_json::to_string(&input).unwrap(),
-    );
+    let decoded = registry.tool("decode", format.schema_type(), &values_of(&messages));
     let decoded = decoded.as_array().unwrap();
     assert_eq!(decoded.len(), messages.len());
     let mut sorted: Vec<(&OwnedMessage, &serde_json::Value)> =
@@ -493,16 +493,7 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
     let mut relay = start();
     insert(&client, 0, 100, 10).await;
     let messages = wait_distinct(&kafka, &topic, 100, n).await;
-    let input: Vec<serde_json::Value> = messages
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "topic": m.topic(),
-                "value": m.payload().unwrap().iter().map(|b| format!("{b:02x}")).collect::<String>(),
-            })
-        })
-        .collect();
-    let decoded = registry.tool("decode", "AVRO", &serde_json::to_string(&input).unwrap());
+    let decoded = registry.tool("decode", "AVRO", &values_of(&messages));
     for (m, d) in messages.iter().zip(decoded.as_array().unwrap()) {
         assert_eq!(d["value"], expected(n(m)));
     }

@@ -417,6 +417,15 @@ pub(crate) fn python_with(var: &str, import: &str, package: &str) -> String {
     python
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`, …) to a server the test started.
+pub(crate) fn signal_child(child: &std::process::Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal}");
+}
+
 /// Runs `python` on the e2e tool `script` (in `tests/e2e/tools/`) with
 /// `args`, `input` on its standard input; asserts that it succeeded
 /// (showing its output otherwise) and returns its standard output.

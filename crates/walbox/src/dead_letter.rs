@@ -136,7 +136,44 @@ impl DeadLetters {
     pub fn invalid<T>(
         &self,
         error: &dyn std::fmt::Display,
+        record: Record<T>,
+        lsn: Lsn,
+    ) -> Option<Record<T>> {
+        self.copy(record, DeadLetterKind::Invalid, &error.to_string(), lsn)
+    }
+
+    /// The dead-letter copy of a record the broker refused, or `None` to
+    /// halt (no topic, or not a permanent refusal).
+    pub fn refused<T>(
+        &self,
+        error: &DeliveryError,
+        returned: Option<Record<()>>,
+        lsn: Lsn,
+        token: T,
+    ) -> Option<Record<T>> {
+        self.topic.as_ref()?;
+        if error.kind != DeliveryErrorKind::Permanent {
+            return None;
+        }
+        let returned = returned?;
+        let record = Record {
+            topic: returned.topic,
+            key: returned.key,
+            value: returned.value,
+            headers: returned.headers,
+            timestamp_ms: returned.timestamp_ms,
+            token,
+        };
+        self.copy(record, DeadLetterKind::Refused, &error.message, lsn)
+    }
+
+    /// `record` moved to the dead-letter topic and labelled (its event id
+    /// from its `id` header), or `None` without a topic.
+    fn copy<T>(
+        &self,
         mut record: Record<T>,
+        kind: DeadLetterKind,
+        error: &str,
         lsn: Lsn,
     ) -> Option<Record<T>> {
         let topic = self.topic.as_deref()?;
@@ -152,54 +189,7 @@ impl DeadLetters {
             lsn,
             event_id: event_id.as_deref(),
         };
-        Some(label(
-            record,
-            DeadLetterKind::Invalid,
-            &error.to_string(),
-            origin,
-        ))
-    }
-
-    /// The dead-letter copy of a record the broker refused, or `None` to
-    /// halt (no topic, or not a permanent refusal).
-    pub fn refused<T>(
-        &self,
-        error: &DeliveryError,
-        returned: Option<Record<()>>,
-        lsn: Lsn,
-        token: T,
-    ) -> Option<Record<T>> {
-        let topic = self.topic.as_deref()?;
-        if error.kind != DeliveryErrorKind::Permanent {
-            return None;
-        }
-        let returned = returned?;
-        let event_id = returned
-            .headers
-            .iter()
-            .find(|h| h.name == "id")
-            .and_then(|h| std::str::from_utf8(&h.value).ok())
-            .map(str::to_owned);
-        let original_topic = returned.topic.clone();
-        let record = Record {
-            topic: topic.into(),
-            key: returned.key,
-            value: returned.value,
-            headers: returned.headers,
-            timestamp_ms: returned.timestamp_ms,
-            token,
-        };
-        let origin = Origin {
-            topic: Some(&original_topic),
-            lsn,
-            event_id: event_id.as_deref(),
-        };
-        Some(label(
-            record,
-            DeadLetterKind::Refused,
-            &error.message,
-            origin,
-        ))
+        Some(label(record, kind, error, origin))
     }
 }
 

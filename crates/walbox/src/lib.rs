@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod continuous_audit;
 pub mod dead_letter;
+pub mod error_text;
 pub mod event_source;
 pub mod exactly_once;
 pub mod logging;

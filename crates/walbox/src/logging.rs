@@ -251,26 +251,7 @@ impl<K: std::hash::Hash + Eq> Repeats<K> {
     }
 }
 
-/// `e` and its causes, each said once, joined by `: ` (the OS's reason
-/// included: "connect to Postgres at db:5432: Connection refused (os error
-/// 111)"). Postgres's HINT and DETAIL lines become `; `-separated parts.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+pub use crate::error_text::chain;
 
 #[cfg(test)]
 mod tests {

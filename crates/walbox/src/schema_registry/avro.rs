@@ -28,8 +28,8 @@ pub fn encode(schema: &Schema, id: u32, payload: &[u8]) -> Result<Vec<u8>, Strin
     // from bytes unwraps, for one): an event must never take walbox down,
     // so a panic is this event's refusal.
     let datum = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let value = Value::from(json).resolve(schema).map_err(reason)?;
-        apache_avro::to_avro_datum(schema, value).map_err(reason)
+        let value = Value::from(json).resolve(schema).map_err(super::reason)?;
+        apache_avro::to_avro_datum(schema, value).map_err(super::reason)
     }))
     .map_err(|_| "the Avro encoder failed on this payload".to_owned())??;
     let mut out = Vec::with_capacity(5 + datum.len());
@@ -39,30 +39,9 @@ pub fn encode(schema: &Schema, id: u32, payload: &[u8]) -> Result<Vec<u8>, Strin
     Ok(out)
 }
 
-/// Avro's error, on one line.
-fn reason(e: apache_avro::Error) -> String {
-    let text = e.to_string();
-    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    // Avro quotes the whole value it could not resolve: a large payload
-    // would make the header (and the log line) as large.
-    truncate(line, 1000)
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
-}
-
 /// Parses a schema the registry returned.
 pub fn parse(schema: &str) -> Result<Schema, String> {
-    Schema::parse_str(schema).map_err(reason)
+    Schema::parse_str(schema).map_err(super::reason)
 }
 
 #[cfg(test)]

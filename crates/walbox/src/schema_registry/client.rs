@@ -89,7 +89,7 @@ impl RegistryClient {
         let response = request
             .send()
             .await
-            .map_err(|e| unavailable(with_causes(&e)))?;
+            .map_err(|e| unavailable(crate::error_text::chain(&e)))?;
         let status = response.status();
         if response
             .content_length()
@@ -102,7 +102,7 @@ impl RegistryClient {
         let body = response
             .bytes()
             .await
-            .map_err(|e| unavailable(with_causes(&e)))?;
+            .map_err(|e| unavailable(crate::error_text::chain(&e)))?;
         if body.len() > MAX_ANSWER_BYTES {
             return Err(refused(format!(
                 "the registry's answer is larger than {MAX_ANSWER_BYTES} bytes"
@@ -138,22 +138,6 @@ impl RegistryClient {
         })?;
         Ok((version.id, version.schema, version.schema_type))
     }
-}
-
-/// An error with its causes, on one line (reqwest's own message says
-/// little more than "error sending request").
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
 }
 
 /// `subject` as one path segment: unreserved characters as they are, every

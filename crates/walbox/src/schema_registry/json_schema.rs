@@ -19,7 +19,7 @@ use super::avro::MAGIC;
 pub fn compile(schema: &str) -> Result<Validator, String> {
     let json: serde_json::Value =
         serde_json::from_str(schema).map_err(|e| format!("not JSON: {e}"))?;
-    jsonschema::validator_for(&json).map_err(|e| one_line(&e.to_string()))
+    jsonschema::validator_for(&json).map_err(super::reason)
 }
 
 /// The value of a record: `payload` (JSON) checked against `validator`,
@@ -30,27 +30,13 @@ pub fn encode(validator: &Validator, id: u32, payload: &[u8]) -> Result<Vec<u8>,
     if let Some(e) = validator.iter_errors(&json).next() {
         let at = e.instance_path().to_string();
         let at = if at.is_empty() { "/".to_owned() } else { at };
-        return Err(one_line(&format!("{e} (at {at})")));
+        return Err(super::reason(format!("{e} (at {at})")));
     }
     let mut out = Vec::with_capacity(5 + payload.len());
     out.push(MAGIC);
     out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(payload);
     Ok(out)
-}
-
-/// `text` on one line, at most 1,000 bytes (a violation quotes the value).
-fn one_line(text: &str) -> String {
-    let mut line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.len() > 1000 {
-        let mut end = 1000;
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        line.truncate(end);
-        line.push('…');
-    }
-    line
 }
 
 #[cfg(test)]

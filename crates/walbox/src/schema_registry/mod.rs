@@ -466,6 +466,17 @@ impl SchemaRegistry {
     }
 }
 
+/// A library's error for a header and a log line: one line, at most 1,000
+/// bytes (Avro and JSON Schema quote the value they refused).
+fn reason(e: impl std::fmt::Display) -> String {
+    let line = e
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    crate::error_text::at_most(line, 1000)
+}
+
 fn header<'a, T>(record: &'a Record<T>, name: &str) -> Option<&'a str> {
     record
         .headers

@@ -31,12 +31,12 @@ pub struct ProtoFile {
 
 /// Compiles a `.proto` file the registry returned.
 pub fn compile(schema: &str) -> Result<ProtoFile, String> {
-    let file = protox::file::File::from_source(FILE, schema).map_err(one_line)?;
+    let file = protox::file::File::from_source(FILE, schema).map_err(super::reason)?;
     let mut resolver = protox::file::ChainFileResolver::new();
     resolver.add(Single(file));
     resolver.add(protox::file::GoogleFileResolver::new());
     let mut compiler = protox::Compiler::with_file_resolver(resolver);
-    compiler.open_file(FILE).map_err(one_line)?;
+    compiler.open_file(FILE).map_err(super::reason)?;
     let pool: DescriptorPool = compiler.descriptor_pool();
     let messages: Vec<MessageDescriptor> = pool
         .get_file_by_name(FILE)
@@ -82,7 +82,7 @@ pub fn encode(
         &DeserializeOptions::new(),
     )
     .and_then(|m| json.end().map(|()| m))
-    .map_err(|e| one_line(format!("as {}: {e}", message.full_name())))?;
+    .map_err(|e| super::reason(format!("as {}: {e}", message.full_name())))?;
     let mut out = Vec::with_capacity(8 + dynamic.encoded_len());
     out.push(MAGIC);
     out.extend_from_slice(&id.to_be_bytes());
@@ -113,24 +113,6 @@ fn write_zigzag(out: &mut Vec<u8>, n: i64) {
         v >>= 7;
     }
     out.push(v as u8);
-}
-
-/// An error on one line, at most 1,000 bytes.
-fn one_line(e: impl std::fmt::Display) -> String {
-    let mut line: String = e
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    if line.len() > 1000 {
-        let mut end = 1000;
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        line.truncate(end);
-        line.push('…');
-    }
-    line
 }
 
 #[cfg(test)]
