@@ -258,11 +258,6 @@ impl Config {
         let schema_registry = self.schema_registry()?;
         if let Some(registry) = &schema_registry {
             let format = registry.kind.format();
-            if exactly_once.is_some() {
-                return Err(ConfigError(format!(
-                    "format = \"{format}\" is not supported with delivery = \"exactly-once\" yet: use at-least-once"
-                )));
-            }
             if on_failure == OnFailure::Quarantine {
                 return Err(ConfigError(format!(
                     "format = \"{format}\" is not supported with on_failure = \"quarantine\" yet: use stop or dead-letter"

@@ -1149,10 +1149,6 @@ fn avro_needs_a_registry_which_is_checked() {
             "mapping.event_type is empty",
         ),
         (
-            vec![avro, url, ("WALBOX_DELIVERY", "exactly-once")],
-            "format = \"avro\" is not supported with delivery = \"exactly-once\" yet",
-        ),
-        (
             vec![avro, url, ("WALBOX_ON_FAILURE", "quarantine")],
             "format = \"avro\" is not supported with on_failure = \"quarantine\" yet",
         ),
