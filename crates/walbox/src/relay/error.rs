@@ -135,14 +135,16 @@ impl RunError {
 
     /// Why a session ended, as `walbox_reconnects_total`'s `reason` label:
     /// `slot_busy` (another instance streams from the slot), `postgres`
-    /// (connection or server), `transactions` (an aborted Kafka
-    /// transaction), `other`.
+    /// (connection or server), `kafka` (a broker), `transactions` (an
+    /// aborted Kafka transaction), `schema_registry` (the registry did not
+    /// answer), `other`.
     pub fn reason(&self) -> &'static str {
         match self {
             _ if self.slot_busy() => "slot_busy",
             RunError::Postgres(_) => "postgres",
             RunError::Broker { .. } | RunError::ProgressTopicUnchecked(_) => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
+            RunError::Schema(_) => "schema_registry",
             _ => "other",
         }
     }

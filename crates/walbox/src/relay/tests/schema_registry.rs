@@ -138,7 +138,7 @@ async fn a_registry_outage_stalls_the_stream_and_skips_nothing() {
             until("the first session ended", || {
                 metrics
                     .encode()
-                    .contains("walbox_reconnects_total{reason=\"other\"} 1")
+                    .contains("walbox_reconnects_total{reason=\"schema_registry\"} 1")
             })
             .await;
             assert!(first.confirmed() < 200, "nothing confirmed past e0");
@@ -158,7 +158,7 @@ async fn a_registry_outage_stalls_the_stream_and_skips_nothing() {
     assert!(fx
         .metrics
         .encode()
-        .contains("walbox_reconnects_total{reason=\"other\"} 1"));
+        .contains("walbox_reconnects_total{reason=\"schema_registry\"} 1"));
 }
 
 #[tokio::test(start_paused = true)]
