@@ -24,14 +24,9 @@ pub const MAGIC: u8 = 0;
 pub fn encode(schema: &Schema, id: u32, payload: &[u8]) -> Result<Vec<u8>, String> {
     let json: serde_json::Value =
         serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
-    // The library is not ours to audit for panics on odd inputs (a decimal
-    // from bytes unwraps, for one): an event must never take walbox down,
-    // so a panic is this event's refusal.
-    let datum = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let value = Value::from(json).resolve(schema).map_err(super::reason)?;
-        apache_avro::to_avro_datum(schema, value).map_err(super::reason)
-    }))
-    .map_err(|_| "the Avro encoder failed on this payload".to_owned())??;
+    // (A panic in the library is caught by the caller, `Registered::encode`.)
+    let value = Value::from(json).resolve(schema).map_err(super::reason)?;
+    let datum = apache_avro::to_avro_datum(schema, value).map_err(super::reason)?;
     let mut out = Vec::with_capacity(5 + datum.len());
     out.push(MAGIC);
     out.extend_from_slice(&id.to_be_bytes());

@@ -239,11 +239,15 @@ impl Registered {
     /// `payload` (JSON) of an event of `event_type` in the wire format
     /// with this schema; the error is why it does not fit.
     pub fn encode(&self, event_type: Option<&str>, payload: &[u8]) -> Result<Vec<u8>, String> {
-        match &*self.schema {
+        // The libraries are not ours to audit for panics on odd inputs
+        // (apache-avro unwraps a decimal's bytes, for one): an event must
+        // never take walbox down, so a panic is this event's refusal.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &*self.schema {
             Compiled::Avro(schema) => avro::encode(schema, self.id, payload),
             Compiled::Json(validator) => json_schema::encode(validator, self.id, payload),
             Compiled::Protobuf(file) => protobuf::encode(file, self.id, event_type, payload),
-        }
+        }))
+        .unwrap_or_else(|_| Err("the serializer failed on this payload".to_owned()))
     }
 }
 
