@@ -75,7 +75,11 @@ impl Config {
                     (Err(_), None) => "(none)".into(),
                 }
             } else if s.secret {
-                "<redacted>".into()
+                // Whether one is set is no secret; its value is.
+                match lookup(s.key).map(|v| text(&v)) {
+                    Some(v) if v != "(none)" => "<redacted>".into(),
+                    _ => "(none)".into(),
+                }
             } else {
                 lookup(s.key)
                     .map(|v| redact_userinfo(&text(&v)))
