@@ -256,14 +256,6 @@ impl Config {
         let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
         let claim_check = self.claim_check()?;
         let schema_registry = self.schema_registry()?;
-        if let Some(registry) = &schema_registry {
-            let format = registry.kind.format();
-            if on_failure == OnFailure::Quarantine {
-                return Err(ConfigError(format!(
-                    "format = \"{format}\" is not supported with on_failure = \"quarantine\" yet: use stop or dead-letter"
-                )));
-            }
-        }
         Ok(RunSettings {
             schema_registry,
             claim_check,

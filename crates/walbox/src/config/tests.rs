@@ -1148,10 +1148,6 @@ fn avro_needs_a_registry_which_is_checked() {
             ],
             "mapping.event_type is empty",
         ),
-        (
-            vec![avro, url, ("WALBOX_ON_FAILURE", "quarantine")],
-            "format = \"avro\" is not supported with on_failure = \"quarantine\" yet",
-        ),
     ] {
         let e = run(&env).unwrap_err().to_string();
         assert!(e.contains(says), "{env:?}: {e}");

@@ -226,22 +226,33 @@ impl<'a> Core<'a> {
     }
 
     /// The first waiting record, when it is an event's (not a dead-letter
-    /// copy, a progress record or a released one) whose value is not
-    /// serialized with its schema yet.
+    /// copy nor a progress record) whose value is not serialized with its
+    /// schema yet. A record released from the quarantine was held either
+    /// serialized (the broker refused it) or not (held behind another, or
+    /// invalid): its value says which, since a serialized one opens with
+    /// the wire format's zero byte and JSON never does.
     pub(super) fn front_to_serialize(&mut self) -> Option<&mut Record<Token>> {
         self.outgoing.front_mut().filter(|r| {
             let t = &r.token;
-            !t.serialized && t.dead_letter.is_none() && !t.progress_record && !t.released
+            let held_serialized = t.released
+                && r.value.as_ref().and_then(|v| v.first())
+                    == Some(&crate::schema_registry::avro::MAGIC);
+            !t.serialized && t.dead_letter.is_none() && !t.progress_record && !held_serialized
         })
     }
 
     /// The first waiting record's payload does not fit its schema: it
     /// follows the failure policy like a refused one (its dead-letter copy
-    /// takes its place, or walbox stops with the slot before it).
+    /// takes its place, or walbox stops with the slot before it; with the
+    /// quarantine, it holds its aggregate, and a released one stops its
+    /// release).
     pub(super) fn front_invalid(
         &mut self,
         error: crate::schema_registry::SchemaError,
     ) -> Result<(), RunError> {
+        if self.quarantines() {
+            return self.hold_invalid(error);
+        }
         let mut record = self.outgoing.pop_front().expect("a record is waiting");
         let lsn = record.token.lsn;
         record.token.dead_letter = Some(crate::dead_letter::DeadLetterKind::Invalid);

@@ -24,6 +24,8 @@ pub(in crate::relay) enum Why<'e> {
     Unmappable(&'e str),
     /// The broker refused it for good.
     Refused(&'e str),
+    /// Its payload does not fit its schema.
+    Invalid(&'e str),
 }
 
 impl Core<'_> {
@@ -55,6 +57,7 @@ impl Core<'_> {
             ),
             Why::Unmappable(e) => ("unmappable", e.to_owned()),
             Why::Refused(e) => ("refused", e.to_owned()),
+            Why::Invalid(e) => ("invalid", e.to_owned()),
         };
         if !matches!(why, Why::Behind) && !q.holds(&key) {
             tracing::warn!(key = %String::from_utf8_lossy(&key), lsn = %token.lsn, %error, "holding the aggregate: this event and every later one of it go to walbox.quarantine until released");
@@ -88,10 +91,43 @@ impl Core<'_> {
         };
         let key = returned.key.clone().expect("checked");
         self.hold(returned, token, Why::Refused(&error.message))?;
-        // Records of the aggregate not sent yet come after it: held too.
+        self.hold_waiting(&key)
+    }
+
+    /// The first waiting record does not fit its schema, with the
+    /// quarantine on: a released one stops its release (the aggregate's
+    /// released records not sent yet stay held, in the table); any other
+    /// holds its aggregate, with the aggregate's records still waiting.
+    pub(super) fn hold_invalid(
+        &mut self,
+        error: crate::schema_registry::SchemaError,
+    ) -> Result<(), RunError> {
+        let (record, token) = self
+            .outgoing
+            .pop_front()
+            .expect("a record is waiting")
+            .split_token();
+        let key = record.key.clone();
+        if token.released {
+            let q = self.quarantine.as_mut().expect("the quarantine is on");
+            q.on_release_refused(error.to_string());
+            self.outgoing
+                .retain(|r| !(r.token.released && r.key == key));
+            return Ok(());
+        }
+        self.hold(record, token, Why::Invalid(&error.to_string()))?;
+        match key {
+            Some(key) => self.hold_waiting(&key),
+            None => Ok(()),
+        }
+    }
+
+    /// Holds the records of aggregate `key` still waiting to be sent: they
+    /// come after one just held.
+    fn hold_waiting(&mut self, key: &Bytes) -> Result<(), RunError> {
         let waiting = std::mem::take(&mut self.outgoing);
         for record in waiting {
-            if record.key.as_ref() == Some(&key) && !record.token.released {
+            if record.key.as_ref() == Some(key) && !record.token.released {
                 let (record, token) = record.split_token();
                 self.hold(record, token, Why::Behind)?;
             } else {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::fakes::{header, key_of};
 use super::*;
 use crate::mapping::format::EventFormat;
+use crate::quarantine::Request;
 use crate::schema_registry::{Memory, SchemaError, SchemaKind, SchemaRegistry, SubjectStrategy};
 
 const SCHEMA: &str =
@@ -201,4 +202,84 @@ async fn a_record_waiting_for_room_is_serialized_once() {
         1,
         "one lookup, then the cache"
     );
+}
+
+/// The value `{"n": n}` serialized with schema 7: magic, id, zig-zag n.
+fn avro_n(n: i64) -> Vec<u8> {
+    vec![0, 0, 0, 0, 7, ((n << 1) ^ (n >> 63)) as u8]
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_quarantine_an_invalid_event_holds_its_aggregate_and_a_release_serializes_once() {
+    let (mut fx, _) = avro_fixture(DeadLetters::halt());
+    fx.config.quarantine = Some(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(100, "a1", Some("a"), r#"{"n": 1}"#));
+            server.send(insert(110, "b1", Some("b"), r#"{"n": 2}"#));
+            server.send(commit(190, 200));
+            until("both sent", || b.pending() == 2).await;
+            // a1 went out serialized and is refused: held as it was sent.
+            assert!(b.refuse_key("a"));
+            assert!(b.ack_key("b"));
+            // a2 is held behind a1 before it is serialized; b2 does not fit
+            // its schema and holds b, with b3 behind it.
+            server.send(begin(290));
+            server.send(insert(200, "a2", Some("a"), r#"{"n": 3}"#));
+            server.send(insert(210, "b2", Some("b"), r#"{"n": "four"}"#));
+            server.send(insert(220, "b3", Some("b"), r#"{"n": 5}"#));
+            server.send(commit(290, 300));
+            until("the slot past both", || server.confirmed() == 300).await;
+            assert_eq!(db.held_ids("a"), ["a1", "a2"]);
+            assert_eq!(db.held_ids("b"), ["b2", "b3"]);
+            assert_eq!(b.pending(), 0);
+
+            // Released: a1 as it was held, a2 serialized now.
+            assert!(db.request("a", Request::Release));
+            until("a1 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("a2 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("a flows again", || db.held_keys() == ["b"]).await;
+
+            // b2 still does not fit: the release stops, nothing of b is sent.
+            assert!(db.request("b", Request::Release));
+            until("the release failed", || {
+                !db.held.lock().unwrap().failed_releases.is_empty()
+            })
+            .await;
+            assert_eq!(b.pending(), 0);
+            assert_eq!(db.held_ids("b"), ["b2", "b3"]);
+            // Fixed in the table, as an operator does with SQL; released.
+            for e in db.held.lock().unwrap().events.values_mut() {
+                if header(&e.record, "id") == Some("b2") {
+                    e.record.value = Some(bytes::Bytes::from_static(br#"{"n": 4}"#));
+                }
+            }
+            assert!(db.request("b", Request::Release));
+            until("b2 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("b3 sent", || b.pending() == 1).await;
+            b.ack_all();
+            until("nothing held", || db.held_keys().is_empty()).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let values = |key: &str| -> Vec<Vec<u8>> {
+        fx.broker
+            .delivered()
+            .iter()
+            .filter(|r| key_of(r) == key)
+            .map(|r| r.value.as_deref().unwrap().to_vec())
+            .collect()
+    };
+    assert_eq!(values("a"), [avro_n(1), avro_n(3)]);
+    assert_eq!(values("b"), [avro_n(2), avro_n(4), avro_n(5)]);
 }
