@@ -544,3 +544,81 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
     wait_distinct(&kafka, &topic, 150, n).await;
     stop(&mut relay).await;
 }
+
+/// `walbox quarantine …` on `db`; its output.
+fn quarantine(db: &walbox_test_harness::pg::TestDb, args: &[&str]) -> String {
+    let mut all = vec!["quarantine"];
+    all.extend_from_slice(args);
+    succeeded(&walbox(db, &all).output().unwrap())
+}
+
+/// With `on_failure = "quarantine"`, the invalid event holds its aggregate
+/// (the event behind it too) while the others flow; fixed with SQL on
+/// walbox.quarantine and released, both go out serialized, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_event_is_held_fixed_with_sql_and_released_serialized() {
+    let registry = Registry::start().await;
+    let schemas: HashMap<String, String> = (0..TYPES)
+        .map(|k| (format!("shop.Event{k}"), schema(Format::Avro, k)))
+        .collect();
+    registry.tool(
+        "register",
+        "AVRO",
+        &serde_json::to_string(&schemas).unwrap(),
+    );
+    let cluster = kafka_cluster(1);
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            &topic,
+            "--format",
+            "avro",
+            "--schema-registry-url",
+            &registry.url,
+            "--schema-registry-subject-strategy",
+            "record",
+            "--on-failure",
+            "quarantine",
+        ],
+    );
+    wait_log(&relay, "streaming from the slot").await;
+    // 1,234 (aggregate agg-13) does not fit; 1,271 is agg-13's next event.
+    insert(&client, 1_200, 1_300, 10).await;
+    let flowing = wait_distinct(&kafka, &topic, 98, n).await;
+    assert!(flowing.iter().all(|m| m.key() != Some(&b"agg-13"[..])));
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&quarantine(&db, &["list", "--json"])).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["key"], "agg-13");
+    assert_eq!(listed[0]["events"], 2);
+    let error = listed[0]["error"].as_str().unwrap();
+    assert!(error.contains("does not match schema"), "{error}");
+
+    let fixed = client
+        .execute(
+            "UPDATE walbox.quarantine SET value = convert_to($1, 'UTF8') \
+             WHERE slot = 'walbox' AND kind = 'invalid'",
+            &[&expected(INVALID).to_string()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fixed, 1);
+    quarantine(&db, &["release", "agg-13"]);
+    let all = wait_distinct(&kafka, &topic, 100, n).await;
+    let decoded = registry.tool("decode", "AVRO", &values_of(&all));
+    let mut agg13 = Vec::new();
+    for (m, d) in all.iter().zip(decoded.as_array().unwrap()) {
+        assert_eq!(d["value"], expected(n(m)), "event {}", n(m));
+        if m.key() == Some(&b"agg-13"[..]) {
+            agg13.push(n(m));
+        }
+    }
+    assert_eq!(agg13, [INVALID, 1_271], "released in order");
+    stop(&mut relay).await;
+}
