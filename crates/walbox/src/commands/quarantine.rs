@@ -118,6 +118,25 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A held value as text, or as hex (`0x…`) when it is not printable text:
+/// a record held after it was serialized for a schema registry (`format =
+/// "avro"`, …) opens with a zero byte.
+fn value_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s)
+            if !s
+                .chars()
+                .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) =>
+        {
+            s.to_owned()
+        }
+        _ => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            format!("0x{hex}")
+        }
+    }
+}
+
 async fn list(args: ListArgs) -> Result<(), CliError> {
     let (slot, client) = connect(&args.settings).await?;
     let listed: Vec<Listed> = q::list(&client, &slot)
@@ -188,7 +207,7 @@ async fn show(args: ShowArgs) -> Result<(), CliError> {
             .record
             .value
             .as_deref()
-            .map(text)
+            .map(value_text)
             .unwrap_or_else(|| "NULL".into());
         println!(
             "{}/{}\tlsn {}\ttopic {}\tid {id}\t{}: {}\tvalue {value}",
@@ -245,5 +264,18 @@ async fn request(args: RequestArgs, request: Request) -> Result<(), CliError> {
             }
             Some(_) => tokio::time::sleep(WAIT_POLL).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_text;
+
+    #[test]
+    fn a_serialized_value_is_shown_as_hex_and_json_as_it_is() {
+        assert_eq!(value_text(br#"{"n": 1}"#), r#"{"n": 1}"#);
+        assert_eq!(value_text("é\tx\n".as_bytes()), "é\tx\n");
+        assert_eq!(value_text(&[0, 0, 0, 0, 7, 2]), "0x000000000702");
+        assert_eq!(value_text(&[0xff, b'a']), "0xff61");
     }
 }
