@@ -47,13 +47,6 @@ async fn insert(client: &tokio_postgres::Client, from: i64, to: i64, big: bool) 
     }
 }
 
-/// `walbox quarantine ARGS…`'s standard output, asserting success.
-fn quarantine(db: &walbox_test_harness::pg::TestDb, args: &[&str]) -> String {
-    let mut all = vec!["quarantine"];
-    all.extend_from_slice(args);
-    succeeded(&walbox(db, &all).output().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_refused_aggregates_are_held_while_the_rest_flow_and_released_in_order() {
     let cluster = kafka_cluster(1);

@@ -164,6 +164,19 @@ impl Registry {
         registry
     }
 
+    /// Registers every event type's schema in `format` (subject
+    /// `shop.Event<k>`); the ids by subject.
+    fn register_all(&self, format: Format) -> serde_json::Value {
+        let schemas: HashMap<String, String> = (0..TYPES)
+            .map(|k| (format!("shop.Event{k}"), schema(format, k)))
+            .collect();
+        self.tool(
+            "register",
+            format.schema_type(),
+            &serde_json::to_string(&schemas).unwrap(),
+        )
+    }
+
     /// Runs the confluent-kafka tool with `action` on schemas of type
     /// `schema_type`, `input` on its stdin.
     fn tool(&self, action: &str, schema_type: &str, input: &str) -> serde_json::Value {
@@ -327,14 +340,7 @@ async fn protobuf_records_read_back_by_confluents_deserializer_through_kills_and
 
 async fn read_back_through_kills_and_an_outage(format: Format, exactly_once: bool) {
     let registry = Registry::start().await;
-    let schemas: HashMap<String, String> = (0..TYPES)
-        .map(|k| (format!("shop.Event{k}"), schema(format, k)))
-        .collect();
-    let ids = registry.tool(
-        "register",
-        format.schema_type(),
-        &serde_json::to_string(&schemas).unwrap(),
-    );
+    let ids = registry.register_all(format);
     let id_of = |k: i64| ids[format!("shop.Event{k}")].as_u64().unwrap();
 
     let cluster = kafka_cluster(1);
@@ -477,14 +483,7 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
 {
     let certs = walbox_test_harness::tls::Certificates::generate();
     let registry = Registry::start_with(Some(&certs)).await;
-    let schemas: HashMap<String, String> = (0..TYPES)
-        .map(|k| (format!("shop.Event{k}"), schema(Format::Avro, k)))
-        .collect();
-    registry.tool(
-        "register",
-        "AVRO",
-        &serde_json::to_string(&schemas).unwrap(),
-    );
+    registry.register_all(Format::Avro);
     let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;
@@ -545,27 +544,13 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
     stop(&mut relay).await;
 }
 
-/// `walbox quarantine …` on `db`; its output.
-fn quarantine(db: &walbox_test_harness::pg::TestDb, args: &[&str]) -> String {
-    let mut all = vec!["quarantine"];
-    all.extend_from_slice(args);
-    succeeded(&walbox(db, &all).output().unwrap())
-}
-
 /// With `on_failure = "quarantine"`, the invalid event holds its aggregate
 /// (the event behind it too) while the others flow; fixed with SQL on
 /// walbox.quarantine and released, both go out serialized, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_event_is_held_fixed_with_sql_and_released_serialized() {
     let registry = Registry::start().await;
-    let schemas: HashMap<String, String> = (0..TYPES)
-        .map(|k| (format!("shop.Event{k}"), schema(Format::Avro, k)))
-        .collect();
-    registry.tool(
-        "register",
-        "AVRO",
-        &serde_json::to_string(&schemas).unwrap(),
-    );
+    registry.register_all(Format::Avro);
     let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();
     let db = fresh_db().await;

@@ -417,6 +417,13 @@ pub(crate) fn python_with(var: &str, import: &str, package: &str) -> String {
     python
 }
 
+/// `walbox quarantine ARGS…`'s standard output, asserting success.
+pub(crate) fn quarantine(db: &TestDb, args: &[&str]) -> String {
+    let mut all = vec!["quarantine"];
+    all.extend_from_slice(args);
+    succeeded(&walbox(db, &all).output().unwrap())
+}
+
 /// Sends `signal` (`-STOP`, `-CONT`, …) to a server the test started.
 pub(crate) fn signal_child(child: &std::process::Child, signal: &str) {
     let status = Command::new("kill")
