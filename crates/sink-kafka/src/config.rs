@@ -79,6 +79,10 @@ pub struct SinkConfig {
     /// [`SinkConfig::gapless`] does not apply: a failed record fails its
     /// whole transaction.
     pub transactional_id: Option<String>,
+    /// The AWS region of the MSK cluster, for `sasl.mechanism = AWS_MSK_IAM`
+    /// (see `msk_iam.rs`); `None`: the region in the brokers' MSK host
+    /// names, else the AWS SDK's (`AWS_REGION`, the profile).
+    pub aws_region: Option<String>,
 }
 
 /// How the sink creates a missing topic.
@@ -103,6 +107,7 @@ impl SinkConfig {
             gapless: true,
             create_topics: None,
             transactional_id: None,
+            aws_region: None,
         }
     }
 
@@ -232,9 +237,98 @@ impl SinkConfig {
         for (k, v) in &self.properties {
             c.set(k, v);
         }
+        self.check_msk_iam()?;
+        self.translate_msk_iam(&mut c);
         Ok(c)
     }
+
+    /// True with `sasl.mechanism = AWS_MSK_IAM`.
+    pub fn msk_iam(&self) -> bool {
+        self.properties
+            .get(SASL_MECHANISM)
+            .is_some_and(|m| m.eq_ignore_ascii_case(crate::msk_iam::MECHANISM))
+    }
+
+    /// The settings `AWS_MSK_IAM` cannot go with.
+    fn check_msk_iam(&self) -> Result<(), crate::SinkError> {
+        if !self.msk_iam() {
+            if self.aws_region.is_some() {
+                return Err(crate::SinkError::Config(
+                    "kafka.aws_region is for sasl.mechanism = AWS_MSK_IAM only".into(),
+                ));
+            }
+            return Ok(());
+        }
+        match self.properties.get(SECURITY_PROTOCOL).map(|p| p.to_ascii_uppercase()) {
+            None => {}
+            Some(p) if p == "SASL_SSL" || p == "SASL_PLAINTEXT" => {}
+            Some(p) => {
+                return Err(crate::SinkError::Config(format!(
+                    "sasl.mechanism = AWS_MSK_IAM needs security.protocol = SASL_SSL (MSK's IAM listener, port 9098), not {p}"
+                )))
+            }
+        }
+        if let Some(key) = [
+            "sasl.username",
+            "sasl.password",
+            "sasl.oauthbearer.method",
+            "sasl.oauthbearer.config",
+            "sasl.oauthbearer.token.endpoint.url",
+            "sasl.oauthbearer.client.id",
+            "sasl.oauthbearer.client.secret",
+            "enable.sasl.oauthbearer.unsecure.jwt",
+        ]
+        .into_iter()
+        .find(|k| self.properties.contains_key(*k))
+        {
+            return Err(crate::SinkError::Config(format!(
+                "{key} contradicts sasl.mechanism = AWS_MSK_IAM (the token is signed with AWS credentials): remove it"
+            )));
+        }
+        if let Some(region) = &self.aws_region {
+            let valid = !region.is_empty()
+                && region
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !valid {
+                return Err(crate::SinkError::Config(format!(
+                    "kafka.aws_region {region:?}: expected a region name such as eu-west-1"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `AWS_MSK_IAM` as librdkafka has it: OAUTHBEARER with tokens from
+    /// walbox, over TLS unless the operator said otherwise.
+    pub(crate) fn translate_msk_iam(&self, c: &mut rdkafka::ClientConfig) {
+        if self.msk_iam() {
+            c.set(SASL_MECHANISM, "OAUTHBEARER");
+            if !self.properties.contains_key(SECURITY_PROTOCOL) {
+                c.set(SECURITY_PROTOCOL, "SASL_SSL");
+            }
+        }
+    }
+
+    /// The token maker of `AWS_MSK_IAM`, if that is the mechanism.
+    pub(crate) fn tokens(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::msk_iam::Tokens>>, crate::SinkError> {
+        if !self.msk_iam() {
+            return Ok(None);
+        }
+        let region = self
+            .aws_region
+            .clone()
+            .or_else(|| crate::msk_iam::region_of_brokers(&self.bootstrap_servers));
+        crate::msk_iam::Tokens::new(region)
+            .map(Some)
+            .map_err(crate::SinkError::Config)
+    }
 }
+
+const SASL_MECHANISM: &str = "sasl.mechanism";
+const SECURITY_PROTOCOL: &str = "security.protocol";
 
 /// True for librdkafka property names whose values are secrets (passwords,
 /// client secrets, key material, SASL/JAAS and OAUTHBEARER configuration):
@@ -314,6 +408,7 @@ impl fmt::Debug for SinkConfig {
             .field("gapless", &self.gapless)
             .field("create_topics", &self.create_topics)
             .field("transactional_id", &self.transactional_id)
+            .field("aws_region", &self.aws_region)
             .finish()
     }
 }
@@ -321,6 +416,76 @@ impl fmt::Debug for SinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_msk_iam_is_oauthbearer_over_tls_with_nothing_contradicting_it() {
+        let msk = SinkConfig::new("b-1.x.c2.kafka.eu-west-1.amazonaws.com:9098")
+            .set("sasl.mechanism", "AWS_MSK_IAM");
+        assert!(msk.msk_iam());
+        let c = msk.client_config().unwrap();
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        let c = msk.connection_config();
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        msk.validate().unwrap();
+        // An operator's SASL_PLAINTEXT (a local proxy) is kept.
+        let plain = msk.clone().set("security.protocol", "SASL_PLAINTEXT");
+        let c = plain.client_config().unwrap();
+        assert_eq!(c.get("security.protocol"), Some("SASL_PLAINTEXT"));
+        for (key, value, says) in [
+            (
+                "security.protocol",
+                "SSL",
+                "needs security.protocol = SASL_SSL",
+            ),
+            (
+                "security.protocol",
+                "PLAINTEXT",
+                "needs security.protocol = SASL_SSL",
+            ),
+            (
+                "sasl.username",
+                "walbox",
+                "sasl.username contradicts sasl.mechanism = AWS_MSK_IAM",
+            ),
+            (
+                "sasl.oauthbearer.method",
+                "oidc",
+                "sasl.oauthbearer.method contradicts",
+            ),
+        ] {
+            let e = msk
+                .clone()
+                .set(key, value)
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{key}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let mut bad = msk.clone();
+        bad.aws_region = Some("eu west 1".into());
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("kafka.aws_region \"eu west 1\""));
+        let mut stray = SinkConfig::new("k:9092");
+        stray.aws_region = Some("eu-west-1".into());
+        assert!(stray
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("kafka.aws_region is for sasl.mechanism = AWS_MSK_IAM only"));
+        // Other mechanisms are left as they are.
+        let scram = SinkConfig::new("k:9092").set("sasl.mechanism", "SCRAM-SHA-512");
+        assert!(!scram.msk_iam());
+        assert_eq!(
+            scram.client_config().unwrap().get("sasl.mechanism"),
+            Some("SCRAM-SHA-512")
+        );
+    }
 
     #[test]
     fn defaults_protect_the_contract() {

@@ -28,6 +28,7 @@
 
 mod config;
 mod error;
+pub mod msk_iam;
 mod problem;
 mod reader;
 mod record;

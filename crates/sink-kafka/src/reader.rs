@@ -133,13 +133,20 @@ struct Readers {
 impl Readers {
     fn new(config: &SinkConfig) -> Result<Readers, String> {
         let secrets: Arc<[String]> = config.secret_values().into();
+        let tokens = config.tokens().map_err(|e| e.to_string())?;
         let quiet = || Quiet {
             secrets: Arc::clone(&secrets),
+            tokens: tokens.clone(),
         };
         let connection = config.connection_config();
         let create = |c: &mut rdkafka::ClientConfig| {
-            c.create_with_context(quiet())
-                .map_err(|e| redact_values(&format!("create a consumer: {e}"), &secrets))
+            let consumer: BaseConsumer<Quiet> = c
+                .create_with_context(quiet())
+                .map_err(|e| redact_values(&format!("create a consumer: {e}"), &secrets))?;
+            if let Some(tokens) = &tokens {
+                tokens.prime(consumer.client());
+            }
+            Ok::<_, String>(consumer)
         };
         let ends = create(
             connection
@@ -329,9 +336,19 @@ fn partitions_of(
 /// reports what stops it).
 struct Quiet {
     secrets: Arc<[String]>,
+    tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 impl rdkafka::ClientContext for Quiet {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::msk_iam::oauth_token(self.tokens.as_deref())
+    }
+
     /// librdkafka's own log lines (a broker unreachable is one per
     /// reconnect) at debug: what ends the read is its error.
     fn log(&self, _: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {

@@ -171,12 +171,18 @@ pub async fn probe_transactions(
     let mut client = config.connection_config();
     client.set("transactional.id", &id).set("linger.ms", "0");
     let secrets: Arc<[String]> = config.secret_values().into();
+    let tokens = config
+        .tokens()
+        .map_err(|e| TxnError::new(TxnErrorKind::Fatal, e.to_string()))?;
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
-        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-        let producer: ThreadedProducer<DefaultProducerContext> = client
-            .create()
+        use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+        let producer: ThreadedProducer<crate::msk_iam::TokenContext> = client
+            .create_with_context(crate::msk_iam::TokenContext(tokens.clone()))
             .map_err(|e| TxnError::new(TxnErrorKind::Fatal, e.to_string()))?;
+        if let Some(tokens) = &tokens {
+            tokens.prime(producer.client());
+        }
         producer
             .init_transactions(timeout)
             .map_err(|e| TxnError::from_kafka("initialise transactions", &e))
@@ -233,6 +239,7 @@ impl SinkConfig {
                 c.set(k, v);
             }
         }
+        self.translate_msk_iam(&mut c);
         c
     }
 }

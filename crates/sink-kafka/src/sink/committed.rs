@@ -15,6 +15,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::Sink;
+use crate::msk_iam::TokenContext;
 
 impl<T: Send + Sync + 'static> Sink<T> {
     /// Reads `topic` from its start to its end with a `read_committed`
@@ -34,6 +35,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let secrets = Arc::clone(&self.inner.secrets);
         let context = ReaderContext {
             secrets: Arc::clone(&secrets),
+            tokens: self.inner.tokens.clone(),
         };
         tokio::task::spawn_blocking(move || {
             read_last_blocking(config, context, &topic, &key, timeout)
@@ -48,9 +50,19 @@ impl<T: Send + Sync + 'static> Sink<T> {
 /// it reads for, not an error to log; other errors are logged scrubbed.
 struct ReaderContext {
     secrets: Arc<[String]>,
+    tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 impl rdkafka::ClientContext for ReaderContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::msk_iam::oauth_token(self.tokens.as_deref())
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
             return;
@@ -75,10 +87,11 @@ fn read_last_blocking(
     // last stable offset, which stops at the first record of any open
     // transaction, also another producer's (shards share the progress
     // topic), and the records committed after it would go unseen.
-    let ends: BaseConsumer = config
+    let tokens = context.tokens.clone();
+    let ends: BaseConsumer<TokenContext> = config
         .clone()
         .set("isolation.level", "read_uncommitted")
-        .create()
+        .create_with_context(TokenContext(tokens.clone()))
         .map_err(|e| format!("create a consumer: {e}"))?;
     let consumer: BaseConsumer<ReaderContext> = config
         .set("group.id", "walbox-progress-reader")
@@ -88,6 +101,10 @@ fn read_last_blocking(
         .set("auto.offset.reset", "earliest")
         .create_with_context(context)
         .map_err(|e| format!("create a consumer: {e}"))?;
+    if let Some(tokens) = &tokens {
+        tokens.prime(ends.client());
+        tokens.prime(consumer.client());
+    }
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| format!("read topic {topic}: {e}"))?;

@@ -44,6 +44,8 @@ pub(super) struct SinkContext<T> {
     pub(super) gap: Arc<Gap>,
     pub(super) movement: Arc<Movement>,
     pub(super) stats: Arc<crate::stats::StatsCell>,
+    /// `AWS_MSK_IAM`'s token maker.
+    pub(super) tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 /// When the sink last saw deliveries move: a report, or records starting
@@ -100,6 +102,15 @@ impl Gap {
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::msk_iam::oauth_token(self.tokens.as_deref())
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         let reason = redact_values(reason, &self.secrets);
         let verdict = match error.rdkafka_error_code() {

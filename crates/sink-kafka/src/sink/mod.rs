@@ -132,6 +132,8 @@ struct Inner<T: Send + Sync + 'static> {
     admin: Mutex<Option<Arc<AdminClient<DefaultClientContext>>>>,
     /// The same secrets as the client context's, for admin errors.
     secrets: Arc<[String]>,
+    /// `AWS_MSK_IAM`'s token maker.
+    tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 /// What a metadata request found (the Kafka protocol carries no broker
@@ -184,7 +186,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
             gapless: config.gapless && config.transactional_id.is_none(),
             failed: AtomicBool::new(false),
         });
+        let tokens = config.tokens()?;
         let context = SinkContext {
+            tokens: tokens.clone(),
             tx: tx.clone(),
             room: Arc::clone(&room),
             secrets: Arc::clone(&secrets),
@@ -196,6 +200,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
             .map_err(|e| SinkError::Create(describe_create_error(&e, config)))?;
+        if let Some(tokens) = &tokens {
+            tokens.prime(producer.client());
+        }
         let kib_total = u32::try_from(config.max_in_flight_bytes.div_ceil(1024))
             .unwrap_or(Semaphore::MAX_PERMITS as u32)
             .min(Semaphore::MAX_PERMITS as u32);
@@ -226,6 +233,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             connection: config.connection_config(),
             admin: Mutex::new(None),
             secrets,
+            tokens,
         });
         Ok((
             Sink {
@@ -498,14 +506,22 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// The admin client, made on first use.
     fn admin(&self) -> Result<Arc<AdminClient<DefaultClientContext>>, KafkaError> {
         let mut admin = self.admin.lock().expect("not poisoned");
-        if let Some(a) = admin.as_ref() {
-            return Ok(Arc::clone(a));
+        let made = match admin.as_ref() {
+            Some(a) => Arc::clone(a),
+            None => {
+                let made = Arc::new(
+                    self.admin_config
+                        .create::<AdminClient<DefaultClientContext>>()?,
+                );
+                *admin = Some(Arc::clone(&made));
+                made
+            }
+        };
+        // An admin client never serves librdkafka's token refresh: a
+        // fresh token each time it is used.
+        if let Some(tokens) = &self.tokens {
+            tokens.prime(made.inner());
         }
-        let made = Arc::new(
-            self.admin_config
-                .create::<AdminClient<DefaultClientContext>>()?,
-        );
-        *admin = Some(Arc::clone(&made));
         Ok(made)
     }
 
