@@ -7,13 +7,10 @@
 //! then loses nothing.
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use rdkafka::message::{Message, OwnedMessage};
 use walbox_test_harness::kafka::{headers_of, TestKafka};
 use walbox_test_harness::pg::fresh_db;
-use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
 
@@ -23,72 +20,15 @@ const SECRET: &str = "s3cr3t-claim-check-key";
 /// 1 MiB of payload padding: the record is past the broker's limit.
 const BIG: i32 = 1 << 20;
 
-/// The Python with moto and boto3.
-fn python() -> String {
-    python_with(
-        "WALBOX_MOTO_PYTHON",
-        "moto.server, boto3",
-        "moto[server]==5.1.0",
-    )
-}
-
-/// moto's S3 API server on a free local port, killed when dropped.
-struct S3Server {
-    child: Child,
-    endpoint: String,
-}
-
-impl S3Server {
-    async fn start() -> S3Server {
-        let port = walbox_test_harness::port::free_port();
-        let child = Command::new(python())
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto");
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let server = S3Server { child, endpoint };
-        let addr = format!("127.0.0.1:{port}");
-        wait_for("moto to listen", Duration::from_secs(60), || {
-            let addr = addr.clone();
-            async move {
-                tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        })
-        .await;
-        server
-    }
-
+impl MotoServer {
     /// Runs the boto3 tool with `action`, `input` on its stdin; its stdout.
     fn tool(&self, action: &str, input: &str) -> String {
         run_tool(
-            &python(),
+            &moto_python(),
             "s3_claim_check.py",
             &[action, &self.endpoint, BUCKET],
             input,
         )
-    }
-
-    fn signal(&self, signal: &str) {
-        signal_child(&self.child, signal);
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -160,7 +100,7 @@ async fn all_arrived(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_mib_events_go_to_the_bucket_and_their_records_point_there() {
-    let s3 = S3Server::start().await;
+    let s3 = MotoServer::start().await;
     assert_eq!(s3.tool("create", "").trim(), "created");
     let cluster = kafka_cluster(1);
     let kafka = cluster.kafka();

@@ -17,6 +17,7 @@ mod logs;
 mod lost_slot;
 mod messages;
 mod migrate;
+mod msk_iam;
 mod privileges;
 mod prometheus;
 mod quarantine;

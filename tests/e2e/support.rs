@@ -455,3 +455,64 @@ pub(crate) fn run_tool(python: &str, script: &str, args: &[&str], input: &str) -
         .unwrap();
     succeeded(&child.wait_with_output().unwrap())
 }
+
+/// The Python with moto and boto3 (`WALBOX_MOTO_PYTHON`).
+pub(crate) fn moto_python() -> String {
+    python_with(
+        "WALBOX_MOTO_PYTHON",
+        "moto.server, boto3",
+        "moto[server]==5.1.0",
+    )
+}
+
+/// moto's server (S3, STS, … on one port) on a free local port, killed
+/// when dropped.
+pub(crate) struct MotoServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) endpoint: String,
+}
+
+impl MotoServer {
+    pub(crate) async fn start() -> MotoServer {
+        let port = walbox_test_harness::port::free_port();
+        let child = Command::new(moto_python())
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start moto");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let server = MotoServer { child, endpoint };
+        let addr = format!("127.0.0.1:{port}");
+        wait_for("moto to listen", Duration::from_secs(60), || {
+            let addr = addr.clone();
+            async move {
+                tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
+        server
+    }
+
+    pub(crate) fn signal(&self, signal: &str) {
+        signal_child(&self.child, signal);
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

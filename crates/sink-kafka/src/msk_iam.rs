@@ -22,13 +22,16 @@ use std::time::{Duration, SystemTime};
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
 use base64::Engine;
-use tokio::runtime::Handle;
 
 /// The `sasl.mechanism` value that selects MSK IAM.
 pub const MECHANISM: &str = "AWS_MSK_IAM";
 
 /// How long a token is valid (the signers' own fixed choice).
 pub const TOKEN_LIFETIME: Duration = Duration::from_secs(900);
+
+/// Tests only: tokens valid this many seconds instead, to see them
+/// refreshed within a test.
+const TEST_LIFETIME: &str = "WALBOX_TEST_MSK_TOKEN_SECONDS";
 
 const SIGNING_NAME: &str = "kafka-cluster";
 const ACTION: &str = "kafka-cluster:Connect";
@@ -68,6 +71,7 @@ pub fn presigned_url(
     region: &str,
     credentials: &Credentials,
     at: SystemTime,
+    lifetime: Duration,
     user_agent: &str,
 ) -> Result<String, String> {
     use aws_sigv4::http_request::{
@@ -79,7 +83,7 @@ pub fn presigned_url(
     let identity = credentials.clone().into();
     let mut settings = SigningSettings::default();
     settings.signature_location = SignatureLocation::QueryParams;
-    settings.expires_in = Some(TOKEN_LIFETIME);
+    settings.expires_in = Some(lifetime);
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(&identity)
         .region(region)
@@ -111,14 +115,15 @@ pub fn presigned_url(
     Ok(out)
 }
 
-/// The token for `region` from `credentials` at `at`: the presigned URL in
-/// unpadded base64url, and its expiry.
+/// The token for `region` from `credentials` at `at`, valid `lifetime`:
+/// the presigned URL in unpadded base64url, and its expiry.
 pub fn auth_token(
     region: &str,
     credentials: &Credentials,
     at: SystemTime,
+    lifetime: Duration,
 ) -> Result<AuthToken, String> {
-    let url = presigned_url(region, credentials, at, USER_AGENT)?;
+    let url = presigned_url(region, credentials, at, lifetime, USER_AGENT)?;
     let signed_ms = at
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_err(|_| "the clock is before 1970".to_owned())?
@@ -126,8 +131,7 @@ pub fn auth_token(
         * 1000;
     Ok(AuthToken {
         token: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(url),
-        expires_ms: i64::try_from(signed_ms + TOKEN_LIFETIME.as_millis() as u64)
-            .unwrap_or(i64::MAX),
+        expires_ms: i64::try_from(signed_ms + lifetime.as_millis() as u64).unwrap_or(i64::MAX),
     })
 }
 
@@ -172,27 +176,31 @@ enum Source {
     Given(SharedCredentialsProvider),
 }
 
+/// A request for credentials, answered on `reply`: the region and the
+/// credentials.
+type Ask = std::sync::mpsc::Sender<Result<(String, Credentials), String>>;
+
 /// Makes tokens for one sink's clients, from librdkafka's threads.
+///
+/// The AWS SDK's providers do their I/O (STS, the metadata endpoints) on a
+/// runtime of their own, on a thread of their own: librdkafka asks for a
+/// token from any thread, walbox's own runtime's included, which may be
+/// the one thread that runtime has (a wait there for work it would have
+/// to run itself never ends).
 pub(crate) struct Tokens {
     /// The region from the settings or the brokers' names; else the SDK's
-    /// region chain's, on first use.
+    /// region chain's.
     region: Option<String>,
-    source: Source,
-    /// The runtime the SDK's HTTP clients run on.
-    runtime: Handle,
-    loaded: Mutex<Loaded>,
-}
-
-#[derive(Default)]
-struct Loaded {
-    chain: Option<(String, SharedCredentialsProvider)>,
-    credentials: Option<(Credentials, SystemTime)>,
+    asks: tokio::sync::mpsc::UnboundedSender<Ask>,
+    /// The last credentials, their region and when they were resolved.
+    cached: Mutex<Option<(String, Credentials, SystemTime)>>,
+    /// [`TOKEN_LIFETIME`], unless a test says otherwise.
+    lifetime: Duration,
 }
 
 impl Tokens {
     /// Tokens for `region` (else the brokers' or the SDK's), from the
-    /// default credential chain. Needs a tokio runtime (the SDK's clients
-    /// run on it).
+    /// default credential chain.
     pub(crate) fn new(region: Option<String>) -> Result<Arc<Tokens>, String> {
         Self::with_source(region, Source::Chain)
     }
@@ -210,94 +218,62 @@ impl Tokens {
     }
 
     fn with_source(region: Option<String>, source: Source) -> Result<Arc<Tokens>, String> {
-        let runtime = Handle::try_current()
-            .map_err(|_| "AWS_MSK_IAM needs a tokio runtime to resolve credentials".to_owned())?;
+        let (asks, mut questions) = tokio::sync::mpsc::unbounded_channel::<Ask>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("AWS_MSK_IAM: start the credential resolver: {e}"))?;
+        let wanted = region.clone();
+        std::thread::Builder::new()
+            .name("walbox-aws-credentials".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let mut chain: Option<(String, SharedCredentialsProvider)> = match source {
+                        Source::Given(p) => Some((wanted.clone().unwrap_or_default(), p)),
+                        Source::Chain => None,
+                    };
+                    // Ends when the last Tokens is dropped.
+                    while let Some(reply) = questions.recv().await {
+                        let answer = resolve(&mut chain, wanted.as_deref()).await;
+                        let _ = reply.send(answer);
+                    }
+                });
+            })
+            .map_err(|e| format!("AWS_MSK_IAM: start the credential resolver: {e}"))?;
+        let lifetime = std::env::var(TEST_LIFETIME)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(TOKEN_LIFETIME, Duration::from_secs);
         Ok(Arc::new(Tokens {
             region,
-            source,
-            runtime,
-            loaded: Mutex::new(Loaded::default()),
+            asks,
+            cached: Mutex::new(None),
+            lifetime,
         }))
     }
 
     /// A fresh token. Blocks while credentials are resolved (at most
-    /// [`CREDENTIALS_TIMEOUT`]); callable from any thread, a runtime's own
-    /// included.
+    /// [`CREDENTIALS_TIMEOUT`]); callable from any thread.
     pub(crate) fn token(&self) -> Result<AuthToken, String> {
         let now = SystemTime::now();
-        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        let reusable = loaded.credentials.as_ref().is_some_and(|(c, at)| {
+        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        let reusable = cached.as_ref().is_some_and(|(_, c, at)| {
             now.duration_since(*at).unwrap_or_default() < CREDENTIALS_REUSE
                 && c.expiry().is_none_or(|e| e > now + CREDENTIALS_REUSE)
         });
         if !reusable {
-            let credentials = self.resolve(&mut loaded)?;
-            loaded.credentials = Some((credentials, now));
+            let (reply, answer) = std::sync::mpsc::channel();
+            self.asks
+                .send(reply)
+                .map_err(|_| "AWS_MSK_IAM: the credential resolver stopped".to_owned())?;
+            let (region, credentials) = answer
+                .recv_timeout(CREDENTIALS_TIMEOUT + Duration::from_secs(5))
+                .map_err(|_| "AWS_MSK_IAM: the credential resolver did not answer".to_owned())??;
+            *cached = Some((region, credentials, now));
         }
-        let region = self.region_in(&loaded)?;
-        let (credentials, _) = loaded.credentials.as_ref().expect("resolved above");
-        auth_token(&region, credentials, now)
-    }
-
-    fn region_in(&self, loaded: &Loaded) -> Result<String, String> {
-        self.region
-            .clone()
-            .or_else(|| loaded.chain.as_ref().map(|(r, _)| r.clone()))
-            .ok_or_else(|| NO_REGION.to_owned())
-    }
-
-    /// Resolves the credentials (and, the first time, the chain and its
-    /// region) on the runtime.
-    fn resolve(&self, loaded: &mut Loaded) -> Result<Credentials, String> {
-        let given = match &self.source {
-            Source::Given(p) => Some(p.clone()),
-            Source::Chain => None,
-        };
-        let region = self.region.clone();
-        let known = loaded.chain.clone();
-        let work = async move {
-            let (region, provider) = match (given, known) {
-                (Some(p), _) => (region.unwrap_or_default(), p),
-                (None, Some((r, p))) => (r, p),
-                (None, None) => {
-                    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                        .load()
-                        .await;
-                    let region = match region {
-                        Some(r) => r,
-                        None => config
-                            .region()
-                            .map(|r| r.to_string())
-                            .ok_or_else(|| NO_REGION.to_owned())?,
-                    };
-                    let provider = config.credentials_provider().ok_or_else(|| {
-                        "AWS_MSK_IAM: the AWS SDK found no credential provider".to_owned()
-                    })?;
-                    (region, provider)
-                }
-            };
-            let credentials =
-                tokio::time::timeout(CREDENTIALS_TIMEOUT, provider.provide_credentials())
-                    .await
-                    .map_err(|_| {
-                        format!(
-                            "AWS_MSK_IAM: no AWS credentials within {}s (a metadata endpoint or STS did not answer)",
-                            CREDENTIALS_TIMEOUT.as_secs()
-                        )
-                    })?
-                    .map_err(|e| format!("AWS_MSK_IAM: no AWS credentials: {}", error_chain(&e)))?;
-            Ok::<_, String>((region, provider, credentials))
-        };
-        let runtime = self.runtime.clone();
-        let (region, provider, credentials) = std::thread::scope(|s| {
-            s.spawn(move || runtime.block_on(work))
-                .join()
-                .unwrap_or_else(|_| Err("AWS_MSK_IAM: resolving credentials panicked".to_owned()))
-        })?;
-        if matches!(self.source, Source::Chain) {
-            loaded.chain = Some((region, provider));
-        }
-        Ok(credentials)
+        let (region, credentials, _) = cached.as_ref().expect("resolved above");
+        let region = self.region.as_deref().unwrap_or(region);
+        auth_token(region, credentials, now, self.lifetime)
     }
 
     /// Gives `client` a token now: librdkafka asks for one through its
@@ -314,6 +290,41 @@ impl Tokens {
             Err(e) => tracing::warn!(error = %e, "AWS_MSK_IAM: no token yet"),
         }
     }
+}
+
+/// The region and fresh credentials, loading the SDK's chain on first use
+/// (kept in `chain`: its providers hold their HTTP clients).
+async fn resolve(
+    chain: &mut Option<(String, SharedCredentialsProvider)>,
+    wanted: Option<&str>,
+) -> Result<(String, Credentials), String> {
+    if chain.is_none() {
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .load()
+            .await;
+        let region = match wanted {
+            Some(r) => r.to_owned(),
+            None => config
+                .region()
+                .map(|r| r.to_string())
+                .ok_or_else(|| NO_REGION.to_owned())?,
+        };
+        let provider = config
+            .credentials_provider()
+            .ok_or_else(|| "AWS_MSK_IAM: the AWS SDK found no credential provider".to_owned())?;
+        *chain = Some((region, provider));
+    }
+    let (region, provider) = chain.as_ref().expect("loaded above");
+    let credentials = tokio::time::timeout(CREDENTIALS_TIMEOUT, provider.provide_credentials())
+        .await
+        .map_err(|_| {
+            format!(
+                "AWS_MSK_IAM: no AWS credentials within {}s (a metadata endpoint or STS did not answer)",
+                CREDENTIALS_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("AWS_MSK_IAM: no AWS credentials: {}", error_chain(&e)))?;
+    Ok((region.clone(), credentials))
 }
 
 const NO_REGION: &str = "AWS_MSK_IAM: no AWS region: set kafka.aws_region (or AWS_REGION), or use the brokers' MSK host names";
@@ -426,7 +437,14 @@ mod tests {
     fn the_url_is_what_awss_signer_makes() {
         let plain = Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test");
         assert_eq!(
-            presigned_url("us-east-1", &plain, suite_time(), "walbox/test").unwrap(),
+            presigned_url(
+                "us-east-1",
+                &plain,
+                suite_time(),
+                TOKEN_LIFETIME,
+                "walbox/test"
+            )
+            .unwrap(),
             "https://kafka.us-east-1.amazonaws.com/?Action=kafka-cluster%3AConnect\
              &X-Amz-Algorithm=AWS4-HMAC-SHA256\
              &X-Amz-Credential=AKIDEXAMPLE%2F20150830%2Fus-east-1%2Fkafka-cluster%2Faws4_request\
@@ -441,7 +459,14 @@ mod tests {
             None,
             "test",
         );
-        let url = presigned_url("us-east-1", &session, suite_time(), "walbox/test").unwrap();
+        let url = presigned_url(
+            "us-east-1",
+            &session,
+            suite_time(),
+            TOKEN_LIFETIME,
+            "walbox/test",
+        )
+        .unwrap();
         assert!(
             url.contains(&format!(
                 "&X-Amz-Security-Token={}&",
@@ -466,7 +491,7 @@ mod tests {
             None,
             "test",
         );
-        let token = auth_token("eu-west-1", &c, suite_time()).unwrap();
+        let token = auth_token("eu-west-1", &c, suite_time(), TOKEN_LIFETIME).unwrap();
         assert!(!token.token.contains(['=', '+', '/']), "{}", token.token);
         let url = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(&token.token)

@@ -69,6 +69,9 @@ impl std::fmt::Display for BrokerProblem {
             ProblemKind::Tls => {
                 " (check security.protocol, ssl.ca.location and, for mutual TLS, ssl.certificate.location and ssl.key.location)"
             }
+            ProblemKind::Authentication if self.detail.contains(crate::msk_iam::MECHANISM) => {
+                " (check the AWS credentials walbox finds (AWS_PROFILE, AWS_ACCESS_KEY_ID, the role of the pod, task or instance), that their IAM policy allows kafka-cluster:Connect on the cluster, and kafka.aws_region)"
+            }
             ProblemKind::Authentication if self.detail.contains("OAUTHBEARER") => {
                 " (check sasl.oauthbearer.client.id, sasl.oauthbearer.client.secret, sasl.oauthbearer.token.endpoint.url and sasl.oauthbearer.scope)"
             }
@@ -126,6 +129,8 @@ pub(crate) struct ProblemLog {
     state: Mutex<State>,
     /// A startup check is running: it reports what goes wrong itself.
     checking: AtomicBool,
+    /// `sasl.mechanism = AWS_MSK_IAM`: an authentication failure says so.
+    msk_iam: bool,
 }
 
 #[derive(Default)]
@@ -139,11 +144,28 @@ struct State {
 const RELOG_AFTER: Duration = Duration::from_secs(60);
 
 impl ProblemLog {
+    /// A log for a client that authenticates with `AWS_MSK_IAM` or not.
+    pub(crate) fn new(msk_iam: bool) -> ProblemLog {
+        ProblemLog {
+            msk_iam,
+            ..ProblemLog::default()
+        }
+    }
+
     /// Records a client error (classified and tidied once, here) and says
     /// whether to log it: it is new, or was last logged a while ago, and no
     /// startup check is running.
+
     pub(crate) fn record(&self, code: RDKafkaErrorCode, reason: &str) -> Verdict {
-        let problem = ProblemKind::of(code, reason).map(|kind| BrokerProblem::new(kind, reason));
+        let mut problem =
+            ProblemKind::of(code, reason).map(|kind| BrokerProblem::new(kind, reason));
+        if let Some(p) = problem.as_mut().filter(|p| {
+            self.msk_iam
+                && p.kind == ProblemKind::Authentication
+                && !p.detail.contains(crate::msk_iam::MECHANISM)
+        }) {
+            p.detail = format!("{}: {}", crate::msk_iam::MECHANISM, p.detail);
+        }
         let text = problem
             .as_ref()
             .map_or_else(|| tidy(reason), |p| p.detail.clone());

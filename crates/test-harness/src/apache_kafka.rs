@@ -42,6 +42,9 @@ pub struct KafkaCluster {
     extra: Vec<(String, String)>,
     /// A secured listener for clients beside the harness' own plaintext one.
     secured: Option<SecuredListener>,
+    /// Classes of the test's own on the brokers' class path
+    /// ([`KafkaCluster::start_msk_iam`]'s validator).
+    classes: Option<PathBuf>,
 }
 
 /// A secured client listener ([`KafkaCluster::start_secured`]): TLS with the
@@ -65,6 +68,8 @@ pub struct Secured<'a> {
 
 struct SecuredListener {
     port: u16,
+    /// `SSL`, `SASL_SSL` or `SASL_PLAINTEXT`.
+    protocol: &'static str,
     sasl: bool,
     users: Vec<(String, String)>,
     properties: Vec<(String, String)>,
@@ -151,9 +156,104 @@ impl KafkaCluster {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             secured: None,
+            classes: None,
         };
         cluster.format_and_start();
         cluster
+    }
+
+    /// One node with a listener that takes Amazon MSK's IAM authentication
+    /// (`SASL_PLAINTEXT`, OAUTHBEARER) beside the harness' plaintext one;
+    /// [`KafkaCluster::secured_bootstrap`] names it. Its validator
+    /// (`java/MskIamValidator.java`, compiled here with `javac`) accepts a
+    /// token only when it is a SigV4-presigned `kafka-cluster:Connect` URL
+    /// for `region`, signed by one of `keys` (`(access key, secret key)`) or
+    /// by credentials the STS stand-in whose state `sts_state` serves
+    /// (moto's `/moto-api/data.json`) issued, within its time window. Each
+    /// decision is a line of [`KafkaCluster::msk_iam_decisions`].
+    pub fn start_msk_iam(
+        region: &str,
+        keys: &[(&str, &str)],
+        sts_state: Option<&str>,
+        extra: &[(&str, &str)],
+    ) -> KafkaCluster {
+        let libs = libs_from_env().unwrap_or_else(|| {
+            panic!("WALBOX_KAFKA_LIBS is not set to Kafka's jars: run scripts/install-kafka (scripts/test does)")
+        });
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let classes = dir.path().join("classes");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("java/MskIamValidator.java");
+        let javac = java_bin().with_file_name("javac");
+        let out = Command::new(&javac)
+            .arg("-cp")
+            .arg(format!("{libs}/*"))
+            .arg("-d")
+            .arg(&classes)
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e} (is a JDK 17+ installed?)", javac.display()));
+        assert!(
+            out.status.success(),
+            "javac MskIamValidator.java: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let keys: Vec<String> = keys.iter().map(|(a, s)| format!("{a}:{s}")).collect();
+        let mut jaas = format!(
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub=\"broker\" region=\"{region}\" keys=\"{}\"",
+            keys.join(",")
+        );
+        if let Some(state) = sts_state {
+            jaas.push_str(&format!(" sts_state=\"{state}\""));
+        }
+        jaas.push(';');
+        let listener = "listener.name.external";
+        let properties = vec![
+            (
+                format!("{listener}.sasl.enabled.mechanisms"),
+                "OAUTHBEARER".to_owned(),
+            ),
+            (format!("{listener}.oauthbearer.sasl.jaas.config"), jaas),
+            (
+                format!("{listener}.oauthbearer.sasl.server.callback.handler.class"),
+                "MskIamValidator".to_owned(),
+            ),
+        ];
+        let mut cluster = KafkaCluster {
+            libs,
+            dir,
+            nodes: vec![Node {
+                id: 1,
+                role: Role::Combined,
+                port: free_port(),
+                controller_port: free_port(),
+                process: None,
+            }],
+            extra: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            classes: Some(classes),
+            secured: Some(SecuredListener {
+                port: free_port(),
+                protocol: "SASL_PLAINTEXT",
+                sasl: true,
+                users: Vec::new(),
+                properties,
+            }),
+        };
+        cluster.format_and_start();
+        cluster
+    }
+
+    /// The MSK IAM validator's decisions so far
+    /// ([`KafkaCluster::start_msk_iam`]), in order: `accepted AKID signed
+    /// 20261125T120000Z` or `refused: reason`.
+    pub fn msk_iam_decisions(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.node_dir(0).join("stdout.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| l.strip_prefix("msk-iam: "))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// One node with a secured listener for clients ([`Secured`]) beside
@@ -242,8 +342,10 @@ impl KafkaCluster {
                 process: None,
             }],
             extra: Vec::new(),
+            classes: None,
             secured: Some(SecuredListener {
                 port: free_port(),
+                protocol: if secured.sasl { "SASL_SSL" } else { "SSL" },
                 sasl: secured.sasl,
                 users: secured
                     .users
@@ -516,7 +618,10 @@ impl KafkaCluster {
             .arg("-XX:+UseSerialGC")
             .arg("-Djava.awt.headless=true")
             .arg("-cp")
-            .arg(format!("{}/*", self.libs));
+            .arg(match &self.classes {
+                Some(classes) => format!("{}/*:{}", self.libs, classes.display()),
+                None => format!("{}/*", self.libs),
+            });
         c
     }
 
@@ -590,7 +695,7 @@ impl KafkaCluster {
         }
         if let Some(sec) = &self.secured {
             // The clients' listener beside the harness' plaintext one.
-            let protocol = if sec.sasl { "SASL_SSL" } else { "SSL" };
+            let protocol = sec.protocol;
             let external = format!("EXTERNAL://127.0.0.1:{}", sec.port);
             p = p
                 .replace(

@@ -178,7 +178,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let client_config = config.client_config()?;
         let (tx, rx) = mpsc::channel(config.max_in_flight);
         let room = Arc::new(Notify::new());
-        let problems = Arc::new(ProblemLog::default());
+        let problems = Arc::new(ProblemLog::new(config.msk_iam()));
         let secrets: Arc<[String]> = config.secret_values().into();
         let movement = Arc::new(Movement::new());
         let stats = Arc::new(crate::stats::StatsCell::default());

@@ -128,6 +128,7 @@ pub(super) struct RawMapping {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawKafka {
     pub(super) brokers: Option<String>,
+    pub(super) aws_region: Option<String>,
     #[serde(deserialize_with = "whole::properties")]
     pub(super) properties: BTreeMap<String, String>,
 }
@@ -148,6 +149,7 @@ impl std::fmt::Debug for RawKafka {
             .collect();
         f.debug_struct("RawKafka")
             .field("brokers", &self.brokers)
+            .field("aws_region", &self.aws_region)
             .field("properties", &shown)
             .finish()
     }

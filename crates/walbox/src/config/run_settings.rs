@@ -116,6 +116,7 @@ impl Config {
         let mut sink = SinkConfig::new(brokers);
         super::files::check_kafka(&r.kafka.properties)?;
         sink.properties = r.kafka.properties.clone();
+        sink.aws_region = r.kafka.aws_region.clone();
         if r.max_in_flight_events == 0 {
             return Err(ConfigError(
                 "max_in_flight_events: must be at least 1".into(),

@@ -188,8 +188,10 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         flag_name: Some("kafka-property"),
         ..s("kafka.properties", Map, Run, "—",
-            "librdkafka producer properties, KEY=VALUE: security.protocol, sasl.*, ssl.*, linger.ms, … Secret values are never printed; in the environment also one variable each, WALBOX_KAFKA_PROPERTY_SASL_PASSWORD for sasl.password.")
+            "librdkafka producer properties, KEY=VALUE: security.protocol, sasl.*, ssl.*, linger.ms, … Secret values are never printed; in the environment also one variable each, WALBOX_KAFKA_PROPERTY_SASL_PASSWORD for sasl.password. sasl.mechanism = AWS_MSK_IAM authenticates to Amazon MSK with IAM (docs/configuration.md, \"Amazon MSK with IAM\").")
     },
+    s("kafka.aws_region", Text, Run, "—",
+      "sasl.mechanism = AWS_MSK_IAM: the MSK cluster's AWS region; by default the region in the brokers' MSK host names, else the AWS SDK's (AWS_REGION, the profile)."),
     s("message_prefix", Text, Run, "walbox",
       "source = messages or both: the prefix of the logical decoding messages that are events; messages with other prefixes are ignored."),
     s("dead_letter_topic", Text, Run, "—",
