@@ -252,11 +252,6 @@ impl SinkConfig {
     /// The settings `AWS_MSK_IAM` cannot go with.
     fn check_msk_iam(&self) -> Result<(), crate::SinkError> {
         if !self.msk_iam() {
-            if self.aws_region.is_some() {
-                return Err(crate::SinkError::Config(
-                    "kafka.aws_region is for sasl.mechanism = AWS_MSK_IAM only".into(),
-                ));
-            }
             return Ok(());
         }
         match self.properties.get(SECURITY_PROTOCOL).map(|p| p.to_ascii_uppercase()) {
@@ -471,13 +466,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("kafka.aws_region \"eu west 1\""));
-        let mut stray = SinkConfig::new("k:9092");
-        stray.aws_region = Some("eu-west-1".into());
-        assert!(stray
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("kafka.aws_region is for sasl.mechanism = AWS_MSK_IAM only"));
         // Other mechanisms are left as they are.
         let scram = SinkConfig::new("k:9092").set("sasl.mechanism", "SCRAM-SHA-512");
         assert!(!scram.msk_iam());

@@ -1228,3 +1228,50 @@ fn claim_check_is_off_without_a_bucket_and_checked_with_one() {
         assert!(e.to_string().contains(says), "{env:?}: {e}");
     }
 }
+
+#[test]
+fn aws_msk_iam_is_checked_with_the_other_kafka_settings() {
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(env);
+        load(None, &all, &[]).and_then(|c| c.run())
+    };
+    let iam = ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISM", "AWS_MSK_IAM");
+    let sink = run(&[iam, ("WALBOX_KAFKA_AWS_REGION", "eu-west-1")])
+        .unwrap()
+        .sink;
+    assert!(sink.msk_iam());
+    assert_eq!(sink.aws_region.as_deref(), Some("eu-west-1"));
+    for (env, says) in [
+        (
+            vec![iam, ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SSL")],
+            "sasl.mechanism = AWS_MSK_IAM needs security.protocol = SASL_SSL",
+        ),
+        (
+            vec![iam, ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "hunter2")],
+            "sasl.password contradicts sasl.mechanism = AWS_MSK_IAM",
+        ),
+        (
+            vec![iam, ("WALBOX_KAFKA_AWS_REGION", "EU_WEST")],
+            "kafka.aws_region \"EU_WEST\": expected a region name",
+        ),
+    ] {
+        let e = run(&env).unwrap_err().to_string();
+        assert!(e.contains(says), "{env:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    let warnings = load(
+        None,
+        &[PG, BROKERS, ("WALBOX_KAFKA_AWS_REGION", "eu-west-1")],
+        &[],
+    )
+    .unwrap()
+    .warnings()
+    .join("\n");
+    assert!(
+        warnings
+            .contains("kafka.aws_region is set, and only sasl.mechanism = \"AWS_MSK_IAM\" uses it"),
+        "{warnings}"
+    );
+}

@@ -47,6 +47,12 @@ impl Config {
                 out.push("Kafka's TLS does not check the brokers' host names (ssl.endpoint.identification.algorithm=none); remove it".into());
             }
         }
+        let msk_iam = props
+            .get("sasl.mechanism")
+            .is_some_and(|m| m.eq_ignore_ascii_case(sink_kafka::msk_iam::MECHANISM));
+        if self.raw.kafka.aws_region.is_some() && !msk_iam {
+            out.push("kafka.aws_region is set, and only sasl.mechanism = \"AWS_MSK_IAM\" uses it: it is ignored".into());
+        }
         let registry = &self.raw.schema_registry;
         if let Some(url) = &registry.url {
             use super::raw::RawFormat;
