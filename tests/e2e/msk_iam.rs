@@ -140,7 +140,7 @@ async fn msk_iam_with_environment_keys_delivers_through_kill_9_and_a_wrong_key_i
             client
         }
     });
-    let mut relay = kill_9_at_random_moments(relay, 2, (1_500, 1_000), 0x5eed_1a, start).await;
+    let mut relay = kill_9_at_random_moments(relay, 2, (1_500, 1_000), 0x5eed_1a00, start).await;
     let client = writer.await.unwrap();
     let duplicates = expect_all(&kafka, &topic, 2_000).await;
     let log = stop(&mut relay).await;

@@ -155,7 +155,6 @@ impl ProblemLog {
     /// Records a client error (classified and tidied once, here) and says
     /// whether to log it: it is new, or was last logged a while ago, and no
     /// startup check is running.
-
     pub(crate) fn record(&self, code: RDKafkaErrorCode, reason: &str) -> Verdict {
         let mut problem =
             ProblemKind::of(code, reason).map(|kind| BrokerProblem::new(kind, reason));
