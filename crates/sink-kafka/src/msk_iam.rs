@@ -394,19 +394,30 @@ pub(crate) fn oauth_token(
     })
 }
 
+/// The two items of an [`rdkafka::ClientContext`] that hand librdkafka
+/// `AWS_MSK_IAM`'s tokens from the context's field `$tokens` (an
+/// `Option<Arc<Tokens>>`). librdkafka asks only with `OAUTHBEARER`, which
+/// walbox sets for `AWS_MSK_IAM` alone; OIDC's tokens are librdkafka's own.
+macro_rules! serve_tokens {
+    ($tokens:tt) => {
+        const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+        fn generate_oauth_token(
+            &self,
+            _: Option<&str>,
+        ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+            $crate::msk_iam::oauth_token(self.$tokens.as_deref())
+        }
+    };
+}
+pub(crate) use serve_tokens;
+
 /// The client context of walbox's short-lived helper clients (a probe, a
 /// watermark reader): librdkafka's defaults, plus `AWS_MSK_IAM`'s tokens.
 pub(crate) struct TokenContext(pub(crate) Option<Arc<Tokens>>);
 
 impl rdkafka::ClientContext for TokenContext {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        oauth_token(self.0.as_deref())
-    }
+    serve_tokens!(0);
 }
 
 impl rdkafka::consumer::ConsumerContext for TokenContext {}

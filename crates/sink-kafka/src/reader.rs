@@ -340,14 +340,7 @@ struct Quiet {
 }
 
 impl rdkafka::ClientContext for Quiet {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        crate::msk_iam::oauth_token(self.tokens.as_deref())
-    }
+    crate::msk_iam::serve_tokens!(tokens);
 
     /// librdkafka's own log lines (a broker unreachable is one per
     /// reconnect) at debug: what ends the read is its error.

@@ -83,6 +83,19 @@ struct Node {
     process: Option<Process>,
 }
 
+impl Node {
+    /// The one node of a single-node cluster.
+    fn combined() -> Node {
+        Node {
+            id: 1,
+            role: Role::Combined,
+            port: free_port(),
+            controller_port: free_port(),
+            process: None,
+        }
+    }
+}
+
 /// What a node runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -221,13 +234,7 @@ impl KafkaCluster {
         let mut cluster = KafkaCluster {
             libs,
             dir,
-            nodes: vec![Node {
-                id: 1,
-                role: Role::Combined,
-                port: free_port(),
-                controller_port: free_port(),
-                process: None,
-            }],
+            nodes: vec![Node::combined()],
             extra: extra
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -334,13 +341,7 @@ impl KafkaCluster {
         let mut cluster = KafkaCluster {
             libs,
             dir,
-            nodes: vec![Node {
-                id: 1,
-                role: Role::Combined,
-                port: free_port(),
-                controller_port: free_port(),
-                process: None,
-            }],
+            nodes: vec![Node::combined()],
             extra: Vec::new(),
             classes: None,
             secured: Some(SecuredListener {

@@ -54,14 +54,7 @@ struct ReaderContext {
 }
 
 impl rdkafka::ClientContext for ReaderContext {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        crate::msk_iam::oauth_token(self.tokens.as_deref())
-    }
+    crate::msk_iam::serve_tokens!(tokens);
 
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {

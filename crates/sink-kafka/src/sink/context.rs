@@ -102,14 +102,7 @@ impl Gap {
 }
 
 impl<T: Send + Sync + 'static> ClientContext for SinkContext<T> {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        crate::msk_iam::oauth_token(self.tokens.as_deref())
-    }
+    crate::msk_iam::serve_tokens!(tokens);
 
     fn error(&self, error: KafkaError, reason: &str) {
         let reason = redact_values(reason, &self.secrets);
