@@ -6,9 +6,10 @@
 //! tests; docs/configuration.md says so beside the recipe.
 //!
 //! Credentials come from each source of the AWS SDK's chain in turn:
-//! environment keys, a profile, web identity through STS (moto's server, a
-//! real implementation of the STS API; the validator reads the keys it
-//! issued from moto's state, as MSK asks IAM), and the ECS container and
+//! environment keys; profiles with keys, assuming a role, or running a
+//! `credential_process`; web identity (the assumed roles through STS:
+//! moto's server, a real implementation of the STS API; the validator reads
+//! the keys it issued from moto's state, as MSK asks IAM); and the ECS container and
 //! EC2 instance (IMDSv2) endpoints, which a stand-in in this file serves
 //! with the answers AWS documents (moto's metadata endpoint is IMDSv1
 //! only, which the SDK does not use).
@@ -41,7 +42,13 @@ const IMDS_KEY: (&str, &str) = (
     "ASIAWALBOXINSTANCE001",
     "imds/Secret+Key/0123456789abcdefXYZ",
 );
+const PROCESS_KEY: (&str, &str) = (
+    "ASIAWALBOXPROCESS0001",
+    "process/Secret+Key/0123456789abcdefXYZ",
+);
 const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/walbox";
+/// The role a `role_arn` profile assumes.
+const PROFILE_ROLE_ARN: &str = "arn:aws:iam::123456789012:role/walbox-profile";
 
 /// A walbox command with no AWS setting of this machine's: only what the
 /// test gives (`env`) reaches the SDK's chain.
@@ -397,7 +404,7 @@ async fn every_source_of_the_aws_credential_chain_authenticates() {
     let cluster = tokio::task::block_in_place(|| {
         KafkaCluster::start_msk_iam(
             REGION,
-            &[PROFILE_KEY, ECS_KEY, IMDS_KEY],
+            &[PROFILE_KEY, PROCESS_KEY, ECS_KEY, IMDS_KEY],
             Some(&sts_state),
             &[],
         )
@@ -426,8 +433,45 @@ async fn every_source_of_the_aws_credential_chain_authenticates() {
         "eyJhbGciOiJSUzI1NiJ9.walbox-service-account.signature",
     )
     .unwrap();
-    let sources: [(&str, Vec<(&str, String)>); 4] = [
+    // Profiles in the config file: one that assumes a role through STS
+    // with a source profile's keys, one whose credentials a process prints.
+    let process = home.path().join("credential-process");
+    std::fs::write(
+        &process,
+        format!(
+            "#!/bin/sh\necho '{{\"Version\": 1, \"AccessKeyId\": \"{}\", \"SecretAccessKey\": \"{}\"}}'\n",
+            PROCESS_KEY.0, PROCESS_KEY.1
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &process,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    std::fs::write(
+        home.path().join("aws-config"),
+        format!(
+            "[profile walbox-role]\nrole_arn = {PROFILE_ROLE_ARN}\nsource_profile = walbox-base\nregion = {REGION}\n\n\
+             [profile walbox-base]\naws_access_key_id = AKIAWALBOXSOURCEPROF\naws_secret_access_key = base/Secret/Key\n\n\
+             [profile walbox-process]\ncredential_process = {}\n",
+            process.display()
+        ),
+    )
+    .unwrap();
+    let sources: [(&str, Vec<(&str, String)>); 6] = [
         ("profile", vec![("AWS_PROFILE", "walbox".to_owned())]),
+        (
+            "profile assuming a role",
+            vec![
+                ("AWS_PROFILE", "walbox-role".to_owned()),
+                ("AWS_ENDPOINT_URL_STS", moto.endpoint.clone()),
+            ],
+        ),
+        (
+            "credential_process profile",
+            vec![("AWS_PROFILE", "walbox-process".to_owned())],
+        ),
         (
             "web identity",
             vec![
@@ -487,6 +531,8 @@ async fn every_source_of_the_aws_credential_chain_authenticates() {
         }
         for secret in [
             PROFILE_KEY.1,
+            PROCESS_KEY.1,
+            "base/Secret/Key",
             ECS_KEY.1,
             IMDS_KEY.1,
             ECS_AUTHORIZATION,
@@ -511,14 +557,20 @@ async fn every_source_of_the_aws_credential_chain_authenticates() {
         !accepted(&cluster, IMDS_KEY.0).is_empty(),
         "EC2: {decisions:?}"
     );
-    // The web identity's key is one STS issued for the role.
-    let sts = moto_assumed_roles(&moto.endpoint);
-    assert_eq!(sts.len(), 1, "one AssumeRoleWithWebIdentity: {sts:?}");
-    assert_eq!(sts[0].1, ROLE_ARN);
     assert!(
-        !accepted(&cluster, &sts[0].0).is_empty(),
-        "web identity: {decisions:?}"
+        !accepted(&cluster, PROCESS_KEY.0).is_empty(),
+        "credential_process: {decisions:?}"
     );
+    // The keys of the assumed roles are those STS issued for each role.
+    let sts = moto_assumed_roles(&moto.endpoint);
+    for role in [PROFILE_ROLE_ARN, ROLE_ARN] {
+        let issued: Vec<_> = sts.iter().filter(|(_, r)| r == role).collect();
+        assert_eq!(issued.len(), 1, "{role} assumed once: {sts:?}");
+        assert!(
+            !accepted(&cluster, &issued[0].0).is_empty(),
+            "{role}: {decisions:?}"
+        );
+    }
     assert!(
         decisions.iter().all(|d| d.starts_with("accepted")),
         "no token was refused: {decisions:?}"
