@@ -296,11 +296,19 @@ async fn insert(client: &tokio_postgres::Client, from: i64, to: i64, per_tx: i64
 
 /// The records' values for the tool's `decode`: topic and hex bytes.
 fn values_of(messages: &[OwnedMessage]) -> String {
+    wire_of(messages, |m| m.payload())
+}
+
+/// The records' keys for the tool's `decode`, as [`values_of`].
+fn keys_of(messages: &[OwnedMessage]) -> String {
+    wire_of(messages, |m| m.key())
+}
+
+fn wire_of(messages: &[OwnedMessage], part: impl Fn(&OwnedMessage) -> Option<&[u8]>) -> String {
     let values: Vec<serde_json::Value> = messages
         .iter()
         .map(|m| {
-            let hex: String = m
-                .payload()
+            let hex: String = part(m)
                 .unwrap()
                 .iter()
                 .map(|b| format!("{b:02x}"))
@@ -606,4 +614,74 @@ async fn an_invalid_event_is_held_fixed_with_sql_and_released_serialized() {
     }
     assert_eq!(agg13, [INVALID, 1_271], "released in order");
     stop(&mut relay).await;
+}
+
+/// `schema_registry.key = "schema"`: each key is written as Confluent's
+/// serializers write it, with the latest schema of subject `<topic>-key` (a
+/// string schema, as Debezium's outbox router registers with an Avro key
+/// converter); Confluent's AvroDeserializer reads every key back as the
+/// aggregate id, the values as before, and each aggregate's records are on
+/// one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_keys_serialized_with_the_key_subject_are_read_back_by_confluents_deserializer() {
+    let registry = Registry::start().await;
+    let value_ids = registry.register_all(Format::Avro);
+    let cluster = kafka_cluster(1);
+    let kafka = cluster.kafka();
+    let topic = kafka.create_topic(3).await;
+    let key_subject = format!("{topic}-key");
+    let key_ids = registry.tool(
+        "register",
+        "AVRO",
+        &serde_json::json!({ key_subject.clone(): "\"string\"" }).to_string(),
+    );
+    let key_id = key_ids[&key_subject].as_i64().unwrap();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &[
+            "--mapping-topic-template",
+            &topic,
+            "--format",
+            "avro",
+            "--schema-registry-url",
+            &registry.url,
+            "--schema-registry-subject-strategy",
+            "record",
+            "--schema-registry-key",
+            "schema",
+        ],
+    );
+    insert(&client, 0, 500, 25).await;
+    let all = wait_distinct(&kafka, &topic, 500, n).await;
+    stop(&mut relay).await;
+    let keys = registry.tool("decode", "AVRO", &keys_of(&all));
+    let values = registry.tool("decode", "AVRO", &values_of(&all));
+    let mut partition_of: HashMap<String, i32> = HashMap::new();
+    for ((m, key), value) in all
+        .iter()
+        .zip(keys.as_array().unwrap())
+        .zip(values.as_array().unwrap())
+    {
+        let n = n(m);
+        assert_eq!(key["schema_id"], key_id, "event {n}");
+        let aggregate = format!("agg-{}", n % 37);
+        assert_eq!(key["value"], aggregate.as_str(), "event {n}");
+        assert_eq!(
+            value["schema_id"],
+            value_ids[&format!("shop.Event{}", type_of(n))],
+            "event {n}"
+        );
+        assert_eq!(value["value"], expected(n), "event {n}");
+        let first = *partition_of
+            .entry(aggregate.clone())
+            .or_insert(m.partition());
+        assert_eq!(first, m.partition(), "{aggregate} stays on one partition");
+    }
+    assert!(
+        partition_of.values().collect::<HashSet<_>>().len() > 1,
+        "the 37 aggregates spread over the partitions"
+    );
 }

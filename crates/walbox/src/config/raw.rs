@@ -269,6 +269,16 @@ pub(super) struct RawSchemaRegistry {
     pub(super) password: Option<Secret>,
     pub(super) ca_file: Option<String>,
     pub(super) subject_strategy: RawSubjectStrategy,
+    pub(super) key: RawRegistryKey,
+}
+
+/// `schema_registry.key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawRegistryKey {
+    #[default]
+    String,
+    Schema,
 }
 
 /// `schema_registry.subject_strategy`.

@@ -257,6 +257,11 @@ impl Config {
         let audit_interval = duration_setting("audit.interval", &r.audit.interval, "1m or 30s")?;
         let claim_check = self.claim_check()?;
         let schema_registry = self.schema_registry()?;
+        if on_failure == OnFailure::Quarantine && schema_registry.as_ref().is_some_and(|s| s.keys) {
+            return Err(ConfigError(
+                "schema_registry.key = \"schema\" is not supported with on_failure = \"quarantine\" yet: the quarantine holds aggregates by their key as text; use stop or dead-letter".into(),
+            ));
+        }
         Ok(RunSettings {
             schema_registry,
             claim_check,
@@ -336,7 +341,14 @@ impl Config {
                 strategy.name()
             )));
         }
+        let keys = s.key == super::raw::RawRegistryKey::Schema;
+        if keys && kind == SchemaKind::Protobuf {
+            return Err(ConfigError(
+                "schema_registry.key = \"schema\" is not supported with format = \"protobuf\": a Protobuf key is a message, and the aggregate id is text; use key = \"string\"".into(),
+            ));
+        }
         Ok(Some(RegistryConfig {
+            keys,
             url: url.clone(),
             username: s.username.clone(),
             password: s.password.as_ref().map(|p| p.expose().to_owned()),

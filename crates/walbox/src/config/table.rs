@@ -184,6 +184,8 @@ pub const SETTINGS: &[Setting] = &[
       "format = avro, json-schema or protobuf: PEM certificates to trust for an https registry instead of the system's."),
     s("schema_registry.subject_strategy", Choice(&["topic", "record", "topic-record"]), Run, "topic",
       "format = avro, json-schema or protobuf: the subject whose latest schema serializes an event, as Confluent's strategies name it: <topic>-value; the event type (the record's full name, e.g. shop.OrderPlaced); or <topic>-<event type>. The team registers the schemas; walbox registers none."),
+    s("schema_registry.key", Choice(&["string", "schema"]), Run, "string",
+      "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
     Setting {
         flag_name: Some("kafka-property"),

@@ -1161,6 +1161,29 @@ fn avro_needs_a_registry_which_is_checked() {
     assert!(warned(&[url]).contains(
         "only format = \"avro\", \"json-schema\" or \"protobuf\" uses a schema registry"
     ));
+    let keyed = ("WALBOX_SCHEMA_REGISTRY_KEY", "schema");
+    assert!(
+        run(&[avro, url, keyed])
+            .unwrap()
+            .schema_registry
+            .unwrap()
+            .keys
+    );
+    assert!(!run(&[avro, url]).unwrap().schema_registry.unwrap().keys);
+    for (env, says) in [
+        (
+            vec![("WALBOX_FORMAT", "protobuf"), url, keyed],
+            "schema_registry.key = \"schema\" is not supported with format = \"protobuf\"",
+        ),
+        (
+            vec![avro, url, keyed, ("WALBOX_ON_FAILURE", "quarantine")],
+            "schema_registry.key = \"schema\" is not supported with on_failure = \"quarantine\"",
+        ),
+    ] {
+        let e = run(&env).unwrap_err().to_string();
+        assert!(e.contains(says), "{env:?}: {e}");
+    }
+    assert!(warned(&[keyed]).contains("only format = \"avro\" or \"json-schema\" serializes keys"));
     let json = run(&[("WALBOX_FORMAT", "json-schema"), url])
         .unwrap()
         .schema_registry

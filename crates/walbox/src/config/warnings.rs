@@ -65,6 +65,14 @@ impl Config {
                 out.push("the schema registry is reached over http:// with basic authentication: the password travels unencrypted; use https://".into());
             }
         }
+        if registry.key == super::raw::RawRegistryKey::Schema
+            && !matches!(
+                self.raw.format,
+                super::raw::RawFormat::Avro | super::raw::RawFormat::JsonSchema
+            )
+        {
+            out.push("schema_registry.key = \"schema\" is set, and only format = \"avro\" or \"json-schema\" serializes keys: keys stay text".into());
+        }
         for (key, _, source) in self.effective() {
             if source != "command line" {
                 continue;

@@ -177,6 +177,7 @@ mod tests {
             ca_file: None,
             strategy: Default::default(),
             kind: Default::default(),
+            keys: false,
         })
         .unwrap();
         let e = client.latest("t-value").await.unwrap_err();

@@ -154,6 +154,9 @@ pub struct RegistryConfig {
     pub strategy: SubjectStrategy,
     /// Which kind of schema.
     pub kind: SchemaKind,
+    /// Serialize the key (the aggregate id) too, with subject `<topic>-key`
+    /// (`schema_registry.key = "schema"`); else it stays its text.
+    pub keys: bool,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -165,6 +168,7 @@ impl std::fmt::Debug for RegistryConfig {
             .field("ca_file", &self.ca_file)
             .field("strategy", &self.strategy)
             .field("kind", &self.kind)
+            .field("keys", &self.keys)
             .finish()
     }
 }
@@ -318,6 +322,8 @@ pub struct Memory {
 pub struct SchemaRegistry {
     strategy: SubjectStrategy,
     kind: SchemaKind,
+    /// See [`RegistryConfig::keys`].
+    keys: bool,
     lookup: Lookup,
     cache: Arc<Mutex<Cache>>,
 }
@@ -336,6 +342,7 @@ impl SchemaRegistry {
         Ok(SchemaRegistry {
             strategy: config.strategy,
             kind: config.kind,
+            keys: config.keys,
             lookup: Lookup::Http(RegistryClient::new(config)?),
             cache: Arc::default(),
         })
@@ -351,39 +358,69 @@ impl SchemaRegistry {
         SchemaRegistry {
             strategy,
             kind,
+            keys: false,
             lookup: Lookup::Memory(memory),
             cache: Arc::default(),
         }
     }
 
+    /// This registry serializing keys too ([`RegistryConfig::keys`]), for tests.
+    #[cfg(test)]
+    pub fn with_keys(self) -> SchemaRegistry {
+        SchemaRegistry { keys: true, ..self }
+    }
+
     /// Rewrites `record`'s JSON value in the wire format with its
-    /// subject's schema; returns the schema id used (`None` for a record
-    /// without a value).
+    /// subject's schema, and its key with subject `<topic>-key`'s when keys
+    /// are serialized too; returns the value's schema id (`None` for a
+    /// record without a value). On an error the record is left as it was.
     pub async fn encode<T>(&self, record: &mut Record<T>) -> Result<Option<u32>, SchemaError> {
-        let Some(payload) = record.value.as_ref() else {
-            return Ok(None);
-        };
         let event_id = header(record, crate::mapping::ID_HEADER).unwrap_or("<unknown>");
-        let event_type = header(record, EVENT_TYPE_HEADER);
-        let subject = self
-            .strategy
-            .subject(&record.topic, event_type)
-            .map_err(|detail| SchemaError::Invalid {
-                event_id: event_id.to_owned(),
-                what: "any subject".into(),
-                detail,
-            })?;
-        let registered = self.schema(&subject).await?;
-        let value =
-            registered
-                .encode(event_type, payload)
-                .map_err(|detail| SchemaError::Invalid {
-                    event_id: event_id.to_owned(),
-                    what: format!("schema {} of subject {subject:?}", registered.id),
-                    detail,
+        let invalid = |what: String, detail: String| SchemaError::Invalid {
+            event_id: event_id.to_owned(),
+            what,
+            detail,
+        };
+        let value = match record.value.as_ref() {
+            None => None,
+            Some(payload) => {
+                let event_type = header(record, EVENT_TYPE_HEADER);
+                let subject = self
+                    .strategy
+                    .subject(&record.topic, event_type)
+                    .map_err(|detail| invalid("any subject".into(), detail))?;
+                let registered = self.schema(&subject).await?;
+                let value = registered.encode(event_type, payload).map_err(|detail| {
+                    invalid(
+                        format!("schema {} of subject {subject:?}", registered.id),
+                        detail,
+                    )
                 })?;
-        record.value = Some(Bytes::from(value));
-        Ok(Some(registered.id))
+                Some((registered.id, value))
+            }
+        };
+        let key = match record.key.as_ref().filter(|_| self.keys) {
+            None => None,
+            Some(key) => {
+                let subject = format!("{}-key", record.topic);
+                let registered = self.schema(&subject).await?;
+                let what = || format!("key schema {} of subject {subject:?}", registered.id);
+                let text = std::str::from_utf8(key)
+                    .map_err(|_| invalid(what(), "the key (aggregate id) is not text".into()))?;
+                let json = serde_json::to_vec(text).expect("a string serializes");
+                let key = registered
+                    .encode(None, &json)
+                    .map_err(|detail| invalid(what(), detail))?;
+                Some(key)
+            }
+        };
+        if let Some(key) = key {
+            record.key = Some(Bytes::from(key));
+        }
+        Ok(value.map(|(id, value)| {
+            record.value = Some(Bytes::from(value));
+            id
+        }))
     }
 
     /// The schema of `subject`: cached, or looked up.
@@ -587,6 +624,82 @@ mod tests {
         );
         let mut null = Record::new("t", None, None, ());
         assert_eq!(registry.encode(&mut null).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn keys_are_serialized_with_the_key_subject_as_confluents_serializers_write_them() {
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        {
+            let mut m = memory.lock().unwrap();
+            m.subjects.insert("t-value".into(), (7, SCHEMA.into()));
+            m.subjects.insert("t-key".into(), (3, r#""string""#.into()));
+            m.subjects.insert("r-value".into(), (7, SCHEMA.into()));
+            m.subjects.insert("r-key".into(), (4, SCHEMA.into()));
+        }
+        let avro = SchemaRegistry::in_memory(
+            SubjectStrategy::Topic,
+            SchemaKind::Avro,
+            Arc::clone(&memory),
+        )
+        .with_keys();
+        let mut r = Record::new(
+            "t",
+            Some(Bytes::from_static(b"agg-1")),
+            Some(Bytes::from_static(br#"{"a": 1}"#)),
+            (),
+        );
+        assert_eq!(avro.encode(&mut r).await.unwrap(), Some(7));
+        // Magic byte, schema id 3, then the Avro string: zig-zag length 5
+        // (0x0a) and the bytes.
+        assert_eq!(r.key.as_deref().unwrap(), b"\0\0\0\0\x03\x0aagg-1");
+        assert_eq!(r.value.as_deref().unwrap(), b"\0\0\0\0\x07\x02");
+        // A key schema that is not a string: the event is invalid, and the
+        // record is left as it was (value included).
+        let mut bad = Record::new(
+            "r",
+            Some(Bytes::from_static(b"agg-1")),
+            Some(Bytes::from_static(br#"{"a": 1}"#)),
+            (),
+        )
+        .with_header("id", "e-3");
+        let e = avro.encode(&mut bad).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("event e-3 does not match key schema 4 of subject \"r-key\": "),
+            "{e}"
+        );
+        assert_eq!(bad.key.as_deref(), Some(&b"agg-1"[..]));
+        assert_eq!(bad.value.as_deref(), Some(&br#"{"a": 1}"#[..]));
+        // No key subject: refused, as a missing value subject is.
+        let mut none = Record::new("u", Some(Bytes::from_static(b"k")), None, ());
+        memory
+            .lock()
+            .unwrap()
+            .subjects
+            .insert("u-value".into(), (7, SCHEMA.into()));
+        let e = avro.encode(&mut none).await.unwrap_err();
+        assert!(matches!(e, SchemaError::Refused { .. }), "{e}");
+        // JSON Schema: the key as a JSON string, quotes included.
+        memory
+            .lock()
+            .unwrap()
+            .subjects
+            .insert("t-key".into(), (5, r#"{"type": "string"}"#.into()));
+        memory
+            .lock()
+            .unwrap()
+            .subjects
+            .insert("t-value".into(), (6, r#"{"type": "object"}"#.into()));
+        let json =
+            SchemaRegistry::in_memory(SubjectStrategy::Topic, SchemaKind::JsonSchema, memory)
+                .with_keys();
+        let mut r = Record::new("t", Some(Bytes::from_static(b"agg-1")), None, ());
+        assert_eq!(json.encode(&mut r).await.unwrap(), None);
+        assert_eq!(r.key.as_deref().unwrap(), b"\0\0\0\0\x05\"agg-1\"");
+        // Keys stay text unless asked.
+        let (plain, _) = registry(&[("t-value", 7), ("t-key", 3)]);
+        let mut r = Record::new("t", Some(Bytes::from_static(b"agg-1")), None, ());
+        plain.encode(&mut r).await.unwrap();
+        assert_eq!(r.key.as_deref().unwrap(), b"agg-1");
     }
 
     #[tokio::test]
