@@ -530,12 +530,38 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
     let log = stop(&mut relay).await;
     assert!(!log.contains(PASSWORD), "the password in the log");
 
+    // A CA that did not sign the registry's certificate: no retry fixes
+    // that, so walbox stops in one line, the slot before the events.
+    let other_ca = certs.other_ca().display().to_string();
+    let untrusted: Vec<&str> = flags
+        .iter()
+        .map(|f| {
+            if *f == ca.as_str() {
+                other_ca.as_str()
+            } else {
+                f
+            }
+        })
+        .collect();
+    let mut c = walbox(&db, &[]);
+    c.env("WALBOX_SCHEMA_REGISTRY_PASSWORD_FILE", &password_file);
+    relay = spawn_run_with(c, &kafka, &untrusted);
+    insert(&client, 100, 110, 10).await;
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(!status.success(), "{log}");
+    let line = log.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("the registry's TLS certificate is not trusted")
+            && line.contains("schema_registry.ca_file"),
+        "{log}"
+    );
+
     // A wrong password: the registry refuses, walbox stops in one line with
     // the slot before the events; with the right one they all arrive.
     let wrong = "not-the-registry-password";
     walbox_test_harness::secret_file::write(&password_file, wrong);
     relay = start();
-    insert(&client, 100, 150, 10).await;
+    insert(&client, 110, 150, 10).await;
     let (status, log) = wait_exit(&mut relay).await;
     assert!(!status.success(), "{log}");
     assert!(

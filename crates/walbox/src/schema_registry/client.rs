@@ -7,6 +7,27 @@ use serde::Deserialize;
 
 use super::{RegistryConfig, SchemaError, REQUEST_TIMEOUT};
 
+/// Why rustls refused the registry's certificate, if that is why `error`
+/// happened: no retry fixes it (the CA or the URL must change).
+fn untrusted(error: &reqwest::Error) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        if let Some(rustls::Error::InvalidCertificate(why)) = e.downcast_ref::<rustls::Error>() {
+            return Some(format!("{why:?}"));
+        }
+        // An io::Error hides the error it wraps from `source()` (and
+        // reqwest's connector wraps one io::Error in another).
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
 /// The largest answer read: a schema larger than this is refused.
 const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 
@@ -86,10 +107,12 @@ impl RegistryClient {
         }
         // reqwest's errors name the URL, which holds no secret (user
         // information in it is refused by the configuration).
-        let response = request
-            .send()
-            .await
-            .map_err(|e| unavailable(crate::error_text::chain(&e)))?;
+        let response = request.send().await.map_err(|e| match untrusted(&e) {
+            Some(why) => refused(format!(
+                "the registry's TLS certificate is not trusted ({why}): check schema_registry.ca_file, and that the URL names a host the certificate is for"
+            )),
+            None => unavailable(crate::error_text::chain(&e)),
+        })?;
         let status = response.status();
         if response
             .content_length()
