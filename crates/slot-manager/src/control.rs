@@ -273,6 +273,65 @@ pub async fn ensure_publication(
     }
 }
 
+/// [`ensure_publication`] for several outbox tables: `tables` are those
+/// found now (see [`crate::OutboxTables::resolve`]). A new publication
+/// covers them all (none: it is made empty, for tables still to come); an
+/// existing one must publish inserts and cover every table named without a
+/// pattern. Tables a pattern finds later are `walbox run`'s to pick up.
+pub async fn ensure_tables_publication(
+    client: &Client,
+    publication: &str,
+    outbox: &crate::OutboxTables,
+    tables: &[TableName],
+) -> Result<Ensured, Error> {
+    let existing = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(Error::sql("look up the publication"))?;
+    if let Some(row) = existing {
+        if !row.get::<_, bool>(0) {
+            return Err(Error::Precondition(format!(
+                "publication {publication:?} exists but does not publish inserts \
+                 (ALTER PUBLICATION {} SET (publish = 'insert'), or choose another --publication)",
+                quote_ident(publication)
+            )));
+        }
+        let published = outbox.published(client, publication).await?;
+        let named = outbox.entries().iter().filter(|e| {
+            !e.schema().contains('*') && !e.name().contains('*') && !published.contains(e)
+        });
+        if let Some(table) = named.into_iter().next() {
+            return Err(Error::Precondition(format!(
+                "publication {publication:?} exists but does not publish {table} \
+                 (ALTER PUBLICATION {} ADD TABLE {table}, or choose another --publication)",
+                quote_ident(publication)
+            )));
+        }
+        return Ok(Ensured::AlreadyPresent);
+    }
+    let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
+    let create = if list.is_empty() {
+        format!(
+            "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            quote_ident(publication)
+        )
+    } else {
+        format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            quote_ident(publication),
+            list.join(", ")
+        )
+    };
+    client
+        .batch_execute(&create)
+        .await
+        .map_err(Error::sql(format!("create publication {publication:?}")))?;
+    Ok(Ensured::Created)
+}
+
 async fn publication_exists(client: &Client, publication: &str) -> Result<bool, Error> {
     Ok(client
         .query_opt(

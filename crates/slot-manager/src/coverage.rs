@@ -33,6 +33,25 @@ pub struct Coverage {
     /// flight as they were read: what the reading can verify (see
     /// [`ChangeInFlight`]).
     pub in_flight: ChangeInFlight,
+    /// With several outbox tables ([`CoverageReader::read_tables`]): each
+    /// published one's coverage (the reading's own `table_oid` is then
+    /// `None` and its fingerprint theirs together). Empty for one table.
+    pub tables: Vec<TableCoverage>,
+    /// Tables added to the publication just before this reading by the
+    /// reader's caller, which made sure no event of theirs was missed
+    /// ([`crate::pick_up`]).
+    pub added: Vec<TableName>,
+}
+
+/// One table's part of a reading of several.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableCoverage {
+    /// The table.
+    pub table: TableName,
+    /// Its OID.
+    pub oid: Option<u32>,
+    /// The identity of the catalog rows of its coverage.
+    pub fingerprint: String,
 }
 
 /// Whether a transaction was changing the catalog rows behind a reading
@@ -111,6 +130,8 @@ pub struct CoverageReader {
     /// The catalog statement (made for the server version the first
     /// reading found).
     catalog: Option<Statement>,
+    /// The publication-only statement, for a reading of no table.
+    publication: Option<Statement>,
 }
 
 impl CoverageReader {
@@ -154,6 +175,81 @@ impl CoverageReader {
             Some(table) => read_table(client, &catalog, wal_lsn, publication, table, shard).await,
             None => read_publication(client, &catalog, wal_lsn, publication).await,
         }
+    }
+}
+
+impl CoverageReader {
+    /// Reads the coverage of each of `tables` by `publication` at one WAL
+    /// position: a gap is the first table's that has one, a change in
+    /// flight any table's. With no table, the publication's existence.
+    pub async fn read_tables(
+        &mut self,
+        client: &Client,
+        publication: &str,
+        tables: &[TableName],
+    ) -> Result<Coverage, Error> {
+        let position = match &self.position {
+            Some(position) => position.clone(),
+            None => {
+                let position = client
+                    .prepare(WAL_POSITION)
+                    .await
+                    .map_err(Error::sql("read the WAL position"))?;
+                self.position.insert(position).clone()
+            }
+        };
+        let (wal_lsn, version) = wal_position(client, &position).await?;
+        if tables.is_empty() {
+            let statement = match &self.publication {
+                Some(s) => s.clone(),
+                None => {
+                    let s = client
+                        .prepare(&publication_sql())
+                        .await
+                        .map_err(Error::sql("look up the publication"))?;
+                    self.publication.insert(s).clone()
+                }
+            };
+            return read_publication(client, &statement, wal_lsn, publication).await;
+        }
+        let catalog = match &self.catalog {
+            Some(catalog) => catalog.clone(),
+            None => {
+                let catalog = client.prepare(&catalog_sql(version)).await.map_err(Error::sql(
+                    "read the publication's coverage of the outbox table",
+                ))?;
+                self.catalog.insert(catalog).clone()
+            }
+        };
+        let mut all = Coverage {
+            wal_lsn,
+            table_oid: None,
+            gap: None,
+            fingerprint: String::new(),
+            in_flight: ChangeInFlight::Nothing,
+            tables: Vec::with_capacity(tables.len()),
+            added: Vec::new(),
+        };
+        for table in tables {
+            let one = read_table(client, &catalog, wal_lsn, publication, table, None).await?;
+            if all.gap.is_none() {
+                all.gap = one.gap;
+            }
+            if one.in_flight == ChangeInFlight::Pending {
+                all.in_flight = ChangeInFlight::Pending;
+            }
+            if !all.fingerprint.is_empty() {
+                all.fingerprint.push_str("; ");
+            }
+            all.fingerprint
+                .push_str(&format!("{table}: {}", one.fingerprint));
+            all.tables.push(TableCoverage {
+                table: table.clone(),
+                oid: one.table_oid,
+                fingerprint: one.fingerprint,
+            });
+        }
+        Ok(all)
     }
 }
 
@@ -225,6 +321,8 @@ async fn read_publication(
         }),
         fingerprint: format!("publication {}", oid.unwrap_or(0)),
         in_flight,
+        tables: Vec::new(),
+        added: Vec::new(),
     })
 }
 
@@ -313,6 +411,8 @@ async fn read_table(
         gap: reading.gap(publication, table, shard),
         fingerprint: reading.fingerprint(),
         in_flight: ChangeInFlight::of(&[row.get(12), row.get(13), row.get(14), row.get(15)]),
+        tables: Vec::new(),
+        added: Vec::new(),
     })
 }
 

@@ -21,6 +21,7 @@
 //! | `client` | a replication-mode connection and its commands |
 //! | `stream` | `START_REPLICATION`, the CopyBoth stream, [`start_streaming`] |
 //! | `control` | preflight, publication and slot lifecycle, slot status over SQL |
+//! | `tables` | the outbox tables: a list or patterns, and picking up a new one safely |
 //! | `error` | one error type; server errors from either connection built in one place |
 //!
 //! Errors say what to do about them: [`Error::is_transient`] separates what
@@ -39,6 +40,7 @@ mod shard;
 mod sql;
 mod startup;
 mod stream;
+mod tables;
 mod tls;
 mod wire;
 
@@ -46,11 +48,12 @@ pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
     check_server, check_table, connect_control, domain_base_types, drop_slot,
-    ensure_message_publication, ensure_publication, ensure_slot, pending_events, preflight,
+    ensure_message_publication, ensure_publication, ensure_slot, ensure_tables_publication, pending_events, preflight,
     slot_status, Dropped, Ensured, Pending, SlotStatus, LEAST_SERVER,
 };
 pub use coverage::{
     coverage, describe_change, message_coverage, ChangeInFlight, Coverage, CoverageReader,
+    TableCoverage,
 };
 pub use error::Error;
 pub use shard::{ShardFilter, LEAST_SHARDED_SERVER, MAX_SHARDS};
@@ -58,6 +61,7 @@ pub use sql::{
     quote_ident, quote_literal, quote_replication_literal, ParseTableNameError, TableName,
     MAX_NAME_BYTES,
 };
+pub use tables::{pick_up, OutboxTables, PickUp};
 pub use stream::{
     check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
     Streaming,

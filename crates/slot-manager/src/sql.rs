@@ -74,6 +74,15 @@ pub struct ParseTableNameError {
     reason: String,
 }
 
+impl ParseTableNameError {
+    pub(crate) fn new(input: &str, reason: &str) -> ParseTableNameError {
+        ParseTableNameError {
+            input: input.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+}
+
 impl TableName {
     /// A table name from its two parts, taken verbatim (no case folding).
     pub fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {

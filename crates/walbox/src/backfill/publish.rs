@@ -60,7 +60,7 @@ pub(super) async fn publish(
     crate::relay::check_brokers(&sink, &sink_config.bootstrap_servers).await?;
 
     let config = RelayConfig {
-        table: plan.table.clone(),
+        tables: slot_manager::OutboxTables::one(plan.table.clone()),
         mapping: plan.mapping.clone(),
         source: EventSource::Table,
         message_prefix: String::new(),
@@ -263,6 +263,8 @@ impl ReplicationStream for RowStream<'_> {
             gap: None,
             fingerprint: "backfill".into(),
             in_flight: ChangeInFlight::Nothing,
+            tables: Vec::new(),
+            added: Vec::new(),
         })
     }
 

@@ -92,7 +92,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
     let result = audit(AuditPlan {
         pg: &c.pg,
         slots,
-        table: &c.table,
+        table: c.table("walbox audit")?,
         mapping: &mapping,
         sink: &settings.sink,
         dead_letter_topic: settings.dead_letters.topic(),

@@ -4,7 +4,7 @@
 
 use slot_manager::{
     check_server, check_table, connect_control, ensure_message_publication, ensure_publication,
-    ensure_slot, Ensured,
+    ensure_slot, ensure_tables_publication, Ensured,
 };
 
 use super::{loaded, CliError};
@@ -64,16 +64,27 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     let mut client = connect_control(&c.pg).await?;
     let (least, why) = c.least_server();
     check_server(&client, least, why).await?;
-    if c.source.table() {
-        check_table(&client, &c.table, &mapping.required_columns()).await?;
+    // Every table found now has the mapped columns; one a pattern finds
+    // later is checked as walbox run picks it up.
+    let tables = if c.source.table() {
+        c.tables.resolve(&client).await?
+    } else {
+        Vec::new()
+    };
+    for table in &tables {
+        check_table(&client, table, &mapping.required_columns()).await?;
     }
     let Some(condition) = args.backfill else {
         // Every shard's publication and slot (one of each when not sharded).
         for s in c.selected_shards() {
-            let publication = if s.source.table() {
-                ensure_publication(&client, &s.publication, &s.table, s.shard.as_ref()).await?
-            } else {
-                ensure_message_publication(&client, &s.publication).await?
+            let publication = match (s.source.table(), s.tables.single()) {
+                (false, _) => ensure_message_publication(&client, &s.publication).await?,
+                (true, Some(table)) => {
+                    ensure_publication(&client, &s.publication, table, s.shard.as_ref()).await?
+                }
+                (true, None) => {
+                    ensure_tables_publication(&client, &s.publication, &s.tables, &tables).await?
+                }
             };
             say("publication", &s.publication, publication);
             say(
@@ -84,8 +95,9 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         }
         return Ok(());
     };
+    let table = c.table("init-slot --backfill")?;
     let publication = if c.source.table() {
-        ensure_publication(&client, &c.publication, &c.table, None).await?
+        ensure_publication(&client, &c.publication, table, None).await?
     } else {
         ensure_message_publication(&client, &c.publication).await?
     };
@@ -94,8 +106,8 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     let order_by = match args.backfill_order {
         Some(order) => order,
         None => {
-            let order = crate::backfill::order::choose(&client, &c.table, &mapping).await?;
-            order.report(&c.table);
+            let order = crate::backfill::order::choose(&client, table, &mapping).await?;
+            order.report(table);
             order.sql
         }
     };
@@ -103,7 +115,7 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         pg: &c.pg,
         slot: &c.slot,
         failover: args.failover,
-        table: &c.table,
+        table,
         mapping: &mapping,
         settings: &settings,
     };

@@ -73,10 +73,10 @@ pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
     let c = config.connection()?;
     // The migrations create walbox's own table; they cannot make another.
     let own: slot_manager::TableName = OWN_TABLE.parse().expect("a table name");
-    if c.source.table() && c.table != own {
+    if c.source.table() && c.tables.single() != Some(&own) {
         return Err(crate::config::ConfigError(format!(
             "table {}: migrate creates walbox's own outbox table, {own}, and cannot create or change another; an outbox table of your own needs no migrate (walbox init-slot checks its columns; docs/configuration.md, \"Outbox mapping\")",
-            c.table
+            c.tables
         ))
         .into());
     }

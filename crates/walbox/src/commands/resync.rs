@@ -60,13 +60,14 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    let table = c.table("walbox resync")?;
     let mut client = connect_control(&c.pg).await?;
-    preflight(&client, &c.table, &mapping.required_columns()).await?;
+    preflight(&client, table, &mapping.required_columns()).await?;
     let plan = Plan {
         pg: &c.pg,
         slot: &c.slot,
         failover: false,
-        table: &c.table,
+        table,
         mapping: &mapping,
         settings: &settings,
     };
@@ -74,7 +75,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
         return resync_drift(plan, &c.publication, &mut client, args).await;
     }
     let since = args.since.as_deref().unwrap_or_default();
-    ensure_publication(&client, &c.publication, &c.table, None).await?;
+    ensure_publication(&client, &c.publication, table, None).await?;
     if let Some(status) = slot_status(&client, &c.slot).await? {
         if status.active && !args.force {
             return Err(slot_manager::Error::SlotActive {

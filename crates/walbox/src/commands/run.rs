@@ -179,7 +179,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             let r = crate::retention::Retention {
                 pg: c.pg.clone(),
                 slots,
-                table: c.table.clone(),
+                table: c.table("retention")?.clone(),
                 column: column.clone(),
                 keep,
                 margin: settings.margin,
@@ -352,8 +352,13 @@ async fn stream_until_stopped(
             }
             Err(RunError::Drift(drift)) => {
                 metrics.drift_unhealed.set(1);
-                // Healing starts from the record: without one, stop.
-                if !record_drift(c, &drift).await || settings.drift_heal_margin.is_none() {
+                // Healing starts from the record: without one, stop. The
+                // record serves `walbox resync --drift` and the heal, which
+                // republish one table: none is kept for several.
+                if c.tables.single().is_none()
+                    || !record_drift(c, &drift).await
+                    || settings.drift_heal_margin.is_none()
+                {
                     return Err(RunError::Drift(drift).into());
                 }
                 tracing::error!(error = %drift, "on_drift = heal: walbox stays up, and once the publication covers the table again it republishes from the table what the stream did not carry, then streams on");
@@ -456,11 +461,17 @@ async fn prepare_slot(
     {
         tracing::info!(postgres = %row.get::<_, String>(0), slot = %c.slot, "connected to Postgres");
     }
+    // Backfills, heals and drift records belong to one table; with several
+    // there are none (their commands refuse).
+    let Some(table) = c.tables.single() else {
+        metrics.drift_unhealed.set(0);
+        return Ok(Prepared::Ready);
+    };
     let plan = Plan {
         pg: &c.pg,
         slot: &c.slot,
         failover: false,
-        table: &c.table,
+        table,
         mapping,
         settings,
     };
@@ -508,7 +519,7 @@ async fn heal_drift_stop(
         tracing::warn!(slot = %c.slot, held = %stop.held, stopped_at = %stop.stopped_at, "walbox stopped for publication drift before: the rows inserted while the publication did not cover the outbox table are in the table, not in the stream; `walbox resync --drift` republishes them (or set on_drift = \"heal\")");
         return Ok(None);
     };
-    let reading = slot_manager::coverage(control, &c.publication, &c.table, None).await?;
+    let reading = slot_manager::coverage(control, &c.publication, plan.table, None).await?;
     if let Some(gap) = reading.gap {
         return Ok(Some(gap));
     }
@@ -631,7 +642,7 @@ async fn stream(
     let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
     let mut source = PostgresSource::new(c.clone(), mapping);
     let relay = RelayConfig {
-        table: c.table.clone(),
+        tables: c.tables.clone(),
         mapping: mapping.clone(),
         source: c.source,
         message_prefix: settings.message_prefix.clone(),

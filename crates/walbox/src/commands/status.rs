@@ -113,10 +113,15 @@ async fn status(
     let st = slot_status(client, &c.slot)
         .await?
         .ok_or_else(|| CliError::NoSlot(c.slot.clone()))?;
-    let covered = if c.source.table() {
-        coverage(client, &c.publication, &c.table, c.shard.as_ref()).await?
-    } else {
+    let covered = if !c.source.table() {
         message_coverage(client, &c.publication).await?
+    } else if let Some(table) = c.tables.single() {
+        coverage(client, &c.publication, table, c.shard.as_ref()).await?
+    } else {
+        let published = c.tables.published(client, &c.publication).await?;
+        slot_manager::CoverageReader::default()
+            .read_tables(client, &c.publication, &published)
+            .await?
     };
     let saved = crate::bookkeeping::positions::saved(client, &c.slot)
         .await?

@@ -2,7 +2,7 @@
 //! included.
 
 use super::{Config, ConfigError, EventSource};
-use slot_manager::{PgConfig, ShardFilter, TableName};
+use slot_manager::{OutboxTables, PgConfig, ShardFilter, TableName};
 
 /// Where Postgres is and what to stream: every command's settings.
 #[derive(Clone, Debug)]
@@ -13,8 +13,8 @@ pub struct Connection {
     pub slot: String,
     /// Publication.
     pub publication: String,
-    /// Outbox table.
-    pub table: TableName,
+    /// The outbox tables: one, a list, or patterns.
+    pub tables: OutboxTables,
     /// Where events come from.
     pub source: EventSource,
     /// How many shards the outbox is split over (1: not sharded).
@@ -36,6 +36,17 @@ struct ShardBase {
 }
 
 impl Connection {
+    /// The outbox table, for what works on one (`what`): refused when
+    /// `table` names several or a pattern.
+    pub fn table(&self, what: &str) -> Result<&TableName, ConfigError> {
+        self.tables.single().ok_or_else(|| {
+            ConfigError(format!(
+                "table = {} names several outbox tables; {what} works on one table: run it with --table naming one",
+                self.tables
+            ))
+        })
+    }
+
     /// The connections this one stands for: itself when not sharded or when
     /// it names its shard; otherwise every shard's.
     pub fn selected_shards(&self) -> Vec<Connection> {
@@ -140,12 +151,13 @@ impl Config {
                 slot_manager::MAX_NAME_BYTES
             )));
         }
-        let table = TableName::parse(&r.table).map_err(|e| ConfigError(format!("table: {e}")))?;
+        let tables =
+            OutboxTables::parse(&r.table).map_err(|e| ConfigError(format!("table: {e}")))?;
         let connection = Connection {
             pg,
             slot: r.slot.clone(),
             publication: r.publication.clone(),
-            table,
+            tables,
             source: r.source,
             shards: 1,
             shard: None,
@@ -180,6 +192,12 @@ impl Config {
             return Err(ConfigError(
                 "shards > 1 needs source = table: row filters split table rows, not logical decoding messages".into(),
             ));
+        }
+        if c.tables.single().is_none() {
+            return Err(ConfigError(format!(
+                "shards > 1 needs one outbox table, and table = {} names several",
+                c.tables
+            )));
         }
         let suffix = shard_name("", shards - 1).len();
         for (what, name) in [("slot", &c.slot), ("publication", &c.publication)] {

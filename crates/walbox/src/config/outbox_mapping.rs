@@ -13,9 +13,17 @@ impl Config {
             MappingPreset::Debezium => OutboxMapping::debezium(),
         };
         if let Some(v) = &m.topic_template {
-            if !v.contains("{aggregate_type}") && v.contains('{') {
+            let rest = crate::mapping::TEMPLATE_PLACEHOLDERS
+                .iter()
+                .fold(v.clone(), |t, p| t.replace(p, ""));
+            if rest.contains(['{', '}']) {
                 return Err(ConfigError(format!(
-                    "mapping.topic_template {v:?}: the only placeholder is {{aggregate_type}}"
+                    "mapping.topic_template {v:?}: the placeholders are {{aggregate_type}}, {{schema}} and {{table}}"
+                )));
+            }
+            if self.raw.source.messages() && crate::mapping::names_table(v) {
+                return Err(ConfigError(format!(
+                    "mapping.topic_template {v:?} names the table ({{schema}}, {{table}}), and events written as messages (source = messages or both) have none"
                 )));
             }
             mapping.topic_template = v.clone();

@@ -32,6 +32,7 @@ pub(super) struct Raw {
     pub(super) shards: u64,
     #[serde(deserialize_with = "whole::opt_u64")]
     pub(super) shard: Option<u64>,
+    #[serde(deserialize_with = "whole::list")]
     pub(super) table: String,
     pub(super) source: EventSource,
     pub(super) message_prefix: String,

@@ -90,6 +90,22 @@ impl Config {
         }
         let mapping = self.mapping()?;
         let settings = self.run()?;
+        if connection.tables.single().is_none() {
+            let one_table = [
+                (settings.retention.is_some(), "retention"),
+                (settings.drift_heal_margin.is_some(), "on_drift = \"heal\""),
+                (
+                    settings.recreate_margin.is_some(),
+                    "on_slot_invalidated = \"recreate\"",
+                ),
+            ];
+            if let Some((_, what)) = one_table.iter().find(|(on, _)| *on) {
+                return Err(ConfigError(format!(
+                    "{what} works on one outbox table, and table = {} names several: remove it (docs/configuration.md, \"Several outbox tables\")",
+                    connection.tables
+                )));
+            }
+        }
         if settings.retention.is_some() && mapping.timestamp.is_none() {
             return Err(ConfigError(
                 "retention needs the timestamp column (mapping.timestamp) to tell old rows".into(),

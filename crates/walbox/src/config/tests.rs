@@ -49,7 +49,10 @@ fn defaults() {
         (conn.slot.as_str(), conn.publication.as_str()),
         ("walbox", "walbox_outbox")
     );
-    assert_eq!(conn.table.quoted(), "\"public\".\"outbox_events\"");
+    assert_eq!(
+        conn.table("a test").unwrap().quoted(),
+        "\"public\".\"outbox_events\""
+    );
     assert_eq!(c.mapping().unwrap(), OutboxMapping::default());
     assert_eq!(c.log_format(), LogFormat::Text);
     let e = c.run().unwrap_err().to_string();
@@ -79,7 +82,7 @@ fn flags_win_over_the_environment_which_wins_over_the_file() {
     let conn = c.connection().unwrap();
     assert_eq!(conn.slot, "from_flag");
     assert_eq!(conn.publication, "env_pub");
-    assert_eq!(conn.table.to_string(), "\"file\".\"t\"");
+    assert_eq!(conn.tables.to_string(), "\"file\".\"t\"");
     let m = c.mapping().unwrap();
     assert_eq!(m.aggregate_type, "aggregatetype");
     assert_eq!(
@@ -340,7 +343,7 @@ fn bad_input_names_the_key_and_its_source() {
         (
             "WALBOX_MAPPING_TOPIC_TEMPLATE",
             "t.{type}",
-            "the only placeholder",
+            "the placeholders are {aggregate_type}, {schema} and {table}",
         ),
         ("WALBOX_MAPPING_ID", "", "mapping.id: must not be empty"),
         (

@@ -98,3 +98,32 @@ pub(super) fn properties<'de, D: Deserializer<'de>>(
         .map(|(k, PropertyValue(v))| (k, v))
         .collect())
 }
+
+/// A list of names, as one string (`a, b`) or a TOML array (`["a", "b"]`):
+/// kept as the one comma-separated string the environment and flags give.
+struct List;
+
+impl<'de> Visitor<'de> for List {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a name, a comma-separated list of names, or an array of names")
+    }
+
+    fn visit_str<E: Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<String, A::Error> {
+        let mut all: Vec<String> = Vec::new();
+        while let Some(item) = seq.next_element::<String>()? {
+            all.push(item);
+        }
+        Ok(all.join(", "))
+    }
+}
+
+/// A list of names (see [`List`]).
+pub(super) fn list<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_any(List)
+}

@@ -126,6 +126,7 @@ pub fn map(
     }
     mapping.event(
         Fields {
+            template: None,
             id,
             aggregate_type,
             aggregate_id,

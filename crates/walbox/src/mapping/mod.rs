@@ -210,6 +210,9 @@ pub enum MapError {
 pub struct ColumnIndexes {
     /// `schema.table`, as the Relation message named it.
     table: String,
+    /// The topic template with the table's `{schema}` and `{table}`
+    /// filled in, when it names them.
+    topic_template: Option<Box<str>>,
     /// The number of columns the Relation message declared.
     width: usize,
     id: usize,
@@ -249,6 +252,11 @@ impl ColumnIndexes {
 #[derive(Debug, Default)]
 pub struct Topics {
     names: HashMap<Box<str>, Arc<str>>,
+    /// By table, for a template that names it: the template filled in with
+    /// the table, then the names by aggregate type.
+    by_table: HashMap<Box<str>, HashMap<Box<str>, Arc<str>>>,
+    /// How many names `by_table` holds.
+    by_table_names: usize,
 }
 
 /// At most this many topic names are kept; past it the cache starts over (a
@@ -258,21 +266,53 @@ const MAX_TOPICS: usize = 10_000;
 impl Topics {
     /// The topic for `aggregate_type`; `Err` with the name when it is not a
     /// valid Kafka topic name (not kept).
-    fn get(&mut self, mapping: &OutboxMapping, aggregate_type: &str) -> Result<Arc<str>, String> {
-        if let Some(name) = self.names.get(aggregate_type) {
+    fn get(
+        &mut self,
+        mapping: &OutboxMapping,
+        template: Option<&str>,
+        aggregate_type: &str,
+    ) -> Result<Arc<str>, String> {
+        let known = match template {
+            None => self.names.get(aggregate_type),
+            Some(t) => self.by_table.get(t).and_then(|n| n.get(aggregate_type)),
+        };
+        if let Some(name) = known {
             return Ok(Arc::clone(name));
         }
-        let name = mapping.topic_for(aggregate_type);
+        let name = mapping.topic_for(template, aggregate_type);
         if !is_valid_topic(&name) {
             return Err(name);
         }
-        if self.names.len() >= MAX_TOPICS {
-            self.names.clear();
-        }
         let name: Arc<str> = name.into();
-        self.names.insert(aggregate_type.into(), Arc::clone(&name));
+        match template {
+            None => {
+                if self.names.len() >= MAX_TOPICS {
+                    self.names.clear();
+                }
+                self.names.insert(aggregate_type.into(), Arc::clone(&name));
+            }
+            Some(t) => {
+                if self.by_table_names >= MAX_TOPICS {
+                    self.by_table.clear();
+                    self.by_table_names = 0;
+                }
+                self.by_table
+                    .entry(t.into())
+                    .or_default()
+                    .insert(aggregate_type.into(), Arc::clone(&name));
+                self.by_table_names += 1;
+            }
+        }
         Ok(name)
     }
+}
+
+/// The topic template's placeholders.
+pub const TEMPLATE_PLACEHOLDERS: [&str; 3] = ["{aggregate_type}", "{schema}", "{table}"];
+
+/// Whether a topic template names the row's table (`{schema}`, `{table}`).
+pub fn names_table(template: &str) -> bool {
+    template.contains("{schema}") || template.contains("{table}")
 }
 
 /// A mapped row, ready to become a [`sink_kafka::Record`].
@@ -420,6 +460,12 @@ impl OutboxMapping {
             }
         };
         Ok(ColumnIndexes {
+            topic_template: names_table(&self.topic_template).then(|| {
+                self.topic_template
+                    .replace("{schema}", relation.namespace())
+                    .replace("{table}", relation.name())
+                    .into()
+            }),
             width: relation.columns().len(),
             id: find(&self.id, "event id")?,
             aggregate_type: find(&self.aggregate_type, "aggregate type")?,
@@ -442,13 +488,17 @@ impl OutboxMapping {
     /// labelling a row that cannot be mapped; the name may be invalid).
     pub fn topic_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
         let aggregate_type = tuple.iter().nth(columns.aggregate_type)?;
-        Some(self.topic_for(aggregate_type.as_str()?))
+        Some(self.topic_for(
+            columns.topic_template.as_deref(),
+            aggregate_type.as_str()?,
+        ))
     }
 
-    /// The topic of an event with `aggregate_type`: the template filled in
-    /// (unchecked).
-    fn topic_for(&self, aggregate_type: &str) -> String {
-        self.topic_template
+    /// The topic of an event with `aggregate_type`: the template (the
+    /// table's, when given) filled in (unchecked).
+    fn topic_for(&self, template: Option<&str>, aggregate_type: &str) -> String {
+        template
+            .unwrap_or(&self.topic_template)
             .replace("{aggregate_type}", aggregate_type)
     }
 
@@ -522,6 +572,7 @@ impl OutboxMapping {
         };
         self.event(
             Fields {
+                template: columns.topic_template.as_deref(),
                 id,
                 aggregate_type,
                 aggregate_id,
@@ -549,7 +600,9 @@ impl OutboxMapping {
         f: Fields<'_>,
         topics: &mut Topics,
     ) -> Result<MappedEvent, MapError> {
+        let f_template = f.template;
         let Fields {
+            template: _,
             id,
             aggregate_type,
             aggregate_id,
@@ -563,7 +616,7 @@ impl OutboxMapping {
         if aggregate_id.is_empty() {
             return Err(MapError::EmptyAggregateId { event_id: id });
         }
-        let topic = match topics.get(self, aggregate_type) {
+        let topic = match topics.get(self, f_template, aggregate_type) {
             Ok(topic) => topic,
             Err(topic) => {
                 return Err(MapError::InvalidTopic {
@@ -646,6 +699,8 @@ impl OutboxMapping {
 
 /// An event's fields, as a source read them.
 pub(crate) struct Fields<'a> {
+    /// The topic template with the row's table filled in, if it names it.
+    pub(crate) template: Option<&'a str>,
     /// The event id.
     pub(crate) id: String,
     pub(crate) aggregate_type: &'a str,

@@ -3,7 +3,7 @@
 
 use pgoutput_decoder::{DecodeError, Lsn, PgTimestamp};
 use sink_kafka::{DeliveryError, TxnError, TxnErrorKind};
-use slot_manager::TableName;
+use slot_manager::OutboxTables;
 
 use super::SourceError;
 use crate::mapping::MapError;
@@ -177,10 +177,12 @@ impl RunError {
 #[non_exhaustive]
 pub enum DriftError {
     /// The table is not published for INSERT.
-    #[error("{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox (any rows inserted while it did not cover the table are in the table, not in the stream: `walbox resync --drift` republishes them, or set on_drift = \"heal\")")]
+    #[error("{gap}; walbox stopped with the slot at {held}, before any event this could hide; fix it and restart walbox (any rows inserted while it did not cover the table are in the table, not in the stream: {remedy})")]
     NotPublished {
         /// How, with the fix.
         gap: String,
+        /// How to publish the rows the stream did not carry.
+        remedy: &'static str,
         /// Where the slot stays.
         held: Lsn,
         /// The commit time of the newest transaction delivered before.
@@ -188,20 +190,31 @@ pub enum DriftError {
     },
     /// The coverage changed while walbox ran (the table recreated, the
     /// publication altered).
-    #[error("{change} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. Check that publication covers table {table} for INSERT, then restart walbox; rows inserted while it did not are in the table but not in the stream: `walbox resync --drift` republishes them, or set on_drift = \"heal\" (docs/operations.md, \"Publication drift\")")]
+    #[error("{change} while walbox ran; walbox stopped with the slot at {held}, before any event the change could hide. Check that the publication covers {tables} for INSERT, then restart walbox; rows inserted while it did not are in the table but not in the stream: {remedy} (docs/operations.md, \"Publication drift\")")]
     Changed {
         /// What changed.
         change: String,
         /// Where the slot stays.
         held: Lsn,
-        /// The outbox table.
-        table: TableName,
+        /// The outbox tables.
+        tables: OutboxTables,
+        /// How to publish the rows the stream did not carry.
+        remedy: &'static str,
         /// The commit time of the newest transaction delivered before.
         committed: Option<PgTimestamp>,
     },
 }
 
 impl DriftError {
+    /// How to publish the rows a drift kept from the stream: one table's
+    /// are republished by walbox; several tables' by re-inserting them.
+    pub fn remedy(tables: &OutboxTables) -> &'static str {
+        match tables.single() {
+            Some(_) => "`walbox resync --drift` republishes them, or set on_drift = \"heal\"",
+            None => "re-insert them so that they stream, e.g. WITH moved AS (DELETE FROM <table> WHERE <condition> RETURNING *) INSERT INTO <table> SELECT * FROM moved (docs/configuration.md, \"Several outbox tables\")",
+        }
+    }
+
     /// Where the slot stays.
     pub fn held(&self) -> Lsn {
         match self {

@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgoutput_decoder::{Lsn, PgTimestamp};
-use slot_manager::TableName;
+use slot_manager::OutboxTables;
 use tokio::sync::watch;
 
 use crate::config::EventSource;
@@ -137,8 +137,8 @@ pub enum Stop {
 /// What the relay needs to know.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
-    /// The outbox table (relations of other tables are ignored).
-    pub table: TableName,
+    /// The outbox tables (relations of other tables are ignored).
+    pub tables: OutboxTables,
     /// Which columns hold what.
     pub mapping: OutboxMapping,
     /// Where events come from: table rows, messages, or both.

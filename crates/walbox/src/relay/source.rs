@@ -1,13 +1,14 @@
 //! Where events come from: replication sessions on a slot.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    check_server, check_table, connect_control, domain_base_types, start_streaming, Coverage,
-    CoverageReader, LogicalReplicationStream, ReplicationOptions, ShardFilter, TableName,
+    check_server, check_table, connect_control, domain_base_types, pick_up, quote_ident,
+    start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp,
+    ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -215,8 +216,14 @@ pub struct PostgresStream {
     control: Client,
     slot: String,
     publication: String,
-    /// The outbox table, when its rows are events.
-    table: Option<TableName>,
+    /// The outbox tables, when their rows are events.
+    tables: Option<OutboxTables>,
+    /// The columns a table must have (for one picked up).
+    required_columns: Vec<String>,
+    /// With several tables: those this session has seen published. One of
+    /// them that leaves the publication while it still exists is drift, not
+    /// a new table to pick up.
+    seen: HashSet<TableName>,
     shard: Option<ShardFilter>,
     /// The coverage statements, prepared on the control connection.
     coverage: CoverageReader,
@@ -245,17 +252,23 @@ impl Source for PostgresSource {
         let control = connect_control(&c.pg).await?;
         let (least, why) = c.least_server();
         check_server(&control, least, why).await?;
-        if c.source.table() {
-            let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
-            check_table(&control, &c.table, &columns).await?;
+        // The tables found now (a pattern may find more later: each is
+        // checked as it is picked up).
+        let tables = if c.source.table() {
+            c.tables.resolve(&control).await?
+        } else {
+            Vec::new()
+        };
+        let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
+        for table in &tables {
+            check_table(&control, table, &columns).await?;
         }
         self.check_no_backfill(&control).await?;
         crate::testpoint::reached("stream.checked").await;
-        let domains = if c.source.table() {
-            domain_base_types(&control, &c.table).await?
-        } else {
-            HashMap::new()
-        };
+        let mut domains = HashMap::new();
+        for table in &tables {
+            domains.extend(domain_base_types(&control, table).await?);
+        }
         let started = start_streaming(&c.pg, &control, &c.slot, Lsn::ZERO, &self.options).await?;
         // Again now that this session holds the slot: another instance may
         // have begun a heal between the check above and START_REPLICATION
@@ -272,7 +285,9 @@ impl Source for PostgresSource {
                 control,
                 slot: c.slot.clone(),
                 publication: c.publication.clone(),
-                table: c.source.table().then(|| c.table.clone()),
+                tables: c.source.table().then(|| c.tables.clone()),
+                required_columns: self.required_columns.clone(),
+                seen: HashSet::new(),
                 shard: c.shard.clone(),
                 coverage: CoverageReader::default(),
             },
@@ -287,6 +302,65 @@ impl Source for PostgresSource {
     }
 }
 
+impl PostgresStream {
+    /// The coverage of several tables: a matching table outside the
+    /// publication is picked up if it never held a row, else it is a gap;
+    /// one that left the publication while it exists is drift.
+    async fn coverage_of_several(&mut self) -> Result<Coverage, SourceError> {
+        let outbox = self.tables.clone().expect("several tables");
+        let published = outbox.published(&self.control, &self.publication).await?;
+        let found = outbox.resolve(&self.control).await?;
+        let p = quote_ident(&self.publication);
+        let mut added = Vec::new();
+        let mut gap = None;
+        for table in found.iter().filter(|t| !published.contains(t)) {
+            if self.seen.contains(table) {
+                gap = Some(format!(
+                    "table {table} left publication {} while walbox ran: ALTER PUBLICATION {p} ADD TABLE {table}",
+                    self.publication
+                ));
+                break;
+            }
+            let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
+            if let Err(e) = check_table(&self.control, table, &columns).await {
+                gap = Some(format!(
+                    "table {table} matches the outbox tables, and cannot be streamed: {e}"
+                ));
+                break;
+            }
+            match pick_up(&mut self.control, &self.publication, table).await? {
+                PickUp::Added => {
+                    tracing::info!(%table, publication = %self.publication, "picked up a new outbox table: added to the publication (it never held a row)");
+                    added.push(table.clone());
+                }
+                PickUp::Written { bytes, inserts } => {
+                    gap = Some(format!(
+                        "table {table} matches the outbox tables and is not in publication {}, and it has held rows ({inserts} inserted, {bytes} bytes on disk) that the stream never carried: walbox adds a table only while it has never held one. Add it (ALTER PUBLICATION {p} ADD TABLE {table}), re-insert its rows so that they stream (WITH moved AS (DELETE FROM {table} RETURNING *) INSERT INTO {table} SELECT * FROM moved)",
+                        self.publication
+                    ));
+                    break;
+                }
+                PickUp::Busy => {
+                    tracing::info!(%table, "a new outbox table is being written to: picking it up at the next reading");
+                }
+            }
+        }
+        let mut tables: Vec<TableName> = published;
+        tables.extend(added.iter().cloned());
+        tables.sort_by(|a, b| (a.schema(), a.name()).cmp(&(b.schema(), b.name())));
+        self.seen.extend(tables.iter().cloned());
+        let mut reading = self
+            .coverage
+            .read_tables(&self.control, &self.publication, &tables)
+            .await?;
+        reading.added = added;
+        if reading.gap.is_none() {
+            reading.gap = gap;
+        }
+        Ok(reading)
+    }
+}
+
 impl ReplicationStream for PostgresStream {
     async fn next(&mut self) -> Result<Input, SourceError> {
         Ok(Input::Message(self.stream.next_message().await?))
@@ -297,12 +371,19 @@ impl ReplicationStream for PostgresStream {
     }
 
     async fn coverage(&mut self) -> Result<Coverage, SourceError> {
+        let single = match &self.tables {
+            None => None,
+            Some(tables) => match tables.single() {
+                Some(table) => Some(table.clone()),
+                None => return self.coverage_of_several().await,
+            },
+        };
         Ok(self
             .coverage
             .read(
                 &self.control,
                 &self.publication,
-                self.table.as_ref(),
+                single.as_ref(),
                 self.shard.as_ref(),
             )
             .await?)

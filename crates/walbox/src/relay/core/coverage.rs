@@ -26,18 +26,20 @@ impl Core<'_> {
             tracing::error!(%gap, slot = %held, "the outbox table is not published");
             return Err(RunError::Drift(DriftError::NotPublished {
                 gap: gap.clone(),
+                remedy: DriftError::remedy(&self.config.tables),
                 held,
                 committed,
             }));
         }
         let verified = match &self.coverage {
-            Some(before) if before.fingerprint != reading.fingerprint => {
-                let what = describe_change(before, &reading);
+            Some(before) if changed(before, &reading).is_some() => {
+                let what = changed(before, &reading).expect("checked");
                 tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
                 return Err(RunError::Drift(DriftError::Changed {
                     change: what,
                     held,
-                    table: self.config.table.clone(),
+                    tables: self.config.tables.clone(),
+                    remedy: DriftError::remedy(&self.config.tables),
                     committed,
                 }));
             }
@@ -67,4 +69,44 @@ impl Core<'_> {
             (true, Some(_)) => {}
         }
     }
+}
+
+/// What changed between two readings that could hide an event, in words:
+/// with one table, any change of its coverage; with several, a change of
+/// a table's coverage, or a table joining the publication that walbox did
+/// not pick up itself. A table that left the readings was dropped (one
+/// that left the publication while it exists is the reading's gap).
+fn changed(before: &Coverage, now: &Coverage) -> Option<String> {
+    if before.tables.is_empty() && now.tables.is_empty() {
+        return (before.fingerprint != now.fingerprint).then(|| describe_change(before, now));
+    }
+    for b in &before.tables {
+        match now.tables.iter().find(|n| n.table == b.table) {
+            Some(n) if n.fingerprint != b.fingerprint => {
+                return Some(match (b.oid, n.oid) {
+                    (Some(x), Some(y)) if x != y => format!(
+                        "outbox table {} was dropped and recreated (OID {x} → {y})",
+                        b.table
+                    ),
+                    _ => format!(
+                        "the publication's coverage of outbox table {} changed (altered, or the table removed from it and added back)",
+                        b.table
+                    ),
+                });
+            }
+            Some(_) => {}
+            None => tracing::info!(table = %b.table, "an outbox table was dropped"),
+        }
+    }
+    now.tables
+        .iter()
+        .find(|n| {
+            !before.tables.iter().any(|b| b.table == n.table) && !now.added.contains(&n.table)
+        })
+        .map(|n| {
+            format!(
+                "outbox table {} joined the publication, added by someone else (rows written to it before were not streamed, unless it never held one)",
+                n.table
+            )
+        })
 }

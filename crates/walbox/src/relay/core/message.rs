@@ -120,10 +120,11 @@ impl Core<'_> {
     /// that follow it, so the mapping is resolved again from it every time
     /// (a column dropped, a table renamed: never a stale column position).
     pub(in crate::relay) fn on_relation(&mut self, r: &RelationBody) {
-        let table = &self.config.table;
-        let named = r.namespace() == table.schema() && r.name() == table.name();
-        let current = self.coverage.as_ref().and_then(|c| c.table_oid);
-        if named || current == Some(r.oid()) || self.outbox.contains_key(&r.oid()) {
+        let named = self.config.tables.matches(r.namespace(), r.name());
+        let current = self.coverage.as_ref().is_some_and(|c| {
+            c.table_oid == Some(r.oid()) || c.tables.iter().any(|t| t.oid == Some(r.oid()))
+        });
+        if named || current || self.outbox.contains_key(&r.oid()) {
             if !named {
                 tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
             }

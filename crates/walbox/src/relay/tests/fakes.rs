@@ -236,6 +236,8 @@ impl Default for FakeSource {
                     gap: None,
                     fingerprint: "covered".into(),
                     in_flight: ChangeInFlight::Nothing,
+                    tables: Vec::new(),
+                    added: Vec::new(),
                 })),
                 readings: Arc::default(),
                 head: Arc::new(AtomicU64::new(0)),

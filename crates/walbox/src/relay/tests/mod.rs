@@ -25,7 +25,7 @@ use fakes::{begin, commit, header, insert, keepalive, relation, Broker, FakeSour
 pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
         save_positions: true,
-        table: TableName::new("public", "outbox_events"),
+        tables: slot_manager::OutboxTables::one(TableName::new("public", "outbox_events")),
         mapping: OutboxMapping {
             headers: None,
             timestamp: None,

@@ -124,6 +124,8 @@ pub(super) fn covered(wal: u64) -> Coverage {
         gap: None,
         fingerprint: "covered".into(),
         in_flight: ChangeInFlight::Nothing,
+        tables: Vec::new(),
+        added: Vec::new(),
     }
 }
 
