@@ -15,6 +15,7 @@ mod failover;
 mod formats;
 mod logs;
 mod lost_slot;
+mod many_tables;
 mod messages;
 mod migrate;
 mod msk_iam;

@@ -215,9 +215,12 @@ impl CoverageReader {
         let catalog = match &self.catalog {
             Some(catalog) => catalog.clone(),
             None => {
-                let catalog = client.prepare(&catalog_sql(version)).await.map_err(Error::sql(
-                    "read the publication's coverage of the outbox table",
-                ))?;
+                let catalog = client
+                    .prepare(&catalog_sql(version))
+                    .await
+                    .map_err(Error::sql(
+                        "read the publication's coverage of the outbox table",
+                    ))?;
                 self.catalog.insert(catalog).clone()
             }
         };

@@ -48,8 +48,8 @@ pub use client::{ExportedSlot, IdentifySystem, ReplicationClient};
 pub use config::{PgConfig, SslMode, TargetSession};
 pub use control::{
     check_server, check_table, connect_control, domain_base_types, drop_slot,
-    ensure_message_publication, ensure_publication, ensure_slot, ensure_tables_publication, pending_events, preflight,
-    slot_status, Dropped, Ensured, Pending, SlotStatus, LEAST_SERVER,
+    ensure_message_publication, ensure_publication, ensure_slot, ensure_tables_publication,
+    pending_events, preflight, slot_status, Dropped, Ensured, Pending, SlotStatus, LEAST_SERVER,
 };
 pub use coverage::{
     coverage, describe_change, message_coverage, ChangeInFlight, Coverage, CoverageReader,
@@ -61,8 +61,8 @@ pub use sql::{
     quote_ident, quote_literal, quote_replication_literal, ParseTableNameError, TableName,
     MAX_NAME_BYTES,
 };
-pub use tables::{pick_up, OutboxTables, PickUp};
 pub use stream::{
     check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
     Streaming,
 };
+pub use tables::{pick_up, OutboxTables, PickUp};

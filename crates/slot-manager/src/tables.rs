@@ -195,11 +195,14 @@ pub async fn pick_up(
             )))
         }
     }
+    // The table and, when partitioned, its partitions (pg_partition_tree
+    // lists nothing for a table outside a partition tree).
     let row = tx
         .query_one(
             "SELECT coalesce(sum(pg_relation_size(relid)), 0)::int8,
                     coalesce(sum(pg_stat_get_tuples_inserted(relid)), 0)::int8
-               FROM pg_partition_tree($1::text::regclass)",
+               FROM (SELECT $1::text::regclass AS relid
+                     UNION SELECT relid FROM pg_partition_tree($1::text::regclass)) t",
             &[&table.quoted()],
         )
         .await

@@ -488,10 +488,7 @@ impl OutboxMapping {
     /// labelling a row that cannot be mapped; the name may be invalid).
     pub fn topic_of(&self, columns: &ColumnIndexes, tuple: &TupleData) -> Option<String> {
         let aggregate_type = tuple.iter().nth(columns.aggregate_type)?;
-        Some(self.topic_for(
-            columns.topic_template.as_deref(),
-            aggregate_type.as_str()?,
-        ))
+        Some(self.topic_for(columns.topic_template.as_deref(), aggregate_type.as_str()?))
     }
 
     /// The topic of an event with `aggregate_type`: the template (the

@@ -18,6 +18,7 @@ mod exactly_once;
 mod messages;
 mod relations;
 mod sessions;
+mod tables;
 
 use super::{Core, EosStartup, SessionStart, ToSend};
 use crate::config::EventSource;

@@ -1,0 +1,163 @@
+//! Several outbox tables (`table = tenant_*.outbox_events`): rows of every
+//! matching table are events, topics may name their table, and a coverage
+//! reading stops the relay for a change of any table's coverage or a table
+//! someone else added, not for one walbox picked up or one dropped.
+
+use bytes::Bytes;
+use pgoutput_decoder::test_util as frames;
+use pgoutput_decoder::{Lsn, ReplicationMessage};
+use slot_manager::{Coverage, OutboxTables, TableCoverage, TableName};
+
+use super::{acked, config, covered, feed, report, sends, start, started};
+use crate::dead_letter::DeadLetters;
+use crate::metrics::Metrics;
+use crate::relay::core::Core;
+use crate::relay::tests::fakes::{begin, commit, insert_row, COLUMNS};
+use crate::relay::{RelayConfig, RunError};
+
+fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
+    frames::xlog(Lsn::from(lsn), Lsn::from(lsn), data)
+}
+
+fn tenants(template: &str) -> RelayConfig {
+    let mut config = config(DeadLetters::halt(), None);
+    config.tables = OutboxTables::parse("tenant_*.outbox_events").unwrap();
+    config.mapping.topic_template = template.into();
+    config
+}
+
+fn row(lsn: u64, oid: u32, id: &str, aggregate: &str) -> ReplicationMessage {
+    insert_row(
+        lsn,
+        oid,
+        &[
+            Some(id),
+            Some("order"),
+            Some(aggregate),
+            Some("Created"),
+            Some("{}"),
+        ],
+    )
+}
+
+#[test]
+fn rows_of_every_matching_table_are_events_on_their_tables_topics() {
+    let config = tenants("{schema}.{aggregate_type}");
+    let mut core = started(&config, 10);
+    feed(
+        &mut core,
+        vec![
+            xlog(
+                0,
+                frames::relation(1, "tenant_a", "outbox_events", &COLUMNS),
+            ),
+            xlog(
+                0,
+                frames::relation(2, "tenant_b", "outbox_events", &COLUMNS),
+            ),
+            xlog(0, frames::relation(3, "billing", "outbox_events", &COLUMNS)),
+            begin(190),
+            row(150, 1, "e1", "k"),
+            row(160, 3, "e2", "k"),
+            row(170, 2, "e3", "k"),
+            commit(190, 200),
+        ],
+    );
+    let sent: Vec<_> = sends(&mut core).into_iter().map(|s| s.record).collect();
+    let topics: Vec<&str> = sent.iter().map(|r| &*r.topic).collect();
+    assert_eq!(
+        topics,
+        ["tenant_a.order", "tenant_b.order"],
+        "billing.outbox_events matches no entry"
+    );
+    for record in sent {
+        report(&mut core, acked(record.token)).unwrap();
+    }
+}
+
+fn table(schema: &str, oid: u32, fingerprint: &str) -> TableCoverage {
+    TableCoverage {
+        table: TableName::new(schema, "outbox_events"),
+        oid: Some(oid),
+        fingerprint: fingerprint.into(),
+    }
+}
+
+fn reading(wal: u64, tables: Vec<TableCoverage>, added: &[&str]) -> Coverage {
+    Coverage {
+        table_oid: None,
+        fingerprint: tables
+            .iter()
+            .map(|t| format!("{}: {}", t.table, t.fingerprint))
+            .collect::<Vec<_>>()
+            .join("; "),
+        tables,
+        added: added
+            .iter()
+            .map(|s| TableName::new(*s, "outbox_events"))
+            .collect(),
+        ..covered(wal)
+    }
+}
+
+/// A core whose session has read no coverage yet.
+fn session(config: &RelayConfig) -> Core<'_> {
+    let mut core = Core::new(config, Metrics::new());
+    start(&mut core, 10);
+    core
+}
+
+#[test]
+fn a_table_walbox_picked_up_or_one_dropped_is_no_drift() {
+    let config = tenants("events");
+    let mut core = session(&config);
+    let a = table("tenant_a", 1, "fa");
+    let b = table("tenant_b", 2, "fb");
+    let c = table("tenant_c", 3, "fc");
+    core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]))
+        .unwrap();
+    core.on_coverage(reading(
+        200,
+        vec![a.clone(), b.clone(), c.clone()],
+        &["tenant_c"],
+    ))
+    .unwrap();
+    // tenant_b dropped (the source reports a table that left the
+    // publication while it exists as a gap, not by leaving it out).
+    core.on_coverage(reading(300, vec![a, c], &[])).unwrap();
+}
+
+#[test]
+fn a_change_of_one_tables_coverage_or_a_table_someone_else_added_stops() {
+    let config = tenants("events");
+    let a = table("tenant_a", 1, "fa");
+    let b = table("tenant_b", 2, "fb");
+    for (now, says) in [
+        (
+            vec![a.clone(), table("tenant_b", 2, "fb-altered")],
+            "the publication's coverage of outbox table \"tenant_b\".\"outbox_events\" changed",
+        ),
+        (
+            vec![a.clone(), table("tenant_b", 9, "fb-recreated")],
+            "outbox table \"tenant_b\".\"outbox_events\" was dropped and recreated (OID 2 → 9)",
+        ),
+        (
+            vec![a.clone(), b.clone(), table("tenant_d", 4, "fd")],
+            "outbox table \"tenant_d\".\"outbox_events\" joined the publication, added by someone else",
+        ),
+    ] {
+        let mut core = session(&config);
+        core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]))
+            .unwrap();
+        let stopped = core.on_coverage(reading(200, now, &[])).unwrap_err();
+        let RunError::Drift(drift) = &stopped else {
+            panic!("{stopped}")
+        };
+        let text = drift.to_string();
+        assert!(text.contains(says), "{text}");
+        assert!(
+            text.contains("re-insert them") && !text.contains("walbox resync"),
+            "several tables' remedy: {text}"
+        );
+    }
+}
