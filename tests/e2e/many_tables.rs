@@ -139,6 +139,20 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
     create_tenant(&client, "tenant_d").await;
     wait_log(&relay, "picked up a new outbox table").await;
     write(&client, "tenant_d", 0, 300, 10).await;
+    // A fifth made by a migration that creates and publishes it in one
+    // transaction: no row can precede its publication, and walbox takes it
+    // as it finds it published.
+    client
+        .batch_execute(
+            "BEGIN;
+             CREATE SCHEMA tenant_f;
+             CREATE TABLE tenant_f.outbox_events (LIKE public.outbox_events INCLUDING ALL);
+             ALTER PUBLICATION walbox_outbox ADD TABLE tenant_f.outbox_events;
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    write(&client, "tenant_f", 0, 50, 5).await;
     for w in writers {
         w.await.unwrap();
     }
@@ -147,6 +161,7 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         ("tenant_b", 600),
         ("tenant_c", 600),
         ("tenant_d", 300),
+        ("tenant_f", 50),
     ] {
         let topic = format!("{prefix}.{tenant}");
         let duplicates = expect_all(&kafka, &topic, total).await;

@@ -65,4 +65,4 @@ pub use stream::{
     check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
     Streaming,
 };
-pub use tables::{pick_up, OutboxTables, PickUp};
+pub use tables::{born_published, pick_up, OutboxTables, PickUp};

@@ -147,6 +147,36 @@ impl fmt::Display for OutboxTables {
     }
 }
 
+/// Of `tables` (published by `publication`), those that joined it in the
+/// transaction that created them (`CREATE TABLE …; ALTER PUBLICATION … ADD
+/// TABLE …` committed together): no row of theirs can have preceded their
+/// publication.
+pub async fn born_published(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<Vec<TableName>, Error> {
+    let (schemas, names): (Vec<&str>, Vec<&str>) =
+        tables.iter().map(|t| (t.schema(), t.name())).unzip();
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text
+               FROM pg_publication p
+               JOIN pg_publication_rel pr ON pr.prpubid = p.oid
+               JOIN pg_class c ON c.oid = pr.prrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+               JOIN unnest($2::text[], $3::text[]) t(s, r) ON t.s = n.nspname AND t.r = c.relname
+              WHERE p.pubname = $1 AND c.xmin::text = pr.xmin::text",
+            &[&publication, &schemas, &names],
+        )
+        .await
+        .map_err(Error::sql("look up how new tables joined the publication"))?;
+    Ok(rows
+        .iter()
+        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect())
+}
+
 /// What [`pick_up`] did with a matching table outside the publication.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PickUp {

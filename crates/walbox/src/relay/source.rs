@@ -6,9 +6,9 @@ use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    check_server, check_table, connect_control, domain_base_types, pick_up, quote_ident,
-    start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp,
-    ReplicationOptions, ShardFilter, TableName,
+    born_published, check_server, check_table, connect_control, domain_base_types, pick_up,
+    quote_ident, start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables,
+    PickUp, ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -345,8 +345,24 @@ impl PostgresStream {
                 }
             }
         }
+        // A table published since this session last looked, by someone
+        // else: safe only if it joined the publication as it was created.
+        let unseen: Vec<TableName> = published
+            .iter()
+            .filter(|t| !self.seen.contains(*t))
+            .cloned()
+            .collect();
+        if !unseen.is_empty() {
+            added.extend(born_published(&self.control, &self.publication, &unseen).await?);
+        }
         let mut tables: Vec<TableName> = published;
-        tables.extend(added.iter().cloned());
+        tables.extend(
+            added
+                .iter()
+                .filter(|t| !tables.contains(t))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         tables.sort_by(|a, b| (a.schema(), a.name()).cmp(&(b.schema(), b.name())));
         self.seen.extend(tables.iter().cloned());
         let mut reading = self
