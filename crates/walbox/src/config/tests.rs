@@ -1301,3 +1301,62 @@ fn aws_msk_iam_is_checked_with_the_other_kafka_settings() {
         "{warnings}"
     );
 }
+
+#[test]
+fn several_outbox_tables_come_as_a_list_and_refuse_what_works_on_one() {
+    let (_dir, path) = file(
+        "pg_url = \"host=h user=u\"\ntable = [\"tenant_*.outbox_events\", \"billing.outbox\"]\n[kafka]\nbrokers = \"b:9092\"\n",
+    );
+    let c = load(Some(&path), &[], &[]).unwrap();
+    let conn = c.connection().unwrap();
+    assert!(conn.tables.matches("tenant_x", "outbox_events"));
+    assert!(conn.tables.matches("billing", "outbox"));
+    assert!(!conn.tables.matches("billing", "outbox_events"));
+    let e = conn.table("walbox audit").unwrap_err().to_string();
+    assert!(
+        e.contains("names several outbox tables; walbox audit works on one table"),
+        "{e}"
+    );
+    c.for_run().unwrap();
+    let several = ("WALBOX_TABLE", "tenant_*.outbox_events, billing.outbox");
+    for (setting, says) in [
+        (
+            ("WALBOX_RETENTION", "7d"),
+            "retention works on one outbox table",
+        ),
+        (
+            ("WALBOX_ON_DRIFT", "heal"),
+            "on_drift = \"heal\" works on one outbox table",
+        ),
+        (
+            ("WALBOX_ON_SLOT_INVALIDATED", "recreate"),
+            "on_slot_invalidated = \"recreate\" works on one outbox table",
+        ),
+        (("WALBOX_SHARDS", "2"), "shards > 1 needs one outbox table"),
+    ] {
+        let e = load(
+            None,
+            &[PG, BROKERS, several, setting, ("WALBOX_SHARD", "0")],
+            &[],
+        )
+        .and_then(|c| c.for_run())
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(says), "{setting:?}: {e}");
+    }
+    // {schema} and {table} name the row's table, which messages lack.
+    let e = load(
+        None,
+        &[
+            PG,
+            BROKERS,
+            ("WALBOX_SOURCE", "both"),
+            ("WALBOX_MAPPING_TOPIC_TEMPLATE", "{schema}.events"),
+        ],
+        &[],
+    )
+    .and_then(|c| c.mapping())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("names the table"), "{e}");
+}
