@@ -145,32 +145,12 @@ impl CoverageReader {
         table: Option<&TableName>,
         shard: Option<&ShardFilter>,
     ) -> Result<Coverage, Error> {
-        let position = match &self.position {
-            Some(position) => position.clone(),
-            None => {
-                let position = client
-                    .prepare(WAL_POSITION)
-                    .await
-                    .map_err(Error::sql("read the WAL position"))?;
-                self.position.insert(position).clone()
-            }
-        };
-        // The WAL position first, in a statement of its own: the catalog
-        // read's snapshot must come after it (see [`ChangeInFlight`]).
-        let (wal_lsn, version) = wal_position(client, &position).await?;
-        let catalog = match &self.catalog {
-            Some(catalog) => catalog.clone(),
-            None => {
-                let sql = match table {
-                    Some(_) => catalog_sql(version),
-                    None => publication_sql(),
-                };
-                let catalog = client.prepare(&sql).await.map_err(Error::sql(
-                    "read the publication's coverage of the outbox table",
-                ))?;
-                self.catalog.insert(catalog).clone()
-            }
-        };
+        let (wal_lsn, version) = self.wal_now(client).await?;
+        let catalog = prepared(&mut self.catalog, client, || match table {
+            Some(_) => catalog_sql(version),
+            None => publication_sql(),
+        })
+        .await?;
         match table {
             Some(table) => read_table(client, &catalog, wal_lsn, publication, table, shard).await,
             None => read_publication(client, &catalog, wal_lsn, publication).await,
@@ -179,6 +159,14 @@ impl CoverageReader {
 }
 
 impl CoverageReader {
+    /// The WAL position now and the server's version, in a statement of
+    /// its own: the catalog read's snapshot must come after it (see
+    /// [`ChangeInFlight`]).
+    async fn wal_now(&mut self, client: &Client) -> Result<(Lsn, i32), Error> {
+        let position = prepared(&mut self.position, client, || WAL_POSITION.to_owned()).await?;
+        wal_position(client, &position).await
+    }
+
     /// Reads the coverage of each of `tables` by `publication` at one WAL
     /// position: a gap is the first table's that has one, a change in
     /// flight any table's. With no table, the publication's existence.
@@ -188,42 +176,12 @@ impl CoverageReader {
         publication: &str,
         tables: &[TableName],
     ) -> Result<Coverage, Error> {
-        let position = match &self.position {
-            Some(position) => position.clone(),
-            None => {
-                let position = client
-                    .prepare(WAL_POSITION)
-                    .await
-                    .map_err(Error::sql("read the WAL position"))?;
-                self.position.insert(position).clone()
-            }
-        };
-        let (wal_lsn, version) = wal_position(client, &position).await?;
+        let (wal_lsn, version) = self.wal_now(client).await?;
         if tables.is_empty() {
-            let statement = match &self.publication {
-                Some(s) => s.clone(),
-                None => {
-                    let s = client
-                        .prepare(&publication_sql())
-                        .await
-                        .map_err(Error::sql("look up the publication"))?;
-                    self.publication.insert(s).clone()
-                }
-            };
+            let statement = prepared(&mut self.publication, client, publication_sql).await?;
             return read_publication(client, &statement, wal_lsn, publication).await;
         }
-        let catalog = match &self.catalog {
-            Some(catalog) => catalog.clone(),
-            None => {
-                let catalog = client
-                    .prepare(&catalog_sql(version))
-                    .await
-                    .map_err(Error::sql(
-                        "read the publication's coverage of the outbox table",
-                    ))?;
-                self.catalog.insert(catalog).clone()
-            }
-        };
+        let catalog = prepared(&mut self.catalog, client, || catalog_sql(version)).await?;
         let mut all = Coverage {
             wal_lsn,
             table_oid: None,
@@ -254,6 +212,22 @@ impl CoverageReader {
         }
         Ok(all)
     }
+}
+
+/// The statement in `slot`, prepared from `sql` on first use.
+async fn prepared(
+    slot: &mut Option<Statement>,
+    client: &Client,
+    sql: impl FnOnce() -> String,
+) -> Result<Statement, Error> {
+    if let Some(statement) = slot {
+        return Ok(statement.clone());
+    }
+    let statement = client
+        .prepare(&sql())
+        .await
+        .map_err(Error::sql("prepare a coverage statement"))?;
+    Ok(slot.insert(statement).clone())
 }
 
 const WAL_POSITION: &str = "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
