@@ -406,7 +406,41 @@ impl KafkaCluster {
 
     /// Formats every node's storage (side by side: a JVM start each),
     /// starts them and waits until they serve.
+    ///
+    /// A node that cannot bind its port (another test's server took it
+    /// between [`free_port`] and the bind: the suite runs many at once)
+    /// makes the whole start again on new ports, twice at most.
     fn format_and_start(&mut self) {
+        for attempt in 1..=3 {
+            let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.format_and_start_once();
+            }));
+            match started {
+                Ok(()) => return,
+                Err(panic) if attempt < 3 && self.port_taken() => {
+                    eprintln!("Apache Kafka: a port was taken by another process; starting again on other ports");
+                    let _ = panic;
+                    for i in 0..self.nodes.len() {
+                        self.kill9(i);
+                        let _ = std::fs::remove_dir_all(self.node_dir(i));
+                        self.nodes[i].port = free_port();
+                        self.nodes[i].controller_port = free_port();
+                    }
+                    if let Some(s) = &mut self.secured {
+                        s.port = free_port();
+                    }
+                }
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    }
+
+    /// Whether a node's log says it could not bind its port.
+    fn port_taken(&self) -> bool {
+        (0..self.nodes.len()).any(|i| self.log_tail(i, 200).contains("Address already in use"))
+    }
+
+    fn format_and_start_once(&mut self) {
         let nodes = self.nodes.len();
         let cluster = self;
         let formats: Vec<_> = (0..nodes).map(|i| cluster.format(i)).collect();
