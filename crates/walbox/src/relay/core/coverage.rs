@@ -31,9 +31,8 @@ impl Core<'_> {
                 committed,
             }));
         }
-        let verified = match &self.coverage {
-            Some(before) if changed(before, &reading).is_some() => {
-                let what = changed(before, &reading).expect("checked");
+        if let Some(before) = &self.coverage {
+            if let Some(what) = changed(before, &reading) {
                 tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
                 return Err(RunError::Drift(DriftError::Changed {
                     change: what,
@@ -43,13 +42,13 @@ impl Core<'_> {
                     committed,
                 }));
             }
-            // A reading verifies the coverage up to its own position when
-            // no change of it was in flight; while one is, nothing (see
-            // `slot_manager::ChangeInFlight`).
-            _ => match reading.in_flight {
-                ChangeInFlight::Nothing => Some(reading.wal_lsn),
-                ChangeInFlight::Pending => None,
-            },
+        }
+        // A reading verifies the coverage up to its own position when no
+        // change of it was in flight; while one is, nothing (see
+        // `slot_manager::ChangeInFlight`).
+        let verified = match reading.in_flight {
+            ChangeInFlight::Nothing => Some(reading.wal_lsn),
+            ChangeInFlight::Pending => None,
         };
         self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held);
         self.coverage = Some(reading);
