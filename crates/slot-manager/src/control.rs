@@ -243,7 +243,7 @@ pub async fn ensure_publication(
         return Ok(Ensured::AlreadyPresent);
     }
     let create = format!(
-        "CREATE PUBLICATION {} FOR TABLE {}{filter} WITH (publish = 'insert', publish_via_partition_root = true)",
+        "CREATE PUBLICATION {} FOR TABLE {}{filter} {PUBLICATION_OPTIONS}",
         quote_ident(publication),
         table.quoted()
     );
@@ -273,6 +273,10 @@ pub async fn ensure_publication(
     }
 }
 
+/// What walbox's publications publish: INSERTs only, a partitioned table's
+/// under its own name.
+const PUBLICATION_OPTIONS: &str = "WITH (publish = 'insert', publish_via_partition_root = true)";
+
 /// [`ensure_publication`] for several outbox tables: `tables` are those
 /// found now (see [`crate::OutboxTables::resolve`]). A new publication
 /// covers them all (none: it is made empty, for tables still to come); an
@@ -300,10 +304,7 @@ pub async fn ensure_tables_publication(
             )));
         }
         let published = outbox.published(client, publication).await?;
-        let named = outbox.entries().iter().filter(|e| {
-            !e.schema().contains('*') && !e.name().contains('*') && !published.contains(e)
-        });
-        if let Some(table) = named.into_iter().next() {
+        if let Some(table) = outbox.named().find(|e| !published.contains(e)) {
             return Err(Error::Precondition(format!(
                 "publication {publication:?} exists but does not publish {table} \
                  (ALTER PUBLICATION {} ADD TABLE {table}, or choose another --publication)",
@@ -313,18 +314,14 @@ pub async fn ensure_tables_publication(
         return Ok(Ensured::AlreadyPresent);
     }
     let list: Vec<String> = tables.iter().map(TableName::quoted).collect();
-    let create = if list.is_empty() {
-        format!(
-            "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(publication)
-        )
-    } else {
-        format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(publication),
-            list.join(", ")
-        )
+    let tables = match list.is_empty() {
+        true => String::new(),
+        false => format!(" FOR TABLE {}", list.join(", ")),
     };
+    let create = format!(
+        "CREATE PUBLICATION {}{tables} {PUBLICATION_OPTIONS}",
+        quote_ident(publication)
+    );
     client
         .batch_execute(&create)
         .await

@@ -64,6 +64,11 @@ impl OutboxTables {
         &self.entries
     }
 
+    /// The entries that name one table (no pattern).
+    pub fn named(&self) -> impl Iterator<Item = &TableName> {
+        self.entries.iter().filter(|e| !is_pattern(e))
+    }
+
     /// Whether `schema.name` is one of the tables.
     pub fn matches(&self, schema: &str, name: &str) -> bool {
         self.entries
@@ -96,11 +101,7 @@ impl OutboxTables {
             .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
             .filter(|t| self.matches(t.schema(), t.name()))
             .collect();
-        if let Some(missing) = self
-            .entries
-            .iter()
-            .find(|e| !is_pattern(e) && !found.contains(e))
-        {
+        if let Some(missing) = self.named().find(|e| !found.contains(e)) {
             return Err(Error::Precondition(format!(
                 "table {missing} does not exist: create it (`walbox migrate` creates public.outbox_events) or point --table at your outbox"
             )));
