@@ -83,6 +83,10 @@ pub struct SinkConfig {
     /// (see `msk_iam.rs`); `None`: the region in the brokers' MSK host
     /// names, else the AWS SDK's (`AWS_REGION`, the profile).
     pub aws_region: Option<String>,
+    /// `AWS_MSK_IAM`'s token maker, made on first use and shared by every
+    /// clone of this configuration: one credential resolver (its thread,
+    /// its cached credentials) for all the clients made from it.
+    msk_tokens: std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<crate::msk_iam::Tokens>>>>,
 }
 
 /// How the sink creates a missing topic.
@@ -108,6 +112,7 @@ impl SinkConfig {
             create_topics: None,
             transactional_id: None,
             aws_region: None,
+            msk_tokens: std::sync::Arc::default(),
         }
     }
 
@@ -316,9 +321,13 @@ impl SinkConfig {
             .aws_region
             .clone()
             .or_else(|| crate::msk_iam::region_of_brokers(&self.bootstrap_servers));
-        crate::msk_iam::Tokens::new(region)
-            .map(Some)
-            .map_err(crate::SinkError::Config)
+        let mut shared = self.msk_tokens.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tokens) = shared.as_ref().filter(|t| t.region() == region.as_deref()) {
+            return Ok(Some(std::sync::Arc::clone(tokens)));
+        }
+        let tokens = crate::msk_iam::Tokens::new(region).map_err(crate::SinkError::Config)?;
+        *shared = Some(std::sync::Arc::clone(&tokens));
+        Ok(Some(tokens))
     }
 }
 
@@ -473,6 +482,25 @@ mod tests {
             scram.client_config().unwrap().get("sasl.mechanism"),
             Some("SCRAM-SHA-512")
         );
+    }
+
+    #[test]
+    fn clones_of_a_configuration_share_one_token_maker() {
+        let msk = SinkConfig::new("b-1.x.c2.kafka.eu-west-1.amazonaws.com:9098")
+            .set("sasl.mechanism", "AWS_MSK_IAM");
+        let mut clone = msk.clone();
+        clone.transactional_id = Some("t".into());
+        let (a, b) = (
+            msk.tokens().unwrap().unwrap(),
+            clone.tokens().unwrap().unwrap(),
+        );
+        assert!(std::sync::Arc::ptr_eq(&a, &b), "one credential resolver");
+        assert_eq!(a.region(), Some("eu-west-1"));
+        let mut other = msk.clone();
+        other.aws_region = Some("us-east-1".into());
+        let c = other.tokens().unwrap().unwrap();
+        assert_eq!(c.region(), Some("us-east-1"));
+        assert!(SinkConfig::new("k:9092").tokens().unwrap().is_none());
     }
 
     #[test]

@@ -252,6 +252,11 @@ impl Tokens {
         }))
     }
 
+    /// The region given (else found by the brokers' names or the SDK).
+    pub(crate) fn region(&self) -> Option<&str> {
+        self.region.as_deref()
+    }
+
     /// A fresh token. Blocks while credentials are resolved (at most
     /// [`CREDENTIALS_TIMEOUT`]); callable from any thread.
     pub(crate) fn token(&self) -> Result<AuthToken, String> {
