@@ -164,6 +164,22 @@ impl Registry {
         registry
     }
 
+    /// `walbox run`'s flags for events to `topic` in `format` (`avro`,
+    /// `json-schema`, `protobuf`) with this registry, a subject per event
+    /// type (RecordNameStrategy).
+    fn flags<'a>(&'a self, topic: &'a str, format: &'a str) -> Vec<&'a str> {
+        vec![
+            "--mapping-topic-template",
+            topic,
+            "--format",
+            format,
+            "--schema-registry-url",
+            &self.url,
+            "--schema-registry-subject-strategy",
+            "record",
+        ]
+    }
+
     /// Registers every event type's schema in `format` (subject
     /// `shop.Event<k>`); the ids by subject.
     fn register_all(&self, format: Format) -> serde_json::Value {
@@ -359,18 +375,8 @@ async fn read_back_through_kills_and_an_outage(format: Format, exactly_once: boo
     let dead_letters = kafka.create_topic(1).await;
     // Created by walbox (compacted) on its first exactly-once start.
     let progress = format!("{topic}.progress");
-    let mut flags = vec![
-        "--mapping-topic-template",
-        &topic,
-        "--format",
-        format.name(),
-        "--schema-registry-url",
-        &registry.url,
-        "--schema-registry-subject-strategy",
-        "record",
-        "--dead-letter-topic",
-        &dead_letters,
-    ];
+    let mut flags = registry.flags(&topic, format.name());
+    flags.extend(["--dead-letter-topic", &dead_letters]);
     if exactly_once {
         flags.extend([
             "--delivery",
@@ -500,20 +506,13 @@ async fn a_registry_over_https_with_basic_auth_and_a_wrong_password_stops_walbox
     let secrets = tempfile::tempdir().unwrap();
     let password_file = secrets.path().join("registry-password");
     let ca = certs.ca().display().to_string();
-    let flags = [
-        "--mapping-topic-template",
-        &topic,
-        "--format",
-        "avro",
-        "--schema-registry-url",
-        &registry.url,
-        "--schema-registry-subject-strategy",
-        "record",
+    let mut flags = registry.flags(&topic, "avro");
+    flags.extend([
         "--schema-registry-username",
         USER,
         "--schema-registry-ca-file",
         &ca,
-    ];
+    ]);
     let start = || {
         let mut c = walbox(&db, &[]);
         c.env("WALBOX_SCHEMA_REGISTRY_PASSWORD_FILE", &password_file);
@@ -594,17 +593,10 @@ async fn an_invalid_event_is_held_fixed_with_sql_and_released_serialized() {
         &db,
         &kafka,
         &[
-            "--mapping-topic-template",
-            &topic,
-            "--format",
-            "avro",
-            "--schema-registry-url",
-            &registry.url,
-            "--schema-registry-subject-strategy",
-            "record",
-            "--on-failure",
-            "quarantine",
-        ],
+            &registry.flags(&topic, "avro")[..],
+            &["--on-failure", "quarantine"],
+        ]
+        .concat(),
     );
     wait_log(&relay, "streaming from the slot").await;
     // 1,234 (aggregate agg-13) does not fit; 1,271 is agg-13's next event.
@@ -668,17 +660,10 @@ async fn avro_keys_serialized_with_the_key_subject_are_read_back_by_confluents_d
         &db,
         &kafka,
         &[
-            "--mapping-topic-template",
-            &topic,
-            "--format",
-            "avro",
-            "--schema-registry-url",
-            &registry.url,
-            "--schema-registry-subject-strategy",
-            "record",
-            "--schema-registry-key",
-            "schema",
-        ],
+            &registry.flags(&topic, "avro")[..],
+            &["--schema-registry-key", "schema"],
+        ]
+        .concat(),
     );
     insert(&client, 0, 500, 25).await;
     let all = wait_distinct(&kafka, &topic, 500, n).await;
