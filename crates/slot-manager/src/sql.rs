@@ -60,7 +60,7 @@ pub const MAX_NAME_BYTES: usize = 63;
 /// A table name as the operator writes it: `table` or `schema.table`, where
 /// either part may be double-quoted (`"Outbox"."events.v2"`). Unquoted parts
 /// fold to lower case, as in SQL. A name without a schema means `public`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableName {
     schema: String,
     name: String,

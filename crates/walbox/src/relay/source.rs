@@ -311,7 +311,7 @@ impl PostgresStream {
         let published = outbox.published(&self.control, &self.publication).await?;
         let found = outbox.resolve(&self.control).await?;
         let p = quote_ident(&self.publication);
-        let mut added = Vec::new();
+        let mut picked = Vec::new();
         let mut gap = None;
         for table in found.iter().filter(|t| !published.contains(t)) {
             if self.seen.contains(table) {
@@ -331,7 +331,7 @@ impl PostgresStream {
             match pick_up(&mut self.control, &self.publication, table).await? {
                 PickUp::Added => {
                     tracing::info!(%table, publication = %self.publication, "picked up a new outbox table: added to the publication (it never held a row)");
-                    added.push(table.clone());
+                    picked.push(table.clone());
                 }
                 PickUp::Written { bytes, inserts } => {
                     gap = Some(format!(
@@ -352,24 +352,19 @@ impl PostgresStream {
             .filter(|t| !self.seen.contains(*t))
             .cloned()
             .collect();
-        if !unseen.is_empty() {
-            added.extend(born_published(&self.control, &self.publication, &unseen).await?);
-        }
+        let born = match unseen.is_empty() {
+            true => Vec::new(),
+            false => born_published(&self.control, &self.publication, &unseen).await?,
+        };
         let mut tables: Vec<TableName> = published;
-        tables.extend(
-            added
-                .iter()
-                .filter(|t| !tables.contains(t))
-                .cloned()
-                .collect::<Vec<_>>(),
-        );
-        tables.sort_by(|a, b| (a.schema(), a.name()).cmp(&(b.schema(), b.name())));
+        tables.extend(picked.iter().cloned());
+        tables.sort();
         self.seen.extend(tables.iter().cloned());
         let mut reading = self
             .coverage
             .read_tables(&self.control, &self.publication, &tables)
             .await?;
-        reading.added = added;
+        reading.added = picked.into_iter().chain(born).collect();
         if reading.gap.is_none() {
             reading.gap = gap;
         }
