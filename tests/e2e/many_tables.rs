@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use rdkafka::Message;
 use tokio_postgres::Client;
 use walbox_test_harness::kafka::TestKafka;
 use walbox_test_harness::pg::fresh_db;
@@ -270,4 +271,173 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
     expect_all(&kafka, &format!("{prefix}.tenant_b"), 620).await;
     expect_all(&kafka, &format!("{prefix}.tenant_a"), 620).await;
     stop(&mut relay).await;
+}
+
+/// Inserts `from..to` into Debezium's EventRouter layout (`legacy.outbox`):
+/// payload `n`, key `agg-{n % 7}`, type `E{n}`, `per_tx` to a transaction.
+async fn write_legacy(client: &Client, from: usize, to: usize, per_tx: usize) {
+    let mut at = from;
+    while at < to {
+        let end = (at + per_tx).min(to);
+        client
+            .execute(
+                "INSERT INTO legacy.outbox (aggregatetype, aggregateid, type, payload)
+                 SELECT 'order', 'agg-' || (n % 7), 'E' || n, jsonb_build_object('n', n)
+                   FROM generate_series($1::int8, $2::int8 - 1) n",
+                &[&(at as i64), &(end as i64)],
+            )
+            .await
+            .unwrap();
+        at = end;
+    }
+}
+
+/// Tables laid out differently on one slot: the tenants' walbox layout and
+/// a legacy Debezium EventRouter table, which maps by its own section
+/// (`[mapping.tables."legacy.outbox"]`, file only). Without that section it
+/// does not fit, and init-slot and run refuse it; with it, every event of
+/// both arrives once, keyed and headed by its own table's columns. A
+/// matching table walbox finds while running whose payload it cannot
+/// publish stops it before that table joins the publication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_laid_out_differently_map_by_their_own_columns_and_a_table_that_does_not_fit_is_refused(
+) {
+    let cluster = kafka_cluster(1);
+    let kafka: TestKafka = cluster.kafka();
+    wait_broker(&kafka).await;
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    walbox_test_harness::migrations::apply_migrations(&client).await;
+    create_tenant(&client, "tenant_a").await;
+    client
+        .batch_execute(
+            "CREATE SCHEMA legacy;
+             CREATE TABLE legacy.outbox (
+                 id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+                 aggregatetype varchar(255) NOT NULL,
+                 aggregateid varchar(255) NOT NULL,
+                 type varchar(255) NOT NULL,
+                 payload jsonb)",
+        )
+        .await
+        .unwrap();
+    let tables = "tenant_*.outbox_events, legacy.outbox";
+
+    // One mapping for both: legacy.outbox does not fit, and nothing is made.
+    let out = walbox(&db, &["init-slot", "--table", tables])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("table \"legacy\".\"outbox\" has no column aggregate_type, aggregate_id, event_type, headers, created_at"),
+        "{err}"
+    );
+    let slots: i64 = client
+        .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "a refused init-slot makes no slot");
+
+    let prefix = walbox_test_harness::unique_name("layouts").replace('_', "-");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("walbox.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "table = [\"tenant_*.outbox_events\", \"legacy.outbox\"]\n\
+             [mapping]\ntopic_template = \"{prefix}.{{schema}}\"\n\
+             [mapping.tables.\"legacy.outbox\"]\npreset = \"debezium\"\n\
+             topic_template = \"{prefix}.legacy.{{aggregate_type}}\"\n"
+        ),
+    )
+    .unwrap();
+    let config = ["--config", file.to_str().unwrap()];
+    let out = walbox(&db, &["init-slot"]).args(config).output().unwrap();
+    succeeded(&out);
+    let run_flags = [
+        config[0],
+        config[1],
+        "--topics-create",
+        "true",
+        "--topics-partitions",
+        "3",
+    ];
+    let mut relay = spawn_run(&db, &kafka, &run_flags);
+    wait_log(&relay, "streaming from the slot").await;
+    let c = db.connect().await;
+    let tenant = tokio::spawn(async move {
+        for round in 0..4 {
+            write(
+                &c,
+                "tenant_a",
+                round * 100,
+                (round + 1) * 100,
+                1 + round * 6,
+            )
+            .await;
+        }
+    });
+    for round in 0..4 {
+        write_legacy(&client, round * 100, (round + 1) * 100, 1 + round * 4).await;
+    }
+    tenant.await.unwrap();
+    let a = expect_all(&kafka, &format!("{prefix}.tenant_a"), 400).await;
+    let legacy_topic = format!("{prefix}.legacy.order");
+    let legacy = expect_all(&kafka, &legacy_topic, 400).await;
+    assert_eq!((a, legacy), (0, 0), "a clean run sends nothing twice");
+    // Each legacy record is keyed and headed by Debezium's columns.
+    let records = wait_distinct(&kafka, &legacy_topic, 400, n_of).await;
+    let ids: Vec<String> = client
+        .query("SELECT id::text FROM legacy.outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for r in &records {
+        let n = n_of(r);
+        let headers = walbox_test_harness::kafka::headers_of(r);
+        assert_eq!(r.key(), Some(format!("agg-{}", n % 7).as_bytes()));
+        assert_eq!(headers["event_type"], format!("E{n}"), "the type column");
+        assert!(ids.contains(&headers["id"]), "the row's id: {headers:?}");
+    }
+    stop(&mut relay).await;
+
+    // A new tenant table whose payload column walbox cannot publish: it
+    // stops, the table left out of the publication, and stops again at each
+    // start until the table is fixed.
+    let mut relay = spawn_run(&db, &kafka, &run_flags);
+    wait_log(&relay, "streaming from the slot").await;
+    create_tenant(&client, "tenant_z").await;
+    client
+        .batch_execute(
+            "ALTER TABLE tenant_z.outbox_events ALTER COLUMN payload TYPE integer USING NULL",
+        )
+        .await
+        .unwrap();
+    let (status, log) = stopped(&mut relay).await;
+    assert!(!status.success(), "{log}");
+    let line = log.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("table \"tenant_z\".\"outbox_events\" matches the outbox tables, and cannot be streamed")
+            && line.contains("has type OID 23; use json, jsonb, text, varchar or bytea"),
+        "{log}"
+    );
+    let published: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE schemaname = 'tenant_z'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 0, "a table that does not fit is not added");
+    let mut again = spawn_run(&db, &kafka, &run_flags);
+    let (status, log) = stopped(&mut again).await;
+    assert!(
+        !status.success() && log.contains("of tenant_z.outbox_events has type OID 23"),
+        "{log}"
+    );
 }

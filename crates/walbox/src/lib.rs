@@ -27,4 +27,5 @@ pub mod retention;
 pub mod schema_registry;
 pub mod spans;
 pub mod stall;
+pub mod table_fit;
 pub mod testpoint;

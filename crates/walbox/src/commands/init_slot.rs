@@ -3,13 +3,14 @@
 //! published first ([`crate::backfill`]).
 
 use slot_manager::{
-    check_server, check_table, connect_control, ensure_message_publication, ensure_publication,
-    ensure_slot, ensure_tables_publication, Ensured,
+    check_server, connect_control, ensure_message_publication, ensure_publication, ensure_slot,
+    ensure_tables_publication, Ensured,
 };
 
 use super::{loaded, CliError};
 use crate::backfill::{backfill, Outcome, Plan, Request};
 use crate::config::{ConfigError, RunFlags};
+use crate::table_fit::check_fits;
 
 /// Arguments of `walbox init-slot`.
 #[derive(Debug, clap::Args)]
@@ -64,7 +65,7 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     let mut client = connect_control(&c.pg).await?;
     let (least, why) = c.least_server();
     check_server(&client, least, why).await?;
-    // Every table found now has the mapped columns; one a pattern finds
+    // Every table found now fits its mapping; one a pattern finds
     // later is checked as walbox run picks it up.
     let tables = if c.source.table() {
         c.tables.resolve(&client).await?
@@ -72,7 +73,7 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         Vec::new()
     };
     for table in &tables {
-        check_table(&client, table, &mapping.required_columns()).await?;
+        check_fits(&client, table, &mapping).await?;
     }
     let Some(condition) = args.backfill else {
         // Every shard's publication and slot (one of each when not sharded).

@@ -3,6 +3,7 @@
 //! startup line of `walbox run`).
 
 use super::{redact_userinfo, source_name, table, Config};
+use crate::mapping::TableMapping;
 use sink_kafka::is_secret_property;
 use slot_manager::PgConfig;
 
@@ -89,6 +90,37 @@ impl Config {
             };
             let source = given.as_ref().map_or_else(|| "default".into(), source_of);
             out.push((s.key.to_owned(), shown, source));
+        }
+        // Each table's own mapping, as it applies (file only).
+        if let Ok(m) = self.mapping() {
+            let source = self
+                .figment
+                .find_value("mapping.tables")
+                .ok()
+                .map_or_else(|| "default".into(), |v| source_of(&v));
+            for TableMapping {
+                key, mapping: t, ..
+            } in &m.tables
+            {
+                let mut line = |column: &str, value: &str| {
+                    out.push((
+                        format!("mapping.tables.{key:?}.{column}"),
+                        value.to_owned(),
+                        source.clone(),
+                    ))
+                };
+                line("topic_template", &t.topic_template);
+                line("id", &t.id);
+                line("aggregate_type", &t.aggregate_type);
+                line("aggregate_id", &t.aggregate_id);
+                line("event_type", t.event_type.as_deref().unwrap_or_default());
+                line("payload", &t.payload);
+                line("headers", t.headers.as_deref().unwrap_or_default());
+                line("timestamp", t.timestamp.as_deref().unwrap_or_default());
+                for (column, header) in &t.header_columns {
+                    line(&format!("header_columns.{column}"), header);
+                }
+            }
         }
         // What walbox sets in librdkafka itself, beside the operator's own.
         if let Ok(run) = self.run() {

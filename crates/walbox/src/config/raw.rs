@@ -122,6 +122,27 @@ pub(super) struct RawMapping {
     pub(super) headers: Option<String>,
     pub(super) timestamp: Option<String>,
     pub(super) header_columns: BTreeMap<String, String>,
+    /// `[mapping.tables."schema.table"]`: tables with columns of their own
+    /// (file only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) tables: BTreeMap<String, RawTableMapping>,
+}
+
+/// `[mapping.tables."schema.table"]`: a preset (else `[mapping]`'s
+/// columns), then columns of its own.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawTableMapping {
+    pub(super) preset: Option<MappingPreset>,
+    pub(super) topic_template: Option<String>,
+    pub(super) id: Option<String>,
+    pub(super) aggregate_type: Option<String>,
+    pub(super) aggregate_id: Option<String>,
+    pub(super) event_type: Option<String>,
+    pub(super) payload: Option<String>,
+    pub(super) headers: Option<String>,
+    pub(super) timestamp: Option<String>,
+    pub(super) header_columns: Option<BTreeMap<String, String>>,
 }
 
 /// `[kafka]`. Its `Debug` redacts the secret properties.

@@ -351,9 +351,18 @@ impl Config {
             RawSubjectStrategy::Record => SubjectStrategy::Record,
             RawSubjectStrategy::TopicRecord => SubjectStrategy::TopicRecord,
         };
-        if strategy.needs_event_type() && self.mapping()?.event_type.is_none() {
+        let mapping = self.mapping()?;
+        let without_type = match mapping.event_type {
+            None => Some("mapping.event_type".to_owned()),
+            Some(_) => mapping
+                .tables
+                .iter()
+                .find(|t| t.mapping.event_type.is_none())
+                .map(|t| format!("mapping.tables.{:?}.event_type", t.key)),
+        };
+        if let (true, Some(key)) = (strategy.needs_event_type(), without_type) {
             return Err(ConfigError(format!(
-                "schema_registry.subject_strategy = \"{}\" names subjects by the event type, and mapping.event_type is empty: map the event type column, or use subject_strategy = \"topic\"",
+                "schema_registry.subject_strategy = \"{}\" names subjects by the event type, and {key} is empty: map the event type column, or use subject_strategy = \"topic\"",
                 strategy.name()
             )));
         }

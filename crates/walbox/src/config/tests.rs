@@ -1360,3 +1360,121 @@ fn several_outbox_tables_come_as_a_list_and_refuse_what_works_on_one() {
     .to_string();
     assert!(e.contains("names the table"), "{e}");
 }
+
+#[test]
+fn a_table_laid_out_differently_maps_by_its_own_section() {
+    let head = "pg_url = \"host=h user=u\"\ntable = [\"tenant_*.outbox_events\", \"legacy.outbox\"]\nformat = \"cloudevents-binary\"\n[kafka]\nbrokers = \"b:9092\"\n[mapping]\npayload = \"body\"\ntopic_template = \"{schema}.{aggregate_type}\"\n";
+    let (_dir, path) = file(&format!(
+        "{head}[mapping.tables.\"legacy.outbox\"]\npreset = \"debezium\"\ntopic_template = \"legacy.{{aggregate_type}}\"\n[mapping.tables.\"tenant_old*.outbox_events\"]\nid = \"event_id\"\nheader_columns = {{ tenant = \"tenant\" }}\n"
+    ));
+    let c = load(Some(&path), &[], &[]).unwrap();
+    c.for_run().unwrap();
+    let m = c.mapping().unwrap();
+    assert_eq!(m.payload, "body");
+    let legacy = m.for_table("legacy", "outbox").unwrap();
+    assert_eq!(
+        (legacy.aggregate_type.as_str(), legacy.payload.as_str()),
+        ("aggregatetype", "payload"),
+        "a preset starts from its own columns, not [mapping]'s"
+    );
+    assert_eq!(legacy.topic_template, "legacy.{aggregate_type}");
+    assert!(
+        matches!(legacy.format, EventFormat::CloudEventsBinary { .. }),
+        "the format is everyone's"
+    );
+    let old = m.for_table("tenant_old7", "outbox_events").unwrap();
+    assert_eq!(
+        (old.id.as_str(), old.payload.as_str()),
+        ("event_id", "body"),
+        "without a preset, [mapping]'s columns with its own over them"
+    );
+    assert_eq!(old.header_columns, [("tenant".into(), "tenant".into())]);
+    assert_eq!(old.topic_template, "{schema}.{aggregate_type}");
+    assert_eq!(m.for_table("tenant_a", "outbox_events").unwrap().id, "id");
+    // `walbox config` shows each table's mapping as it applies.
+    let shown = c.effective();
+    let line = |k: &str| {
+        shown
+            .iter()
+            .find(|(key, _, _)| key == k)
+            .map(|(_, v, s)| (v.as_str(), s.contains("walbox.toml")))
+    };
+    assert_eq!(
+        line("mapping.tables.\"legacy.outbox\".aggregate_id"),
+        Some(("aggregateid", true))
+    );
+    assert_eq!(
+        line("mapping.tables.\"tenant_old*.outbox_events\".payload"),
+        Some(("body", true))
+    );
+
+    for (section, says) in [
+        (
+            "[mapping.tables.\"billing.outbox\"]\nid = \"x\"\n",
+            "mapping.tables.\"billing.outbox\": table \"billing\".\"outbox\" is not one of the outbox tables",
+        ),
+        (
+            "[mapping.tables.\"legacy.outbox\"]\npayload = \"\"\n",
+            "mapping.tables.\"legacy.outbox\".payload: must not be empty",
+        ),
+        (
+            "[mapping.tables.\"legacy.outbox\"]\ntopic_template = \"{tenant}\"\n",
+            "mapping.tables.\"legacy.outbox\".topic_template \"{tenant}\": the placeholders are",
+        ),
+        (
+            "[mapping.tables.\"legacy.outbox\"]\ncolour = \"red\"\n",
+            "unknown field `colour`",
+        ),
+        (
+            "[mapping.tables.\"a.b.c\"]\nid = \"x\"\n",
+            "mapping.tables.\"a.b.c\"",
+        ),
+    ] {
+        let (_dir, path) = file(&format!("{head}{section}"));
+        let e = load(Some(&path), &[], &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{section}: {e}");
+    }
+    // With one table, its columns are [mapping]'s own; with messages, there
+    // is no table.
+    let (_dir, path) = file(
+        "pg_url = \"host=h user=u\"\n[kafka]\nbrokers = \"b:9092\"\n[mapping.tables.\"public.outbox_events\"]\nid = \"x\"\n",
+    );
+    let e = load(Some(&path), &[], &[])
+        .and_then(|c| c.for_run())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "and table = \"public\".\"outbox_events\" is one: set its columns in [mapping] itself"
+        ),
+        "{e}"
+    );
+    let e = load(Some(&path), &[("WALBOX_SOURCE", "messages")], &[])
+        .and_then(|c| c.for_run())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("source = messages reads none"), "{e}");
+    // A subject named by event type needs every table's event type.
+    let (_dir, path) = file(&format!(
+        "{head}[mapping.tables.\"legacy.outbox\"]\nevent_type = \"\"\n"
+    ));
+    let e = load(
+        Some(&path),
+        &[
+            ("WALBOX_FORMAT", "avro"),
+            ("WALBOX_SCHEMA_REGISTRY_URL", "http://r:8081"),
+            ("WALBOX_SCHEMA_REGISTRY_SUBJECT_STRATEGY", "record"),
+        ],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("and mapping.tables.\"legacy.outbox\".event_type is empty"),
+        "{e}"
+    );
+}

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
 use sink_kafka::Header;
+use slot_manager::{OutboxTables, TableName};
 
 use format::{Attributes, EventFormat};
 use timestamp::parse_timestamp_ms;
@@ -78,6 +79,23 @@ pub struct OutboxMapping {
     pub header_columns: Vec<(String, String)>,
     /// How the event becomes a record.
     pub format: EventFormat,
+    /// Tables whose columns map by a mapping of their own
+    /// (`[mapping.tables."schema.table"]`), with several outbox tables.
+    pub tables: Vec<TableMapping>,
+}
+
+/// The mapping of the outbox tables a key names (`legacy.outbox`,
+/// `tenant_*.outbox_events`): the columns, and the topic template, of
+/// tables laid out differently from the others. Its `format` is the base
+/// mapping's and its own `tables` is empty.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableMapping {
+    /// The key as the configuration wrote it.
+    pub key: String,
+    /// The tables it maps.
+    pub tables: OutboxTables,
+    /// Their mapping.
+    pub mapping: OutboxMapping,
 }
 
 impl Default for OutboxMapping {
@@ -93,6 +111,7 @@ impl Default for OutboxMapping {
             topic_template: "outbox.event.{aggregate_type}".into(),
             header_columns: Vec::new(),
             format: EventFormat::AsStored,
+            tables: Vec::new(),
         }
     }
 }
@@ -195,6 +214,16 @@ pub enum MapError {
         /// The text.
         value: String,
     },
+    /// Two `[mapping.tables]` patterns match one table.
+    #[error("table {table} matches mapping.tables {first:?} and {second:?}: name the table itself as a key of its own, or narrow a pattern")]
+    AmbiguousMapping {
+        /// `schema.table`.
+        table: String,
+        /// One key.
+        first: String,
+        /// Another.
+        second: String,
+    },
     /// The template produced a name Kafka does not accept.
     #[error("event {event_id}: topic {topic:?} is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)")]
     InvalidTopic {
@@ -210,6 +239,9 @@ pub enum MapError {
 pub struct ColumnIndexes {
     /// `schema.table`, as the Relation message named it.
     table: String,
+    /// The position of the table's own mapping in [`OutboxMapping::tables`];
+    /// `None` for the base mapping.
+    mapping: Option<usize>,
     /// The topic template with the table's `{schema}` and `{table}`
     /// filled in, when it names them.
     topic_template: Option<Box<str>>,
@@ -395,7 +427,87 @@ impl OutboxMapping {
             topic_template: "outbox.event.{aggregate_type}".into(),
             header_columns: Vec::new(),
             format: EventFormat::AsStored,
+            tables: Vec::new(),
         }
+    }
+
+    /// The mapping of table `schema.name`: the mapping of the
+    /// `[mapping.tables]` key that names it, else of the one pattern that
+    /// matches it, else this one; `None` (with this mapping's position
+    /// unused) stands for this one. Two patterns matching it is an error.
+    fn pick(&self, schema: &str, name: &str) -> Result<Option<usize>, MapError> {
+        let named = |t: &TableMapping| {
+            t.tables
+                .named()
+                .any(|e| e.schema() == schema && e.name() == name)
+        };
+        if let Some(i) = self.tables.iter().position(named) {
+            return Ok(Some(i));
+        }
+        let mut matching = self
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.tables.matches(schema, name));
+        let Some((first, t)) = matching.next() else {
+            return Ok(None);
+        };
+        if let Some((_, other)) = matching.next() {
+            return Err(MapError::AmbiguousMapping {
+                table: TableName::new(schema, name).to_string(),
+                first: t.key.clone(),
+                second: other.key.clone(),
+            });
+        }
+        Ok(Some(first))
+    }
+
+    /// The mapping of table `schema.name` ([`OutboxMapping::tables`]).
+    pub fn for_table(&self, schema: &str, name: &str) -> Result<&OutboxMapping, MapError> {
+        Ok(self.at(self.pick(schema, name)?))
+    }
+
+    /// The mapping at a position [`OutboxMapping::pick`] gave.
+    fn at(&self, i: Option<usize>) -> &OutboxMapping {
+        i.map_or(self, |i| &self.tables[i].mapping)
+    }
+
+    /// Refuses a payload column of type `declared` (a domain resolved by
+    /// `domains`) that this mapping cannot publish; else says what it holds.
+    fn payload_kind(
+        &self,
+        table: &str,
+        declared: u32,
+        domains: &HashMap<u32, u32>,
+    ) -> Result<PayloadKind, MapError> {
+        let type_oid = domains.get(&declared).copied().unwrap_or(declared);
+        match type_oid {
+            JSON | JSONB => Ok(PayloadKind::Json),
+            TEXT | VARCHAR => Ok(PayloadKind::Text),
+            BYTEA if self.format.needs_json() => Err(MapError::BinaryPayload {
+                table: table.to_owned(),
+                column: self.payload.clone(),
+                format: self.format.name(),
+            }),
+            BYTEA => Ok(PayloadKind::Bytes),
+            _ => Err(MapError::PayloadType {
+                table: table.to_owned(),
+                column: self.payload.clone(),
+                type_oid: declared,
+            }),
+        }
+    }
+
+    /// Refuses a payload column of type `declared` that this mapping
+    /// cannot publish (the check at start of a table's
+    /// [`OutboxMapping::resolve_with`]).
+    pub fn check_payload_type(
+        &self,
+        table: &str,
+        declared: u32,
+        domains: &HashMap<u32, u32>,
+    ) -> Result<(), MapError> {
+        self.payload_kind(table, declared, domains).map(drop)
     }
 
     /// Every column the mapping reads (for preflight checks).
@@ -419,8 +531,30 @@ impl OutboxMapping {
     }
 
     /// Finds the mapped columns in a relation whose columns may have domain
-    /// types: `domains` maps a domain's type OID to its base type's.
+    /// types: `domains` maps a domain's type OID to its base type's. The
+    /// relation's table maps by its own mapping when it has one
+    /// ([`OutboxMapping::tables`]).
     pub fn resolve_with(
+        &self,
+        relation: &RelationBody,
+        domains: &HashMap<u32, u32>,
+    ) -> Result<ColumnIndexes, MapError> {
+        let own = self.pick(relation.namespace(), relation.name())?;
+        let mut columns = self.at(own).resolve_own(relation, domains)?;
+        columns.mapping = own;
+        // A table's own template that names no table still differs from
+        // the base one: its topic names are kept under it.
+        if own.is_some()
+            && columns.topic_template.is_none()
+            && self.at(own).topic_template != self.topic_template
+        {
+            columns.topic_template = Some(self.at(own).topic_template.as_str().into());
+        }
+        Ok(columns)
+    }
+
+    /// [`OutboxMapping::resolve_with`] by this mapping's own columns.
+    fn resolve_own(
         &self,
         relation: &RelationBody,
         domains: &HashMap<u32, u32>,
@@ -439,27 +573,9 @@ impl OutboxMapping {
             |column: &Option<String>, role| column.as_deref().map(|c| find(c, role)).transpose();
         let payload = find(&self.payload, "payload")?;
         let declared = relation.columns()[payload].type_oid();
-        let type_oid = domains.get(&declared).copied().unwrap_or(declared);
-        let payload_kind = match type_oid {
-            JSON | JSONB => PayloadKind::Json,
-            TEXT | VARCHAR => PayloadKind::Text,
-            BYTEA if self.format.needs_json() => {
-                return Err(MapError::BinaryPayload {
-                    table,
-                    column: self.payload.clone(),
-                    format: self.format.name(),
-                })
-            }
-            BYTEA => PayloadKind::Bytes,
-            _ => {
-                return Err(MapError::PayloadType {
-                    table,
-                    column: self.payload.clone(),
-                    type_oid: declared,
-                })
-            }
-        };
+        let payload_kind = self.payload_kind(&table, declared, domains)?;
         Ok(ColumnIndexes {
+            mapping: None,
             topic_template: names_table(&self.topic_template).then(|| {
                 self.topic_template
                     .replace("{schema}", relation.namespace())
@@ -519,8 +635,19 @@ impl OutboxMapping {
     }
 
     /// [`OutboxMapping::map`], with topic names kept in `topics` from one
-    /// row to the next.
+    /// row to the next; by the mapping `columns` were resolved by (its
+    /// table's own, or this one).
     pub fn map_with(
+        &self,
+        columns: &ColumnIndexes,
+        tuple: &TupleData,
+        topics: &mut Topics,
+    ) -> Result<MappedEvent, MapError> {
+        self.at(columns.mapping).map_own(columns, tuple, topics)
+    }
+
+    /// [`OutboxMapping::map_with`] by this mapping's own column names.
+    fn map_own(
         &self,
         columns: &ColumnIndexes,
         tuple: &TupleData,
@@ -718,6 +845,52 @@ pub(crate) struct Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn table_mapping(key: &str, id: &str) -> TableMapping {
+        TableMapping {
+            key: key.into(),
+            tables: OutboxTables::parse(key).unwrap(),
+            mapping: OutboxMapping {
+                id: id.into(),
+                ..OutboxMapping::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_table_named_beats_a_pattern_and_two_patterns_are_ambiguous() {
+        let mapping = OutboxMapping {
+            tables: vec![
+                table_mapping("tenant_*.outbox", "by_pattern"),
+                table_mapping("tenant_b.outbox, legacy.outbox", "by_name"),
+                table_mapping("*.outbox_v1", "v1"),
+                table_mapping("tenant_*.outbox_v*", "v_any"),
+            ],
+            ..OutboxMapping::default()
+        };
+        let id = |schema, name| mapping.for_table(schema, name).map(|m| m.id.as_str());
+        assert_eq!(id("tenant_a", "outbox"), Ok("by_pattern"));
+        assert_eq!(id("tenant_b", "outbox"), Ok("by_name"));
+        assert_eq!(id("legacy", "outbox"), Ok("by_name"));
+        assert_eq!(
+            id("billing", "outbox"),
+            Ok("id"),
+            "no key: the base mapping"
+        );
+        assert_eq!(id("billing", "outbox_v1"), Ok("v1"));
+        let e = id("tenant_a", "outbox_v1").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "table \"tenant_a\".\"outbox_v1\" matches mapping.tables \"*.outbox_v1\" and \"tenant_*.outbox_v*\": name the table itself as a key of its own, or narrow a pattern"
+        );
+        // The relay refuses such a table's Relation, as the start does.
+        let relation =
+            RelationBody::from_catalog(1, "tenant_a", "outbox_v1", [("id".to_owned(), TEXT)]);
+        assert!(matches!(
+            mapping.resolve(&relation),
+            Err(MapError::AmbiguousMapping { .. })
+        ));
+    }
 
     #[test]
     fn validates_topic_names() {

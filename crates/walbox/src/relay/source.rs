@@ -1,14 +1,15 @@
 //! Where events come from: replication sessions on a slot.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    born_published, check_server, check_table, connect_control, domain_base_types, pick_up,
-    quote_ident, start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables,
-    PickUp, ReplicationOptions, ShardFilter, TableName,
+    born_published, check_server, connect_control, domain_base_types, pick_up, quote_ident,
+    start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp,
+    ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -16,6 +17,7 @@ use super::RunError;
 use crate::config::Connection;
 use crate::mapping::OutboxMapping;
 use crate::quarantine::{HeldEvent, HeldKey, Step};
+use crate::table_fit::check_fits;
 
 /// Why a source or its stream failed: the seam's own error, which the
 /// relay turns into a [`RunError`] (transient or definite as the error is).
@@ -180,29 +182,24 @@ pub enum Done {
 pub struct PostgresSource {
     /// Where Postgres is and what to stream (one shard's, when sharded).
     connection: Connection,
-    /// The columns the mapping reads, checked at every session's start
+    /// The mapping each table must fit, checked at every session's start
     /// (when rows are events).
-    required_columns: Vec<String>,
+    mapping: Arc<OutboxMapping>,
     options: ReplicationOptions,
 }
 
 impl PostgresSource {
     /// Streams `connection`'s slot through its publication; every session
-    /// first checks that the table has the columns `mapping` reads (when its
-    /// rows are events), and asks for logical decoding messages when they
+    /// first checks that each table fits `mapping` (when its rows are
+    /// events: [`check_fits`]), and asks for logical decoding messages when they
     /// are. A sharded connection names its shard, whose publication holds
     /// the shard's row filter.
     pub fn new(connection: Connection, mapping: &OutboxMapping) -> Self {
         let mut options = ReplicationOptions::new(connection.publication.clone());
         options.messages = connection.source.messages();
-        let required_columns = mapping
-            .required_columns()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
         PostgresSource {
             connection,
-            required_columns,
+            mapping: Arc::new(mapping.clone()),
             options,
         }
     }
@@ -218,8 +215,8 @@ pub struct PostgresStream {
     publication: String,
     /// The outbox tables, when their rows are events.
     tables: Option<OutboxTables>,
-    /// The columns a table must have (for one picked up).
-    required_columns: Vec<String>,
+    /// The mapping a table must fit (for one picked up).
+    mapping: Arc<OutboxMapping>,
     /// With several tables: those this session has seen published. One of
     /// them that leaves the publication while it still exists is drift, not
     /// a new table to pick up.
@@ -259,9 +256,8 @@ impl Source for PostgresSource {
         } else {
             Vec::new()
         };
-        let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
         for table in &tables {
-            check_table(&control, table, &columns).await?;
+            check_fits(&control, table, &self.mapping).await?;
         }
         self.check_no_backfill(&control).await?;
         crate::testpoint::reached("stream.checked").await;
@@ -286,7 +282,7 @@ impl Source for PostgresSource {
                 slot: c.slot.clone(),
                 publication: c.publication.clone(),
                 tables: c.source.table().then(|| c.tables.clone()),
-                required_columns: self.required_columns.clone(),
+                mapping: Arc::clone(&self.mapping),
                 seen: HashSet::new(),
                 shard: c.shard.clone(),
                 coverage: CoverageReader::default(),
@@ -321,8 +317,7 @@ impl PostgresStream {
                 ));
                 break;
             }
-            let columns: Vec<&str> = self.required_columns.iter().map(String::as_str).collect();
-            if let Err(e) = check_table(&self.control, table, &columns).await {
+            if let Err(e) = check_fits(&self.control, table, &self.mapping).await {
                 gap = Some(format!(
                     "table {table} matches the outbox tables, and cannot be streamed: {e}"
                 ));

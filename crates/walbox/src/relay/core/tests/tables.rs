@@ -10,9 +10,10 @@ use slot_manager::{Coverage, OutboxTables, TableCoverage, TableName};
 
 use super::{acked, config, covered, feed, report, sends, start, started};
 use crate::dead_letter::DeadLetters;
+use crate::mapping::{OutboxMapping, TableMapping};
 use crate::metrics::Metrics;
 use crate::relay::core::Core;
-use crate::relay::tests::fakes::{begin, commit, insert_row, COLUMNS};
+use crate::relay::tests::fakes::{begin, commit, insert_row, COLUMNS, JSONB, TEXT, UUID};
 use crate::relay::{RelayConfig, RunError};
 
 fn xlog(lsn: u64, data: Bytes) -> ReplicationMessage {
@@ -73,6 +74,124 @@ fn rows_of_every_matching_table_are_events_on_their_tables_topics() {
     for record in sent {
         report(&mut core, acked(record.token)).unwrap();
     }
+}
+
+/// Debezium's column names, in another order than walbox's.
+const DEBEZIUM_COLUMNS: [(&str, u32); 5] = [
+    ("payload", JSONB),
+    ("type", TEXT),
+    ("aggregateid", TEXT),
+    ("aggregatetype", TEXT),
+    ("id", UUID),
+];
+
+/// The tenants, and `legacy.outbox` laid out as Debezium's EventRouter
+/// table with a topic template of its own.
+fn tenants_and_legacy() -> RelayConfig {
+    let mut config = tenants("outbox.event.{aggregate_type}");
+    config.tables = OutboxTables::parse("tenant_*.outbox_events, legacy.outbox").unwrap();
+    config.mapping.tables = vec![TableMapping {
+        key: "legacy.outbox".into(),
+        tables: OutboxTables::parse("legacy.outbox").unwrap(),
+        mapping: OutboxMapping {
+            topic_template: "legacy.{aggregate_type}".into(),
+            ..OutboxMapping::debezium()
+        },
+    }];
+    config
+}
+
+#[test]
+fn a_table_with_a_mapping_of_its_own_maps_its_rows_by_it() {
+    let config = tenants_and_legacy();
+    let mut core = started(&config, 10);
+    feed(
+        &mut core,
+        vec![
+            xlog(
+                0,
+                frames::relation(1, "tenant_a", "outbox_events", &COLUMNS),
+            ),
+            xlog(
+                0,
+                frames::relation(2, "legacy", "outbox", &DEBEZIUM_COLUMNS),
+            ),
+            begin(190),
+            row(150, 1, "e1", "k1"),
+            insert_row(
+                160,
+                2,
+                &[
+                    Some("{\"n\":2}"),
+                    Some("Shipped"),
+                    Some("k2"),
+                    Some("order"),
+                    Some("e2"),
+                ],
+            ),
+            row(170, 1, "e3", "k3"),
+            commit(190, 200),
+        ],
+    );
+    let sent: Vec<_> = sends(&mut core).into_iter().map(|s| s.record).collect();
+    let seen: Vec<_> = sent
+        .iter()
+        .map(|r| {
+            let headers: Vec<(&str, &[u8])> =
+                r.headers.iter().map(|h| (&*h.name, &h.value[..])).collect();
+            (&*r.topic, &r.key.as_ref().unwrap()[..], headers)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "outbox.event.order",
+                &b"k1"[..],
+                vec![("id", &b"e1"[..]), ("event_type", &b"Created"[..])]
+            ),
+            (
+                "legacy.order",
+                &b"k2"[..],
+                vec![("id", &b"e2"[..]), ("event_type", &b"Shipped"[..])]
+            ),
+            (
+                "outbox.event.order",
+                &b"k3"[..],
+                vec![("id", &b"e3"[..]), ("event_type", &b"Created"[..])]
+            ),
+        ],
+        "each table's columns, and its topic (one aggregate type, two templates)"
+    );
+    assert_eq!(sent[1].value.as_deref(), Some(&b"{\"n\":2}"[..]));
+    for record in sent {
+        report(&mut core, acked(record.token)).unwrap();
+    }
+}
+
+#[test]
+fn a_row_of_a_table_its_mapping_does_not_fit_is_unmappable() {
+    let config = tenants_and_legacy();
+    let mut core = started(&config, 10);
+    // legacy.outbox laid out as the tenants' tables: its own mapping's
+    // columns (aggregatetype, …) are missing.
+    let stopped = [
+        xlog(0, frames::relation(2, "legacy", "outbox", &COLUMNS)),
+        begin(190),
+        row(150, 2, "e1", "k1"),
+        commit(190, 200),
+    ]
+    .into_iter()
+    .find_map(|frame| core.on_message(frame).err())
+    .expect("the relay stops")
+    .to_string();
+    assert!(
+        stopped.contains(
+            "table legacy.outbox has no column \"aggregatetype\" (mapped as the aggregate type)"
+        ),
+        "{stopped}"
+    );
+    assert!(sends(&mut core).is_empty());
 }
 
 fn table(schema: &str, oid: u32, fingerprint: &str) -> TableCoverage {
