@@ -292,6 +292,16 @@ pub(super) struct RawSchemaRegistry {
     pub(super) ca_file: Option<String>,
     pub(super) subject_strategy: RawSubjectStrategy,
     pub(super) key: RawRegistryKey,
+    pub(super) schemas: RawSchemas,
+}
+
+/// `schema_registry.schemas`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawSchemas {
+    #[default]
+    Registered,
+    Derived,
 }
 
 /// `schema_registry.key`.

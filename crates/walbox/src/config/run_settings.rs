@@ -372,7 +372,14 @@ impl Config {
                 "schema_registry.key = \"schema\" is not supported with format = \"protobuf\": a Protobuf key is a message, and the aggregate id is text; use key = \"string\"".into(),
             ));
         }
+        let derive = s.schemas == super::raw::RawSchemas::Derived;
+        if derive && kind == SchemaKind::Protobuf {
+            return Err(ConfigError(
+                "schema_registry.schemas = \"derived\" is not supported with format = \"protobuf\": a .proto's field numbers are the contract, and no payload says which to use; register a .proto, or derive with avro or json-schema".into(),
+            ));
+        }
         Ok(Some(RegistryConfig {
+            derive,
             keys,
             url: url.clone(),
             username: s.username.clone(),

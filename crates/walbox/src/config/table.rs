@@ -183,9 +183,11 @@ pub const SETTINGS: &[Setting] = &[
     s("schema_registry.ca_file", Text, Run, "—",
       "format = avro, json-schema or protobuf: PEM certificates to trust for an https registry instead of the system's."),
     s("schema_registry.subject_strategy", Choice(&["topic", "record", "topic-record"]), Run, "topic",
-      "format = avro, json-schema or protobuf: the subject whose latest schema serializes an event, as Confluent's strategies name it: <topic>-value; the event type (the record's full name, e.g. shop.OrderPlaced); or <topic>-<event type>. The team registers the schemas; walbox registers none."),
+      "format = avro, json-schema or protobuf: the subject whose latest schema serializes an event, as Confluent's strategies name it: <topic>-value; the event type (the record's full name, e.g. shop.OrderPlaced); or <topic>-<event type>. The team registers the schemas, unless schema_registry.schemas = derived."),
+    s("schema_registry.schemas", Choice(&["registered", "derived"]), Run, "registered",
+      "format = avro or json-schema: use each subject's latest schema, registered by the team; or derive it from the JSON payloads and register it (opt-in): every field optional and nullable, widened as payloads bring new fields or kinds, a new version only then; walbox continues a schema it derived before and refuses a subject whose schema someone else registered (docs/configuration.md, \"Derived schemas\")."),
     s("schema_registry.key", Choice(&["string", "schema"]), Run, "string",
-      "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
+      "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema; registered by walbox when schemas = derived), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
     Setting {
         flag_name: Some("kafka-property"),

@@ -1,6 +1,7 @@
 //! The registry's Confluent-compatible REST API: a subject's latest
-//! version (`GET /subjects/{subject}/versions/latest`), with basic
-//! authentication and the CA to trust, each answer classified as an
+//! version (`GET /subjects/{subject}/versions/latest`) and, for derived
+//! schemas, registering one (`POST /subjects/{subject}/versions`), with
+//! basic authentication and the CA to trust, each answer classified as an
 //! outage (tried again) or a refusal (walbox stops).
 
 use serde::Deserialize;
@@ -50,6 +51,19 @@ struct Version {
     schema_type: Option<String>,
 }
 
+/// `POST /subjects/{subject}/versions`' answer.
+#[derive(Deserialize)]
+struct Id {
+    id: u32,
+}
+
+/// What a request is, for its refusals.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Latest,
+    Register,
+}
+
 impl RegistryClient {
     /// A client of the configured registry.
     pub fn new(config: &RegistryConfig) -> Result<RegistryClient, SchemaError> {
@@ -85,11 +99,80 @@ impl RegistryClient {
         &self,
         subject: &str,
     ) -> Result<(u32, String, Option<String>), SchemaError> {
+        match self.latest_if_any(subject).await? {
+            Some(latest) => Ok(latest),
+            None => Err(SchemaError::Refused {
+                subject: subject.to_owned(),
+                detail: "no schema is registered under this subject (HTTP 404): register it, or check schema_registry.subject_strategy and schema_registry.url".into(),
+            }),
+        }
+    }
+
+    /// [`RegistryClient::latest`], `None` when the subject has no schema.
+    pub async fn latest_if_any(
+        &self,
+        subject: &str,
+    ) -> Result<Option<(u32, String, Option<String>)>, SchemaError> {
         let url = format!(
             "{}/subjects/{}/versions/latest",
             self.base,
             path_segment(subject)
         );
+        let request = self.http.get(&url);
+        let Some(body) = self.call(subject, request, Call::Latest).await? else {
+            return Ok(None);
+        };
+        let version: Version = serde_json::from_slice(&body).map_err(|e| SchemaError::Refused {
+            subject: subject.to_owned(),
+            detail: format!("the registry's answer is not a schema version: {e}"),
+        })?;
+        Ok(Some((version.id, version.schema, version.schema_type)))
+    }
+
+    /// Registers `schema` (of `schema_type`: AVRO, JSON) under `subject`;
+    /// its id (the one it already had, when it was registered before).
+    pub async fn register(
+        &self,
+        subject: &str,
+        schema_type: &str,
+        schema: &str,
+    ) -> Result<u32, SchemaError> {
+        let url = format!("{}/subjects/{}/versions", self.base, path_segment(subject));
+        let body = serde_json::json!({"schemaType": schema_type, "schema": schema});
+        let request = self
+            .http
+            .post(&url)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/vnd.schemaregistry.v1+json",
+            )
+            .body(body.to_string());
+        let refused = |detail: String| SchemaError::Refused {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let Some(answer) = self.call(subject, request, Call::Register).await? else {
+            return Err(refused(
+                "the registry has no such API (HTTP 404 on registering): check schema_registry.url"
+                    .into(),
+            ));
+        };
+        let id: Id = serde_json::from_slice(&answer).map_err(|e| {
+            refused(format!(
+                "the registry's answer to a registration has no id: {e}"
+            ))
+        })?;
+        Ok(id.id)
+    }
+
+    /// Sends `request`; its answer's body, `None` for a 404, or the outage
+    /// or refusal its failure is.
+    async fn call(
+        &self,
+        subject: &str,
+        request: reqwest::RequestBuilder,
+        call: Call,
+    ) -> Result<Option<bytes::Bytes>, SchemaError> {
         let unavailable = |detail: String| SchemaError::Unavailable {
             subject: subject.to_owned(),
             detail,
@@ -98,7 +181,7 @@ impl RegistryClient {
             subject: subject.to_owned(),
             detail,
         };
-        let mut request = self.http.get(&url).header(
+        let mut request = request.header(
             reqwest::header::ACCEPT,
             "application/vnd.schemaregistry.v1+json, application/json",
         );
@@ -143,9 +226,16 @@ impl RegistryClient {
                     said()
                 )))
             }
-            404 => {
+            404 => return Ok(None),
+            409 if call == Call::Register => {
                 return Err(refused(format!(
-                    "no schema is registered under this subject (HTTP 404: {}): register it, or check schema_registry.subject_strategy and schema_registry.url",
+                    "the registry refused the schema walbox derived from this event as incompatible with the subject's earlier versions (HTTP 409: {}): its compatibility rule forbids what the event changed; relax the subject's rule, or register a schema and set schema_registry.schemas = \"registered\"",
+                    said()
+                )))
+            }
+            422 if call == Call::Register => {
+                return Err(refused(format!(
+                    "the registry refused the schema walbox derived as invalid (HTTP 422: {})",
                     said()
                 )))
             }
@@ -154,12 +244,7 @@ impl RegistryClient {
             }
             _ => return Err(refused(format!("HTTP {status}: {}", said()))),
         }
-        let version: Version = serde_json::from_slice(&body).map_err(|e| {
-            refused(format!(
-                "the registry's answer is not a schema version: {e}"
-            ))
-        })?;
-        Ok((version.id, version.schema, version.schema_type))
+        Ok(Some(body))
     }
 }
 
@@ -201,6 +286,7 @@ mod tests {
             strategy: Default::default(),
             kind: Default::default(),
             keys: false,
+            derive: false,
         })
         .unwrap();
         let e = client.latest("t-value").await.unwrap_err();

@@ -6,11 +6,13 @@
 //!   `<topic>-value`), `record` (RecordNameStrategy: the event type, which
 //!   is then the record's full name, e.g. `shop.OrderPlaced`) or
 //!   `topic-record` (TopicRecordNameStrategy, `<topic>-<event type>`).
-//! - **The schema** is the subject's latest version, registered by the team
-//!   (walbox registers nothing). It is looked up once and cached, and
-//!   looked up again after [`REFRESH`] so a new version is picked up; at
-//!   most [`MAX_SUBJECTS`] subjects and [`MAX_CACHED_BYTES`] of schema text
-//!   are kept.
+//! - **The schema** is the subject's latest version, registered by the team.
+//!   It is looked up once and cached, and looked up again after [`REFRESH`]
+//!   so a new version is picked up; at most [`MAX_SUBJECTS`] subjects and
+//!   [`MAX_CACHED_BYTES`] of schema text are kept. Or, opted into
+//!   (`schema_registry.schemas = "derived"`), walbox derives the subject's
+//!   schema from the payloads and registers it ([`derive`]): a new version
+//!   only when a payload holds what the last one did not.
 //! - **The value** is in Confluent's wire format: magic byte, the schema
 //!   id, then the JSON payload resolved against an Avro schema and written
 //!   as its datum ([`avro`]), or the JSON payload as stored once it
@@ -31,6 +33,7 @@
 
 pub mod avro;
 mod client;
+pub mod derive;
 pub mod json_schema;
 pub mod protobuf;
 
@@ -157,6 +160,10 @@ pub struct RegistryConfig {
     /// Serialize the key (the aggregate id) too, with subject `<topic>-key`
     /// (`schema_registry.key = "schema"`); else it stays its text.
     pub keys: bool,
+    /// Derive each subject's schema from the payloads and register it
+    /// (`schema_registry.schemas = "derived"`), instead of looking up the
+    /// one registered.
+    pub derive: bool,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -169,6 +176,7 @@ impl std::fmt::Debug for RegistryConfig {
             .field("strategy", &self.strategy)
             .field("kind", &self.kind)
             .field("keys", &self.keys)
+            .field("derive", &self.derive)
             .finish()
     }
 }
@@ -308,12 +316,30 @@ enum Lookup {
 #[cfg(test)]
 #[derive(Default)]
 pub struct Memory {
-    /// The subjects.
+    /// The subjects' latest schemas.
     pub subjects: HashMap<String, (u32, String)>,
     /// Lookups fail as an outage.
     pub down: bool,
     /// Lookups made.
     pub lookups: usize,
+    /// Every registration: subject, schema; its id is its place + 100
+    /// (the same schema again under a subject: the id it had).
+    pub registered: Vec<(String, String)>,
+}
+
+/// A subject whose schema walbox derives: what its payloads held, and the
+/// schema registered for that.
+struct DerivedSubject {
+    shape: derive::Shape,
+    registered: Registered,
+    used: Instant,
+}
+
+/// The subjects whose schemas walbox derives, at most [`MAX_SUBJECTS`]
+/// (one forgotten is continued from the registry's latest version).
+#[derive(Default)]
+struct Derived {
+    subjects: HashMap<String, DerivedSubject>,
 }
 
 /// Serializes records against the registry, with the subjects' schemas
@@ -324,8 +350,11 @@ pub struct SchemaRegistry {
     kind: SchemaKind,
     /// See [`RegistryConfig::keys`].
     keys: bool,
+    /// See [`RegistryConfig::derive`].
+    derive: bool,
     lookup: Lookup,
     cache: Arc<Mutex<Cache>>,
+    derived: Arc<Mutex<Derived>>,
 }
 
 impl std::fmt::Debug for SchemaRegistry {
@@ -343,8 +372,10 @@ impl SchemaRegistry {
             strategy: config.strategy,
             kind: config.kind,
             keys: config.keys,
+            derive: config.derive,
             lookup: Lookup::Http(RegistryClient::new(config)?),
             cache: Arc::default(),
+            derived: Arc::default(),
         })
     }
 
@@ -359,8 +390,19 @@ impl SchemaRegistry {
             strategy,
             kind,
             keys: false,
+            derive: false,
             lookup: Lookup::Memory(memory),
             cache: Arc::default(),
+            derived: Arc::default(),
+        }
+    }
+
+    /// This registry deriving schemas ([`RegistryConfig::derive`]), for tests.
+    #[cfg(test)]
+    pub fn deriving(self) -> SchemaRegistry {
+        SchemaRegistry {
+            derive: true,
+            ..self
         }
     }
 
@@ -389,7 +431,15 @@ impl SchemaRegistry {
                     .strategy
                     .subject(&record.topic, event_type)
                     .map_err(|detail| invalid("any subject".into(), detail))?;
-                let registered = self.schema(&subject).await?;
+                let registered = match self.derive {
+                    true => self.derived(&subject, payload).await?.map_err(|detail| {
+                        invalid(
+                            format!("the schema derived for subject {subject:?}"),
+                            detail,
+                        )
+                    })?,
+                    false => self.schema(&subject).await?,
+                };
                 let value = registered.encode(event_type, payload).map_err(|detail| {
                     invalid(
                         format!("schema {} of subject {subject:?}", registered.id),
@@ -403,7 +453,10 @@ impl SchemaRegistry {
             None => None,
             Some(key) => {
                 let subject = format!("{}-key", record.topic);
-                let registered = self.schema(&subject).await?;
+                let registered = match self.derive {
+                    true => self.derived_key(&subject).await?,
+                    false => self.schema(&subject).await?,
+                };
                 let what = || format!("key schema {} of subject {subject:?}", registered.id);
                 let text = std::str::from_utf8(key)
                     .map_err(|_| invalid(what(), "the key (aggregate id) is not text".into()))?;
@@ -455,6 +508,194 @@ impl SchemaRegistry {
         }
     }
 
+    /// The schema derived for `subject` that fits `payload`: the one
+    /// registered last when it does; else, the subject's shape widened to
+    /// the payload's, registered. The inner error is why the payload has no
+    /// derived schema (the event is invalid).
+    async fn derived(
+        &self,
+        subject: &str,
+        payload: &[u8],
+    ) -> Result<Result<Registered, String>, SchemaError> {
+        let json: serde_json::Value = match serde_json::from_slice(payload) {
+            Ok(json) => json,
+            Err(e) => return Ok(Err(format!("the payload is not JSON: {e}"))),
+        };
+        let shape = match derive::Shape::of(&json) {
+            Ok(shape) => shape,
+            Err(e) => return Ok(Err(e)),
+        };
+        let known = {
+            let mut derived = self.derived.lock().expect("not poisoned");
+            match derived.subjects.get_mut(subject) {
+                Some(s) if s.shape.holds(&shape) => {
+                    s.used = Instant::now();
+                    return Ok(Ok(s.registered.clone()));
+                }
+                Some(s) => Some((s.shape.clone(), s.registered.id)),
+                None => None,
+            }
+        };
+        let (mut grown, last_id) = match known {
+            Some((shape, id)) => (shape, Some(id)),
+            None => (self.derived_so_far(subject).await?, None),
+        };
+        grown.merge(&shape);
+        if grown.size() > derive::MAX_FIELDS {
+            return Ok(Err(format!(
+                "the schema would hold more than {} fields (payloads whose keys are data, such as {{\"sku-123\": 2}}, need a registered schema with a map)",
+                derive::MAX_FIELDS
+            )));
+        }
+        let text = match self.kind {
+            SchemaKind::JsonSchema => grown.json_schema(),
+            SchemaKind::Avro => match grown.avro_schema(&derive::avro_record_name(subject)) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            },
+            SchemaKind::Protobuf => {
+                return Err(SchemaError::Setup(
+                    "Protobuf schemas are not derived".into(),
+                ))
+            }
+        };
+        let id = self.register(subject, &text).await?;
+        let registered = match self.compile(subject, id, &text) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        if last_id != Some(id) {
+            tracing::info!(
+                subject,
+                schema_id = id,
+                fields = grown.size(),
+                "registered the schema derived from the payloads"
+            );
+        }
+        let mut derived = self.derived.lock().expect("not poisoned");
+        if derived.subjects.len() >= MAX_SUBJECTS && !derived.subjects.contains_key(subject) {
+            let oldest = derived
+                .subjects
+                .iter()
+                .min_by_key(|(_, s)| s.used)
+                .map(|(k, _)| k.clone())
+                .expect("not empty");
+            derived.subjects.remove(&oldest);
+        }
+        derived.subjects.insert(
+            subject.to_owned(),
+            DerivedSubject {
+                shape: grown,
+                registered: registered.clone(),
+                used: Instant::now(),
+            },
+        );
+        Ok(Ok(registered))
+    }
+
+    /// What the payloads of `subject` held before this process, from its
+    /// latest schema: one walbox derived is continued; none is a start;
+    /// one someone else registered is refused (walbox registers over no
+    /// one's schema).
+    async fn derived_so_far(&self, subject: &str) -> Result<derive::Shape, SchemaError> {
+        let latest = match &self.lookup {
+            Lookup::Http(client) => client.latest_if_any(subject).await?,
+            #[cfg(test)]
+            Lookup::Memory(memory) => {
+                let memory = memory.lock().expect("not poisoned");
+                if memory.down {
+                    return Err(SchemaError::Unavailable {
+                        subject: subject.to_owned(),
+                        detail: "connection refused".into(),
+                    });
+                }
+                memory
+                    .subjects
+                    .get(subject)
+                    .map(|(id, text)| (*id, text.clone(), None))
+            }
+        };
+        let Some((id, text, _)) = latest else {
+            return Ok(derive::Shape::default());
+        };
+        let shape = match self.kind {
+            SchemaKind::JsonSchema => derive::Shape::from_json_schema(&text),
+            SchemaKind::Avro => derive::Shape::from_avro_schema(&text),
+            SchemaKind::Protobuf => None,
+        };
+        shape.ok_or_else(|| SchemaError::Refused {
+            subject: subject.to_owned(),
+            detail: format!(
+                "its latest schema (id {id}) was not derived by walbox, and with schema_registry.schemas = \"derived\" walbox registers over no one's schema: use schemas = \"registered\", or another subject"
+            ),
+        })
+    }
+
+    /// The key schema of `subject` (`<topic>-key`) when schemas are
+    /// derived: a string, registered once.
+    async fn derived_key(&self, subject: &str) -> Result<Registered, SchemaError> {
+        if let Some(s) = self
+            .derived
+            .lock()
+            .expect("not poisoned")
+            .subjects
+            .get(subject)
+        {
+            return Ok(s.registered.clone());
+        }
+        let text = match self.kind {
+            SchemaKind::Avro => r#""string""#,
+            _ => r#"{"type":"string"}"#,
+        };
+        let id = self.register(subject, text).await?;
+        let registered = self.compile(subject, id, text)?;
+        self.derived.lock().expect("not poisoned").subjects.insert(
+            subject.to_owned(),
+            DerivedSubject {
+                shape: derive::Shape::default(),
+                registered: registered.clone(),
+                used: Instant::now(),
+            },
+        );
+        Ok(registered)
+    }
+
+    /// Registers `text` under `subject`; its id.
+    async fn register(&self, subject: &str, text: &str) -> Result<u32, SchemaError> {
+        match &self.lookup {
+            Lookup::Http(client) => {
+                client
+                    .register(subject, self.kind.schema_type(), text)
+                    .await
+            }
+            #[cfg(test)]
+            Lookup::Memory(memory) => {
+                let mut memory = memory.lock().expect("not poisoned");
+                if memory.down {
+                    return Err(SchemaError::Unavailable {
+                        subject: subject.to_owned(),
+                        detail: "connection refused".into(),
+                    });
+                }
+                let at = memory
+                    .registered
+                    .iter()
+                    .position(|(s, t)| s == subject && t == text)
+                    .unwrap_or_else(|| {
+                        memory
+                            .registered
+                            .push((subject.to_owned(), text.to_owned()));
+                        memory.registered.len() - 1
+                    });
+                let id = 100 + at as u32;
+                memory
+                    .subjects
+                    .insert(subject.to_owned(), (id, text.to_owned()));
+                Ok(id)
+            }
+        }
+    }
+
     async fn fetch(&self, subject: &str) -> Result<Registered, SchemaError> {
         let (id, text, schema_type) =
             match &self.lookup {
@@ -490,14 +731,20 @@ impl SchemaRegistry {
                 ),
             });
         }
+        self.compile(subject, id, &text)
+    }
+
+    /// Schema `id`'s `text`, parsed.
+    fn compile(&self, subject: &str, id: u32, text: &str) -> Result<Registered, SchemaError> {
+        let wanted = self.kind.schema_type();
         let invalid = |e: String| SchemaError::Refused {
             subject: subject.to_owned(),
             detail: format!("its latest schema (id {id}) is not a valid {wanted} schema: {e}"),
         };
         let schema = match self.kind {
-            SchemaKind::Avro => Compiled::Avro(avro::parse(&text).map_err(invalid)?),
-            SchemaKind::JsonSchema => Compiled::Json(json_schema::compile(&text).map_err(invalid)?),
-            SchemaKind::Protobuf => Compiled::Protobuf(protobuf::compile(&text).map_err(invalid)?),
+            SchemaKind::Avro => Compiled::Avro(avro::parse(text).map_err(invalid)?),
+            SchemaKind::JsonSchema => Compiled::Json(json_schema::compile(text).map_err(invalid)?),
+            SchemaKind::Protobuf => Compiled::Protobuf(protobuf::compile(text).map_err(invalid)?),
         };
         Ok(Registered {
             id,
@@ -738,6 +985,140 @@ mod tests {
         let e = registry.schema("t-value").await.unwrap_err();
         assert!(matches!(e, SchemaError::Refused { .. }), "{e}");
         assert!(e.to_string().contains("is not a valid JSON schema"), "{e}");
+    }
+
+    fn deriving(kind: SchemaKind, memory: &Arc<Mutex<Memory>>) -> SchemaRegistry {
+        SchemaRegistry::in_memory(SubjectStrategy::Record, kind, Arc::clone(memory)).deriving()
+    }
+
+    fn event(id: &'static str, payload: &str) -> Record<()> {
+        Record::new(
+            "t",
+            Some(Bytes::from_static(b"agg-1")),
+            Some(Bytes::from(payload.to_owned())),
+            (),
+        )
+        .with_header("id", id)
+        .with_header(EVENT_TYPE_HEADER, "shop.Placed")
+    }
+
+    #[tokio::test]
+    async fn a_derived_schema_is_registered_once_per_shape_and_only_grows() {
+        for kind in [SchemaKind::JsonSchema, SchemaKind::Avro] {
+            let memory = Arc::new(Mutex::new(Memory::default()));
+            let registry = deriving(kind, &memory);
+            let mut first = event("e-1", r#"{"n": 1, "label": "a"}"#);
+            assert_eq!(registry.encode(&mut first).await.unwrap(), Some(100));
+            let mut same = event("e-2", r#"{"n": 2, "label": "b"}"#);
+            assert_eq!(registry.encode(&mut same).await.unwrap(), Some(100));
+            let mut fewer = event("e-3", r#"{"n": 3}"#);
+            assert_eq!(
+                registry.encode(&mut fewer).await.unwrap(),
+                Some(100),
+                "a field left out fits"
+            );
+            let mut wider = event("e-4", r#"{"n": 4.5, "note": null}"#);
+            assert_eq!(registry.encode(&mut wider).await.unwrap(), Some(101));
+            assert_eq!(memory.lock().unwrap().registered.len(), 2);
+            // The second version holds every payload so far.
+            let latest = memory.lock().unwrap().subjects["shop.Placed"].1.clone();
+            let shape = match kind {
+                SchemaKind::Avro => derive::Shape::from_avro_schema(&latest),
+                _ => derive::Shape::from_json_schema(&latest),
+            }
+            .unwrap();
+            for p in [r#"{"n": 1, "label": "a"}"#, r#"{"n": 4.5, "note": null}"#] {
+                let v: serde_json::Value = serde_json::from_str(p).unwrap();
+                assert!(
+                    shape.holds(&derive::Shape::of(&v).unwrap()),
+                    "{p}: {latest}"
+                );
+            }
+            if kind == SchemaKind::JsonSchema {
+                assert_eq!(
+                    wider.value.as_deref().unwrap(),
+                    b"\0\0\0\0\x65{\"n\": 4.5, \"note\": null}"
+                );
+            }
+
+            // Another process continues the subject's derived schema: the
+            // old shapes register nothing new.
+            let again = deriving(kind, &memory);
+            let mut old = event("e-5", r#"{"n": 5, "label": "c"}"#);
+            assert_eq!(again.encode(&mut old).await.unwrap(), Some(101));
+            assert_eq!(memory.lock().unwrap().registered.len(), 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subject_someone_else_registered_is_refused_and_an_outage_stalls() {
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        memory
+            .lock()
+            .unwrap()
+            .subjects
+            .insert("shop.Placed".into(), (7, SCHEMA.into()));
+        let registry = deriving(SchemaKind::Avro, &memory);
+        let mut e = event("e-1", r#"{"a": 1}"#);
+        let refused = registry.encode(&mut e).await.unwrap_err();
+        assert!(matches!(refused, SchemaError::Refused { .. }), "{refused}");
+        assert!(
+            refused
+                .to_string()
+                .contains("its latest schema (id 7) was not derived by walbox"),
+            "{refused}"
+        );
+        assert_eq!(e.value.as_deref(), Some(&br#"{"a": 1}"#[..]), "untouched");
+        memory.lock().unwrap().subjects.clear();
+        memory.lock().unwrap().down = true;
+        let outage = registry.encode(&mut e).await.unwrap_err();
+        assert!(outage.is_transient(), "{outage}");
+        memory.lock().unwrap().down = false;
+        assert_eq!(registry.encode(&mut e).await.unwrap(), Some(100));
+    }
+
+    #[tokio::test]
+    async fn a_payload_no_schema_can_be_derived_for_is_invalid() {
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        let avro = deriving(SchemaKind::Avro, &memory);
+        let mut dashed = event("e-1", r#"{"order-id": 1}"#);
+        let e = avro.encode(&mut dashed).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with("event e-1 does not match the schema derived for subject \"shop.Placed\": field \"order-id\" is not an Avro name"),
+            "{e}"
+        );
+        let json = deriving(SchemaKind::JsonSchema, &memory);
+        let many: serde_json::Map<String, serde_json::Value> = (0..=derive::MAX_FIELDS)
+            .map(|i| (format!("sku-{i}"), 1.into()))
+            .collect();
+        let mut keys_as_data = event("e-2", &serde_json::Value::Object(many).to_string());
+        let e = json
+            .encode(&mut keys_as_data)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 2000 fields"), "{e}");
+        let mut not_json = event("e-3", "not json");
+        let e = json.encode(&mut not_json).await.unwrap_err();
+        assert!(matches!(e, SchemaError::Invalid { .. }), "{e}");
+        assert!(memory.lock().unwrap().registered.is_empty());
+    }
+
+    #[tokio::test]
+    async fn derived_keys_are_a_string_schema_registered_once() {
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        let registry = deriving(SchemaKind::Avro, &memory).with_keys();
+        let mut a = event("e-1", r#"{"n": 1}"#);
+        registry.encode(&mut a).await.unwrap();
+        let mut b = event("e-2", r#"{"n": 2}"#);
+        registry.encode(&mut b).await.unwrap();
+        let registered = memory.lock().unwrap().registered.clone();
+        assert_eq!(registered.len(), 2, "{registered:?}");
+        assert_eq!(
+            registered[1],
+            ("t-key".to_owned(), r#""string""#.to_owned())
+        );
+        assert_eq!(b.key.as_deref().unwrap(), b"\0\0\0\0\x65\x0aagg-1");
     }
 
     #[test]
