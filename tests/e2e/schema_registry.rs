@@ -696,3 +696,226 @@ async fn avro_keys_serialized_with_the_key_subject_are_read_back_by_confluents_d
         "the 37 aggregates spread over the partitions"
     );
 }
+
+/// Event types of the derived-schema test: `shop.Event0` … `shop.Event19`.
+const DERIVED_TYPES: i64 = 20;
+const DERIVED_TOTAL: i64 = 2_000;
+
+/// Inserts events `from..to` whose payloads change shape as they go: a
+/// note sometimes null (n < 700); then no note, a nested customer and a
+/// list of mixed tags (n < 1,400); then a price (a number, not an
+/// integer), no label, an empty list and another customer field.
+async fn insert_shapes(client: &tokio_postgres::Client, from: i64, to: i64, per_tx: i64) {
+    let mut at = from;
+    while at < to {
+        let end = (at + per_tx).min(to);
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) \
+                 SELECT 'shop', 'agg-' || (n % 37), 'shop.Event' || (n % 20), \
+                        CASE WHEN n < 700 THEN jsonb_build_object('n', n, 'label', 'e' || n, \
+                                 'note', CASE WHEN n % 3 = 0 THEN NULL ELSE 'note ' || n END) \
+                             WHEN n < 1400 THEN jsonb_build_object('n', n, 'label', 'e' || n, \
+                                 'customer', jsonb_build_object('id', n % 37, 'vip', n % 2 = 0), \
+                                 'tags', jsonb_build_array('x', n % 5)) \
+                             ELSE jsonb_build_object('n', n, 'price', n / 10.0 + 0.05, 'tags', '[]'::jsonb, \
+                                 'customer', jsonb_build_object('id', n % 37, 'since', '2026-01-0' || (n % 9 + 1))) \
+                        END, \
+                        jsonb_build_object('n', n::text) \
+                 FROM generate_series($1::int8, $2::int8 - 1) n",
+                &[&at, &end],
+            )
+            .await
+            .unwrap();
+        at = end;
+    }
+}
+
+/// Whether `decoded` (what the deserializer gave back) is `payload`: with
+/// Avro, a field of the schema the payload left out reads back as null.
+fn same_payload(decoded: &serde_json::Value, payload: &serde_json::Value, avro: bool) -> bool {
+    use serde_json::Value;
+    match (decoded, payload) {
+        (Value::Object(d), Value::Object(p)) => {
+            p.iter()
+                .all(|(k, v)| d.get(k).is_some_and(|dv| same_payload(dv, v, avro)))
+                && d.iter()
+                    .all(|(k, v)| p.contains_key(k) || (avro && v.is_null()))
+        }
+        (Value::Array(d), Value::Array(p)) => {
+            d.len() == p.len() && d.iter().zip(p).all(|(a, b)| same_payload(a, b, avro))
+        }
+        (a, b) => a == b,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_avro_schemas_are_registered_and_read_back_by_confluents_deserializer() {
+    derived_schemas_read_back(Format::Avro).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_json_schemas_are_registered_and_read_back_by_confluents_deserializer() {
+    derived_schemas_read_back(Format::JsonSchema).await;
+}
+
+/// `schema_registry.schemas = "derived"`: nothing registered beforehand;
+/// 2,000 events over 20 event types whose payloads change shape three
+/// times, through two kill -9s and the registry stopped for 12 s as the
+/// last shape arrives. Every record is read back by Confluent's
+/// deserializer with the schema walbox registered, its payload as written;
+/// each subject holds a few versions, each walbox's. A change the
+/// subject's compatibility rule forbids stops walbox in one line, the slot
+/// before the event; with the rule relaxed, it arrives.
+async fn derived_schemas_read_back(format: Format) {
+    let registry = Registry::start().await;
+    let cluster = kafka_cluster(1);
+    let kafka = cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let mut flags = registry.flags(&topic, format.name());
+    flags.extend(["--schema-registry-schemas", "derived"]);
+    let start = || spawn_run(&db, &kafka, &flags);
+    let mut relay = start();
+    wait_log(&relay, "streaming from the slot").await;
+
+    insert_shapes(&client, 0, 700, 20).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.kill9();
+    relay = start();
+    insert_shapes(&client, 700, 1_400, 35).await;
+    wait_distinct(&kafka, &topic, 1_400, n).await;
+    relay.kill9();
+    relay = start();
+    wait_log(&relay, "streaming from the slot").await;
+    // The registry stops as the last shape (a price) needs a new version
+    // of every subject: its events wait, nothing is skipped.
+    registry.signal("-STOP");
+    let stopped = std::time::Instant::now();
+    insert_shapes(&client, 1_400, DERIVED_TOTAL, 50).await;
+    wait_for(
+        "walbox to log the registry's outage",
+        Duration::from_secs(60),
+        || {
+            let log = relay.log();
+            async move {
+                match log.contains("schema registry: looking up subject") {
+                    true => Ok(()),
+                    false => Err("not yet".to_owned()),
+                }
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(stopped.elapsed())).await;
+    registry.signal("-CONT");
+    let messages = wait_distinct(&kafka, &topic, DERIVED_TOTAL as usize, n).await;
+    eprintln!(
+        "{} duplicates after two kill -9s",
+        messages.len() - DERIVED_TOTAL as usize
+    );
+
+    // Every record, read back with the schema its id names.
+    let payloads: HashMap<i64, serde_json::Value> = client
+        .query(
+            "SELECT (headers->>'n')::int8, payload::text FROM outbox_events",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), serde_json::from_str(r.get(1)).unwrap()))
+        .collect();
+    let decoded = registry.tool("decode", format.schema_type(), &values_of(&messages));
+    let decoded = decoded.as_array().unwrap();
+    assert_eq!(decoded.len(), messages.len());
+    let mut ids: HashMap<String, HashSet<u64>> = HashMap::new();
+    for (m, d) in messages.iter().zip(decoded) {
+        let n = n(m);
+        let avro = matches!(format, Format::Avro);
+        assert!(
+            same_payload(&d["value"], &payloads[&n], avro),
+            "event {n}: {} read back as {}",
+            payloads[&n],
+            d["value"]
+        );
+        assert_eq!(m.key().unwrap(), format!("agg-{}", n % 37).as_bytes());
+        ids.entry(format!("shop.Event{}", n % DERIVED_TYPES))
+            .or_default()
+            .insert(d["schema_id"].as_u64().unwrap());
+    }
+    // A handful of versions per subject, every one walbox's.
+    let subjects: Vec<String> = (0..DERIVED_TYPES)
+        .map(|k| format!("shop.Event{k}"))
+        .collect();
+    let versions = registry.tool(
+        "versions",
+        format.schema_type(),
+        &serde_json::to_string(&subjects).unwrap(),
+    );
+    for s in &subjects {
+        let count = versions[s]["versions"].as_array().unwrap().len();
+        assert!(
+            (2..=5).contains(&count),
+            "{s}: {count} versions for three shapes (and a note first seen null)"
+        );
+        assert!(
+            versions[s]["latest"]
+                .as_str()
+                .unwrap()
+                .contains("derived by walbox from the events' payloads"),
+            "{s}"
+        );
+        assert!(ids[s].len() <= count, "{s}: records name {:?}", ids[s]);
+    }
+
+    // A change the subject's rule forbids (label, a string, now a number):
+    // walbox stops in one line, the slot before the event.
+    registry.tool(
+        "compatibility",
+        format.schema_type(),
+        r#"{"shop.Event3": "FULL"}"#,
+    );
+    let before: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('shop', 'agg-3', 'shop.Event3', '{\"n\": 2000, \"label\": 7}', '{\"n\": \"2000\"}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (status, log) = wait_exit(&mut relay).await;
+    assert!(!status.success(), "{log}");
+    let line = log.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("subject \"shop.Event3\"")
+            && line.contains("as incompatible with the subject's earlier versions (HTTP 409"),
+        "{log}"
+    );
+    let confirmed: bool = client
+        .query_one(
+            "SELECT confirmed_flush_lsn <= $1::text::pg_lsn FROM pg_replication_slots WHERE slot_name = 'walbox'",
+            &[&before],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(confirmed, "the slot stays before the refused event");
+    registry.tool(
+        "compatibility",
+        format.schema_type(),
+        r#"{"shop.Event3": "NONE"}"#,
+    );
+    relay = start();
+    let all = wait_distinct(&kafka, &topic, DERIVED_TOTAL as usize + 1, n).await;
+    let last: Vec<OwnedMessage> = all.into_iter().filter(|m| n(m) == 2_000).collect();
+    let decoded = registry.tool("decode", format.schema_type(), &values_of(&last));
+    assert_eq!(decoded[0]["value"]["label"], 7, "{decoded}");
+    stop(&mut relay).await;
+}

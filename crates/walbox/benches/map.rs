@@ -4,7 +4,10 @@
 //! the mapping plus serializing the payload with its (cached) schema in
 //! Confluent's wire format, what `format = "avro"` adds to every event;
 //! `map/row/json-schema` the same with validating against a JSON Schema,
-//! `map/row/protobuf` with writing a Protobuf message.
+//! `map/row/protobuf` with writing a Protobuf message. The `-derived`
+//! variants are `schema_registry.schemas = "derived"` once the subject's
+//! schema is registered: the payload's shape, checked against the
+//! subject's, then the same serializing with the derived schema.
 //!
 //! `cargo bench -p walbox --bench map`
 
@@ -139,6 +142,52 @@ fn bench(c: &mut Criterion) {
                 .unwrap();
             let value = event.value.as_deref().unwrap();
             black_box(walbox::schema_registry::json_schema::encode(&validator, 7, value).unwrap())
+        })
+    });
+    // Derived schemas: the subject's shape from one payload, its schemas.
+    use walbox::schema_registry::derive::Shape;
+    let payload: serde_json::Value = serde_json::from_slice(
+        mapping
+            .map_with(&columns, &tuple, &mut topics)
+            .unwrap()
+            .value
+            .as_deref()
+            .unwrap(),
+    )
+    .unwrap();
+    let known = Shape::of(&payload).unwrap();
+    let holds = |value: &[u8]| {
+        let json: serde_json::Value = serde_json::from_slice(value).unwrap();
+        assert!(known.holds(&Shape::of(&json).unwrap()));
+    };
+    let derived_json = walbox::schema_registry::json_schema::compile(&known.json_schema()).unwrap();
+    c.bench_function("map/row/json-schema-derived", |b| {
+        b.iter(|| {
+            let event = mapping
+                .map_with(&columns, black_box(&tuple), &mut topics)
+                .unwrap();
+            let value = event.value.as_deref().unwrap();
+            holds(value);
+            black_box(
+                walbox::schema_registry::json_schema::encode(&derived_json, 7, value).unwrap(),
+            )
+        })
+    });
+    let derived_avro =
+        walbox::schema_registry::avro::parse(&known.avro_schema("shop.OrderCreated").unwrap())
+            .unwrap();
+    let mapping = OutboxMapping {
+        format: EventFormat::Avro,
+        ..OutboxMapping::default()
+    };
+    c.bench_function("map/row/avro-derived", |b| {
+        b.iter(|| {
+            let event = mapping
+                .map_with(&columns, black_box(&tuple), &mut topics)
+                .unwrap();
+            let value = event.value.as_deref().unwrap();
+            holds(value);
+            black_box(walbox::schema_registry::avro::encode(&derived_avro, 7, value).unwrap())
         })
     });
     let file = walbox::schema_registry::protobuf::compile(

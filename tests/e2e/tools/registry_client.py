@@ -8,6 +8,9 @@ message classes Google's protoc (grpcio-tools) generates from the registry's
                                                 stdout: {"subject": id, ...}
   registry_client.py decode URL TYPE [CONF]     stdin: [{"topic": T, "value": hex}, ...]
                                                 stdout: [{"schema_id": id, "value": {...}}, ...]
+  registry_client.py versions URL TYPE [CONF]   stdin: ["subject", ...]
+                                                stdout: {"subject": {"versions": [1, ...], "latest": "<schema>"}, ...}
+  registry_client.py compatibility URL TYPE [CONF]  stdin: {"subject": "LEVEL", ...}
 
 CONF is a JSON object of the client's further settings (basic.auth.user.info,
 ssl.ca.location).
@@ -67,6 +70,18 @@ def main():
                 decoded = fields_of(decoded)
             out.append({"schema_id": schema_id, "value": decoded})
         json.dump(out, sys.stdout, default=str)
+    elif action == "versions":
+        out = {}
+        for subject in json.load(sys.stdin):
+            out[subject] = {
+                "versions": client.get_versions(subject),
+                "latest": client.get_latest_version(subject).schema.schema_str,
+            }
+        json.dump(out, sys.stdout)
+    elif action == "compatibility":
+        for subject, level in json.load(sys.stdin).items():
+            client.set_compatibility(subject_name=subject, level=level)
+        json.dump({}, sys.stdout)
     else:
         sys.exit(f"unknown action {action}")
 
