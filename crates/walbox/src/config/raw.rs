@@ -129,7 +129,9 @@ pub(super) struct RawMapping {
 }
 
 /// `[mapping.tables."schema.table"]`: a preset (else `[mapping]`'s
-/// columns), then columns of its own.
+/// columns), then columns of its own. [`RawMapping`]'s columns again, not
+/// a flattened struct: serde's `flatten` ignores `deny_unknown_fields`, and
+/// a misspelt column must be refused.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawTableMapping {

@@ -419,8 +419,8 @@ mod tests {
         assert_eq!(s.size(), 7, "id, note, tags, its item, customer, name, vip");
     }
 
-    #[test]
-    fn a_derived_json_schema_validates_every_payload_merged_and_reads_back() {
+    /// Payloads of one subject, varied, and their merged shape.
+    fn three_payloads_merged() -> ([Value; 3], Shape) {
         let payloads = [
             json!({"id": 1, "tags": ["a", "b"], "customer": {"name": "x"}, "note": null}),
             json!({"id": 2.5, "tags": [], "customer": {"vip": true}, "lines": [{"qty": 1}, {"sku": "s"}]}),
@@ -430,6 +430,12 @@ mod tests {
         for p in &payloads {
             s.merge(&shape(p.clone()));
         }
+        (payloads, s)
+    }
+
+    #[test]
+    fn a_derived_json_schema_validates_every_payload_merged_and_reads_back() {
+        let (payloads, s) = three_payloads_merged();
         let text = s.json_schema();
         let validator = super::super::json_schema::compile(&text).unwrap();
         for p in &payloads {
@@ -447,15 +453,7 @@ mod tests {
 
     #[test]
     fn a_derived_avro_schema_encodes_every_payload_merged_and_reads_back() {
-        let payloads = [
-            json!({"id": 1, "tags": ["a", "b"], "customer": {"name": "x"}, "note": null}),
-            json!({"id": 2.5, "tags": [], "customer": {"vip": true}, "lines": [{"qty": 1}, {"sku": "s"}]}),
-            json!({"id": 3, "note": "n"}),
-        ];
-        let mut s = Shape::default();
-        for p in &payloads {
-            s.merge(&shape(p.clone()));
-        }
+        let (payloads, s) = three_payloads_merged();
         let text = s.avro_schema("shop.OrderPlaced").unwrap();
         let schema = super::super::avro::parse(&text).unwrap();
         for p in &payloads {
