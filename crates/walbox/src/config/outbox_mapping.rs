@@ -112,10 +112,18 @@ impl Config {
                 "mapping.tables maps tables laid out differently among several outbox tables, and table = {one} is one: set its columns in [mapping] itself"
             )));
         }
-        let mut out = Vec::with_capacity(given.len());
+        let mut out: Vec<TableMapping> = Vec::with_capacity(given.len());
         for (key, raw) in given {
             let at = format!("mapping.tables.{key:?}");
             let tables = OutboxTables::parse(key).map_err(|e| ConfigError(format!("{at}: {e}")))?;
+            for t in tables.named() {
+                if let Some(other) = out.iter().find(|o| o.tables.named().any(|n| n == t)) {
+                    return Err(ConfigError(format!(
+                        "{at}: table {t} is named by mapping.tables.{:?} too: give it one section",
+                        other.key
+                    )));
+                }
+            }
             if let Some(stray) = tables
                 .named()
                 .find(|t| !outbox.matches(t.schema(), t.name()))

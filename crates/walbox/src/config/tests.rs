@@ -1429,6 +1429,10 @@ fn a_table_laid_out_differently_maps_by_its_own_section() {
             "[mapping.tables.\"a.b.c\"]\nid = \"x\"\n",
             "mapping.tables.\"a.b.c\"",
         ),
+        (
+            "[mapping.tables.\"legacy.outbox\"]\nid = \"x\"\n[mapping.tables.\"tenant_a.outbox_events, legacy.outbox\"]\nid = \"y\"\n",
+            "table \"legacy\".\"outbox\" is named by mapping.tables.\"legacy.outbox\" too: give it one section",
+        ),
     ] {
         let (_dir, path) = file(&format!("{head}{section}"));
         let e = load(Some(&path), &[], &[])

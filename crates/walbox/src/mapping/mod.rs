@@ -498,18 +498,6 @@ impl OutboxMapping {
         }
     }
 
-    /// Refuses a payload column of type `declared` that this mapping
-    /// cannot publish (the check at start of a table's
-    /// [`OutboxMapping::resolve_with`]).
-    pub fn check_payload_type(
-        &self,
-        table: &str,
-        declared: u32,
-        domains: &HashMap<u32, u32>,
-    ) -> Result<(), MapError> {
-        self.payload_kind(table, declared, domains).map(drop)
-    }
-
     /// Every column the mapping reads (for preflight checks).
     pub fn required_columns(&self) -> Vec<&str> {
         let mut cols = vec![
