@@ -403,6 +403,24 @@ async fn tables_laid_out_differently_map_by_their_own_columns_and_a_table_that_d
         assert_eq!(headers["event_type"], format!("E{n}"), "the type column");
         assert!(ids.contains(&headers["id"]), "the row's id: {headers:?}");
     }
+    // A tenant whose payload column is a domain made after walbox started,
+    // picked up while it runs: its rows arrive (a new session resolves the
+    // domain).
+    client
+        .batch_execute(
+            "CREATE DOMAIN event_body AS jsonb CHECK (VALUE IS NULL OR jsonb_typeof(VALUE) = 'object');
+             CREATE SCHEMA tenant_g;
+             CREATE TABLE tenant_g.outbox_events (LIKE public.outbox_events INCLUDING ALL);
+             ALTER TABLE tenant_g.outbox_events ALTER COLUMN payload TYPE event_body",
+        )
+        .await
+        .unwrap();
+    wait_log(&relay, "\"tenant_g\".\"outbox_events\"").await;
+    write(&client, "tenant_g", 0, 50, 10).await;
+    assert_eq!(
+        expect_all(&kafka, &format!("{prefix}.tenant_g"), 50).await,
+        0
+    );
     stop(&mut relay).await;
 
     // A new tenant table whose payload column walbox cannot publish: it

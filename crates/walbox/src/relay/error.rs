@@ -106,6 +106,16 @@ pub enum RunError {
     /// aggregate): the slot stays before it.
     #[error("{0}")]
     Quarantine(#[from] crate::quarantine::QuarantineError),
+    /// A Relation message gave the payload column a type this session did
+    /// not resolve (a domain made after it started, for a table it picked
+    /// up or one altered): a new session reads the catalog again.
+    #[error("the payload column of table {table} has type OID {type_oid}, which this session has not resolved (a domain made since it started); starting a new session, which reads the catalog again")]
+    UnresolvedType {
+        /// `schema.table`.
+        table: String,
+        /// The column's declared type.
+        type_oid: u32,
+    },
     /// The source refused to stream, or its stream failed, other than
     /// through Postgres: an unfinished backfill or heal of the slot
     /// ([`SourceError::BackfillPending`]: the caller finishes it, or waits
@@ -141,7 +151,7 @@ impl RunError {
     pub fn reason(&self) -> &'static str {
         match self {
             _ if self.slot_busy() => "slot_busy",
-            RunError::Postgres(_) => "postgres",
+            RunError::Postgres(_) | RunError::UnresolvedType { .. } => "postgres",
             RunError::Broker { .. } | RunError::ProgressTopicUnchecked(_) => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             RunError::Schema(_) => "schema_registry",
@@ -164,7 +174,8 @@ impl RunError {
             RunError::Postgres(e) => e.is_transient(),
             RunError::Aborted(_)
             | RunError::ProgressUnread { .. }
-            | RunError::ProgressTopicUnchecked(_) => true,
+            | RunError::ProgressTopicUnchecked(_)
+            | RunError::UnresolvedType { .. } => true,
             RunError::ClaimCheck(e) => e.is_transient(),
             RunError::Schema(e) => e.is_transient(),
             _ => false,

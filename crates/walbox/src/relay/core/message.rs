@@ -18,6 +18,11 @@ use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
 use crate::quarantine::QuarantineError;
 use crate::relay::{CopiedRow, RunError, Token};
 
+/// Postgres' first OID for objects made after `initdb` (FirstNormalObjectId):
+/// a type at or past it is a user's (a domain, an enum), which the session
+/// resolves from the catalog when it starts.
+const FIRST_USER_OID: u32 = 16_384;
+
 /// What is known of an event that cannot be mapped, for its dead-letter copy.
 #[derive(Default)]
 struct Unmapped {
@@ -170,6 +175,14 @@ impl Core<'_> {
             Ok(columns) => {
                 columns.check_width(tuple)?;
                 columns
+            }
+            Err(MapError::PayloadType {
+                table, type_oid, ..
+            }) if *type_oid >= FIRST_USER_OID && !self.domains.contains_key(type_oid) => {
+                return Err(RunError::UnresolvedType {
+                    table: table.clone(),
+                    type_oid: *type_oid,
+                })
             }
             Err(e) => return self.on_unmappable(e.clone(), Unmapped::default(), lsn),
         };
