@@ -35,6 +35,7 @@ pub mod pg;
 pub mod port;
 pub mod proc_stat;
 pub mod proxy;
+pub mod rabbitmq;
 pub mod secret_file;
 pub mod slot;
 pub mod tansu;

@@ -1,0 +1,311 @@
+//! The RabbitMQ side of walbox: AMQP 0-9-1 publishing with the delivery
+//! contract walbox keeps on Kafka.
+//!
+//! - **Publisher confirms.** Every message is published persistent
+//!   (`delivery_mode` 2) and `mandatory` on a channel in confirm mode; its
+//!   [`Report`] comes when the broker confirmed it (`basic.ack`: on disk in
+//!   every queue it was routed to) or refused it (`basic.nack`, or
+//!   `basic.return` for a message no queue is bound for). A refusal is
+//!   definite: the caller dead-letters the message or stops.
+//! - **A lost connection loses nothing.** Messages not confirmed when the
+//!   connection or channel goes are kept, and published again, in their
+//!   order, on the next connection (tried again with a backoff of 0.5 s to
+//!   10 s). A message may so arrive twice (at least once, as on Kafka);
+//!   none is skipped, and the first arrivals keep their order.
+//! - **Bounded.** The caller reserves room before each message
+//!   ([`AmqpSink::reserve`]): at most `max_in_flight` messages and
+//!   `max_in_flight_bytes` bytes are unconfirmed.
+//!
+//! One task owns the connection ([`link`]); the sink and its reports talk
+//! to it through channels.
+
+mod link;
+mod url;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+pub use url::{AmqpUrl, UrlError};
+
+/// Where to publish, and how much may wait for confirms.
+#[derive(Clone)]
+pub struct AmqpConfig {
+    /// The broker.
+    pub url: AmqpUrl,
+    /// The exchange every message is published to.
+    pub exchange: String,
+    /// Declare the exchange (durable, of `exchange_type`) on each
+    /// connection; else it must exist.
+    pub declare_exchange: bool,
+    /// The declared exchange's type (`topic`, `direct`, …).
+    pub exchange_type: String,
+    /// Most unconfirmed messages.
+    pub max_in_flight: usize,
+    /// Most unconfirmed bytes (a larger message waits for all room).
+    pub max_in_flight_bytes: usize,
+    /// The connection's name, shown by `rabbitmqctl list_connections`.
+    pub connection_name: String,
+}
+
+impl std::fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &self.url)
+            .field("exchange", &self.exchange)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Its routing key (at most 255 bytes).
+    pub routing_key: String,
+    /// Its body.
+    pub body: Bytes,
+    /// The `message_id` property.
+    pub message_id: Option<String>,
+    /// Headers, each a byte string.
+    pub headers: Vec<(String, Bytes)>,
+    /// The `timestamp` property, in seconds since the Unix epoch.
+    pub timestamp_s: Option<u64>,
+}
+
+impl Message {
+    /// Its size, for the in-flight bound.
+    pub fn size(&self) -> usize {
+        self.body.len()
+            + self.routing_key.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// Why the broker will not take a message: for good, as it is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// `basic.nack`: the broker could not take it (a queue at its length
+    /// limit with `overflow = reject-publish`, an internal error).
+    #[error("RabbitMQ refused the message (basic.nack): a queue it routes to is full with overflow = reject-publish, or the broker failed to store it")]
+    Nacked,
+    /// `basic.return`: no queue is bound for its routing key.
+    #[error("RabbitMQ returned the message as unroutable ({code} {text}): no queue is bound to exchange {exchange:?} for routing key {routing_key:?}")]
+    Unroutable {
+        /// The reply code (312 NO_ROUTE).
+        code: u16,
+        /// The reply text.
+        text: String,
+        /// The exchange.
+        exchange: String,
+        /// The routing key.
+        routing_key: String,
+    },
+    /// A routing key AMQP cannot carry.
+    #[error("routing key of {0} bytes: AMQP allows at most 255")]
+    RoutingKeyTooLong(usize),
+}
+
+/// A message's fate.
+#[derive(Debug)]
+pub struct Report<T> {
+    /// The message's token.
+    pub token: T,
+    /// Confirmed, or refused for good.
+    pub result: Result<(), Refusal>,
+    /// The message, when refused (for a dead-letter copy).
+    pub refused: Option<Message>,
+}
+
+/// Room for one message, held until its report.
+#[derive(Debug)]
+pub struct Permit {
+    _slot: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// A message in flight: what the connection's task keeps until the
+/// broker confirms it.
+struct Pending<T> {
+    message: Message,
+    token: T,
+    _permit: Permit,
+}
+
+enum Command<T> {
+    Publish(Box<Pending<T>>),
+    /// Waits for every confirm (at most the given time), then closes.
+    Close(std::time::Duration, oneshot::Sender<usize>),
+}
+
+/// Publishes messages; their reports arrive on [`Reports`].
+pub struct AmqpSink<T> {
+    commands: mpsc::UnboundedSender<Command<T>>,
+    slots: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    max_bytes: usize,
+    in_flight: Arc<AtomicUsize>,
+    in_flight_bytes: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
+}
+
+impl<T> std::fmt::Debug for AmqpSink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSink")
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each published message's report, once.
+pub struct Reports<T> {
+    rx: mpsc::UnboundedReceiver<Report<T>>,
+}
+
+impl<T> Reports<T> {
+    /// The next report; `None` once the sink is closed and every report was
+    /// received. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Report<T>> {
+        self.rx.recv().await
+    }
+}
+
+/// Why the broker cannot be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// It refused walbox's credentials or virtual host: no retry helps.
+    #[error("RabbitMQ at {url} refused the connection: {detail}; check the user, password and virtual host in the URL")]
+    Refused {
+        /// The broker, without credentials.
+        url: String,
+        /// What it said.
+        detail: String,
+    },
+    /// It did not answer, or went away.
+    #[error("RabbitMQ at {url} did not answer: {detail}")]
+    Unavailable {
+        /// The broker, without credentials.
+        url: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The exchange cannot be used (not there, or of another type).
+    #[error("RabbitMQ at {url}: exchange {exchange:?}: {detail}")]
+    Exchange {
+        /// The broker, without credentials.
+        url: String,
+        /// The exchange.
+        exchange: String,
+        /// What the broker said.
+        detail: String,
+    },
+}
+
+impl ConnectError {
+    /// True when trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ConnectError::Unavailable { .. })
+    }
+}
+
+impl<T: Send + 'static> AmqpSink<T> {
+    /// Connects once (so that a broker that refuses walbox fails now, in
+    /// one line), then publishes through a task of its own.
+    pub async fn connect(config: AmqpConfig) -> Result<(AmqpSink<T>, Reports<T>), ConnectError> {
+        let first = link::Link::open(&config, 0).await?;
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (reports_tx, rx) = mpsc::unbounded_channel();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let in_flight_bytes = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(1));
+        let sink = AmqpSink {
+            commands,
+            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes.max(1))),
+            max_bytes: config.max_in_flight_bytes.max(1),
+            in_flight: Arc::clone(&in_flight),
+            in_flight_bytes: Arc::clone(&in_flight_bytes),
+            connections: Arc::clone(&connections),
+        };
+        let task = link::Publisher::new(
+            config,
+            first,
+            commands_rx,
+            reports_tx,
+            link::Counters {
+                in_flight,
+                in_flight_bytes,
+                connections,
+            },
+        );
+        tokio::spawn(task.run());
+        Ok((sink, Reports { rx }))
+    }
+
+    /// Waits for room for a message of `size` bytes. Cancel-safe.
+    pub async fn reserve(&self, size: usize) -> Permit {
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let n = size.clamp(1, self.max_bytes) as u32;
+        let bytes = Arc::clone(&self.bytes)
+            .acquire_many_owned(n)
+            .await
+            .expect("never closed");
+        Permit {
+            _slot: slot,
+            _bytes: bytes,
+        }
+    }
+
+    /// Publishes `message`; its fate arrives on [`Reports::next`].
+    pub fn publish(&self, permit: Permit, message: Message, token: T) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_bytes
+            .fetch_add(message.size(), Ordering::Relaxed);
+        let pending = Pending {
+            message,
+            token,
+            _permit: permit,
+        };
+        // The task outlives every sink handle: it ends on `close`.
+        let _ = self.commands.send(Command::Publish(Box::new(pending)));
+    }
+
+    /// Messages published and not yet reported.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Their bytes.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.in_flight_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Connections opened so far (the first included): each after the
+    /// first followed a lost one.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `within` for the confirms of what is in flight (their
+    /// reports arrive meanwhile), then closes the connection. Returns how
+    /// many messages were left unconfirmed.
+    pub async fn close(self, within: std::time::Duration) -> usize {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Close(within, tx)).is_err() {
+            return self.in_flight();
+        }
+        rx.await.unwrap_or_else(|_| self.in_flight())
+    }
+}

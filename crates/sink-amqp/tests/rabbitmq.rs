@@ -1,0 +1,196 @@
+//! sink-amqp against a real RabbitMQ (Debian's rabbitmq-server, started by
+//! the test harness as a plain process): confirms, refusals (unroutable,
+//! a full queue with reject-publish), and a broker killed mid-stream.
+
+use std::time::Duration;
+
+use amqprs::channel::{BasicGetArguments, Channel, QueueBindArguments, QueueDeclareArguments};
+use amqprs::connection::{Connection, OpenConnectionArguments};
+use amqprs::{FieldTable, FieldValue};
+use bytes::Bytes;
+use sink_amqp::{AmqpConfig, AmqpSink, AmqpUrl, Message, Refusal, Reports};
+use walbox_test_harness::rabbitmq::RabbitMq;
+
+const EXCHANGE: &str = "walbox.test";
+
+fn config(broker: &RabbitMq) -> AmqpConfig {
+    AmqpConfig {
+        url: AmqpUrl::parse(&broker.url()).unwrap(),
+        exchange: EXCHANGE.into(),
+        declare_exchange: true,
+        exchange_type: "topic".into(),
+        max_in_flight: 500,
+        max_in_flight_bytes: 1 << 20,
+        connection_name: "walbox-test".into(),
+    }
+}
+
+/// A channel of the test's own, for queues and reading them back.
+async fn channel(broker: &RabbitMq) -> (Connection, Channel) {
+    let args = OpenConnectionArguments::new("127.0.0.1", broker.port(), "guest", "guest");
+    let connection = Connection::open(&args).await.unwrap();
+    let channel = connection.open_channel(None).await.unwrap();
+    (connection, channel)
+}
+
+async fn queue(channel: &Channel, name: &str, routing_key: &str, arguments: FieldTable) {
+    channel
+        .queue_declare(
+            QueueDeclareArguments::durable_client_named(name)
+                .arguments(arguments)
+                .finish(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(QueueBindArguments::new(name, EXCHANGE, routing_key))
+        .await
+        .unwrap();
+}
+
+/// Every message in the queue, as (message_id, body).
+async fn drain(channel: &Channel, name: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    while let Some((_, properties, body)) = channel
+        .basic_get(BasicGetArguments::new(name).no_ack(true).finish())
+        .await
+        .unwrap()
+    {
+        out.push((
+            properties.message_id().cloned().unwrap_or_default(),
+            String::from_utf8(body).unwrap(),
+        ));
+    }
+    out
+}
+
+fn message(n: usize, routing_key: &str) -> Message {
+    Message {
+        routing_key: routing_key.into(),
+        body: Bytes::from(format!("{{\"n\":{n}}}")),
+        message_id: Some(format!("e-{n}")),
+        headers: vec![("event_type".into(), Bytes::from_static(b"Placed"))],
+        timestamp_s: Some(1_700_000_000),
+    }
+}
+
+async fn publish(sink: &AmqpSink<usize>, n: usize, routing_key: &str) {
+    let m = message(n, routing_key);
+    let permit = sink.reserve(m.size()).await;
+    sink.publish(permit, m, n);
+}
+
+async fn reports(reports: &mut Reports<usize>, count: usize) -> Vec<(usize, Result<(), Refusal>)> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        let r = tokio::time::timeout(Duration::from_secs(60), reports.next())
+            .await
+            .expect("a report within 60 s")
+            .expect("the sink is open");
+        out.push((r.token, r.result));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_is_confirmed_and_the_unroutable_and_the_rejected_are_refused() {
+    let broker = RabbitMq::start();
+    let (_c, ch) = channel(&broker).await;
+    let (sink, mut rx) = AmqpSink::<usize>::connect(config(&broker)).await.unwrap();
+    queue(&ch, "orders", "orders", FieldTable::new()).await;
+    let mut limited = FieldTable::new();
+    limited.insert("x-max-length".try_into().unwrap(), FieldValue::l(5));
+    limited.insert(
+        "x-overflow".try_into().unwrap(),
+        FieldValue::S("reject-publish".try_into().unwrap()),
+    );
+    queue(&ch, "small", "small", limited).await;
+
+    for n in 0..1_000 {
+        publish(&sink, n, "orders").await;
+    }
+    publish(&sink, 1_000, "nowhere").await;
+    for n in 2_000..2_010 {
+        publish(&sink, n, "small").await;
+    }
+    let got = reports(&mut rx, 1_011).await;
+    let refused: Vec<_> = got.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(got
+        .iter()
+        .filter(|(n, _)| *n < 1_000)
+        .all(|(_, r)| r.is_ok()));
+    assert!(matches!(
+        got.iter().find(|(n, _)| *n == 1_000),
+        Some((_, Err(Refusal::Unroutable { code: 312, .. })))
+    ));
+    let nacked = got
+        .iter()
+        .filter(|(n, r)| *n >= 2_000 && matches!(r, Err(Refusal::Nacked)))
+        .count();
+    assert_eq!(nacked, 5, "5 fit the queue, 5 are rejected: {refused:?}");
+    assert_eq!(sink.in_flight(), 0);
+
+    let stored = drain(&ch, "orders").await;
+    let expected: Vec<(String, String)> = (0..1_000)
+        .map(|n| (format!("e-{n}"), format!("{{\"n\":{n}}}")))
+        .collect();
+    assert_eq!(stored, expected, "every message once, in order");
+    assert_eq!(sink.close(Duration::from_secs(5)).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_mid_stream_loses_nothing_and_keeps_first_arrivals_in_order() {
+    let mut broker = RabbitMq::start();
+    {
+        let (_c, ch) = channel(&broker).await;
+        let (setup, _) = AmqpSink::<usize>::connect(config(&broker)).await.unwrap();
+        queue(&ch, "orders", "orders", FieldTable::new()).await;
+        setup.close(Duration::from_secs(1)).await;
+    }
+    let (sink, mut rx) = AmqpSink::<usize>::connect(config(&broker)).await.unwrap();
+    const TOTAL: usize = 3_000;
+    let publisher = tokio::spawn(async move {
+        for n in 0..TOTAL {
+            publish(&sink, n, "orders").await;
+            if n % 100 == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        sink
+    });
+    let mut got = reports(&mut rx, 600).await;
+    broker.kill9();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    broker.restart();
+    got.extend(reports(&mut rx, TOTAL - 600).await);
+    let sink = publisher.await.unwrap();
+    assert!(sink.connections() >= 2, "it connected again");
+    assert!(
+        got.iter().all(|(_, r)| r.is_ok()),
+        "every message confirmed"
+    );
+    let mut confirmed: Vec<usize> = got.iter().map(|(n, _)| *n).collect();
+    confirmed.sort_unstable();
+    assert_eq!(confirmed, (0..TOTAL).collect::<Vec<_>>(), "one report each");
+
+    let (_c, ch) = channel(&broker).await;
+    let stored = drain(&ch, "orders").await;
+    let mut seen = std::collections::HashSet::new();
+    let mut last = None;
+    for (id, _) in &stored {
+        let n: usize = id.trim_start_matches("e-").parse().unwrap();
+        if seen.insert(n) {
+            assert!(
+                last.is_none_or(|l| l < n),
+                "first arrivals in order: {n} after {last:?}"
+            );
+            last = Some(n);
+        }
+    }
+    assert_eq!(seen.len(), TOTAL, "every confirmed message is in the queue");
+    eprintln!(
+        "{} duplicates after the broker's kill -9",
+        stored.len() - TOTAL
+    );
+    assert_eq!(sink.close(Duration::from_secs(5)).await, 0);
+}
