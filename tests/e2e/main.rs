@@ -22,6 +22,7 @@ mod msk_iam;
 mod privileges;
 mod prometheus;
 mod quarantine;
+mod rabbitmq;
 mod receipts;
 mod retention;
 mod run;

@@ -167,6 +167,7 @@ impl<T> std::fmt::Debug for AmqpSink<T> {
 }
 
 /// Each published message's report, once.
+#[derive(Debug)]
 pub struct Reports<T> {
     rx: mpsc::UnboundedReceiver<Report<T>>,
 }

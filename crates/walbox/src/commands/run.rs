@@ -615,6 +615,9 @@ async fn stream(
     metrics: Arc<Metrics>,
     observers: &Observers,
 ) -> Result<(), RunError> {
+    if let Some(rabbit) = &settings.rabbitmq {
+        return stream_rabbitmq(c, mapping, settings, rabbit, shutdown, metrics, observers).await;
+    }
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
     let Some(brokers) = wait_for_brokers(&sink, settings, &metrics, shutdown.clone()).await? else {
         tracing::info!("stopped before streaming, while waiting for the brokers");
@@ -641,7 +644,79 @@ async fn stream(
     }
     let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
     let mut source = PostgresSource::new(c.clone(), mapping);
-    let relay = RelayConfig {
+    let relay = relay_config(c, mapping, settings, observers)?;
+    let urgency = shutdown.clone();
+    let result =
+        crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
+    stall_watch.abort();
+    // Flush what is left; anything unacked was never confirmed.
+    // Exactly-once: what counts committed (and was flushed by its commit);
+    // a transaction left open is aborted by the next start, not flushed.
+    let flush_for = if *urgency.borrow() == Stop::Now || settings.exactly_once.is_some() {
+        Duration::ZERO
+    } else {
+        SINK_SHUTDOWN_TIMEOUT
+    };
+    let leftover = sink_kafka::shutdown(sink, reports, flush_for).await;
+    if !leftover.is_empty() {
+        tracing::info!(
+            count = leftover.len(),
+            "deliveries finished during shutdown (not confirmed; resent after restart)"
+        );
+    }
+    result
+}
+
+/// [`stream`] to RabbitMQ (`sink = "rabbitmq"`).
+async fn stream_rabbitmq(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    rabbit: &crate::config::RabbitSettings,
+    shutdown: watch::Receiver<Stop>,
+    metrics: Arc<Metrics>,
+    observers: &Observers,
+) -> Result<(), RunError> {
+    let (sink, reports) = sink_amqp::AmqpSink::connect(rabbit.amqp.clone()).await?;
+    tracing::info!(url = %rabbit.amqp.url, exchange = %rabbit.amqp.exchange, partitions = rabbit.partitions, "connected to RabbitMQ");
+    let destination = crate::relay::Rabbit::new(sink, rabbit.partitions);
+    let mut reports = crate::relay::RabbitReports(reports);
+    let mut source = PostgresSource::new(c.clone(), mapping);
+    let relay = relay_config(c, mapping, settings, observers)?;
+    let urgency = shutdown.clone();
+    let result = crate::relay::run(
+        &relay,
+        &mut source,
+        &destination,
+        &mut reports,
+        shutdown,
+        metrics,
+    )
+    .await;
+    // What is not confirmed now was never confirmed to the slot either:
+    // the next start sends it again.
+    let within = match *urgency.borrow() {
+        Stop::Now => Duration::ZERO,
+        _ => SINK_SHUTDOWN_TIMEOUT,
+    };
+    let left = destination.close(within).await;
+    if left > 0 {
+        tracing::info!(
+            count = left,
+            "messages unconfirmed at shutdown (resent after restart)"
+        );
+    }
+    result
+}
+
+/// What the relay runs with, whatever the broker.
+fn relay_config(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    observers: &Observers,
+) -> Result<RelayConfig, RunError> {
+    Ok(RelayConfig {
         tables: c.tables.clone(),
         mapping: mapping.clone(),
         source: c.source,
@@ -669,27 +744,7 @@ async fn stream(
             .map(crate::schema_registry::SchemaRegistry::new)
             .transpose()
             .map_err(RunError::from)?,
-    };
-    let urgency = shutdown.clone();
-    let result =
-        crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
-    stall_watch.abort();
-    // Flush what is left; anything unacked was never confirmed.
-    // Exactly-once: what counts committed (and was flushed by its commit);
-    // a transaction left open is aborted by the next start, not flushed.
-    let flush_for = if *urgency.borrow() == Stop::Now || settings.exactly_once.is_some() {
-        Duration::ZERO
-    } else {
-        SINK_SHUTDOWN_TIMEOUT
-    };
-    let leftover = sink_kafka::shutdown(sink, reports, flush_for).await;
-    if !leftover.is_empty() {
-        tracing::info!(
-            count = leftover.len(),
-            "deliveries finished during shutdown (not confirmed; resent after restart)"
-        );
-    }
-    result
+    })
 }
 
 #[cfg(test)]

@@ -123,8 +123,8 @@ impl Config {
             }
         }
         // What walbox sets in librdkafka itself, beside the operator's own.
-        if let Ok(run) = self.run() {
-            if let Ok(props) = run.sink.walbox_properties() {
+        if let Ok(run) = self.run().map(|r| r.rabbitmq.is_none().then_some(r)) {
+            if let Some(Ok(props)) = run.map(|r| r.sink.walbox_properties()) {
                 for (k, v) in props {
                     out.push((format!("kafka.properties.{k}"), v, "walbox".into()));
                 }

@@ -40,7 +40,9 @@ pub(super) struct Raw {
     pub(super) format: RawFormat,
     pub(super) cloudevents_source: Option<String>,
     pub(super) mapping: RawMapping,
+    pub(super) sink: RawSink,
     pub(super) kafka: RawKafka,
+    pub(super) rabbitmq: RawRabbitMq,
     pub(super) topics: RawTopics,
     pub(super) delivery: Delivery,
     pub(super) transactions: RawTransactions,
@@ -83,7 +85,9 @@ impl Default for Raw {
             format: RawFormat::AsStored,
             cloudevents_source: None,
             mapping: RawMapping::default(),
+            sink: RawSink::Kafka,
             kafka: RawKafka::default(),
+            rabbitmq: RawRabbitMq::default(),
             topics: RawTopics::default(),
             delivery: Delivery::AtLeastOnce,
             transactions: RawTransactions::default(),
@@ -145,6 +149,39 @@ pub(super) struct RawTableMapping {
     pub(super) headers: Option<String>,
     pub(super) timestamp: Option<String>,
     pub(super) header_columns: Option<BTreeMap<String, String>>,
+}
+
+/// `sink`: the broker events go to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawSink {
+    #[default]
+    Kafka,
+    Rabbitmq,
+}
+
+/// `[rabbitmq]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawRabbitMq {
+    pub(super) url: Option<super::secret::Secret>,
+    pub(super) exchange: String,
+    pub(super) exchange_type: String,
+    pub(super) declare_exchange: bool,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) partitions: u64,
+}
+
+impl Default for RawRabbitMq {
+    fn default() -> Self {
+        RawRabbitMq {
+            url: None,
+            exchange: "walbox".into(),
+            exchange_type: "topic".into(),
+            declare_exchange: true,
+            partitions: 1,
+        }
+    }
 }
 
 /// `[kafka]`. Its `Debug` redacts the secret properties.

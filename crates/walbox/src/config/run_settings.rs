@@ -58,6 +58,9 @@ pub struct RunSettings {
     /// Where format = avro finds its schemas (`schema_registry.*`);
     /// `None` with any other format.
     pub schema_registry: Option<crate::schema_registry::RegistryConfig>,
+    /// `sink = "rabbitmq"`: where events go instead of Kafka (`sink` is
+    /// then unused).
+    pub rabbitmq: Option<super::RabbitSettings>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -123,12 +126,18 @@ impl Config {
     /// What `walbox run` needs, checked.
     pub fn run(&self) -> Result<RunSettings, ConfigError> {
         let r = &self.raw;
-        let brokers = r.kafka.brokers.clone().ok_or_else(|| {
-            ConfigError(
-                "kafka.brokers is required (--kafka-brokers, WALBOX_KAFKA_BROKERS or [kafka] brokers in the file)"
-                    .into(),
-            )
-        })?;
+        let kafka = r.sink == super::raw::RawSink::Kafka;
+        let brokers = match (&r.kafka.brokers, kafka) {
+            (Some(b), _) => b.clone(),
+            // Unused: events go to RabbitMQ.
+            (None, false) => String::new(),
+            (None, true) => {
+                return Err(ConfigError(
+                    "kafka.brokers is required (--kafka-brokers, WALBOX_KAFKA_BROKERS or [kafka] brokers in the file)"
+                        .into(),
+                ))
+            }
+        };
         let mut sink = SinkConfig::new(brokers);
         super::files::check_kafka(&r.kafka.properties)?;
         sink.properties = r.kafka.properties.clone();
@@ -278,7 +287,9 @@ impl Config {
                 "schema_registry.key = \"schema\" is not supported with on_failure = \"quarantine\" yet: the quarantine holds aggregates by their key as text; use stop or dead-letter".into(),
             ));
         }
+        let rabbitmq = self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?;
         Ok(RunSettings {
+            rabbitmq,
             schema_registry,
             claim_check,
             otlp_endpoint,

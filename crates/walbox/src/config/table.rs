@@ -188,7 +188,22 @@ pub const SETTINGS: &[Setting] = &[
       "format = avro or json-schema: use each subject's latest schema, registered by the team; or derive it from the JSON payloads and register it (opt-in): every field optional and nullable, widened as payloads bring new fields or kinds, a new version only then; walbox continues a schema it derived before and refuses a subject whose schema someone else registered (docs/configuration.md, \"Derived schemas\")."),
     s("schema_registry.key", Choice(&["string", "schema"]), Run, "string",
       "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema; registered by walbox when schemas = derived), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
-    s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run."),
+    s("sink", Choice(&["kafka", "rabbitmq"]), Run, "kafka",
+      "The broker events go to: Apache Kafka (kafka.*), or RabbitMQ (rabbitmq.*: AMQP 0-9-1 with publisher confirms; docs/rabbitmq.md)."),
+    s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run with sink = kafka."),
+    Setting {
+        secret: true,
+        ..s("rabbitmq.url", Text, Run, "—",
+            "sink = rabbitmq: the broker, amqp://user:password@host:port/vhost (the vhost percent-encoded, %2F for /; amqps:// not yet). Required with sink = rabbitmq; a secret (WALBOX_RABBITMQ_URL_FILE).")
+    },
+    s("rabbitmq.exchange", Text, Run, "walbox",
+      "sink = rabbitmq: the exchange every event is published to, with the event's topic (mapping.topic_template) as its routing key."),
+    s("rabbitmq.exchange_type", Text, Run, "topic",
+      "sink = rabbitmq: the exchange's type when walbox declares it."),
+    s("rabbitmq.declare_exchange", Bool, Run, "true",
+      "sink = rabbitmq: declare the exchange (durable) at each connection; false: it must exist."),
+    s("rabbitmq.partitions", Number, Run, "1",
+      "sink = rabbitmq: above 1, the routing key is <topic>.<n>, n a hash of the aggregate id below this number: bind one queue per n, each with one consumer (single active consumer), for per-aggregate order (docs/rabbitmq.md)."),
     Setting {
         flag_name: Some("kafka-property"),
         ..s("kafka.properties", Map, Run, "—",

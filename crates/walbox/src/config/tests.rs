@@ -121,6 +121,9 @@ fn every_setting_can_come_from_the_environment() {
             ("shards", _) => "1".to_owned(),
             ("otlp_endpoint", _) => "http://127.0.0.1:4318".to_owned(),
             ("claim_check.endpoint", _) => "http://127.0.0.1:9000".to_owned(),
+            // RabbitMQ's settings are read, and Kafka stays the sink.
+            ("sink", _) => "kafka".to_owned(),
+            ("rabbitmq.url", _) => "amqp://u:p@rabbit:5672/%2F".to_owned(),
             (_, Kind::Number) => "4096".to_owned(),
             (_, Kind::Choice(words)) => words[1].to_owned(),
             (_, Kind::Bool) => "true".to_owned(),
@@ -1481,4 +1484,82 @@ fn a_table_laid_out_differently_maps_by_its_own_section() {
         e.contains("and mapping.tables.\"legacy.outbox\".event_type is empty"),
         "{e}"
     );
+}
+
+#[test]
+fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
+    const URL: (&str, &str) = (
+        "WALBOX_RABBITMQ_URL",
+        "amqp://walbox:hunter2@rabbit:5673/prod",
+    );
+    const SINK: (&str, &str) = ("WALBOX_SINK", "rabbitmq");
+    let c = load(
+        None,
+        &[PG, SINK, URL, ("WALBOX_RABBITMQ_PARTITIONS", "4")],
+        &[],
+    )
+    .unwrap();
+    let run = c.for_run().unwrap().settings;
+    let r = run.rabbitmq.expect("rabbitmq settings");
+    assert_eq!(r.partitions, 4);
+    assert_eq!(r.amqp.url.to_string(), "amqp://walbox@rabbit:5673/prod");
+    assert_eq!(
+        (r.amqp.exchange.as_str(), r.amqp.exchange_type.as_str()),
+        ("walbox", "topic")
+    );
+    assert!(r.amqp.declare_exchange);
+    // The password is never shown.
+    let shown = format!("{:?}{:?}", c.effective(), c);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(
+        !c.effective()
+            .iter()
+            .any(|(k, _, _)| k.starts_with("kafka.properties.")),
+        "no Kafka properties for a RabbitMQ sink"
+    );
+    for (extra, says) in [
+        (None, "sink = \"rabbitmq\" needs rabbitmq.url"),
+        (
+            Some(("WALBOX_RABBITMQ_URL", "amqps://u:hunter2@h")),
+            "amqps:// (TLS) is not supported yet",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_PARTITIONS", "0")),
+            "rabbitmq.partitions: from 1 to 1024",
+        ),
+        (
+            Some(("WALBOX_DELIVERY", "exactly-once")),
+            "delivery = \"exactly-once\" is Kafka's",
+        ),
+        (
+            Some(("WALBOX_ON_FAILURE", "quarantine")),
+            "on_failure = \"quarantine\" is not supported with sink = \"rabbitmq\" yet",
+        ),
+        (
+            Some(("WALBOX_RECEIPTS", "true")),
+            "receipts = true is not supported with sink = \"rabbitmq\"",
+        ),
+        (
+            Some(("WALBOX_TOPICS_CREATE", "true")),
+            "topics.create makes Kafka topics",
+        ),
+    ] {
+        let mut vars = vec![PG, SINK];
+        if extra.is_some_and(|(k, _)| k != "WALBOX_RABBITMQ_URL") {
+            vars.push(URL);
+        }
+        vars.extend(extra);
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+    // Kafka stays the default, and needs its brokers.
+    let e = load(None, &[PG], &[])
+        .and_then(|c| c.for_run())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.brokers is required"), "{e}");
 }

@@ -30,6 +30,9 @@ pub enum RunError {
     /// The producer could not be created.
     #[error(transparent)]
     Sink(#[from] sink_kafka::SinkError),
+    /// `sink = "rabbitmq"`: the broker did not answer, or refused walbox.
+    #[error(transparent)]
+    RabbitMq(#[from] sink_amqp::ConnectError),
     /// The brokers did not answer at startup.
     #[error("Kafka brokers {brokers} did not answer within 10 s")]
     Broker {
@@ -155,6 +158,7 @@ impl RunError {
             RunError::Broker { .. } | RunError::ProgressTopicUnchecked(_) => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             RunError::Schema(_) => "schema_registry",
+            RunError::RabbitMq(_) => "rabbitmq",
             _ => "other",
         }
     }
@@ -178,6 +182,7 @@ impl RunError {
             | RunError::UnresolvedType { .. } => true,
             RunError::ClaimCheck(e) => e.is_transient(),
             RunError::Schema(e) => e.is_transient(),
+            RunError::RabbitMq(e) => e.is_transient(),
             _ => false,
         }
     }

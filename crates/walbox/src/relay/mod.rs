@@ -57,6 +57,7 @@ mod backoff;
 mod core;
 mod destination;
 mod error;
+mod rabbitmq;
 mod session;
 mod source;
 
@@ -81,6 +82,7 @@ use crate::spans::{EventSpan, Spans};
 pub use backoff::Backoff;
 pub use destination::{check_brokers, Deliveries, Destination};
 pub use error::{AbortCause, DriftError, RunError, TransactionsError};
+pub use rabbitmq::{partition_of, Rabbit, RabbitReports, Sent, KEY_HEADER};
 pub use source::{
     CopiedRow, Done, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
 };

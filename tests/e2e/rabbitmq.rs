@@ -1,0 +1,250 @@
+//! `sink = "rabbitmq"` against a real RabbitMQ (Debian's rabbitmq-server,
+//! run by the harness as a plain process), the queues declared and read
+//! back by Python's pika, not by walbox's client: 10,000 events in
+//! transactions of 1 to 50 over four routing partitions through three
+//! kill -9s of walbox and the broker killed for 20 s (walbox killed too
+//! meanwhile): every event there, each aggregate on one queue with its
+//! first arrivals in commit order; an unroutable event dead-lettered with
+//! the reason; a SIGTERM leaving nothing to send twice.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::rabbitmq::RabbitMq;
+use walbox_test_harness::wait::wait_for;
+
+use crate::support::*;
+
+const TOTAL: usize = 10_000;
+const PARTITIONS: usize = 4;
+const DEAD: &str = "walbox.dead";
+
+fn pika() -> String {
+    python_with("WALBOX_PIKA_PYTHON", "pika", "pika==1.3.2")
+}
+
+/// A message as pika read it.
+#[derive(Debug)]
+struct Got {
+    queue: String,
+    routing_key: String,
+    message_id: Option<String>,
+    headers: HashMap<String, serde_json::Value>,
+    body: String,
+    delivery_mode: Option<u8>,
+}
+
+fn read(broker: &RabbitMq, queues: &[String]) -> Vec<Got> {
+    let out = run_tool(
+        &pika(),
+        "amqp_queues.py",
+        &["read", &broker.url()],
+        &serde_json::to_string(queues).unwrap(),
+    );
+    let all: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    all.into_iter()
+        .map(|m| Got {
+            queue: m["queue"].as_str().unwrap().to_owned(),
+            routing_key: m["routing_key"].as_str().unwrap().to_owned(),
+            message_id: m["message_id"].as_str().map(str::to_owned),
+            headers: m["headers"]
+                .as_object()
+                .map(|h| h.clone().into_iter().collect())
+                .unwrap_or_default(),
+            body: m["body"].as_str().unwrap().to_owned(),
+            delivery_mode: m["delivery_mode"].as_u64().map(|d| d as u8),
+        })
+        .collect()
+}
+
+fn n_of(g: &Got) -> usize {
+    let v: serde_json::Value = serde_json::from_str(&g.body).unwrap();
+    v["n"].as_u64().unwrap() as usize
+}
+
+/// `walbox run` to the broker over four partitions, dead letters to
+/// [`DEAD`].
+fn relay(db: &walbox_test_harness::pg::TestDb, broker: &RabbitMq) -> Relay {
+    let url = broker.url();
+    let parts = PARTITIONS.to_string();
+    spawn_logged(walbox(
+        db,
+        &[
+            "run",
+            "--sink",
+            "rabbitmq",
+            "--rabbitmq-url",
+            &url,
+            "--rabbitmq-partitions",
+            &parts,
+            "--dead-letter-topic",
+            DEAD,
+        ],
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_reaches_rabbitmq_in_order_through_kills_and_a_broker_outage() {
+    let mut broker = RabbitMq::start();
+    let mut queues: HashMap<String, String> = (0..PARTITIONS)
+        .map(|p| (format!("orders.{p}"), format!("outbox.event.order.{p}")))
+        .collect();
+    // Dead letters are routed by partition too: <dead_letter_topic>.<n>.
+    queues.insert("dead".into(), format!("{DEAD}.*"));
+    run_tool(
+        &pika(),
+        "amqp_queues.py",
+        &["bind", &broker.url(), "walbox"],
+        &serde_json::to_string(&queues).unwrap(),
+    );
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = relay(&db, &broker);
+    wait_log(&relay, "connected to RabbitMQ").await;
+
+    // Transactions of 1 to 50 events, three kill -9s of walbox meanwhile.
+    let writer = spawn_writer(
+        db.connect().await,
+        20,
+        400,
+        Duration::from_millis(150),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 50,
+        37,
+    );
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        relay.kill9();
+        relay = self::relay(&db, &broker);
+    }
+    writer.await.unwrap();
+
+    // The broker killed for 20 s while events keep coming, and walbox
+    // killed meanwhile: what it had not confirmed must come again.
+    broker.kill9();
+    insert_events(&client, 8_000, 9_000, |k| 1 + k % 50, 37).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    relay.kill9();
+    relay = self::relay(&db, &broker);
+    insert_events(&client, 9_000, TOTAL, |k| 1 + k % 50, 37).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    broker.restart();
+
+    let names: Vec<String> = (0..PARTITIONS).map(|p| format!("orders.{p}")).collect();
+    let mut got: Vec<Got> = Vec::new();
+    wait_for(
+        "every event in the queues",
+        Duration::from_secs(120),
+        || {
+            got.extend(read(&broker, &names));
+            let distinct: HashSet<usize> = got.iter().map(n_of).collect();
+            let n = distinct.len();
+            async move {
+                match n {
+                    TOTAL => Ok(()),
+                    n => Err(format!("{n} of {TOTAL} distinct events")),
+                }
+            }
+        },
+    )
+    .await;
+    // Each aggregate on one queue, its first arrivals in commit order.
+    let mut queue_of: HashMap<String, String> = HashMap::new();
+    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut seen = HashSet::new();
+    for g in &got {
+        let n = n_of(g);
+        let key = g.headers["walbox.key"].as_str().unwrap().to_owned();
+        assert_eq!(key, format!("agg-{}", n % 37));
+        assert_eq!(
+            g.message_id.as_deref(),
+            g.headers["id"].as_str(),
+            "message_id is the event id"
+        );
+        assert_eq!(g.headers["event_type"], format!("E{n}"));
+        assert_eq!(g.delivery_mode, Some(2), "persistent");
+        let first = queue_of
+            .entry(key.clone())
+            .or_insert_with(|| g.queue.clone());
+        assert_eq!(*first, g.queue, "{key} stays on one queue");
+        assert!(g.routing_key.ends_with(&g.queue[g.queue.len() - 2..]));
+        if seen.insert(n) {
+            let prev = last.insert(key.clone(), n);
+            assert!(prev.is_none_or(|p| p < n), "{key}: {n} after {prev:?}");
+        }
+    }
+    let used: HashSet<&String> = queue_of.values().collect();
+    assert_eq!(used.len(), PARTITIONS, "37 aggregates over every partition");
+    eprintln!(
+        "{} duplicates after three kill -9s of walbox and the broker's 20 s outage",
+        got.len() - TOTAL
+    );
+
+    // An event no queue is bound for: dead-lettered with the reason.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('nobody', 'agg-x', 'Lost', '{\"n\": 99999}')",
+        )
+        .await
+        .unwrap();
+    let dead = vec!["dead".to_owned()];
+    let mut copies = Vec::new();
+    wait_for("the dead-letter copy", Duration::from_secs(60), || {
+        copies.extend(read(&broker, &dead));
+        let n = copies.len();
+        async move {
+            match n {
+                0 => Err("none yet".to_owned()),
+                _ => Ok(()),
+            }
+        }
+    })
+    .await;
+    let copy = &copies[0];
+    assert_eq!(copy.body, "{\"n\": 99999}");
+    let why = copy.headers["walbox.error"].as_str().unwrap();
+    assert!(
+        why.contains("returned the message as unroutable (312 NO_ROUTE)"),
+        "{why}"
+    );
+
+    // SIGTERM: everything confirmed, nothing sent again by the next start.
+    let confirmed_before = confirmed(&client).await;
+    let log = stop(&mut relay).await;
+    assert!(
+        !log.contains("guest:guest"),
+        "the URL's password in the log"
+    );
+    read(&broker, &names);
+    let mut again = self::relay(&db, &broker);
+    wait_log(&again, "streaming from the slot").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop(&mut again).await;
+    let resent = read(&broker, &names);
+    assert!(
+        resent.is_empty(),
+        "sent again after a SIGTERM: {}",
+        resent.len()
+    );
+    assert!(lsn_le(&client, &confirmed_before, &confirmed(&client).await).await);
+}
+
+async fn confirmed(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn lsn_le(client: &tokio_postgres::Client, a: &str, b: &str) -> bool {
+    client
+        .query_one("SELECT $1::text::pg_lsn <= $2::text::pg_lsn", &[&a, &b])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -1,0 +1,58 @@
+"""The RabbitMQ e2e tests' independent side: Python's pika (not walbox's
+AMQP client) declares the queues consumers would bind and reads them back.
+
+  amqp_queues.py bind URL EXCHANGE      stdin: {"queue": "routing key", ...}
+      declares the exchange (topic, durable) and each queue (durable),
+      bound with its routing key
+  amqp_queues.py read URL               stdin: ["queue", ...]
+      stdout: [{"queue", "routing_key", "message_id", "headers", "body",
+                "delivery_mode"}, ...], every message of each queue in
+      queue order (taken off the queues)
+"""
+
+import json
+import sys
+
+import pika
+
+
+def main():
+    action, url = sys.argv[1], sys.argv[2]
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    if action == "bind":
+        exchange = sys.argv[3]
+        channel.exchange_declare(exchange=exchange, exchange_type="topic", durable=True)
+        for queue, key in json.load(sys.stdin).items():
+            channel.queue_declare(queue=queue, durable=True)
+            channel.queue_bind(queue=queue, exchange=exchange, routing_key=key)
+        json.dump({}, sys.stdout)
+    elif action == "read":
+        out = []
+        for queue in json.load(sys.stdin):
+            while True:
+                method, properties, body = channel.basic_get(queue=queue, auto_ack=True)
+                if method is None:
+                    break
+                headers = {
+                    k: (v.decode() if isinstance(v, bytes) else v)
+                    for k, v in (properties.headers or {}).items()
+                }
+                out.append(
+                    {
+                        "queue": queue,
+                        "routing_key": method.routing_key,
+                        "message_id": properties.message_id,
+                        "headers": headers,
+                        "body": body.decode(),
+                        "delivery_mode": properties.delivery_mode,
+                    }
+                )
+        json.dump(out, sys.stdout)
+    else:
+        sys.exit(f"unknown action {action}")
+    connection.close()
+
+
+if __name__ == "__main__":
+    main()
