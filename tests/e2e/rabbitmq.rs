@@ -248,3 +248,63 @@ async fn lsn_le(client: &tokio_postgres::Client, a: &str, b: &str) -> bool {
         .unwrap()
         .get(0)
 }
+
+/// Without a dead-letter topic, an event no queue is bound for stops
+/// walbox in one line with the slot before it; once a queue is bound, the
+/// next start delivers it: nothing skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_event_without_dead_letters_stops_walbox_before_it() {
+    let broker = RabbitMq::start();
+    let bind = |queues: serde_json::Value| {
+        run_tool(
+            &pika(),
+            "amqp_queues.py",
+            &["bind", &broker.url(), "walbox"],
+            &queues.to_string(),
+        )
+    };
+    bind(serde_json::json!({"orders": "outbox.event.order"}));
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let url = broker.url();
+    let run = || spawn_logged(walbox(&db, &["run", "--sink", "rabbitmq", "--rabbitmq-url", &url]));
+    let mut relay = run();
+    wait_log(&relay, "streaming from the slot").await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'a', 'E0', '{\"n\": 0}');
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('refund', 'a', 'E1', '{\"n\": 1}');",
+        )
+        .await
+        .unwrap();
+    let status = relay.exit_within(Duration::from_secs(30)).await.expect("walbox stops");
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    let line = log.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("returned the message as unroutable (312 NO_ROUTE)")
+            && line.contains("the slot stays before this event"),
+        "{log}"
+    );
+    let orders = read(&broker, &["orders".to_owned()]);
+    assert_eq!(orders.iter().map(n_of).collect::<Vec<_>>(), [0]);
+
+    bind(serde_json::json!({"refunds": "outbox.event.refund"}));
+    let mut relay = run();
+    let mut refunds = Vec::new();
+    wait_for("the refund", Duration::from_secs(60), || {
+        refunds.extend(read(&broker, &["refunds".to_owned()]));
+        let n = refunds.len();
+        async move {
+            match n {
+                0 => Err("not yet".to_owned()),
+                _ => Ok(()),
+            }
+        }
+    })
+    .await;
+    assert_eq!(n_of(&refunds[0]), 1);
+    stop(&mut relay).await;
+}
