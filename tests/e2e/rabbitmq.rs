@@ -267,7 +267,12 @@ async fn an_unroutable_event_without_dead_letters_stops_walbox_before_it() {
     let db = fresh_db().await;
     let client = init(&db).await;
     let url = broker.url();
-    let run = || spawn_logged(walbox(&db, &["run", "--sink", "rabbitmq", "--rabbitmq-url", &url]));
+    let run = || {
+        spawn_logged(walbox(
+            &db,
+            &["run", "--sink", "rabbitmq", "--rabbitmq-url", &url],
+        ))
+    };
     let mut relay = run();
     wait_log(&relay, "streaming from the slot").await;
     client
@@ -279,7 +284,10 @@ async fn an_unroutable_event_without_dead_letters_stops_walbox_before_it() {
         )
         .await
         .unwrap();
-    let status = relay.exit_within(Duration::from_secs(30)).await.expect("walbox stops");
+    let status = relay
+        .exit_within(Duration::from_secs(30))
+        .await
+        .expect("walbox stops");
     let log = relay.log();
     assert!(!status.success(), "{log}");
     let line = log.lines().last().unwrap_or_default();

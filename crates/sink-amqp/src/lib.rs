@@ -113,6 +113,9 @@ pub enum Refusal {
     /// A routing key AMQP cannot carry.
     #[error("routing key of {0} bytes: AMQP allows at most 255")]
     RoutingKeyTooLong(usize),
+    /// A header name AMQP cannot carry.
+    #[error("header name of {0} bytes: AMQP allows at most 255")]
+    HeaderNameTooLong(usize),
 }
 
 /// A message's fate.

@@ -354,6 +354,10 @@ impl<T: Send + 'static> Publisher<T> {
             let refusal = Refusal::RoutingKeyTooLong(m.routing_key.len());
             return self.report(slot, Err(refusal));
         }
+        if let Some((name, _)) = m.headers.iter().find(|(name, _)| name.len() > 255) {
+            let refusal = Refusal::HeaderNameTooLong(name.len());
+            return self.report(slot, Err(refusal));
+        }
         if m.message_id.is_none() {
             self.next_id += 1;
             m.message_id = Some(format!("walbox-{}", self.next_id));
@@ -503,13 +507,12 @@ impl<T: Send + 'static> Publisher<T> {
 /// timestamp.
 fn frame(exchange: &str, m: &Message) -> (BasicProperties, Vec<u8>, BasicPublishArguments) {
     let mut headers = FieldTable::new();
+    // Names are at most 255 bytes (checked before), values far below
+    // AMQP's 4 GiB.
     for (name, value) in &m.headers {
-        if let Ok(key) = name.clone().try_into() {
-            let text = String::from_utf8_lossy(value).into_owned();
-            match text.try_into() {
-                Ok(v) => headers.insert(key, FieldValue::S(v)),
-                Err(_) => continue,
-            };
+        let text = String::from_utf8_lossy(value).into_owned();
+        if let (Ok(key), Ok(v)) = (name.clone().try_into(), text.try_into()) {
+            headers.insert(key, FieldValue::S(v));
         }
     }
     let mut properties = BasicProperties::default();

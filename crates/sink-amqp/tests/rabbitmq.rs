@@ -113,7 +113,23 @@ async fn every_message_is_confirmed_and_the_unroutable_and_the_rejected_are_refu
     for n in 2_000..2_010 {
         publish(&sink, n, "small").await;
     }
-    let got = reports(&mut rx, 1_011).await;
+    // What AMQP cannot carry is refused, not cut.
+    let mut long = message(3_000, "orders");
+    long.headers
+        .push(("h".repeat(300), Bytes::from_static(b"v")));
+    let permit = sink.reserve(long.size()).await;
+    sink.publish(permit, long, 3_000);
+    let permit = sink.reserve(10).await;
+    sink.publish(permit, message(3_001, &"k".repeat(256)), 3_001);
+    let got = reports(&mut rx, 1_013).await;
+    assert!(matches!(
+        got.iter().find(|(n, _)| *n == 3_000),
+        Some((_, Err(Refusal::HeaderNameTooLong(300))))
+    ));
+    assert!(matches!(
+        got.iter().find(|(n, _)| *n == 3_001),
+        Some((_, Err(Refusal::RoutingKeyTooLong(256))))
+    ));
     let refused: Vec<_> = got.iter().filter(|(_, r)| r.is_err()).collect();
     assert!(got
         .iter()
