@@ -1556,6 +1556,21 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         assert!(e.contains(says), "{extra:?}: {e}");
         assert!(!e.contains("hunter2"), "{e}");
     }
+    // Said at startup: the Kafka settings are ignored, and no TLS.
+    let c = load(None, &[PG, SINK, URL, BROKERS], &[]).unwrap();
+    let warnings = c.warnings().join("\n");
+    assert!(
+        warnings.contains("the kafka.* settings are ignored"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("RabbitMQ is reached over amqp:// (no TLS yet)"),
+        "{warnings}"
+    );
+    assert!(
+        !warnings.contains("Kafka is reached over plaintext"),
+        "{warnings}"
+    );
     // Kafka stays the default, and needs its brokers.
     let e = load(None, &[PG], &[])
         .and_then(|c| c.for_run())

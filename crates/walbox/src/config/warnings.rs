@@ -32,10 +32,18 @@ impl Config {
                 ));
             }
         }
+        let rabbitmq = self.raw.sink == super::raw::RawSink::Rabbitmq;
+        if rabbitmq {
+            if self.raw.kafka.brokers.is_some() || !self.raw.kafka.properties.is_empty() {
+                out.push("sink = \"rabbitmq\": the kafka.* settings are ignored".into());
+            }
+            // amqps:// is refused, so RabbitMQ is reached unencrypted.
+            out.push("RabbitMQ is reached over amqp:// (no TLS yet): events and the password travel unencrypted; keep the broker on a trusted network (docs/rabbitmq.md)".into());
+        }
         let props = &self.raw.kafka.properties;
         let get = |k: &str| props.get(k).map(|v| v.to_ascii_lowercase());
         let protocol = get("security.protocol").unwrap_or_else(|| "plaintext".into());
-        if self.raw.kafka.brokers.is_some() {
+        if self.raw.kafka.brokers.is_some() && !rabbitmq {
             if protocol.ends_with("plaintext") {
                 out.push(format!(
                     "Kafka is reached over plaintext (security.protocol={protocol}): events{} travel unencrypted; use SSL or SASL_SSL (docs/configuration.md, \"Kafka security\")",
