@@ -341,7 +341,13 @@ impl<T: Send + 'static> Publisher<T> {
                         self.closing = Some((Instant::now() + within, done));
                         return;
                     }
-                    None => return,
+                    // Every handle dropped without a close: end now, not
+                    // connect forever.
+                    None => {
+                        let (done, _) = oneshot::channel();
+                        self.closing = Some((Instant::now(), done));
+                        return;
+                    }
                 },
             }
         }
