@@ -49,29 +49,10 @@ async fn write(client: &Client, schema: &str, from: usize, to: usize, per_tx: us
     }
 }
 
-async fn confirmed(client: &Client) -> String {
-    client
-        .query_one(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// Waits for walbox to stop by itself (30 s at most; its log otherwise).
 async fn stopped(relay: &mut Relay) -> (std::process::ExitStatus, String) {
     let status = exit_within(relay, Duration::from_secs(30)).await;
     (status, relay.log())
-}
-
-async fn lsn_le(client: &Client, a: &str, b: &str) -> bool {
-    client
-        .query_one("SELECT $1::text::pg_lsn <= $2::text::pg_lsn", &[&a, &b])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -516,3 +516,24 @@ impl Drop for MotoServer {
         let _ = self.child.wait();
     }
 }
+
+/// The `walbox` slot's confirmed position.
+pub(crate) async fn confirmed(client: &Client) -> String {
+    client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Whether WAL position `a` is at or before `b`.
+pub(crate) async fn lsn_le(client: &Client, a: &str, b: &str) -> bool {
+    client
+        .query_one("SELECT $1::text::pg_lsn <= $2::text::pg_lsn", &[&a, &b])
+        .await
+        .unwrap()
+        .get(0)
+}
