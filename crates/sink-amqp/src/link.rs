@@ -159,6 +159,15 @@ impl Link {
                     url: shown.clone(),
                     detail,
                 }
+            } else if detail.contains("Connection reset by peer") {
+                // RabbitMQ ends a failed login by closing the socket, with
+                // no reason, for clients (such as this one) that do not
+                // ask for one: a reset during the handshake is that, but
+                // for a broker that went away at that very moment.
+                ConnectError::Refused {
+                    url: shown.clone(),
+                    detail: format!("the broker closed the connection during the login ({detail}): most likely a wrong user or password"),
+                }
             } else {
                 ConnectError::Unavailable {
                     url: shown.clone(),

@@ -75,6 +75,9 @@ impl AmqpUrl {
             None | Some("") => "/".to_owned(),
             Some(p) => decode(p).ok_or_else(|| bad("bad percent-encoding in the virtual host"))?,
         };
+        if vhost.len() > 255 {
+            return Err(bad("the virtual host is longer than AMQP's 255 bytes"));
+        }
         Ok(AmqpUrl {
             host: host.to_owned(),
             port,
@@ -182,6 +185,10 @@ mod tests {
             ("amqp://u:hunter2@h:x", "the port is not a number"),
             ("amqp://u:hunter2@h/a/b", "the path is one virtual host"),
             ("amqp://u:hunter2@", "no host"),
+            (
+                &format!("amqp://u:hunter2@h/{}", "v".repeat(256)),
+                "longer than AMQP's 255 bytes",
+            ),
         ] {
             let e = AmqpUrl::parse(url).unwrap_err().to_string();
             assert!(e.contains(says), "{url}: {e}");

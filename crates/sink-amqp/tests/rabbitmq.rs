@@ -210,3 +210,28 @@ async fn a_broker_killed_mid_stream_loses_nothing_and_keeps_first_arrivals_in_or
     );
     assert_eq!(sink.close(Duration::from_secs(5)).await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_for_good_and_not_shown() {
+    let broker = RabbitMq::start();
+    let mut c = config(&broker);
+    c.url = AmqpUrl::parse(&format!(
+        "amqp://guest:not-the-password@127.0.0.1:{}/%2F",
+        broker.port()
+    ))
+    .unwrap();
+    let e = AmqpSink::<usize>::connect(c).await.unwrap_err();
+    assert!(!e.is_transient(), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("refused the connection"), "{text}");
+    assert!(!text.contains("not-the-password"), "{text}");
+    // Nothing listening: an outage, tried again later.
+    let mut c = config(&broker);
+    c.url = AmqpUrl::parse(&format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2F",
+        walbox_test_harness::port::free_port()
+    ))
+    .unwrap();
+    let e = AmqpSink::<usize>::connect(c).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+}
