@@ -73,7 +73,10 @@ impl RabbitMq {
     fn command(&self, name: &str) -> Command {
         let d = self.dir.path();
         let mut c = Command::new(bin(name));
-        c.env("HOME", d)
+        // The Erlang VM writes erl_crash.dump into its working directory
+        // when it cannot start: the broker's own, not the caller's.
+        c.current_dir(d)
+            .env("HOME", d)
             .env("RABBITMQ_NODENAME", &self.node)
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
