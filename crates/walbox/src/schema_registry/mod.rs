@@ -327,6 +327,20 @@ pub struct Memory {
     pub registered: Vec<(String, String)>,
 }
 
+#[cfg(test)]
+impl Memory {
+    /// An outage when `down`, as the HTTP client reports one.
+    fn answer(&self, subject: &str) -> Result<(), SchemaError> {
+        match self.down {
+            true => Err(SchemaError::Unavailable {
+                subject: subject.to_owned(),
+                detail: "connection refused".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+}
+
 /// A subject whose schema walbox derives: what its payloads held, and the
 /// schema registered for that.
 struct DerivedSubject {
@@ -572,6 +586,13 @@ impl SchemaRegistry {
                 "registered the schema derived from the payloads"
             );
         }
+        self.remember(subject, grown, &registered);
+        Ok(Ok(registered))
+    }
+
+    /// Keeps `subject`'s shape and schema, forgetting the least recently
+    /// used subject when [`MAX_SUBJECTS`] are kept.
+    fn remember(&self, subject: &str, shape: derive::Shape, registered: &Registered) {
         let mut derived = self.derived.lock().expect("not poisoned");
         if derived.subjects.len() >= MAX_SUBJECTS && !derived.subjects.contains_key(subject) {
             let oldest = derived
@@ -585,12 +606,11 @@ impl SchemaRegistry {
         derived.subjects.insert(
             subject.to_owned(),
             DerivedSubject {
-                shape: grown,
+                shape,
                 registered: registered.clone(),
                 used: Instant::now(),
             },
         );
-        Ok(Ok(registered))
     }
 
     /// What the payloads of `subject` held before this process, from its
@@ -603,12 +623,7 @@ impl SchemaRegistry {
             #[cfg(test)]
             Lookup::Memory(memory) => {
                 let memory = memory.lock().expect("not poisoned");
-                if memory.down {
-                    return Err(SchemaError::Unavailable {
-                        subject: subject.to_owned(),
-                        detail: "connection refused".into(),
-                    });
-                }
+                memory.answer(subject)?;
                 memory
                     .subjects
                     .get(subject)
@@ -649,14 +664,7 @@ impl SchemaRegistry {
         };
         let id = self.register(subject, text).await?;
         let registered = self.compile(subject, id, text)?;
-        self.derived.lock().expect("not poisoned").subjects.insert(
-            subject.to_owned(),
-            DerivedSubject {
-                shape: derive::Shape::default(),
-                registered: registered.clone(),
-                used: Instant::now(),
-            },
-        );
+        self.remember(subject, derive::Shape::default(), &registered);
         Ok(registered)
     }
 
@@ -671,12 +679,7 @@ impl SchemaRegistry {
             #[cfg(test)]
             Lookup::Memory(memory) => {
                 let mut memory = memory.lock().expect("not poisoned");
-                if memory.down {
-                    return Err(SchemaError::Unavailable {
-                        subject: subject.to_owned(),
-                        detail: "connection refused".into(),
-                    });
-                }
+                memory.answer(subject)?;
                 let at = memory
                     .registered
                     .iter()
@@ -704,12 +707,7 @@ impl SchemaRegistry {
                 Lookup::Memory(memory) => {
                     let mut memory = memory.lock().expect("not poisoned");
                     memory.lookups += 1;
-                    if memory.down {
-                        return Err(SchemaError::Unavailable {
-                            subject: subject.to_owned(),
-                            detail: "connection refused".into(),
-                        });
-                    }
+                    memory.answer(subject)?;
                     let (id, text) = memory.subjects.get(subject).cloned().ok_or_else(|| {
                         SchemaError::Refused {
                             subject: subject.to_owned(),
