@@ -4,6 +4,8 @@
 //! each Relation message ([`OutboxMapping::resolve_with`]), so a table
 //! refused here is one whose every row would be unmappable.
 
+use std::collections::HashMap;
+
 use pgoutput_decoder::RelationBody;
 use slot_manager::{check_table, domain_base_types, Error, TableName};
 use tokio_postgres::Client;
@@ -12,12 +14,14 @@ use crate::bookkeeping::backfills::columns;
 use crate::mapping::OutboxMapping;
 
 /// Refuses `table` when its mapping (its own under `[mapping.tables]`, else
-/// `mapping`) does not fit it, naming the table and what is wrong.
+/// `mapping`) does not fit it, naming the table and what is wrong; else
+/// gives the base type of each domain among its columns, which the check
+/// read (what the relay resolves Relation messages with).
 pub async fn check_fits(
     client: &Client,
     table: &TableName,
     mapping: &OutboxMapping,
-) -> Result<(), Error> {
+) -> Result<HashMap<u32, u32>, Error> {
     let refused = |e: crate::mapping::MapError| Error::Precondition(e.to_string());
     let own = mapping
         .for_table(table.schema(), table.name())
@@ -27,8 +31,6 @@ pub async fn check_fits(
     let found = columns(client, table, &wanted).await?;
     let domains = domain_base_types(client, table).await?;
     let relation = RelationBody::from_catalog(0, table.schema(), table.name(), found);
-    mapping
-        .resolve_with(&relation, &domains)
-        .map(drop)
-        .map_err(refused)
+    mapping.resolve_with(&relation, &domains).map_err(refused)?;
+    Ok(domains)
 }

@@ -123,8 +123,9 @@ impl Config {
             }
         }
         // What walbox sets in librdkafka itself, beside the operator's own.
-        if let Ok(run) = self.run().map(|r| r.rabbitmq.is_none().then_some(r)) {
-            if let Some(Ok(props)) = run.map(|r| r.sink.walbox_properties()) {
+        // (none with sink = "rabbitmq")
+        if let Ok(run) = self.run() {
+            if let (None, Ok(props)) = (&run.rabbitmq, run.sink.walbox_properties()) {
                 for (k, v) in props {
                     out.push((format!("kafka.properties.{k}"), v, "walbox".into()));
                 }

@@ -7,9 +7,9 @@ use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    born_published, check_server, connect_control, domain_base_types, pick_up, quote_ident,
-    start_streaming, Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp,
-    ReplicationOptions, ShardFilter, TableName,
+    born_published, check_server, connect_control, pick_up, quote_ident, start_streaming, Coverage,
+    CoverageReader, LogicalReplicationStream, OutboxTables, PickUp, ReplicationOptions,
+    ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -256,15 +256,12 @@ impl Source for PostgresSource {
         } else {
             Vec::new()
         };
+        let mut domains = HashMap::new();
         for table in &tables {
-            check_fits(&control, table, &self.mapping).await?;
+            domains.extend(check_fits(&control, table, &self.mapping).await?);
         }
         self.check_no_backfill(&control).await?;
         crate::testpoint::reached("stream.checked").await;
-        let mut domains = HashMap::new();
-        for table in &tables {
-            domains.extend(domain_base_types(&control, table).await?);
-        }
         let started = start_streaming(&c.pg, &control, &c.slot, Lsn::ZERO, &self.options).await?;
         // Again now that this session holds the slot: another instance may
         // have begun a heal between the check above and START_REPLICATION
