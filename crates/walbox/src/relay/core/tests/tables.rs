@@ -175,15 +175,15 @@ fn a_row_of_a_table_its_mapping_does_not_fit_is_unmappable() {
     let mut core = started(&config, 10);
     // legacy.outbox laid out as the tenants' tables: its own mapping's
     // columns (aggregatetype, …) are missing.
-    let stopped = [
-        xlog(0, frames::relation(2, "legacy", "outbox", &COLUMNS)),
-        begin(190),
-        row(150, 2, "e1", "k1"),
-        commit(190, 200),
-    ]
-    .into_iter()
-    .find_map(|frame| core.on_message(frame).err())
-    .expect("the relay stops")
+    let stopped = stops(
+        &mut core,
+        vec![
+            xlog(0, frames::relation(2, "legacy", "outbox", &COLUMNS)),
+            begin(190),
+            row(150, 2, "e1", "k1"),
+            commit(190, 200),
+        ],
+    )
     .to_string();
     assert!(
         stopped.contains(
@@ -199,22 +199,18 @@ fn a_payload_of_a_type_the_session_has_not_resolved_starts_a_new_session() {
     let config = tenants("events");
     // A domain made after the session started (its OID is a user's), on a
     // table picked up since: the next session reads the catalog again.
-    let domain = [
-        ("id", UUID),
-        ("aggregate_type", TEXT),
-        ("aggregate_id", TEXT),
-        ("event_type", TEXT),
-        ("payload", 70_000),
-    ];
     let mut core = started(&config, 10);
-    let stopped = [
-        xlog(0, frames::relation(4, "tenant_g", "outbox_events", &domain)),
-        begin(190),
-        row(150, 4, "e1", "k1"),
-    ]
-    .into_iter()
-    .find_map(|frame| core.on_message(frame).err())
-    .expect("the session ends");
+    let stopped = stops(
+        &mut core,
+        vec![
+            xlog(
+                0,
+                frames::relation(4, "tenant_g", "outbox_events", &with_payload(70_000)),
+            ),
+            begin(190),
+            row(150, 4, "e1", "k1"),
+        ],
+    );
     assert!(
         matches!(
             stopped,
@@ -227,26 +223,37 @@ fn a_payload_of_a_type_the_session_has_not_resolved_starts_a_new_session() {
     );
     assert!(sends(&mut core).is_empty());
     // A built-in type that is no payload type stays a row walbox cannot map.
-    let int4 = [
-        ("id", UUID),
-        ("aggregate_type", TEXT),
-        ("aggregate_id", TEXT),
-        ("event_type", TEXT),
-        ("payload", 23),
-    ];
     let mut core = started(&config, 10);
-    let stopped = [
-        xlog(0, frames::relation(5, "tenant_h", "outbox_events", &int4)),
-        begin(190),
-        row(150, 5, "e1", "k1"),
-    ]
-    .into_iter()
-    .find_map(|frame| core.on_message(frame).err())
-    .expect("the relay stops");
+    let stopped = stops(
+        &mut core,
+        vec![
+            xlog(
+                0,
+                frames::relation(5, "tenant_h", "outbox_events", &with_payload(23)),
+            ),
+            begin(190),
+            row(150, 5, "e1", "k1"),
+        ],
+    );
     assert!(
         matches!(stopped, RunError::Map(_)) && !stopped.is_transient(),
         "{stopped}"
     );
+}
+
+/// The error the core stops with on `frames`.
+fn stops(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) -> RunError {
+    frames
+        .into_iter()
+        .find_map(|frame| core.on_message(frame).err())
+        .expect("the relay stops")
+}
+
+/// walbox's columns, the payload of type `payload`.
+fn with_payload(payload: u32) -> [(&'static str, u32); 5] {
+    let mut columns = COLUMNS;
+    columns[4].1 = payload;
+    columns
 }
 
 fn table(schema: &str, oid: u32, fingerprint: &str) -> TableCoverage {
