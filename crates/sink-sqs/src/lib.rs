@@ -1,0 +1,275 @@
+//! The Amazon SQS side of walbox: `SendMessageBatch` with the delivery
+//! contract walbox keeps on Kafka.
+//!
+//! - **A report per message.** A message's [`Report`] comes when SQS
+//!   stored it (it is in the batch's `Successful` list) or refused it for
+//!   good (a per-entry failure at the sender's fault, or a message SQS
+//!   cannot take, checked before sending: [`Refusal`]). The caller
+//!   dead-letters a refused message or stops.
+//! - **Nothing skipped.** A request that fails (SQS unreachable, throttled,
+//!   a server error) and an entry that fails at SQS's fault are sent again,
+//!   in their order, with a backoff of 0.5 s to 10 s, for as long as it
+//!   takes. A request whose answer was lost may so store a message twice:
+//!   on a FIFO queue its deduplication id makes SQS drop the second copy
+//!   within five minutes; on a standard queue it arrives twice (at least
+//!   once, as on Kafka).
+//! - **Per-key order on FIFO queues.** The key is the message group; each
+//!   group's messages go through one lane, one batch at a time, a batch
+//!   holding one message per group ([`batch`]).
+//! - **Bounded.** The caller reserves room before each message
+//!   ([`SqsSink::reserve`]): at most `max_in_flight` messages and
+//!   `max_in_flight_bytes` bytes are unreported.
+//! - **Definite failures stop.** A request SQS refuses for good (no such
+//!   queue, access denied, bad credentials) reports its messages as
+//!   [`Failure::Stopped`]: the caller stops, and nothing after them is
+//!   confirmed.
+//!
+//! One task sends ([`sender`]); the sink and its reports talk to it
+//! through channels.
+
+mod batch;
+mod message;
+mod queue;
+mod sender;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+pub use message::{fifo_id, Message, QueueRole, Refusal, MAX_ATTRIBUTES, NO_KEY_GROUP};
+pub use queue::{region_of, QueueInfo};
+
+/// Where to send, and how much may wait for SQS.
+#[derive(Clone, Debug)]
+pub struct SqsConfig {
+    /// The events' queue.
+    pub queue_url: String,
+    /// The dead-letter queue, if dead letters are sent.
+    pub dead_letter_queue_url: Option<String>,
+    /// The region; else the queue URL's, else the AWS chain's
+    /// (`AWS_REGION`, the profile).
+    pub region: Option<String>,
+    /// Another SQS endpoint (an SQS-compatible server, a VPC endpoint).
+    pub endpoint: Option<String>,
+    /// How many batches may be on their way at once (each message group
+    /// keeps to one).
+    pub lanes: usize,
+    /// Most unreported messages.
+    pub max_in_flight: usize,
+    /// Most unreported bytes (a larger message waits for all room).
+    pub max_in_flight_bytes: usize,
+}
+
+/// Why a message was not stored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// SQS will never take it as it is.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// Its request was refused for good (the queue, the credentials or
+    /// their permissions): the caller must stop.
+    #[error("{0}")]
+    Stopped(String),
+}
+
+/// A message's fate.
+#[derive(Debug)]
+pub struct Report<T> {
+    /// The message's token.
+    pub token: T,
+    /// Stored, or not for good.
+    pub result: Result<(), Failure>,
+    /// The message, when refused (for a dead-letter copy).
+    pub refused: Option<Message>,
+}
+
+/// Room for one message, held until its report.
+#[derive(Debug)]
+pub struct Permit {
+    _slot: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// A message on its way, kept by the sender until its report.
+struct Pending<T> {
+    message: Message,
+    token: T,
+    _permit: Permit,
+}
+
+enum Command<T> {
+    Publish(Box<Pending<T>>),
+    /// Waits for every report (at most the given time), then ends.
+    Close(std::time::Duration, oneshot::Sender<usize>),
+}
+
+/// Sends messages; their reports arrive on [`Reports`].
+pub struct SqsSink<T> {
+    commands: mpsc::UnboundedSender<Command<T>>,
+    slots: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    max_bytes: usize,
+    in_flight: Arc<AtomicUsize>,
+    in_flight_bytes: Arc<AtomicUsize>,
+    events: QueueInfo,
+    dead_letters: Option<QueueInfo>,
+}
+
+impl<T> std::fmt::Debug for SqsSink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsSink")
+            .field("events", &self.events)
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each sent message's report, once.
+#[derive(Debug)]
+pub struct Reports<T> {
+    rx: mpsc::UnboundedReceiver<Report<T>>,
+}
+
+impl<T> Reports<T> {
+    /// The next report; `None` once the sink is closed and every report was
+    /// received. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Report<T>> {
+        self.rx.recv().await
+    }
+}
+
+/// Why the queue cannot be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// SQS refused: no such queue, no credentials, access denied. No retry
+    /// helps.
+    #[error("SQS queue {queue}: {detail}")]
+    Refused {
+        /// The queue URL.
+        queue: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// SQS did not answer.
+    #[error("SQS queue {queue}: no answer: {detail}")]
+    Unavailable {
+        /// The queue URL.
+        queue: String,
+        /// What happened.
+        detail: String,
+    },
+}
+
+impl ConnectError {
+    /// True when trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ConnectError::Unavailable { .. })
+    }
+}
+
+impl<T: Send + 'static> SqsSink<T> {
+    /// Reads the queues' attributes (so that a queue that is not there, or
+    /// credentials SQS refuses, fail now in one line), then sends through
+    /// a task of its own.
+    pub async fn connect(config: SqsConfig) -> Result<(SqsSink<T>, Reports<T>), ConnectError> {
+        let client = queue::client(&config).await?;
+        let events = queue::attributes(&client, &config.queue_url).await?;
+        let dead_letters = match &config.dead_letter_queue_url {
+            Some(url) => Some(queue::attributes(&client, url).await?),
+            None => None,
+        };
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (reports_tx, rx) = mpsc::unbounded_channel();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let in_flight_bytes = Arc::new(AtomicUsize::new(0));
+        let sink = SqsSink {
+            commands,
+            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes.max(1))),
+            max_bytes: config.max_in_flight_bytes.max(1),
+            in_flight: Arc::clone(&in_flight),
+            in_flight_bytes: Arc::clone(&in_flight_bytes),
+            events: events.clone(),
+            dead_letters: dead_letters.clone(),
+        };
+        let task = sender::Sender::new(
+            client,
+            sender::Queues {
+                events,
+                dead_letters,
+            },
+            config.lanes,
+            commands_rx,
+            reports_tx,
+            sender::Counters {
+                in_flight,
+                in_flight_bytes,
+            },
+        );
+        tokio::spawn(task.run());
+        Ok((sink, Reports { rx }))
+    }
+
+    /// The events' queue, as read at connect.
+    pub fn events_queue(&self) -> &QueueInfo {
+        &self.events
+    }
+
+    /// The dead-letter queue, as read at connect.
+    pub fn dead_letter_queue(&self) -> Option<&QueueInfo> {
+        self.dead_letters.as_ref()
+    }
+
+    /// Waits for room for a message of `size` bytes. Cancel-safe.
+    pub async fn reserve(&self, size: usize) -> Permit {
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let n = size.clamp(1, self.max_bytes) as u32;
+        let bytes = Arc::clone(&self.bytes)
+            .acquire_many_owned(n)
+            .await
+            .expect("never closed");
+        Permit {
+            _slot: slot,
+            _bytes: bytes,
+        }
+    }
+
+    /// Sends `message`; its fate arrives on [`Reports::next`].
+    pub fn publish(&self, permit: Permit, message: Message, token: T) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_bytes
+            .fetch_add(message.size(), Ordering::Relaxed);
+        let pending = Pending {
+            message,
+            token,
+            _permit: permit,
+        };
+        // The task outlives every sink handle: it ends on `close`.
+        let _ = self.commands.send(Command::Publish(Box::new(pending)));
+    }
+
+    /// Messages sent and not yet reported.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Their bytes.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.in_flight_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `within` for the reports of what is in flight (they
+    /// arrive meanwhile), then stops sending. Returns how many messages
+    /// were left unreported.
+    pub async fn close(self, within: std::time::Duration) -> usize {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Close(within, tx)).is_err() {
+            return self.in_flight();
+        }
+        rx.await.unwrap_or_else(|_| self.in_flight())
+    }
+}
