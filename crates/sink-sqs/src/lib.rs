@@ -19,6 +19,9 @@
 //! - **Bounded.** The caller reserves room before each message
 //!   ([`SqsSink::reserve`]): at most `max_in_flight` messages and
 //!   `max_in_flight_bytes` bytes are unreported.
+//! - **Dead letters fit.** A dead-letter message larger than its queue
+//!   takes is sent with a note in place of its body (its attributes say
+//!   what it was and why it failed).
 //! - **Definite failures stop.** A request SQS refuses for good (no such
 //!   queue, access denied, bad credentials) reports its messages as
 //!   [`Failure::Stopped`]: the caller stops, and nothing after them is
@@ -59,6 +62,10 @@ pub struct SqsConfig {
     pub max_in_flight: usize,
     /// Most unreported bytes (a larger message waits for all room).
     pub max_in_flight_bytes: usize,
+    /// After a message is refused, send nothing more: what waits is
+    /// reported [`Failure::Withheld`] (the caller stops on a refusal, and
+    /// nothing after the refused message may arrive ahead of it).
+    pub gapless: bool,
 }
 
 /// Why a message was not stored.
@@ -71,6 +78,10 @@ pub enum Failure {
     /// their permissions): the caller must stop.
     #[error("{0}")]
     Stopped(String),
+    /// Not sent: an earlier message was refused and the sink is gapless
+    /// ([`SqsConfig::gapless`]).
+    #[error("not sent: an earlier message was refused")]
+    Withheld,
 }
 
 /// A message's fate.
@@ -200,6 +211,7 @@ impl<T: Send + 'static> SqsSink<T> {
                 dead_letters,
             },
             config.lanes,
+            config.gapless,
             commands_rx,
             reports_tx,
             sender::Counters {

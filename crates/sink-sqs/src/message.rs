@@ -143,6 +143,19 @@ impl Message {
         })
     }
 
+    /// This message with a note in place of its body of `size` bytes,
+    /// which the queue's `max` does not take (for a dead-letter copy: its
+    /// attributes say what it was and why it failed).
+    pub(crate) fn without_body(&self, size: usize, max: usize) -> Message {
+        let note = format!(
+            "{{\"walbox.body_omitted\":\"the message was {size} bytes (body and attributes); the dead-letter queue takes at most {max}\"}}"
+        );
+        Message {
+            body: Bytes::from(note),
+            ..self.clone()
+        }
+    }
+
     /// Its message group on a FIFO queue: the key, or its SHA-256 when
     /// SQS would not take the key as a group id.
     pub fn group_id(&self) -> String {

@@ -92,6 +92,11 @@ pub(crate) struct Sender<T> {
     requests: JoinSet<Done<T>>,
     /// SQS failing since (for one warning per outage).
     failing: Option<Instant>,
+    /// Send nothing after a refusal.
+    gapless: bool,
+    /// A message was refused, and the sink is gapless: nothing more is
+    /// sent.
+    halted: bool,
 }
 
 impl<T: Send + 'static> Sender<T> {
@@ -99,6 +104,7 @@ impl<T: Send + 'static> Sender<T> {
         client: Client,
         queues: Queues,
         lanes: usize,
+        gapless: bool,
         commands: mpsc::UnboundedReceiver<Command<T>>,
         reports: mpsc::UnboundedSender<Report<T>>,
         counters: Counters,
@@ -125,6 +131,8 @@ impl<T: Send + 'static> Sender<T> {
             counters,
             requests: JoinSet::new(),
             failing: None,
+            gapless,
+            halted: false,
         }
     }
 
@@ -172,6 +180,9 @@ impl<T: Send + 'static> Sender<T> {
 
     /// Checks a new message and puts it in its lane, or reports it refused.
     fn accept(&mut self, pending: Box<Pending<T>>) {
+        if self.halted {
+            return self.report(*pending, Err(Failure::Withheld), false);
+        }
         let lane = match pending.message.queue {
             QueueRole::DeadLetters if self.lanes.len() > self.event_lanes => self.event_lanes,
             QueueRole::DeadLetters => {
@@ -187,10 +198,14 @@ impl<T: Send + 'static> Sender<T> {
             0 => (fnv1a(group.as_bytes()) as usize) % self.event_lanes,
             dl => dl,
         };
-        match pending
-            .message
-            .check(self.lanes[lane].queue.max_message_bytes)
+        let max = self.lanes[lane].queue.max_message_bytes;
+        let mut checked = pending.message.check(max);
+        if let (QueueRole::DeadLetters, Err(Refusal::TooLarge { size, .. })) =
+            (pending.message.queue, &checked)
         {
+            checked = pending.message.without_body(*size, max).check(max);
+        }
+        match checked {
             Ok(checked) => self.lanes[lane].waiting.push_back(Ready {
                 pending,
                 checked,
@@ -203,6 +218,9 @@ impl<T: Send + 'static> Sender<T> {
     /// Starts a batch on every idle lane that has messages and no backoff
     /// to wait out.
     fn send_ready(&mut self) {
+        if self.halted {
+            return;
+        }
         let now = Instant::now();
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             if lane.busy || lane.waiting.is_empty() || lane.not_before.is_some_and(|t| t > now) {
@@ -327,6 +345,9 @@ impl<T: Send + 'static> Sender<T> {
     }
 
     fn report(&mut self, pending: Pending<T>, result: Result<(), Failure>, keep: bool) {
+        if self.gapless && !self.halted && matches!(result, Err(Failure::Refused(_))) {
+            self.halt();
+        }
         let Pending { message, token, .. } = pending;
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.counters
@@ -338,6 +359,28 @@ impl<T: Send + 'static> Sender<T> {
             result,
             refused,
         });
+    }
+}
+
+impl<T: Send + 'static> Sender<T> {
+    /// A message was refused and the sink is gapless: what waits is
+    /// withheld, and nothing more is sent.
+    fn halt(&mut self) {
+        self.halted = true;
+        let waiting: Vec<Ready<T>> = self
+            .lanes
+            .iter_mut()
+            .flat_map(|l| l.waiting.drain(..))
+            .collect();
+        if !waiting.is_empty() {
+            tracing::info!(
+                count = waiting.len(),
+                "a message was refused: the messages after it are not sent (resent after a restart)"
+            );
+        }
+        for ready in waiting {
+            self.report(*ready.pending, Err(Failure::Withheld), false);
+        }
     }
 }
 

@@ -618,6 +618,9 @@ async fn stream(
     if let Some(rabbit) = &settings.rabbitmq {
         return stream_rabbitmq(c, mapping, settings, rabbit, shutdown, metrics, observers).await;
     }
+    if let Some(sqs) = &settings.sqs {
+        return stream_sqs(c, mapping, settings, sqs, shutdown, metrics, observers).await;
+    }
     let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
     let Some(brokers) = wait_for_brokers(&sink, settings, &metrics, shutdown.clone()).await? else {
         tracing::info!("stopped before streaming, while waiting for the brokers");
@@ -681,24 +684,16 @@ async fn stream_rabbitmq(
     tracing::info!(url = %rabbit.amqp.url, exchange = %rabbit.amqp.exchange, partitions = rabbit.partitions, "connected to RabbitMQ");
     let destination = crate::relay::Rabbit::new(sink, rabbit.partitions);
     let mut reports = crate::relay::RabbitReports(reports);
-    let mut source = PostgresSource::new(c.clone(), mapping);
-    let relay = relay_config(c, mapping, settings, observers)?;
-    let urgency = shutdown.clone();
-    let result = crate::relay::run(
-        &relay,
-        &mut source,
-        &destination,
-        &mut reports,
+    let (result, within) = relay_to(
+        c,
+        mapping,
+        settings,
+        observers,
+        (&destination, &mut reports),
         shutdown,
         metrics,
     )
     .await;
-    // What is not confirmed now was never confirmed to the slot either:
-    // the next start sends it again.
-    let within = match *urgency.borrow() {
-        Stop::Now => Duration::ZERO,
-        _ => SINK_SHUTDOWN_TIMEOUT,
-    };
     let left = destination.close(within).await;
     if left > 0 {
         tracing::info!(
@@ -707,6 +702,72 @@ async fn stream_rabbitmq(
         );
     }
     result
+}
+
+/// [`stream`] to Amazon SQS (`sink = "sqs"`).
+async fn stream_sqs(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    sqs: &crate::config::SqsSettings,
+    shutdown: watch::Receiver<Stop>,
+    metrics: Arc<Metrics>,
+    observers: &Observers,
+) -> Result<(), RunError> {
+    let (sink, reports) = sink_sqs::SqsSink::connect(sqs.sqs.clone()).await?;
+    let events = sink.events_queue();
+    tracing::info!(queue = %events.url, fifo = events.fifo, max_message_bytes = events.max_message_bytes, dead_letter_queue = ?sink.dead_letter_queue().map(|q| &q.url), "connected to SQS");
+    if !events.fifo {
+        tracing::warn!(queue = %events.url, "a standard SQS queue: events arrive in no particular order, and a re-sent event arrives twice (docs/sqs.md)");
+    }
+    let destination = crate::relay::Sqs::new(sink);
+    let mut reports = crate::relay::SqsReports(reports);
+    let (result, within) = relay_to(
+        c,
+        mapping,
+        settings,
+        observers,
+        (&destination, &mut reports),
+        shutdown,
+        metrics,
+    )
+    .await;
+    let left = destination.close(within).await;
+    if left > 0 {
+        tracing::info!(
+            count = left,
+            "messages unreported at shutdown (resent after restart)"
+        );
+    }
+    result
+}
+
+/// The relay on a broker other than Kafka, until a signal or a definite
+/// error; and how long the broker may then take for what is in flight
+/// (what it does not report in that time was never confirmed to the slot
+/// either: the next start sends it again).
+async fn relay_to<D: crate::relay::Destination, R: crate::relay::Deliveries>(
+    c: &Connection,
+    mapping: &OutboxMapping,
+    settings: &RunSettings,
+    observers: &Observers,
+    (destination, reports): (&D, &mut R),
+    shutdown: watch::Receiver<Stop>,
+    metrics: Arc<Metrics>,
+) -> (Result<(), RunError>, Duration) {
+    let relay = match relay_config(c, mapping, settings, observers) {
+        Ok(relay) => relay,
+        Err(e) => return (Err(e), Duration::ZERO),
+    };
+    let mut source = PostgresSource::new(c.clone(), mapping);
+    let urgency = shutdown.clone();
+    let result =
+        crate::relay::run(&relay, &mut source, destination, reports, shutdown, metrics).await;
+    let within = match *urgency.borrow() {
+        Stop::Now => Duration::ZERO,
+        _ => SINK_SHUTDOWN_TIMEOUT,
+    };
+    (result, within)
 }
 
 /// What the relay runs with, whatever the broker.

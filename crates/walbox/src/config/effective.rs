@@ -123,9 +123,10 @@ impl Config {
             }
         }
         // What walbox sets in librdkafka itself, beside the operator's own.
-        // (none with sink = "rabbitmq")
+        // (none with another sink)
         if let Ok(run) = self.run() {
-            if let (None, Ok(props)) = (&run.rabbitmq, run.sink.walbox_properties()) {
+            let kafka = run.rabbitmq.is_none() && run.sqs.is_none();
+            if let (true, Ok(props)) = (kafka, run.sink.walbox_properties()) {
                 for (k, v) in props {
                     out.push((format!("kafka.properties.{k}"), v, "walbox".into()));
                 }

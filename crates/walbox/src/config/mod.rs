@@ -19,12 +19,14 @@ mod args;
 mod connection;
 mod effective;
 mod files;
+mod kafka_only;
 mod layers;
 mod outbox_mapping;
 mod rabbitmq;
 mod raw;
 mod run_settings;
 mod secret;
+mod sqs;
 pub mod table;
 mod warnings;
 mod whole;
@@ -41,6 +43,7 @@ pub use rabbitmq::RabbitSettings;
 pub use raw::{Delivery, OnDrift, OnFailure, OnSlotInvalidated};
 use raw::{Raw, RawFormat};
 pub use run_settings::{RunPlan, RunSettings};
+pub use sqs::SqsSettings;
 
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,10 @@
 //! `sink = "rabbitmq"`: the `[rabbitmq]` settings, and what is refused
-//! with them (the features that live in Kafka, or are not proven on
-//! RabbitMQ yet).
+//! with them ([`super::kafka_only`]).
 
 use sink_amqp::{AmqpConfig, AmqpUrl};
 
-use super::raw::{RawFormat, RawSink};
-use super::{Config, ConfigError, Delivery, OnFailure};
+use super::raw::RawSink;
+use super::{Config, ConfigError};
 
 /// Most routing partitions.
 const MAX_PARTITIONS: u64 = 1024;
@@ -48,39 +47,11 @@ impl Config {
                 "rabbitmq.partitions: from 1 to {MAX_PARTITIONS}"
             )));
         }
-        let unsupported = [
-            (
-                r.delivery == Delivery::ExactlyOnce,
-                "delivery = \"exactly-once\" is Kafka's (its transactions); with sink = \"rabbitmq\" delivery is at least once (a message may arrive twice after a crash: deduplicate by message_id)",
-            ),
-            (
-                r.on_failure == Some(OnFailure::Quarantine),
-                "on_failure = \"quarantine\" is not supported with sink = \"rabbitmq\" yet: use stop or dead-letter",
-            ),
-            (
-                matches!(r.format, RawFormat::Avro | RawFormat::JsonSchema | RawFormat::Protobuf),
-                "the schema-registry formats are not supported with sink = \"rabbitmq\" yet",
-            ),
-            (
-                r.claim_check.bucket.is_some(),
-                "claim_check is not supported with sink = \"rabbitmq\" yet",
-            ),
-            (
-                r.receipts,
-                "receipts = true is not supported with sink = \"rabbitmq\" yet (a receipt names a Kafka partition and offset)",
-            ),
-            (
-                r.audit.interval.is_some(),
-                "audit.interval (the continuous audit reads Kafka) is not supported with sink = \"rabbitmq\"",
-            ),
-            (
-                r.topics.create,
-                "topics.create makes Kafka topics; with sink = \"rabbitmq\" bind queues to the exchange instead (docs/rabbitmq.md)",
-            ),
-        ];
-        if let Some((_, why)) = unsupported.iter().find(|(on, _)| *on) {
-            return Err(ConfigError((*why).to_owned()));
-        }
+        super::kafka_only::refuse(
+            r,
+            "rabbitmq",
+            "a message may arrive twice after a crash: deduplicate by message_id",
+        )?;
         Ok(Some(RabbitSettings {
             amqp: AmqpConfig {
                 url,

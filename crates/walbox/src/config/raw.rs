@@ -43,6 +43,7 @@ pub(super) struct Raw {
     pub(super) sink: RawSink,
     pub(super) kafka: RawKafka,
     pub(super) rabbitmq: RawRabbitMq,
+    pub(super) sqs: RawSqs,
     pub(super) topics: RawTopics,
     pub(super) delivery: Delivery,
     pub(super) transactions: RawTransactions,
@@ -88,6 +89,7 @@ impl Default for Raw {
             sink: RawSink::Kafka,
             kafka: RawKafka::default(),
             rabbitmq: RawRabbitMq::default(),
+            sqs: RawSqs::default(),
             topics: RawTopics::default(),
             delivery: Delivery::AtLeastOnce,
             transactions: RawTransactions::default(),
@@ -158,6 +160,7 @@ pub(super) enum RawSink {
     #[default]
     Kafka,
     Rabbitmq,
+    Sqs,
 }
 
 /// `[rabbitmq]`.
@@ -180,6 +183,30 @@ impl Default for RawRabbitMq {
             exchange_type: "topic".into(),
             declare_exchange: true,
             partitions: 1,
+        }
+    }
+}
+
+/// `[sqs]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawSqs {
+    pub(super) queue_url: Option<String>,
+    pub(super) dead_letter_queue_url: Option<String>,
+    pub(super) region: Option<String>,
+    pub(super) endpoint: Option<String>,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) concurrency: u64,
+}
+
+impl Default for RawSqs {
+    fn default() -> Self {
+        RawSqs {
+            queue_url: None,
+            dead_letter_queue_url: None,
+            region: None,
+            endpoint: None,
+            concurrency: 4,
         }
     }
 }

@@ -61,6 +61,9 @@ pub struct RunSettings {
     /// `sink = "rabbitmq"`: where events go instead of Kafka (`sink` is
     /// then unused).
     pub rabbitmq: Option<super::RabbitSettings>,
+    /// `sink = "sqs"`: where events go instead of Kafka (`sink` is then
+    /// unused).
+    pub sqs: Option<super::SqsSettings>,
 }
 
 /// Everything `walbox run` needs, checked together: `walbox config` makes
@@ -129,7 +132,7 @@ impl Config {
         let kafka = r.sink == super::raw::RawSink::Kafka;
         let brokers = match (&r.kafka.brokers, kafka) {
             (Some(b), _) => b.clone(),
-            // Unused: events go to RabbitMQ.
+            // Unused: events go to RabbitMQ or SQS.
             (None, false) => String::new(),
             (None, true) => {
                 return Err(ConfigError(
@@ -167,7 +170,8 @@ impl Config {
                 ))
             })?),
         };
-        let dead_letters = match &r.dead_letter_topic {
+        let dead_letter_topic = self.dead_letter_topic();
+        let dead_letters = match &dead_letter_topic {
             Some(t) if t.is_empty() => {
                 return Err(ConfigError("dead_letter_topic: must not be empty".into()))
             }
@@ -175,12 +179,18 @@ impl Config {
             None => DeadLetters::halt(),
         };
         sink.create_topics = self.topic_spec()?;
-        let on_failure = match (r.on_failure, &r.dead_letter_topic) {
+        let on_failure = match (r.on_failure, &dead_letter_topic) {
             (None, Some(_)) => OnFailure::DeadLetter,
             (None, None) => OnFailure::Stop,
             (Some(OnFailure::DeadLetter), None) => {
                 return Err(ConfigError(
-                    "on_failure = \"dead-letter\" needs dead_letter_topic".into(),
+                    match r.sink {
+                        super::raw::RawSink::Sqs => {
+                            "on_failure = \"dead-letter\" needs sqs.dead_letter_queue_url"
+                        }
+                        _ => "on_failure = \"dead-letter\" needs dead_letter_topic",
+                    }
+                    .into(),
                 ))
             }
             (Some(p @ (OnFailure::Stop | OnFailure::Quarantine)), Some(_)) => {
@@ -189,8 +199,12 @@ impl Config {
                 } else {
                     "quarantine"
                 };
+                let dead_letters = match r.sink {
+                    super::raw::RawSink::Sqs => "sqs.dead_letter_queue_url",
+                    _ => "dead_letter_topic",
+                };
                 return Err(ConfigError(format!(
-                    "on_failure = \"{word}\" and dead_letter_topic contradict each other: remove one"
+                    "on_failure = \"{word}\" and {dead_letters} contradict each other: remove one"
                 )));
             }
             (Some(p), _) => p,
@@ -288,8 +302,10 @@ impl Config {
             ));
         }
         let rabbitmq = self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?;
+        let sqs = self.sqs(sink.max_in_flight, sink.max_in_flight_bytes, sink.gapless)?;
         Ok(RunSettings {
             rabbitmq,
+            sqs,
             schema_registry,
             claim_check,
             otlp_endpoint,

@@ -1578,3 +1578,114 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         .to_string();
     assert!(e.contains("kafka.brokers is required"), "{e}");
 }
+
+#[test]
+fn sqs_is_a_sink_of_its_own_with_its_queues() {
+    const QUEUE: (&str, &str) = (
+        "WALBOX_SQS_QUEUE_URL",
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+    );
+    const DLQ: (&str, &str) = (
+        "WALBOX_SQS_DEAD_LETTER_QUEUE_URL",
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dl.fifo",
+    );
+    const SINK: (&str, &str) = ("WALBOX_SINK", "sqs");
+    let c = load(None, &[PG, SINK, QUEUE], &[]).unwrap();
+    let run = c.for_run().unwrap().settings;
+    let q = run.sqs.expect("sqs settings").sqs;
+    assert_eq!(q.queue_url, QUEUE.1);
+    assert_eq!(
+        (q.lanes, q.region.as_deref(), q.endpoint.as_deref()),
+        (4, None, None)
+    );
+    assert!(q.gapless, "on_failure = stop keeps nothing after a refusal");
+    assert_eq!(run.dead_letters, crate::dead_letter::DeadLetters::halt());
+    assert!(
+        !c.warnings().join("\n").contains("sqs"),
+        "{:?}",
+        c.warnings()
+    );
+    // A dead-letter queue turns the dead-letter policy on.
+    let c = load(
+        None,
+        &[PG, SINK, QUEUE, DLQ, ("WALBOX_SQS_CONCURRENCY", "16")],
+        &[],
+    )
+    .unwrap();
+    let run = c.for_run().unwrap().settings;
+    assert!(run.dead_letters.topic().is_some());
+    let q = run.sqs.expect("sqs settings").sqs;
+    assert_eq!(q.dead_letter_queue_url.as_deref(), Some(DLQ.1));
+    assert_eq!(q.lanes, 16);
+    assert!(!q.gapless);
+    for (extra, says) in [
+        (None, "sink = \"sqs\" needs sqs.queue_url"),
+        (
+            Some(("WALBOX_SQS_QUEUE_URL", "orders.fifo")),
+            "sqs.queue_url \"orders.fifo\": expected an http:// or https:// URL",
+        ),
+        (
+            Some(("WALBOX_SQS_DEAD_LETTER_QUEUE_URL", QUEUE.1)),
+            "the events' queue itself",
+        ),
+        (
+            Some(("WALBOX_DEAD_LETTER_TOPIC", "dl")),
+            "with sink = \"sqs\" dead letters go to a queue: set sqs.dead_letter_queue_url",
+        ),
+        (
+            Some(("WALBOX_ON_FAILURE", "dead-letter")),
+            "on_failure = \"dead-letter\" needs sqs.dead_letter_queue_url",
+        ),
+        (
+            Some(("WALBOX_SQS_CONCURRENCY", "0")),
+            "sqs.concurrency: from 1 to 64",
+        ),
+        (
+            Some(("WALBOX_SQS_ENDPOINT", "localhost:4566")),
+            "sqs.endpoint \"localhost:4566\": expected an http:// or https:// URL",
+        ),
+        (
+            Some(("WALBOX_DELIVERY", "exactly-once")),
+            "delivery = \"exactly-once\" is Kafka's (its transactions); with sink = \"sqs\" delivery is at least once (on a FIFO queue SQS drops a re-sent message",
+        ),
+        (
+            Some(("WALBOX_ON_FAILURE", "quarantine")),
+            "on_failure = \"quarantine\" is not supported with sink = \"sqs\" yet",
+        ),
+        (
+            Some(("WALBOX_TOPICS_CREATE", "true")),
+            "create the queues yourself (docs/sqs.md)",
+        ),
+    ] {
+        let mut vars = vec![PG, SINK];
+        if extra.is_some_and(|(k, _)| k != "WALBOX_SQS_QUEUE_URL") {
+            vars.push(QUEUE);
+        }
+        vars.extend(extra);
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    // Said at startup: a standard queue keeps no order; Kafka's settings
+    // are ignored.
+    let standard = (
+        "WALBOX_SQS_QUEUE_URL",
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/orders",
+    );
+    let c = load(None, &[PG, SINK, standard, BROKERS], &[]).unwrap();
+    let warnings = c.warnings().join("\n");
+    assert!(
+        warnings.contains("sqs.queue_url is a standard queue"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("sink = \"sqs\": the kafka.* settings are ignored"),
+        "{warnings}"
+    );
+    assert!(
+        !warnings.contains("Kafka is reached over plaintext"),
+        "{warnings}"
+    );
+}

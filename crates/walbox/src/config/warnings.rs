@@ -33,17 +33,32 @@ impl Config {
             }
         }
         let rabbitmq = self.raw.sink == super::raw::RawSink::Rabbitmq;
+        let sqs = self.raw.sink == super::raw::RawSink::Sqs;
+        let kafka_set = self.raw.kafka.brokers.is_some() || !self.raw.kafka.properties.is_empty();
+        if kafka_set && (rabbitmq || sqs) {
+            let sink = if rabbitmq { "rabbitmq" } else { "sqs" };
+            out.push(format!(
+                "sink = \"{sink}\": the kafka.* settings are ignored"
+            ));
+        }
+        if sqs
+            && self
+                .raw
+                .sqs
+                .queue_url
+                .as_deref()
+                .is_some_and(|u| !u.ends_with(".fifo"))
+        {
+            out.push("sqs.queue_url is a standard queue (not .fifo): events arrive in no particular order and a re-sent event arrives twice; use a FIFO queue for each aggregate's order and deduplication (docs/sqs.md)".into());
+        }
         if rabbitmq {
-            if self.raw.kafka.brokers.is_some() || !self.raw.kafka.properties.is_empty() {
-                out.push("sink = \"rabbitmq\": the kafka.* settings are ignored".into());
-            }
             // amqps:// is refused, so RabbitMQ is reached unencrypted.
             out.push("RabbitMQ is reached over amqp:// (no TLS yet): events and the password travel unencrypted; keep the broker on a trusted network (docs/rabbitmq.md)".into());
         }
         let props = &self.raw.kafka.properties;
         let get = |k: &str| props.get(k).map(|v| v.to_ascii_lowercase());
         let protocol = get("security.protocol").unwrap_or_else(|| "plaintext".into());
-        if self.raw.kafka.brokers.is_some() && !rabbitmq {
+        if self.raw.kafka.brokers.is_some() && !rabbitmq && !sqs {
             if protocol.ends_with("plaintext") {
                 out.push(format!(
                     "Kafka is reached over plaintext (security.protocol={protocol}): events{} travel unencrypted; use SSL or SASL_SSL (docs/configuration.md, \"Kafka security\")",

@@ -33,6 +33,9 @@ pub enum RunError {
     /// `sink = "rabbitmq"`: the broker did not answer, or refused walbox.
     #[error(transparent)]
     RabbitMq(#[from] sink_amqp::ConnectError),
+    /// `sink = "sqs"`: SQS did not answer, or refused walbox.
+    #[error(transparent)]
+    Sqs(#[from] sink_sqs::ConnectError),
     /// The brokers did not answer at startup.
     #[error("Kafka brokers {brokers} did not answer within 10 s")]
     Broker {
@@ -159,6 +162,7 @@ impl RunError {
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             RunError::Schema(_) => "schema_registry",
             RunError::RabbitMq(_) => "rabbitmq",
+            RunError::Sqs(_) => "sqs",
             _ => "other",
         }
     }
@@ -183,6 +187,7 @@ impl RunError {
             RunError::ClaimCheck(e) => e.is_transient(),
             RunError::Schema(e) => e.is_transient(),
             RunError::RabbitMq(e) => e.is_transient(),
+            RunError::Sqs(e) => e.is_transient(),
             _ => false,
         }
     }

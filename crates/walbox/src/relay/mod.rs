@@ -60,6 +60,7 @@ mod error;
 mod rabbitmq;
 mod session;
 mod source;
+mod sqs;
 
 #[cfg(test)]
 mod tests;
@@ -86,6 +87,7 @@ pub use rabbitmq::{partition_of, Rabbit, RabbitReports, Sent, KEY_HEADER};
 pub use source::{
     CopiedRow, Done, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
 };
+pub use sqs::{Sqs, SqsReports, SqsSent, SQS_KEY_ATTRIBUTE};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]

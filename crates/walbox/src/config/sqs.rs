@@ -1,0 +1,108 @@
+//! `sink = "sqs"`: the `[sqs]` settings, and what is refused with them
+//! ([`super::kafka_only`]).
+
+use sink_sqs::SqsConfig;
+
+use super::raw::RawSink;
+use super::{Config, ConfigError};
+
+/// Most batches on their way at once.
+const MAX_CONCURRENCY: u64 = 64;
+
+/// What dead-letter copies are labelled with when SQS carries them: they go
+/// to `sqs.dead_letter_queue_url`, whatever their topic.
+pub(super) const DEAD_LETTER_TOPIC: &str = "walbox.dead-letters";
+
+/// What `walbox run` needs to send to Amazon SQS.
+#[derive(Clone, Debug)]
+pub struct SqsSettings {
+    /// The queues, the region and endpoint, the in-flight bounds.
+    pub sqs: SqsConfig,
+}
+
+impl Config {
+    /// With `sink = "sqs"`, the dead-letter topic `sqs.dead_letter_queue_url`
+    /// stands for; else `dead_letter_topic`.
+    pub(super) fn dead_letter_topic(&self) -> Option<String> {
+        let r = &self.raw;
+        match (r.sink, &r.sqs.dead_letter_queue_url) {
+            (RawSink::Sqs, Some(_)) => Some(DEAD_LETTER_TOPIC.to_owned()),
+            (RawSink::Sqs, None) => None,
+            _ => r.dead_letter_topic.clone(),
+        }
+    }
+
+    /// `[sqs]`, checked; `None` with another sink.
+    pub(super) fn sqs(
+        &self,
+        max_in_flight: usize,
+        max_in_flight_bytes: usize,
+        gapless: bool,
+    ) -> Result<Option<SqsSettings>, ConfigError> {
+        let r = &self.raw;
+        if r.sink != RawSink::Sqs {
+            return Ok(None);
+        }
+        let q = &r.sqs;
+        let Some(queue_url) = &q.queue_url else {
+            return Err(ConfigError(
+                "sink = \"sqs\" needs sqs.queue_url (https://sqs.<region>.amazonaws.com/<account>/<queue>; WALBOX_SQS_QUEUE_URL)".into(),
+            ));
+        };
+        http_url("sqs.queue_url", queue_url)?;
+        if let Some(dl) = &q.dead_letter_queue_url {
+            http_url("sqs.dead_letter_queue_url", dl)?;
+            if dl == queue_url {
+                return Err(ConfigError(
+                    "sqs.dead_letter_queue_url: the events' queue itself; name another queue"
+                        .into(),
+                ));
+            }
+        }
+        if r.dead_letter_topic.is_some() {
+            return Err(ConfigError(
+                "dead_letter_topic: with sink = \"sqs\" dead letters go to a queue: set sqs.dead_letter_queue_url instead".into(),
+            ));
+        }
+        if let Some(e) = &q.endpoint {
+            http_url("sqs.endpoint", e)?;
+        }
+        if q.region.as_deref() == Some("") {
+            return Err(ConfigError("sqs.region: must not be empty".into()));
+        }
+        if !(1..=MAX_CONCURRENCY).contains(&q.concurrency) {
+            return Err(ConfigError(format!(
+                "sqs.concurrency: from 1 to {MAX_CONCURRENCY}"
+            )));
+        }
+        super::kafka_only::refuse(
+            r,
+            "sqs",
+            "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event id; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
+        )?;
+        Ok(Some(SqsSettings {
+            sqs: SqsConfig {
+                queue_url: queue_url.clone(),
+                dead_letter_queue_url: q.dead_letter_queue_url.clone(),
+                region: q.region.clone(),
+                endpoint: q.endpoint.clone(),
+                lanes: q.concurrency as usize,
+                max_in_flight,
+                max_in_flight_bytes,
+                gapless,
+            },
+        }))
+    }
+}
+
+fn http_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        _ => Err(ConfigError(format!(
+            "{key} {url:?}: expected an http:// or https:// URL"
+        ))),
+    }
+}
