@@ -30,5 +30,6 @@ mod schema_registry;
 mod secured_kafka;
 mod shards;
 mod spans;
+mod sqs;
 mod support;
 mod topics;

@@ -323,6 +323,14 @@ impl<T: Send + 'static> Sender<T> {
                 }
             },
         }
+        if self.halted {
+            // A refusal in this batch halted the sink: what would go again
+            // is withheld with the rest.
+            for ready in again {
+                self.report(*ready.pending, Err(Failure::Withheld), false);
+            }
+            return;
+        }
         let lane = &mut self.lanes[lane];
         if again.is_empty() {
             lane.backoff = FIRST_BACKOFF;
@@ -431,4 +439,188 @@ fn fnv1a(bytes: &[u8]) -> u32 {
         h = h.wrapping_mul(0x0100_0193);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::config::{BehaviorVersion, Region};
+    use aws_sdk_sqs::error::SdkError;
+    use aws_sdk_sqs::types::{BatchResultErrorEntry, SendMessageBatchResultEntry};
+    use bytes::Bytes;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::{Message, Permit};
+
+    fn sender(
+        gapless: bool,
+    ) -> (
+        Sender<u32>,
+        mpsc::UnboundedReceiver<Report<u32>>,
+        mpsc::UnboundedSender<Command<u32>>,
+    ) {
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .build();
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (reports, rx) = mpsc::unbounded_channel();
+        let queue = QueueInfo {
+            url: "https://sqs.us-east-1.amazonaws.com/1/q.fifo".into(),
+            fifo: true,
+            max_message_bytes: 262_144,
+        };
+        let sender = Sender::new(
+            Client::from_conf(config),
+            Queues {
+                events: queue,
+                dead_letters: None,
+            },
+            1,
+            gapless,
+            commands_rx,
+            reports,
+            Counters {
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                in_flight_bytes: Arc::new(AtomicUsize::new(0)),
+            },
+        );
+        (sender, rx, commands)
+    }
+
+    /// Messages 0..5 of groups a, b, c, a, b, accepted in order.
+    fn accept_five(s: &mut Sender<u32>) {
+        let room = Arc::new(Semaphore::new(100));
+        for (n, key) in ["a", "b", "c", "a", "b"].into_iter().enumerate() {
+            s.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            s.accept(Box::new(Pending {
+                message: Message {
+                    queue: QueueRole::Events,
+                    body: Bytes::from(format!("{{\"n\":{n}}}")),
+                    key: Some(Bytes::from_static(key.as_bytes())),
+                    dedup: format!("e-{n}"),
+                    attributes: vec![],
+                },
+                token: n as u32,
+                _permit: Permit {
+                    _slot: Arc::clone(&room).try_acquire_owned().unwrap(),
+                    _bytes: Arc::clone(&room).try_acquire_owned().unwrap(),
+                },
+            }));
+        }
+    }
+
+    fn next_batch(s: &mut Sender<u32>) -> Vec<Ready<u32>> {
+        let lane = &mut s.lanes[0];
+        batch::take(&mut lane.waiting, true, batch::MAX_ENTRIES, 262_144)
+    }
+
+    fn waiting(s: &Sender<u32>) -> Vec<u32> {
+        s.lanes[0].waiting.iter().map(|r| r.pending.token).collect()
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Report<u32>>) -> Vec<(u32, Result<(), Failure>)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|r| (r.token, r.result))
+            .collect()
+    }
+
+    /// Entry 0 stored, entry 1 failed at SQS's fault, entry 2 refused.
+    #[allow(clippy::result_large_err)] // the SDK's answer, as it comes
+    fn partial() -> Answer {
+        let failed = |id: &str, sender_fault: bool, code: &str| {
+            BatchResultErrorEntry::builder()
+                .id(id)
+                .sender_fault(sender_fault)
+                .code(code)
+                .message("m")
+                .build()
+                .unwrap()
+        };
+        Ok(SendMessageBatchOutput::builder()
+            .successful(
+                SendMessageBatchResultEntry::builder()
+                    .id("0")
+                    .message_id("x")
+                    .md5_of_message_body("y")
+                    .build()
+                    .unwrap(),
+            )
+            .failed(failed("1", false, "InternalError"))
+            .failed(failed("2", true, "InvalidParameterValue"))
+            .build()
+            .unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_partial_failure_reports_each_entry_and_sends_the_rest_again_first_in_order() {
+        let (mut s, mut rx, _commands) = sender(false);
+        accept_five(&mut s);
+        let batch = next_batch(&mut s);
+        assert_eq!(
+            batch.iter().map(|r| r.pending.token).collect::<Vec<_>>(),
+            [0, 1, 2],
+            "one message per group"
+        );
+        s.lanes[0].busy = true;
+        s.finish(Done {
+            lane: 0,
+            batch,
+            answer: partial(),
+        });
+        let reports = drain(&mut rx);
+        assert_eq!(reports[0], (0, Ok(())));
+        assert_eq!(reports[1].0, 2);
+        assert!(
+            matches!(&reports[1].1, Err(Failure::Refused(Refusal::Refused { code, .. })) if code == "InvalidParameterValue"),
+            "{reports:?}"
+        );
+        assert_eq!(reports.len(), 2, "the failed entry is not reported");
+        // Message 1 goes again ahead of b's later message, after a backoff.
+        assert_eq!(waiting(&s), [1, 3, 4]);
+        assert!(!s.lanes[0].busy && s.lanes[0].not_before.is_some());
+        assert_eq!(s.unreported(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_gapless_sink_withholds_everything_after_a_refusal() {
+        let (mut s, mut rx, _commands) = sender(true);
+        accept_five(&mut s);
+        let batch = next_batch(&mut s);
+        s.finish(Done {
+            lane: 0,
+            batch,
+            answer: partial(),
+        });
+        let reports = drain(&mut rx);
+        let mut withheld: Vec<u32> = reports
+            .iter()
+            .filter(|(_, r)| *r == Err(Failure::Withheld))
+            .map(|(t, _)| *t)
+            .collect();
+        withheld.sort_unstable();
+        assert_eq!(
+            withheld,
+            [1, 3, 4],
+            "the failed entry too: nothing goes again"
+        );
+        assert!(waiting(&s).is_empty());
+        assert_eq!(s.unreported(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_without_answer_is_sent_again_whole_and_in_order() {
+        let (mut s, mut rx, _commands) = sender(false);
+        accept_five(&mut s);
+        let batch = next_batch(&mut s);
+        s.finish(Done {
+            lane: 0,
+            batch,
+            answer: Err(SdkError::timeout_error("no answer within 10 s")),
+        });
+        assert!(drain(&mut rx).is_empty());
+        assert_eq!(waiting(&s), [0, 1, 2, 3, 4]);
+        let backoff = s.lanes[0].backoff;
+        assert_eq!(backoff, FIRST_BACKOFF * 2, "the next wait doubles");
+    }
 }

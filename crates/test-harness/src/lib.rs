@@ -12,6 +12,9 @@
 //!   Tests of what only a real broker shows (transactions, replication,
 //!   leader failover, the Java partitioner) start Apache Kafka itself
 //!   ([`apache_kafka`], jars from `WALBOX_KAFKA_LIBS`).
+//! * **Other brokers**: RabbitMQ ([`rabbitmq`], Debian's `rabbitmq-server`)
+//!   and an SQS-API server ([`elasticmq`], jars from `WALBOX_ELASTICMQ_LIBS`),
+//!   each a process of the test's own.
 //! * **Docker**: with the `docker` feature and `WALBOX_TEST_DOCKER=1`, containers
 //!   supply both instead (see [`pg::shared`]).
 //! * Helpers: [`wait::wait_for`] (a condition with a deadline, never a bare
@@ -27,6 +30,7 @@
 
 pub mod apache_kafka;
 pub mod debezium;
+pub mod elasticmq;
 pub mod generated_doc;
 pub mod http;
 pub mod kafka;

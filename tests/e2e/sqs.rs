@@ -1,0 +1,339 @@
+//! `sink = "sqs"` against a real SQS API server (ElasticMQ, run as a
+//! process: the queues keep their messages when walbox dies, and SIGSTOP
+//! freezes the server as an outage does; see the harness for why not
+//! moto), the queues created and read back by boto3 (moto's venv), not by walbox's
+//! client. Both tests write 10,000 events in transactions
+//! of 1 to 50 through three kill -9s of walbox:
+//! - on a FIFO queue (and the server frozen for 20 s, walbox killed
+//!   meanwhile): every event once (the deduplication id drops re-sends),
+//!   each aggregate's message group in commit order; an oversized event
+//!   dead-lettered with the reason; a SIGTERM leaving nothing to send again;
+//! - on a standard queue: every event at least once, and the duplicates
+//!   counted; an oversized event stops walbox before it, nothing after it
+//!   sent.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use walbox_test_harness::elasticmq::ElasticMq;
+use walbox_test_harness::pg::{fresh_db, TestDb};
+use walbox_test_harness::wait::wait_for;
+
+use crate::support::*;
+
+const TOTAL: usize = 10_000;
+const AGGREGATES: usize = 37;
+
+/// A message as boto3 read it.
+#[derive(Debug)]
+struct Got {
+    body: String,
+    attributes: HashMap<String, serde_json::Value>,
+    group: Option<String>,
+    dedup: Option<String>,
+}
+
+impl Got {
+    fn n(&self) -> usize {
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        v["n"].as_u64().unwrap() as usize
+    }
+
+    fn attribute(&self, name: &str) -> &str {
+        self.attributes[name].as_str().unwrap()
+    }
+}
+
+fn tool(sqs: &ElasticMq, args: &[&str]) -> String {
+    let endpoint = sqs.endpoint();
+    let mut all = vec![args[0], endpoint.as_str()];
+    all.extend(&args[1..]);
+    run_tool(&moto_python(), "sqs_queues.py", &all, "")
+}
+
+fn create(sqs: &ElasticMq, name: &str) -> String {
+    tool(sqs, &["create", name]).trim().to_owned()
+}
+
+fn count(sqs: &ElasticMq, url: &str) -> usize {
+    tool(sqs, &["count", url]).trim().parse().unwrap()
+}
+
+fn read(sqs: &ElasticMq, url: &str) -> Vec<Got> {
+    let all: Vec<serde_json::Value> = serde_json::from_str(&tool(sqs, &["read", url])).unwrap();
+    all.into_iter()
+        .map(|m| Got {
+            body: m["body"].as_str().unwrap().to_owned(),
+            attributes: m["attributes"]
+                .as_object()
+                .map(|a| a.clone().into_iter().collect())
+                .unwrap_or_default(),
+            group: m["group"].as_str().map(str::to_owned),
+            dedup: m["dedup"].as_str().map(str::to_owned),
+        })
+        .collect()
+}
+
+/// `walbox run` to `queue` (dead letters to `dead`, if any), credentials
+/// and region from the environment as the AWS chain reads them.
+fn relay(db: &TestDb, sqs: &ElasticMq, queue: &str, dead: Option<&str>) -> Relay {
+    let endpoint = sqs.endpoint();
+    let mut args = vec![
+        "run",
+        "--sink",
+        "sqs",
+        "--sqs-queue-url",
+        queue,
+        "--sqs-endpoint",
+        &endpoint,
+    ];
+    if let Some(dead) = dead {
+        args.extend(["--sqs-dead-letter-queue-url", dead]);
+    }
+    let mut command = walbox(db, &args);
+    command
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "walbox-secret-key")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_PROFILE");
+    spawn_logged(command)
+}
+
+/// The 10,000 events written in transactions of 1 to 50 while walbox is
+/// killed three times; returns the last walbox, running.
+async fn write_through_kills(
+    db: &TestDb,
+    mut relay: Relay,
+    restart: impl Fn() -> Relay,
+    last: usize,
+) -> Relay {
+    let writer = spawn_writer(
+        db.connect().await,
+        20,
+        last / 20,
+        Duration::from_millis(150),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 50,
+        AGGREGATES,
+    );
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        relay.kill9();
+        relay = restart();
+    }
+    writer.await.unwrap();
+    relay
+}
+
+/// Waits until the queue holds at least `n` messages (nothing taken off).
+async fn wait_count(sqs: &ElasticMq, url: &str, n: usize) {
+    wait_for(
+        "the messages in the queue",
+        Duration::from_secs(180),
+        || {
+            let have = count(sqs, url);
+            async move {
+                match have >= n {
+                    true => Ok(()),
+                    false => Err(format!("{have} of {n}")),
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// Reads the queue until it gave `total` distinct events.
+async fn read_all(sqs: &ElasticMq, url: &str, total: usize) -> Vec<Got> {
+    let mut got: Vec<Got> = Vec::new();
+    wait_for("every event in the queue", Duration::from_secs(120), || {
+        got.extend(read(sqs, url));
+        let distinct: HashSet<usize> = got.iter().map(Got::n).collect();
+        let n = distinct.len();
+        async move {
+            match n == total {
+                true => Ok(()),
+                false => Err(format!("{n} of {total} distinct events")),
+            }
+        }
+    })
+    .await;
+    got
+}
+
+fn oversized_payload() -> String {
+    format!("{{\"n\": 99999, \"pad\": \"{}\"}}", "x".repeat(300 * 1024))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_reaches_a_fifo_queue_once_in_order_through_kills_and_an_outage() {
+    let sqs = ElasticMq::start();
+    let queue = create(&sqs, "orders.fifo");
+    let dead = create(&sqs, "dead");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let start = || relay(&db, &sqs, &queue, Some(&dead));
+    let first = start();
+    wait_log(&first, "connected to SQS").await;
+    let mut relay = write_through_kills(&db, first, start, 8_000).await;
+
+    // The server frozen for 20 s while events keep coming, and walbox
+    // killed meanwhile: what it had not confirmed must come again.
+    sqs.freeze(true);
+    insert_events(&client, 8_000, 9_000, |k| 1 + k % 50, AGGREGATES).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    relay.kill9();
+    relay = start();
+    insert_events(&client, 9_000, TOTAL, |k| 1 + k % 50, AGGREGATES).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    sqs.freeze(false);
+
+    wait_count(&sqs, &queue, TOTAL).await;
+    let got = read_all(&sqs, &queue, TOTAL).await;
+    // Each aggregate's group, its first arrivals in commit order.
+    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut seen = HashSet::new();
+    for g in &got {
+        let n = g.n();
+        let key = g.attribute("walbox.key");
+        assert_eq!(key, format!("agg-{}", n % AGGREGATES));
+        assert_eq!(
+            g.group.as_deref(),
+            Some(key),
+            "the message group is the key"
+        );
+        assert_eq!(
+            g.dedup.as_deref(),
+            Some(g.attribute("id")),
+            "the deduplication id is the event id"
+        );
+        assert_eq!(g.attribute("event_type"), format!("E{n}"));
+        if seen.insert(n) {
+            let prev = last.insert(key.to_owned(), n);
+            assert!(prev.is_none_or(|p| p < n), "{key}: {n} after {prev:?}");
+        }
+    }
+    let duplicates = got.len() - TOTAL;
+    eprintln!(
+        "FIFO queue: {duplicates} duplicates after three kill -9s of walbox and the server's 20 s outage"
+    );
+    assert_eq!(duplicates, 0, "the deduplication ids drop every re-send");
+
+    // An event larger than the queue takes: dead-lettered with the reason,
+    // its body replaced by a note (the dead-letter queue's limit is the
+    // same), never in the events' queue.
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'agg-big', 'Big', $1::text::jsonb)",
+            &[&oversized_payload()],
+        )
+        .await
+        .unwrap();
+    let mut copies = Vec::new();
+    wait_for("the dead-letter copy", Duration::from_secs(60), || {
+        copies.extend(read(&sqs, &dead));
+        let n = copies.len();
+        async move {
+            match n {
+                0 => Err("none yet".to_owned()),
+                _ => Ok(()),
+            }
+        }
+    })
+    .await;
+    let copy = &copies[0];
+    assert!(copy.body.contains("walbox.body_omitted"), "{}", copy.body);
+    assert_eq!(copy.attribute("walbox.error.kind"), "refused");
+    let why = copy.attribute("walbox.error");
+    assert!(
+        why.contains("the queue takes at most 262144 (its MaximumMessageSize)"),
+        "{why}"
+    );
+    assert_eq!(copy.attribute("walbox.key"), "agg-big");
+
+    // SIGTERM: everything confirmed, nothing sent again by the next start.
+    let confirmed_before = confirmed(&client).await;
+    let log = stop(&mut relay).await;
+    assert!(
+        !log.contains("walbox-secret-key"),
+        "the secret key in the log"
+    );
+    assert!(read(&sqs, &queue).is_empty(), "the big event in the queue");
+    let mut again = start();
+    wait_log(&again, "streaming from the slot").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop(&mut again).await;
+    let resent = read(&sqs, &queue);
+    assert!(
+        resent.is_empty(),
+        "sent again after a SIGTERM: {}",
+        resent.len()
+    );
+    assert!(lsn_le(&client, &confirmed_before, &confirmed(&client).await).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standard_queue_gets_every_event_and_an_oversized_one_stops_walbox_before_it() {
+    let sqs = ElasticMq::start();
+    let queue = create(&sqs, "orders");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let start = || relay(&db, &sqs, &queue, None);
+    let first = start();
+    // Said at the start: a standard queue keeps no order.
+    wait_log(
+        &first,
+        "a standard SQS queue: events arrive in no particular order",
+    )
+    .await;
+    let mut relay = write_through_kills(&db, first, start, TOTAL).await;
+
+    wait_count(&sqs, &queue, TOTAL).await;
+    let got = read_all(&sqs, &queue, TOTAL).await;
+    for g in &got {
+        assert_eq!(
+            g.attribute("walbox.key"),
+            format!("agg-{}", g.n() % AGGREGATES)
+        );
+        assert_eq!(g.group, None, "no message group on a standard queue");
+    }
+    eprintln!(
+        "standard queue: {} duplicates after three kill -9s of walbox",
+        got.len() - TOTAL
+    );
+
+    // An oversized event, then another: walbox stops before the first
+    // (on_failure = stop), sends nothing after it, the slot stays before it.
+    let held = confirmed(&client).await;
+    let before_big: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'agg-big', 'Big', $1::text::jsonb)",
+            &[&oversized_payload()],
+        )
+        .await
+        .unwrap();
+    insert_events(&client, TOTAL, TOTAL + 1, |_| 1, AGGREGATES).await;
+    let status = exit_within(&mut relay, Duration::from_secs(60)).await;
+    assert!(!status.success());
+    let log = relay.log();
+    assert!(
+        log.contains("the queue takes at most 262144 (its MaximumMessageSize)"),
+        "{log}"
+    );
+    assert!(lsn_le(&client, &held, &confirmed(&client).await).await);
+    assert!(
+        lsn_le(&client, &confirmed(&client).await, &before_big).await,
+        "confirmed past the oversized event"
+    );
+    let after = read(&sqs, &queue);
+    assert!(
+        after.iter().all(|g| g.n() != TOTAL),
+        "the event after the refused one was sent"
+    );
+}
