@@ -86,6 +86,8 @@ fn relay(db: &TestDb, sqs: &ElasticMq, queue: &str, dead: Option<&str>) -> Relay
         queue,
         "--sqs-endpoint",
         &endpoint,
+        "--metrics-addr",
+        ANY_PORT,
     ];
     if let Some(dead) = dead {
         args.extend(["--sqs-dead-letter-queue-url", dead]);
@@ -181,6 +183,10 @@ async fn every_event_reaches_a_fifo_queue_once_in_order_through_kills_and_an_out
     sqs.freeze(true);
     insert_events(&client, 8_000, 9_000, |k| 1 + k % 50, AGGREGATES).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
+    // The stall is measured (and past 30 s would make /readyz say so).
+    let addr = metrics_addr(&relay).await;
+    let stalled = metric_at(&addr, "walbox_delivery_stalled_seconds");
+    assert!(stalled >= 5.0, "stalled for {stalled} s");
     relay.kill9();
     relay = start();
     insert_events(&client, 9_000, TOTAL, |k| 1 + k % 50, AGGREGATES).await;
@@ -336,4 +342,21 @@ async fn a_standard_queue_gets_every_event_and_an_oversized_one_stops_walbox_bef
         after.iter().all(|g| g.n() != TOTAL),
         "the event after the refused one was sent"
     );
+
+    // A queue that is not there: one line at the start, no retrying, no
+    // secret shown.
+    let missing = queue.replace("/orders", "/no-such-queue");
+    let mut relay = self::relay(&db, &sqs, &missing, None);
+    let status = exit_within(&mut relay, Duration::from_secs(60)).await;
+    assert!(!status.success());
+    let log = relay.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("walbox: SQS queue") && l.contains("no-such-queue"))
+        .unwrap_or_else(|| panic!("no error line naming the queue:\n{log}"));
+    assert!(
+        line.contains("NonExistentQueue") || line.contains("QueueDoesNotExist"),
+        "{line}"
+    );
+    assert!(!log.contains("walbox-secret-key"), "{log}");
 }

@@ -77,28 +77,44 @@ async fn signals(stop: watch::Sender<Stop>) {
 
 /// Reports deliveries that stopped moving (see [`crate::stall`]), once a
 /// second, until aborted.
-async fn watch_stalls(sink: Sink<Token>, metrics: Arc<Metrics>) {
+/// What the stall watch reads of a sink each second.
+struct Stall {
+    stalled_for: Duration,
+    waiting: usize,
+    problem: Option<String>,
+}
+
+/// Kafka's stall, from the sink's own clock (and its statistics into the
+/// metrics meanwhile).
+fn kafka_stall(sink: &Sink<Token>, metrics: &Metrics) -> Stall {
+    if let Some(stats) = sink.statistics() {
+        metrics.set_producer_stats(&stats);
+    }
+    Stall {
+        stalled_for: sink.stalled_for(),
+        waiting: sink.in_flight(),
+        problem: sink.broker_problem().map(|p| p.to_string()),
+    }
+}
+
+async fn watch_stalls(probe: impl Fn(&Metrics) -> Stall, metrics: Arc<Metrics>) {
     use crate::stall::{StallEvent, StallWatch};
     let mut watch = StallWatch::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Some(stats) = sink.statistics() {
-            metrics.set_producer_stats(&stats);
-        }
-        let stalled_for = sink.stalled_for();
+        let stall = probe(&metrics);
         metrics
             .delivery_stalled_seconds
-            .set(i64::try_from(stalled_for.as_secs()).unwrap_or(i64::MAX));
-        match watch.observe(stalled_for, std::time::Instant::now()) {
+            .set(i64::try_from(stall.stalled_for.as_secs()).unwrap_or(i64::MAX));
+        match watch.observe(stall.stalled_for, std::time::Instant::now()) {
             Some(StallEvent::Stalled(d)) => {
-                let problem = sink.broker_problem().map(|p| p.to_string());
                 tracing::warn!(
                     stalled_for = ?Duration::from_secs(d.as_secs()),
-                    waiting = sink.in_flight(),
-                    last_broker_problem = problem.as_deref().unwrap_or("none reported"),
-                    "deliveries stalled: no acknowledgement from the broker; it is retried without end (a broker down, NOT_ENOUGH_REPLICAS below min.insync.replicas, a leader election), and the slot is not confirmed past what waits"
+                    waiting = stall.waiting,
+                    last_broker_problem = stall.problem.as_deref().unwrap_or("none reported"),
+                    "deliveries stalled: no acknowledgement from the broker; what waits is sent again without end (a broker down or unreachable; on Kafka also NOT_ENOUGH_REPLICAS below min.insync.replicas, a leader election), and the slot is not confirmed past it"
                 );
             }
             Some(StallEvent::Resumed(d)) => {
@@ -645,7 +661,11 @@ async fn stream(
             .map_err(|e| RunError::from_txn(&eos.transactional_id, e))?;
         tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
     }
-    let stall_watch = tokio::spawn(watch_stalls(sink.clone(), Arc::clone(&metrics)));
+    let watched = sink.clone();
+    let stall_watch = tokio::spawn(watch_stalls(
+        move |m: &Metrics| kafka_stall(&watched, m),
+        Arc::clone(&metrics),
+    ));
     let mut source = PostgresSource::new(c.clone(), mapping);
     let relay = relay_config(c, mapping, settings, observers)?;
     let urgency = shutdown.clone();
@@ -761,8 +781,35 @@ async fn relay_to<D: crate::relay::Destination, R: crate::relay::Deliveries>(
     };
     let mut source = PostgresSource::new(c.clone(), mapping);
     let urgency = shutdown.clone();
-    let result =
-        crate::relay::run(&relay, &mut source, destination, reports, shutdown, metrics).await;
+    // The stall watch, on a clock of the records sent and reported.
+    let clock = Arc::new(crate::stall::StallClock::default());
+    let watched = Arc::clone(&clock);
+    let stall_watch = tokio::spawn(watch_stalls(
+        move |_: &Metrics| Stall {
+            stalled_for: watched.stalled_for(),
+            waiting: watched.waiting(),
+            problem: None,
+        },
+        Arc::clone(&metrics),
+    ));
+    let destination = crate::relay::Clocked {
+        inner: destination,
+        clock: &clock,
+    };
+    let mut reports = crate::relay::ClockedReports {
+        inner: reports,
+        clock: &clock,
+    };
+    let result = crate::relay::run(
+        &relay,
+        &mut source,
+        &destination,
+        &mut reports,
+        shutdown,
+        metrics,
+    )
+    .await;
+    stall_watch.abort();
     let within = match *urgency.borrow() {
         Stop::Now => Duration::ZERO,
         _ => SINK_SHUTDOWN_TIMEOUT,

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use sink_kafka::{Permit, Record, Report, Reports, Sink, TxnError};
 
 use super::{RunError, Token};
+use crate::stall::StallClock;
 
 /// How long the transaction coordinator may take to register walbox (and
 /// complete what an older instance left open).
@@ -128,5 +129,75 @@ impl Destination for Sink<Token> {
 impl Deliveries for Reports<Token> {
     async fn next(&mut self) -> Option<Report<Token>> {
         Reports::next(self).await
+    }
+}
+
+/// A destination whose sends run a [`StallClock`] (with [`ClockedReports`]
+/// on its reports): the stall watch of the brokers whose sinks keep none.
+#[derive(Debug)]
+pub struct Clocked<'a, D> {
+    /// The destination.
+    pub inner: &'a D,
+    /// The clock.
+    pub clock: &'a StallClock,
+}
+
+impl<D: Destination> Destination for Clocked<'_, D> {
+    type Permit = D::Permit;
+
+    async fn reserve(&self, size: usize) -> D::Permit {
+        self.inner.reserve(size).await
+    }
+
+    async fn send(&self, permit: D::Permit, record: Record<Token>) {
+        self.clock.sent();
+        self.inner.send(permit, record).await
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
+    fn in_flight_bytes(&self) -> usize {
+        self.inner.in_flight_bytes()
+    }
+
+    async fn init_transactions(&self) -> Result<(), TxnError> {
+        self.inner.init_transactions().await
+    }
+
+    async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String> {
+        self.inner.last_committed(topic, key).await
+    }
+
+    fn begin(&self) -> Result<(), TxnError> {
+        self.inner.begin()
+    }
+
+    async fn commit(&self) -> Result<(), TxnError> {
+        self.inner.commit().await
+    }
+
+    async fn abort(&self) -> Result<(), TxnError> {
+        self.inner.abort().await
+    }
+}
+
+/// Reports that run a [`StallClock`].
+#[derive(Debug)]
+pub struct ClockedReports<'a, R> {
+    /// The reports.
+    pub inner: &'a mut R,
+    /// The clock.
+    pub clock: &'a StallClock,
+}
+
+impl<R: Deliveries> Deliveries for ClockedReports<'_, R> {
+    async fn next(&mut self) -> Option<Report<Token>> {
+        let report = self.inner.next().await;
+        if report.is_some() {
+            self.clock.reported();
+        }
+        report
     }
 }

@@ -81,7 +81,7 @@ use crate::progress::EventToken;
 use crate::spans::{EventSpan, Spans};
 
 pub use backoff::Backoff;
-pub use destination::{check_brokers, Deliveries, Destination};
+pub use destination::{check_brokers, Clocked, ClockedReports, Deliveries, Destination};
 pub use error::{AbortCause, DriftError, RunError, TransactionsError};
 pub use rabbitmq::{partition_of, Rabbit, RabbitReports, Sent, KEY_HEADER};
 pub use source::{
