@@ -18,7 +18,7 @@
 //! | `walbox_quarantine_released_total` | counter | held events released: acknowledged by the broker |
 //! | `walbox_claim_checks_total` | counter | records whose value went to the object store (`claim_check.bucket`) |
 //! | `walbox_claim_check_bytes_total` | counter | bytes of those values |
-//! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `kafka`, `transactions`, `schema_registry`, `other` |
+//! | `walbox_reconnects_total{reason}` | counter | sessions ended by a transient error and retried: `postgres`, `slot_busy`, `kafka`, `rabbitmq`, `sqs`, `transactions`, `schema_registry`, `other` |
 //! | `walbox_history_changes_total{reason}` | counter | sessions that found the server on another WAL history, so nothing earlier is skipped as a replay: `timeline` (a failover or point-in-time recovery), `wal_behind` (the server's WAL ends before what walbox delivered or recorded: a restore on the same timeline) |
 //! | `walbox_delivered_commit_age_seconds` | gauge | now − commit time of the newest transaction delivered with all before it (grows while the outbox is idle) |
 //! | `walbox_oldest_unacked_event_age_seconds` | gauge | now − commit time of the oldest event sent and not acknowledged; 0 when none waits |

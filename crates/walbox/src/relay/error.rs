@@ -153,7 +153,8 @@ impl RunError {
     /// `slot_busy` (another instance streams from the slot), `postgres`
     /// (connection or server), `kafka` (a broker), `transactions` (an
     /// aborted Kafka transaction), `schema_registry` (the registry did not
-    /// answer), `other`.
+    /// answer), `rabbitmq` and `sqs` (the broker did not answer at start),
+    /// `other`.
     pub fn reason(&self) -> &'static str {
         match self {
             _ if self.slot_busy() => "slot_busy",
