@@ -235,8 +235,11 @@ pub(crate) fn environment(
     })
 }
 
-/// `WALBOX_*` variables walbox reads that are not settings.
-const NOT_SETTINGS: &[&str] = &["WALBOX_LOG", "WALBOX_CONFIG"];
+/// `WALBOX_*` variables walbox reads that are not settings, and
+/// `WALBOX_BIN`, which walbox's own scripts, tests and benchmarks set to
+/// name the binary (two edits from `WALBOX_SINK`: without it here, every
+/// walbox they start would refuse it as a typo).
+const NOT_SETTINGS: &[&str] = &["WALBOX_LOG", "WALBOX_CONFIG", "WALBOX_BIN"];
 
 /// How many edits away from a setting's variable an unknown `WALBOX_*`
 /// variable is taken for a typo of it (`WALBOX_SLOTT`, `WALBOX_KAFKA_BROKER`)

@@ -855,6 +855,11 @@ fn a_misspelt_variable_is_refused_with_the_name_it_is_near() {
         ("WALBOX_PG_BIN", "/bin"),
         ("WALBOX_CACHE", "/cache"),
         ("WALBOX_KAFKA_PROPERTY_LINGER_MS", "5"),
+        // Two edits from WALBOX_SINK, and set by scripts/bench.
+        ("WALBOX_BIN", "/target/release/walbox"),
+        ("WALBOX_ELASTICMQ_LIBS", "/libs"),
+        ("WALBOX_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"),
+        ("WALBOX_PIKA_PYTHON", "/py"),
     ];
     let c = load(None, &own, &[]).unwrap();
     assert_eq!(c.connection().unwrap().slot, "walbox");
