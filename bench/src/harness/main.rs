@@ -45,6 +45,10 @@ Phases (all but retention by default):
              with receipts (throughput, the primary's CPU and WAL per event);
              then walbox audit over every event (default memory, and 8 MiB:
              spilling), its time, peak RSS and the primary's CPU
+  brokers    100,000 events of ~200 B drained by walbox to Apache Kafka, RabbitMQ,
+             an SQS FIFO and a standard queue (ElasticMQ), beside pg_recvlogical;
+             and each broker alone: as many messages from walbox's client for it
+             (needs WALBOX_ELASTICMQ_LIBS, rabbitmq-server)
   retention  5,000 events/s for 10 minutes with retention off, on, and on a
              partitioned outbox (30 minutes a run)
 
@@ -68,7 +72,7 @@ WALBOX_BENCH_ARGS adds flags to every walbox run (e.g. \"--kafka-property linger
 ";
 
 /// Every phase, in the order a run takes them.
-pub(crate) const PHASES: [&str; 12] = [
+pub(crate) const PHASES: [&str; 13] = [
     "small",
     "large",
     "huge",
@@ -80,6 +84,7 @@ pub(crate) const PHASES: [&str; 12] = [
     "writecost",
     "cleanup",
     "audit",
+    "brokers",
     "retention",
 ];
 
@@ -286,6 +291,9 @@ async fn main() -> ExitCode {
         }
         if wants("audit") {
             alone::audit(&mut results, &walbox, scale.small_events()).await;
+        }
+        if wants("brokers") {
+            alone::brokers(&mut results, &walbox, scale.large_events()).await;
         }
         if wants("retention") {
             alone::retention(&mut results, &walbox, scale.retention_seconds()).await;

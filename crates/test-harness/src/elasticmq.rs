@@ -7,9 +7,10 @@
 //! lost. It dies with the test process.
 //!
 //! Chosen over moto's server (which the claim-check tests use for S3):
-//! moto stores a FIFO message in time linear in the queue (about 20
-//! messages a second at a few thousand) and forgets a deduplication id
-//! once its message is consumed; ElasticMQ takes thousands a second.
+//! moto took 49 s for 1,000 FIFO messages in batches of 10 here (7.7 s
+//! for a standard queue; ElasticMQ under 1.1 s for either, on the same
+//! loaded machine), and forgets a deduplication id once its message is
+//! consumed (SQS and ElasticMQ remember it five minutes).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

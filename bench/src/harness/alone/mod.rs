@@ -9,16 +9,20 @@
 //!   an event, cost the primary (no relay runs).
 //! * `retention`: 5,000 events/s for minutes with walbox's retention off,
 //!   on, and on a partitioned outbox.
+//! * `brokers`: a backlog drained to Kafka, RabbitMQ and SQS, beside
+//!   pg_recvlogical and each broker alone.
 //! * `audit`: what auditing costs: the continuous audit's effect on a
 //!   drain, and `walbox audit` over every event of it.
 
 mod audit;
+mod brokers;
 mod eos;
 mod primary;
 mod retention;
 mod shards;
 
 pub(crate) use audit::{audit, MEMORY as AUDIT_MEMORY, WAYS as AUDIT_WAYS};
+pub(crate) use brokers::{brokers, BROKERS};
 pub(crate) use eos::eos;
 pub(crate) use primary::{cleanup, write_cost, CLEANUP_WAYS, WRITE_WAYS};
 pub(crate) use retention::{retention, WAYS as RETENTION_WAYS};

@@ -234,7 +234,7 @@ async fn pollers(results: &mut Results, world: &World, b: Backlog) {
 /// pg_recvlogical drains the slot `bench_recvlogical` to `/dev/null` up to
 /// `end` (with logical decoding messages when `messages`): seconds, and
 /// its walsender's CPU seconds (sampled every 20 ms).
-async fn recvlogical(world: &World, end: &str, messages: bool) -> (f64, f64) {
+pub(crate) async fn recvlogical(world: &World, end: &str, messages: bool) -> (f64, f64) {
     let t0 = Instant::now();
     let mut child = world
         .pg_tool("pg_recvlogical")

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
 use crate::world::World;
 
-pub(crate) use backlog::backlog;
+pub(crate) use backlog::{backlog, recvlogical};
 pub(crate) use curve::{curve, pgbench};
 pub(crate) use kill::kill;
 

@@ -5,7 +5,9 @@
 use std::fmt::Write;
 
 use super::heading;
-use crate::alone::{AUDIT_MEMORY, AUDIT_WAYS, CLEANUP_WAYS, RETENTION_WAYS, SHARDS, WRITE_WAYS};
+use crate::alone::{
+    AUDIT_MEMORY, AUDIT_WAYS, BROKERS, CLEANUP_WAYS, RETENTION_WAYS, SHARDS, WRITE_WAYS,
+};
 use crate::relay::Kind;
 use crate::results::Results;
 use crate::Scale;
@@ -14,6 +16,8 @@ use crate::Scale;
 pub(crate) const PHASES: [&str; 4] = ["eos", "shards", "writecost", "cleanup"];
 /// The phases of the audit section.
 pub(crate) const AUDIT_PHASES: [&str; 1] = ["audit"];
+/// The phases of the brokers section.
+pub(crate) const BROKERS_PHASES: [&str; 1] = ["brokers"];
 /// The phases of the retention section.
 pub(crate) const RETENTION_PHASES: [&str; 1] = ["retention"];
 
@@ -251,5 +255,45 @@ pub(crate) fn audit_section(r: &Results, scale: Scale) -> String {
         );
     }
     let _ = writeln!(s, "\nThe primary's CPU is every server process's while the audit ran (its one read of the window's rows, and walbox's idle walsender).\n");
+    s
+}
+
+/// The brokers section: one backlog drained to each broker, beside
+/// pg_recvlogical and each broker alone.
+pub(crate) fn brokers_section(r: &Results, scale: Scale) -> String {
+    let mut s = heading(scale);
+    if !r.has("brokers", "events") {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "### {} events of ~200 bytes in transactions of 100, drained by walbox to each broker\n",
+        r.stat("brokers", "events", 0, "")
+    );
+    let _ = writeln!(
+        s,
+        "pg_recvlogical reads the same backlog (to `/dev/null`) in {} ({} events/s): the slot's own limit.\n",
+        r.stat("brokers", "recvlogical_s", 2, " s"),
+        r.stat("brokers", "recvlogical_eps", 0, "")
+    );
+    let _ = writeln!(s, "| broker | walbox: until the slot confirmed every event | events/s | walbox CPU s | peak RSS | the broker alone: as many messages from walbox's client | messages/s |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for (name, label) in BROKERS {
+        let p = |m: &str| format!("{name}_{m}");
+        if !r.has("brokers", &p("s")) {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} | {} | {} |",
+            r.stat("brokers", &p("s"), 2, " s"),
+            r.stat("brokers", &p("eps"), 0, ""),
+            r.stat("brokers", &p("cpu_s"), 2, ""),
+            r.stat("brokers", &p("rss_mib"), 0, " MiB"),
+            r.stat("brokers", &p("alone_s"), 2, " s"),
+            r.stat("brokers", &p("alone_eps"), 0, ""),
+        );
+    }
+    let _ = writeln!(s, "\nThe broker alone: the same number of messages of ~200 bytes with the same headers and in-flight bounds (10,000 messages, 64 MiB), sent by the client walbox uses for it (sink-kafka, sink-amqp, sink-sqs) with no Postgres and no decoding: what this broker takes on this machine through that client. Every event was read back from the broker's queue or topic (at least as many as written).\n");
     s
 }

@@ -25,7 +25,7 @@ struct Section {
     write: fn(&Results, Scale) -> String,
 }
 
-const SECTIONS: [Section; 4] = [
+const SECTIONS: [Section; 5] = [
     Section {
         name: "alone",
         start: "<!-- bench:begin -->",
@@ -46,6 +46,13 @@ const SECTIONS: [Section; 4] = [
         end: "<!-- audit:end -->",
         phases: &alone::AUDIT_PHASES,
         write: alone::audit_section,
+    },
+    Section {
+        name: "brokers",
+        start: "<!-- brokers:begin -->",
+        end: "<!-- brokers:end -->",
+        phases: &alone::BROKERS_PHASES,
+        write: alone::brokers_section,
     },
     Section {
         name: "retention",

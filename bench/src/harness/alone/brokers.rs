@@ -1,0 +1,354 @@
+//! `brokers`: the small backlog drained by walbox to each broker it sends
+//! to (Apache Kafka, RabbitMQ, an SQS FIFO and a standard queue on
+//! ElasticMQ), beside pg_recvlogical (the slot's own limit); and each
+//! broker's own limit on this machine: the same number of messages of the
+//! same size sent by walbox's client for it alone (no Postgres, no
+//! decoding), with the same bounds on what is in flight.
+
+use std::time::{Duration, Instant};
+
+use amqprs::channel::{ExchangeDeclareArguments, QueueBindArguments, QueueDeclareArguments};
+use amqprs::connection::{Connection, OpenConnectionArguments};
+use bytes::Bytes;
+use walbox_test_harness::elasticmq::ElasticMq;
+use walbox_test_harness::rabbitmq::RabbitMq;
+
+use crate::peers::{preload, recvlogical, Backlog};
+use crate::procstat;
+use crate::relay::{Kind, Relay};
+use crate::results::Results;
+use crate::world::World;
+
+/// The brokers, as the report names them.
+pub(crate) const BROKERS: [(&str, &str); 4] = [
+    ("kafka", "Apache Kafka 4.1.2 (KRaft, one node; acks=all)"),
+    (
+        "rabbitmq",
+        "RabbitMQ 3.10 (Debian's; persistent messages, publisher confirms)",
+    ),
+    (
+        "sqs_fifo",
+        "SQS FIFO queue (ElasticMQ 1.7.1; groups = aggregates)",
+    ),
+    ("sqs_standard", "SQS standard queue (ElasticMQ 1.7.1)"),
+];
+
+/// walbox's in-flight bounds (its defaults), for the clients alone too.
+const IN_FLIGHT: usize = 10_000;
+const IN_FLIGHT_BYTES: usize = 64 << 20;
+
+/// A broker of the phase's own, with the queue walbox's events land in.
+enum Broker {
+    Kafka,
+    Rabbit(RabbitMq),
+    Sqs { server: ElasticMq, queue: String },
+}
+
+impl Broker {
+    async fn start(name: &str, world: &World) -> Broker {
+        match name {
+            "kafka" => {
+                world.create_topic("walbox.order").await;
+                world.create_topic("walbox.flood").await;
+                Broker::Kafka
+            }
+            "rabbitmq" => {
+                let broker = RabbitMq::start();
+                let (connection, channel) = rabbit(&broker).await;
+                channel
+                    .exchange_declare(
+                        ExchangeDeclareArguments::new("walbox", "topic")
+                            .durable(true)
+                            .finish(),
+                    )
+                    .await
+                    .expect("declare the exchange");
+                channel
+                    .queue_declare(QueueDeclareArguments::durable_client_named("bench"))
+                    .await
+                    .expect("declare the queue");
+                channel
+                    .queue_bind(QueueBindArguments::new("bench", "walbox", "walbox.order"))
+                    .await
+                    .expect("bind the queue");
+                let _ = connection.close().await;
+                Broker::Rabbit(broker)
+            }
+            _ => {
+                let server = ElasticMq::start();
+                let name = if name == "sqs_fifo" {
+                    "bench.fifo"
+                } else {
+                    "bench"
+                };
+                let client = sqs_client(&server).await;
+                let mut create = client.create_queue().queue_name(name);
+                if name.ends_with(".fifo") {
+                    create = create
+                        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true");
+                }
+                let queue = create
+                    .send()
+                    .await
+                    .expect("create the queue")
+                    .queue_url()
+                    .expect("its URL")
+                    .to_owned();
+                Broker::Sqs { server, queue }
+            }
+        }
+    }
+
+    /// `walbox run`'s flags for this broker.
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Broker::Kafka => vec![],
+            Broker::Rabbit(b) => vec![
+                "--sink".into(),
+                "rabbitmq".into(),
+                "--rabbitmq-url".into(),
+                b.url(),
+            ],
+            Broker::Sqs { server, queue } => vec![
+                "--sink".into(),
+                "sqs".into(),
+                "--sqs-queue-url".into(),
+                queue.clone(),
+                "--sqs-endpoint".into(),
+                server.endpoint(),
+                "--sqs-region".into(),
+                "us-east-1".into(),
+            ],
+        }
+    }
+
+    /// Messages in the broker's queue (or on the topic since `from`).
+    async fn count(&self, world: &World, from: &[i64]) -> i64 {
+        match self {
+            Broker::Kafka => world.count_since("walbox.order", from),
+            Broker::Rabbit(b) => {
+                let (connection, channel) = rabbit(b).await;
+                let passive = QueueDeclareArguments::durable_client_named("bench")
+                    .passive(true)
+                    .finish();
+                let (_, n, _) = channel
+                    .queue_declare(passive)
+                    .await
+                    .expect("the queue")
+                    .expect("its counts");
+                let _ = connection.close().await;
+                i64::from(n)
+            }
+            Broker::Sqs { server, queue } => {
+                let out = sqs_client(server)
+                    .await
+                    .get_queue_attributes()
+                    .queue_url(queue)
+                    .attribute_names(
+                        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
+                    )
+                    .send()
+                    .await
+                    .expect("the queue's attributes");
+                out.attributes()
+                    .and_then(|a| {
+                        a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+                    })
+                    .and_then(|v| v.parse().ok())
+                    .expect("ApproximateNumberOfMessages")
+            }
+        }
+    }
+
+    /// The broker alone: `events` messages like walbox's (body of `size`
+    /// bytes, key one of 1,000 aggregates, id and type headers) sent by
+    /// walbox's client for it; seconds until every one was acknowledged.
+    async fn flood(&self, world: &World, events: usize, size: usize) -> f64 {
+        let body = Bytes::from(format!(
+            "{{\"pad\":\"{}\"}}",
+            "x".repeat(size.saturating_sub(10))
+        ));
+        let t0 = Instant::now();
+        match self {
+            Broker::Kafka => {
+                let mut config = sink_kafka::SinkConfig::new(world.bootstrap());
+                config.max_in_flight = IN_FLIGHT;
+                config.max_in_flight_bytes = IN_FLIGHT_BYTES;
+                let (sink, mut reports) = sink_kafka::Sink::<()>::new(&config).expect("a producer");
+                let feed = async {
+                    for i in 0..events {
+                        let permit = sink.reserve(body.len()).await;
+                        let record = sink_kafka::Record::new(
+                            "walbox.flood",
+                            Some(Bytes::from(format!("order-{}", i % 1000))),
+                            Some(body.clone()),
+                            (),
+                        );
+                        sink.send(permit, record).await;
+                    }
+                };
+                let drain = async {
+                    for _ in 0..events {
+                        let r = reports.next().await.expect("a report");
+                        assert!(r.result.is_ok(), "Kafka refused: {:?}", r.result);
+                    }
+                };
+                tokio::join!(feed, drain);
+            }
+            Broker::Rabbit(b) => {
+                let config = sink_amqp::AmqpConfig {
+                    url: sink_amqp::AmqpUrl::parse(&b.url()).expect("the URL"),
+                    exchange: "walbox".into(),
+                    declare_exchange: false,
+                    exchange_type: "topic".into(),
+                    max_in_flight: IN_FLIGHT,
+                    max_in_flight_bytes: IN_FLIGHT_BYTES,
+                    connection_name: "walbox-bench flood".into(),
+                };
+                let (sink, mut reports) = sink_amqp::AmqpSink::<()>::connect(config)
+                    .await
+                    .expect("RabbitMQ");
+                let feed = async {
+                    for i in 0..events {
+                        let permit = sink.reserve(body.len()).await;
+                        let message = sink_amqp::Message {
+                            routing_key: "walbox.order".into(),
+                            body: body.clone(),
+                            message_id: Some(format!("e-{i}")),
+                            headers: headers(i),
+                            timestamp_s: None,
+                        };
+                        sink.publish(permit, message, ());
+                    }
+                };
+                let drain = async {
+                    for _ in 0..events {
+                        let r = reports.next().await.expect("a report");
+                        assert!(r.result.is_ok(), "RabbitMQ refused: {:?}", r.result);
+                    }
+                };
+                tokio::join!(feed, drain);
+                sink.close(Duration::from_secs(5)).await;
+            }
+            Broker::Sqs { server, queue } => {
+                let config = sink_sqs::SqsConfig {
+                    queue_url: queue.clone(),
+                    dead_letter_queue_url: None,
+                    region: Some("us-east-1".into()),
+                    endpoint: Some(server.endpoint()),
+                    lanes: 4,
+                    max_in_flight: IN_FLIGHT,
+                    max_in_flight_bytes: IN_FLIGHT_BYTES,
+                    gapless: false,
+                };
+                let (sink, mut reports) =
+                    sink_sqs::SqsSink::<()>::connect(config).await.expect("SQS");
+                let feed = async {
+                    for i in 0..events {
+                        let permit = sink.reserve(body.len()).await;
+                        let message = sink_sqs::Message {
+                            queue: sink_sqs::QueueRole::Events,
+                            body: body.clone(),
+                            key: Some(Bytes::from(format!("order-{}", i % 1000))),
+                            dedup: format!("flood-{i}"),
+                            attributes: headers(i),
+                        };
+                        sink.publish(permit, message, ());
+                    }
+                };
+                let drain = async {
+                    for _ in 0..events {
+                        let r = reports.next().await.expect("a report");
+                        assert!(r.result.is_ok(), "SQS refused: {:?}", r.result);
+                    }
+                };
+                tokio::join!(feed, drain);
+                sink.close(Duration::from_secs(5)).await;
+            }
+        }
+        t0.elapsed().as_secs_f64()
+    }
+}
+
+fn headers(i: usize) -> Vec<(String, Bytes)> {
+    vec![
+        ("id".into(), Bytes::from(format!("e-{i}"))),
+        ("event_type".into(), Bytes::from_static(b"OrderCreated")),
+        (
+            "walbox.key".into(),
+            Bytes::from(format!("order-{}", i % 1000)),
+        ),
+    ]
+}
+
+async fn rabbit(broker: &RabbitMq) -> (Connection, amqprs::channel::Channel) {
+    // The harness's broker takes guest on loopback.
+    let args = OpenConnectionArguments::new("127.0.0.1", broker.port(), "guest", "guest");
+    let connection = Connection::open(&args).await.expect("connect to RabbitMQ");
+    let channel = connection.open_channel(None).await.expect("a channel");
+    (connection, channel)
+}
+
+async fn sqs_client(server: &ElasticMq) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .endpoint_url(server.endpoint())
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "bench",
+            "bench",
+            None,
+            None,
+            "walbox-bench",
+        ))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+pub(crate) async fn brokers(results: &mut Results, walbox: &str, events: i64) {
+    // The ElasticMQ client in walbox reads its credentials from the chain.
+    std::env::set_var("AWS_ACCESS_KEY_ID", "bench");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "bench");
+    let n = events as f64;
+    results.record("brokers", "events", n);
+    for (i, (name, _)) in BROKERS.iter().enumerate() {
+        let world = World::start(walbox).await;
+        Kind::Walbox.init(&world).await;
+        if i == 0 {
+            world.create_slot("bench_recvlogical").await;
+        }
+        eprintln!("bench: brokers: {name}: writing {events} events");
+        let end = preload(&world, Backlog::small("brokers", events)).await;
+        if i == 0 {
+            let (secs, _) = recvlogical(&world, &end, false).await;
+            results.record("brokers", "recvlogical_s", secs);
+            results.record("brokers", "recvlogical_eps", n / secs);
+        }
+        let broker = Broker::start(name, &world).await;
+        let from = world.ends("walbox.order");
+        let flags = broker.flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        eprintln!("bench: brokers: walbox drains them to {name}");
+        let t0 = Instant::now();
+        let mut relay = Relay::start_with(Kind::Walbox, &world, &flags);
+        crate::alone::wait_confirmed(&world, &mut [&mut relay], "walbox", &end).await;
+        let secs = t0.elapsed().as_secs_f64();
+        let usage = procstat::usage(relay.pid()).expect("walbox runs");
+        relay.stop();
+        let stored = broker.count(&world, &from).await;
+        assert!(
+            stored >= events,
+            "{name}: {stored} of {events} events stored"
+        );
+        let p = |m: &str| format!("{name}_{m}");
+        results.record("brokers", &p("s"), secs);
+        results.record("brokers", &p("eps"), n / secs);
+        results.record("brokers", &p("cpu_s"), usage.cpu_s);
+        results.record("brokers", &p("rss_mib"), usage.peak_rss_mib);
+        results.record("brokers", &p("stored"), stored as f64);
+        eprintln!("bench: brokers: {name} alone takes {events} messages from walbox's client");
+        let alone = broker.flood(&world, events as usize, 200).await;
+        results.record("brokers", &p("alone_s"), alone);
+        results.record("brokers", &p("alone_eps"), n / alone);
+    }
+}
