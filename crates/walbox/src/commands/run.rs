@@ -703,25 +703,17 @@ async fn stream_rabbitmq(
     let (sink, reports) = sink_amqp::AmqpSink::connect(rabbit.amqp.clone()).await?;
     tracing::info!(url = %rabbit.amqp.url, exchange = %rabbit.amqp.exchange, partitions = rabbit.partitions, "connected to RabbitMQ");
     let destination = crate::relay::Rabbit::new(sink, rabbit.partitions);
-    let mut reports = crate::relay::RabbitReports(reports);
-    let (result, within) = relay_to(
+    let reports = crate::relay::RabbitReports(reports);
+    relay_to(
         c,
         mapping,
         settings,
         observers,
-        (&destination, &mut reports),
+        (destination, reports),
         shutdown,
         metrics,
     )
-    .await;
-    let left = destination.close(within).await;
-    if left > 0 {
-        tracing::info!(
-            count = left,
-            "messages unconfirmed at shutdown (resent after restart)"
-        );
-    }
-    result
+    .await
 }
 
 /// [`stream`] to Amazon SQS (`sink = "sqs"`).
@@ -741,44 +733,33 @@ async fn stream_sqs(
         tracing::warn!(queue = %events.url, "a standard SQS queue: events arrive in no particular order, and a re-sent event arrives twice (docs/sqs.md)");
     }
     let destination = crate::relay::Sqs::new(sink);
-    let mut reports = crate::relay::SqsReports(reports);
-    let (result, within) = relay_to(
+    let reports = crate::relay::SqsReports(reports);
+    relay_to(
         c,
         mapping,
         settings,
         observers,
-        (&destination, &mut reports),
+        (destination, reports),
         shutdown,
         metrics,
     )
-    .await;
-    let left = destination.close(within).await;
-    if left > 0 {
-        tracing::info!(
-            count = left,
-            "messages unreported at shutdown (resent after restart)"
-        );
-    }
-    result
+    .await
 }
 
 /// The relay on a broker other than Kafka, until a signal or a definite
-/// error; and how long the broker may then take for what is in flight
-/// (what it does not report in that time was never confirmed to the slot
-/// either: the next start sends it again).
-async fn relay_to<D: crate::relay::Destination, R: crate::relay::Deliveries>(
+/// error; then the broker is given a little time for what is in flight
+/// (what it does not acknowledge in that time was never confirmed to the
+/// slot either: the next start sends it again).
+async fn relay_to<D: OtherBroker, R: crate::relay::Deliveries>(
     c: &Connection,
     mapping: &OutboxMapping,
     settings: &RunSettings,
     observers: &Observers,
-    (destination, reports): (&D, &mut R),
+    (destination, mut reports): (D, R),
     shutdown: watch::Receiver<Stop>,
     metrics: Arc<Metrics>,
-) -> (Result<(), RunError>, Duration) {
-    let relay = match relay_config(c, mapping, settings, observers) {
-        Ok(relay) => relay,
-        Err(e) => return (Err(e), Duration::ZERO),
-    };
+) -> Result<(), RunError> {
+    let relay = relay_config(c, mapping, settings, observers)?;
     let mut source = PostgresSource::new(c.clone(), mapping);
     let urgency = shutdown.clone();
     // The stall watch, on a clock of the records sent and reported.
@@ -792,19 +773,19 @@ async fn relay_to<D: crate::relay::Destination, R: crate::relay::Deliveries>(
         },
         Arc::clone(&metrics),
     ));
-    let destination = crate::relay::Clocked {
-        inner: destination,
+    let clocked = crate::relay::Clocked {
+        inner: &destination,
         clock: &clock,
     };
-    let mut reports = crate::relay::ClockedReports {
-        inner: reports,
+    let mut clocked_reports = crate::relay::ClockedReports {
+        inner: &mut reports,
         clock: &clock,
     };
     let result = crate::relay::run(
         &relay,
         &mut source,
-        &destination,
-        &mut reports,
+        &clocked,
+        &mut clocked_reports,
         shutdown,
         metrics,
     )
@@ -814,7 +795,33 @@ async fn relay_to<D: crate::relay::Destination, R: crate::relay::Deliveries>(
         Stop::Now => Duration::ZERO,
         _ => SINK_SHUTDOWN_TIMEOUT,
     };
-    (result, within)
+    let left = destination.close(within).await;
+    if left > 0 {
+        tracing::info!(
+            count = left,
+            "messages the broker had not acknowledged at shutdown (resent after restart)"
+        );
+    }
+    result
+}
+
+/// A broker other than Kafka, as [`relay_to`] ends with it.
+trait OtherBroker: crate::relay::Destination {
+    /// Waits up to `within` for what is in flight, then disconnects; how
+    /// many messages were left unacknowledged.
+    async fn close(self, within: Duration) -> usize;
+}
+
+impl OtherBroker for crate::relay::Rabbit {
+    async fn close(self, within: Duration) -> usize {
+        crate::relay::Rabbit::close(self, within).await
+    }
+}
+
+impl OtherBroker for crate::relay::Sqs {
+    async fn close(self, within: Duration) -> usize {
+        crate::relay::Sqs::close(self, within).await
+    }
 }
 
 /// What the relay runs with, whatever the broker.

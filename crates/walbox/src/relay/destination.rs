@@ -64,19 +64,39 @@ pub trait Destination {
 
     /// Exactly-once: registers the transactional producer, fencing older
     /// ones with the same id. Once, before the first [`Destination::begin`].
-    async fn init_transactions(&self) -> Result<(), TxnError>;
+    /// Kafka's alone: the other brokers refuse it (and the configuration
+    /// refuses exactly-once with them first).
+    async fn init_transactions(&self) -> Result<(), TxnError> {
+        Err(at_least_once())
+    }
 
     /// Exactly-once: the last committed value of `key` in `topic`.
-    async fn last_committed(&self, topic: &str, key: &str) -> Result<Option<Bytes>, String>;
+    async fn last_committed(&self, _topic: &str, _key: &str) -> Result<Option<Bytes>, String> {
+        Err(at_least_once().message)
+    }
 
     /// Exactly-once: records sent from now on belong to a new transaction.
-    fn begin(&self) -> Result<(), TxnError>;
+    fn begin(&self) -> Result<(), TxnError> {
+        Err(at_least_once())
+    }
 
     /// Exactly-once: makes the transaction's records visible, all of them.
-    async fn commit(&self) -> Result<(), TxnError>;
+    async fn commit(&self) -> Result<(), TxnError> {
+        Err(at_least_once())
+    }
 
     /// Exactly-once: discards the transaction's records.
-    async fn abort(&self) -> Result<(), TxnError>;
+    async fn abort(&self) -> Result<(), TxnError> {
+        Err(at_least_once())
+    }
+}
+
+/// What a destination without transactions answers to their calls.
+fn at_least_once() -> TxnError {
+    TxnError {
+        kind: sink_kafka::TxnErrorKind::Unsupported,
+        message: "exactly-once delivery is Kafka's: this broker delivers at least once".into(),
+    }
 }
 
 /// Each sent record's fate, once.

@@ -10,9 +10,7 @@
 
 use bytes::Bytes;
 use sink_amqp::{AmqpSink, Message, Permit, Reports};
-use sink_kafka::{
-    Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
-};
+use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report};
 
 use super::destination::{Deliveries, Destination};
 use super::Token;
@@ -57,14 +55,6 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
         h = h.wrapping_mul(0x0100_0193);
     }
     h % partitions.max(1)
-}
-
-fn unsupported() -> TxnError {
-    TxnError {
-        kind: TxnErrorKind::Unsupported,
-        message: "exactly-once delivery is Kafka's: sink = \"rabbitmq\" delivers at least once"
-            .into(),
-    }
 }
 
 impl Destination for Rabbit {
@@ -115,26 +105,6 @@ impl Destination for Rabbit {
 
     fn in_flight_bytes(&self) -> usize {
         self.sink.in_flight_bytes()
-    }
-
-    async fn init_transactions(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn last_committed(&self, _: &str, _: &str) -> Result<Option<Bytes>, String> {
-        Err(unsupported().message)
-    }
-
-    fn begin(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn commit(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn abort(&self) -> Result<(), TxnError> {
-        Err(unsupported())
     }
 }
 

@@ -9,9 +9,7 @@
 //! request SQS refuses for good (the queue, the credentials) stops walbox.
 
 use bytes::Bytes;
-use sink_kafka::{
-    Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
-};
+use sink_kafka::{Delivered, DeliveryError, DeliveryErrorKind, Record, Report};
 use sink_sqs::{Failure, Message, Permit, QueueRole, Reports, SqsSink};
 
 use super::destination::{Deliveries, Destination};
@@ -44,13 +42,6 @@ impl Sqs {
     /// how many messages were left unreported.
     pub async fn close(self, within: std::time::Duration) -> usize {
         self.sink.close(within).await
-    }
-}
-
-fn unsupported() -> TxnError {
-    TxnError {
-        kind: TxnErrorKind::Unsupported,
-        message: "exactly-once delivery is Kafka's: sink = \"sqs\" delivers at least once".into(),
     }
 }
 
@@ -101,26 +92,6 @@ impl Destination for Sqs {
 
     fn in_flight_bytes(&self) -> usize {
         self.sink.in_flight_bytes()
-    }
-
-    async fn init_transactions(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn last_committed(&self, _: &str, _: &str) -> Result<Option<Bytes>, String> {
-        Err(unsupported().message)
-    }
-
-    fn begin(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn commit(&self) -> Result<(), TxnError> {
-        Err(unsupported())
-    }
-
-    async fn abort(&self) -> Result<(), TxnError> {
-        Err(unsupported())
     }
 }
 
