@@ -50,7 +50,7 @@ impl ElasticMq {
         .expect("write elasticmq.conf");
         let log = std::fs::File::create(dir.path().join("elasticmq.log")).expect("log file");
         let mut c = std::process::Command::new(java_bin());
-        c.arg("-Xmx256m")
+        c.arg("-Xmx1g")
             .arg("-XX:+UseSerialGC")
             .arg(format!("-Dconfig.file={}", conf.display()))
             .arg("-cp")

@@ -41,7 +41,13 @@ const IN_FLIGHT_BYTES: usize = 64 << 20;
 enum Broker {
     Kafka,
     Rabbit(RabbitMq),
-    Sqs { server: ElasticMq, queue: String },
+    Sqs {
+        server: ElasticMq,
+        queue: String,
+        /// The broker alone sends to a queue of its own (ElasticMQ slows
+        /// down as a queue grows: the same queue would not compare).
+        flood: String,
+    },
 }
 
 impl Broker {
@@ -82,19 +88,13 @@ impl Broker {
                     "bench"
                 };
                 let client = sqs_client(&server).await;
-                let mut create = client.create_queue().queue_name(name);
-                if name.ends_with(".fifo") {
-                    create = create
-                        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true");
+                let queue = create_queue(&client, name).await;
+                let flood = create_queue(&client, &name.replace("bench", "flood")).await;
+                Broker::Sqs {
+                    server,
+                    queue,
+                    flood,
                 }
-                let queue = create
-                    .send()
-                    .await
-                    .expect("create the queue")
-                    .queue_url()
-                    .expect("its URL")
-                    .to_owned();
-                Broker::Sqs { server, queue }
             }
         }
     }
@@ -109,7 +109,7 @@ impl Broker {
                 "--rabbitmq-url".into(),
                 b.url(),
             ],
-            Broker::Sqs { server, queue } => vec![
+            Broker::Sqs { server, queue, .. } => vec![
                 "--sink".into(),
                 "sqs".into(),
                 "--sqs-queue-url".into(),
@@ -139,7 +139,7 @@ impl Broker {
                 let _ = connection.close().await;
                 i64::from(n)
             }
-            Broker::Sqs { server, queue } => {
+            Broker::Sqs { server, queue, .. } => {
                 let out = sqs_client(server)
                     .await
                     .get_queue_attributes()
@@ -230,9 +230,9 @@ impl Broker {
                 tokio::join!(feed, drain);
                 sink.close(Duration::from_secs(5)).await;
             }
-            Broker::Sqs { server, queue } => {
+            Broker::Sqs { server, flood, .. } => {
                 let config = sink_sqs::SqsConfig {
-                    queue_url: queue.clone(),
+                    queue_url: flood.clone(),
                     dead_letter_queue_url: None,
                     region: Some("us-east-1".into()),
                     endpoint: Some(server.endpoint()),
@@ -287,6 +287,21 @@ async fn rabbit(broker: &RabbitMq) -> (Connection, amqprs::channel::Channel) {
     let connection = Connection::open(&args).await.expect("connect to RabbitMQ");
     let channel = connection.open_channel(None).await.expect("a channel");
     (connection, channel)
+}
+
+/// Creates queue `name` (FIFO for a `.fifo` name); its URL.
+async fn create_queue(client: &aws_sdk_sqs::Client, name: &str) -> String {
+    let mut create = client.create_queue().queue_name(name);
+    if name.ends_with(".fifo") {
+        create = create.attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true");
+    }
+    create
+        .send()
+        .await
+        .expect("create the queue")
+        .queue_url()
+        .expect("its URL")
+        .to_owned()
 }
 
 async fn sqs_client(server: &ElasticMq) -> aws_sdk_sqs::Client {
