@@ -75,8 +75,6 @@ async fn signals(stop: watch::Sender<Stop>) {
     }
 }
 
-/// Reports deliveries that stopped moving (see [`crate::stall`]), once a
-/// second, until aborted.
 /// What the stall watch reads of a sink each second.
 struct Stall {
     stalled_for: Duration,
@@ -97,6 +95,8 @@ fn kafka_stall(sink: &Sink<Token>, metrics: &Metrics) -> Stall {
     }
 }
 
+/// Reports deliveries that stopped moving (see [`crate::stall`]), as
+/// `probe` reads them once a second, until aborted.
 async fn watch_stalls(probe: impl Fn(&Metrics) -> Stall, metrics: Arc<Metrics>) {
     use crate::stall::{StallEvent, StallWatch};
     let mut watch = StallWatch::default();
