@@ -28,6 +28,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+pub use link::PUBLISH_HEADER;
 pub use url::{AmqpUrl, UrlError};
 
 /// Where to publish, and how much may wait for confirms.

@@ -49,7 +49,9 @@ enum Event {
     },
     Return {
         link: u64,
-        message_id: Option<String>,
+        /// The delivery tag of the returned publish, from its
+        /// [`PUBLISH_HEADER`] (`None`: not one of walbox's).
+        tag: Option<u64>,
         code: u16,
         text: String,
         exchange: String,
@@ -107,7 +109,7 @@ impl ChannelCallback for Events {
     ) {
         let _ = self.tx.send(Event::Return {
             link: self.link,
-            message_id: properties.message_id().cloned(),
+            tag: publish_tag(&properties, self.link),
             code: ret.reply_code(),
             text: ret.reply_text().clone(),
             exchange: ret.exchange().clone(),
@@ -383,7 +385,8 @@ impl<T: Send + 'static> Publisher<T> {
         };
         let tag = link.next_tag;
         link.next_tag += 1;
-        let (properties, body, args) = frame(&self.config.exchange, &slot.pending.message);
+        let (properties, body, args) =
+            frame(&self.config.exchange, &slot.pending.message, (link.id, tag));
         let sent = link.channel.basic_publish(properties, body, args).await;
         self.unconfirmed.insert(tag, slot);
         if let Err(e) = sent {
@@ -398,7 +401,9 @@ impl<T: Send + 'static> Publisher<T> {
             .into_values()
             .collect();
         again.append(&mut self.backlog);
-        while let Some(slot) = again.pop_front() {
+        while let Some(mut slot) = again.pop_front() {
+            // A return belongs to the publish it answered: this one is new.
+            slot.returned = None;
             self.publish(slot).await;
             if self.link.is_none() {
                 // Lost again: what is left waits for the next link.
@@ -447,16 +452,16 @@ impl<T: Send + 'static> Publisher<T> {
             }
             Event::Return {
                 link,
-                message_id,
+                tag,
                 code,
                 text,
                 exchange,
                 routing_key,
             } if Some(link) == current => {
-                let slot = self
-                    .unconfirmed
-                    .values_mut()
-                    .find(|s| s.returned.is_none() && s.pending.message.message_id == message_id);
+                // The publish itself, named by its tag: never another
+                // message with the same id (ids repeat across tables, and a
+                // re-sent event may be in flight twice).
+                let slot = tag.and_then(|tag| self.unconfirmed.get_mut(&tag));
                 match slot {
                     Some(slot) => {
                         slot.returned = Some(Refusal::Unroutable {
@@ -466,10 +471,9 @@ impl<T: Send + 'static> Publisher<T> {
                             routing_key,
                         })
                     }
-                    None => tracing::warn!(
-                        ?message_id,
-                        "RabbitMQ returned a message walbox does not wait for"
-                    ),
+                    None => {
+                        tracing::warn!(?tag, "RabbitMQ returned a message walbox does not wait for")
+                    }
                 }
             }
             Event::Closed { link, why } if Some(link) == current => self.lost(why),
@@ -518,9 +522,32 @@ impl<T: Send + 'static> Publisher<T> {
     }
 }
 
-/// The AMQP frame parts of `m`: persistent, mandatory, its id, headers and
-/// timestamp.
-fn frame(exchange: &str, m: &Message) -> (BasicProperties, Vec<u8>, BasicPublishArguments) {
+/// The header naming one publish of a message: `<connection>.<delivery
+/// tag>`, new on every publish (a message published again after a lost
+/// connection gets another). A `basic.return` carries the message's
+/// headers, so it names the very publish it refuses.
+pub const PUBLISH_HEADER: &str = "walbox.publish";
+
+/// The delivery tag named by a returned message's [`PUBLISH_HEADER`], if it
+/// was published on connection `link`.
+fn publish_tag(properties: &BasicProperties, link: u64) -> Option<u64> {
+    let key = PUBLISH_HEADER.to_owned().try_into().ok()?;
+    let text = match properties.headers()?.get(&key)? {
+        FieldValue::S(s) => s.to_string(),
+        _ => return None,
+    };
+    let (on, tag) = text.split_once('.')?;
+    (on.parse::<u64>().ok()? == link).then_some(())?;
+    tag.parse().ok()
+}
+
+/// The AMQP frame parts of `m`, as publish `(link, tag)`: persistent,
+/// mandatory, its id, headers (and [`PUBLISH_HEADER`]) and timestamp.
+fn frame(
+    exchange: &str,
+    m: &Message,
+    (link, tag): (u64, u64),
+) -> (BasicProperties, Vec<u8>, BasicPublishArguments) {
     let mut headers = FieldTable::new();
     // Names are at most 255 bytes (checked before), values far below
     // AMQP's 4 GiB.
@@ -529,6 +556,13 @@ fn frame(exchange: &str, m: &Message) -> (BasicProperties, Vec<u8>, BasicPublish
         if let (Ok(key), Ok(v)) = (name.clone().try_into(), text.try_into()) {
             headers.insert(key, FieldValue::S(v));
         }
+    }
+    // Last: an event's own header of that name does not replace it.
+    if let (Ok(key), Ok(v)) = (
+        PUBLISH_HEADER.to_owned().try_into(),
+        format!("{link}.{tag}").try_into(),
+    ) {
+        headers.insert(key, FieldValue::S(v));
     }
     let mut properties = BasicProperties::default();
     properties.with_delivery_mode(2).with_headers(headers);

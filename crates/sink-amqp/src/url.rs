@@ -18,7 +18,9 @@ pub struct AmqpUrl {
     pub vhost: String,
 }
 
-/// Why a URL is not one walbox can use (never quoting the password).
+/// Why a URL is not one walbox can use. It never quotes the URL: a
+/// malformed one may hold its password anywhere (`u:pw@host`,
+/// `amqp://u:pw:host`, `amqp//u:pw@host`), where no redaction can find it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct UrlError(String);
@@ -26,7 +28,7 @@ pub struct UrlError(String);
 impl AmqpUrl {
     /// Parses `text`.
     pub fn parse(text: &str) -> Result<AmqpUrl, UrlError> {
-        let bad = |why: &str| UrlError(format!("{}: {why}", Self::shown(text)));
+        let bad = |why: &str| UrlError(why.to_owned());
         let rest = match text.split_once("://") {
             Some(("amqp", rest)) => rest,
             Some(("amqps", _)) => {
@@ -85,18 +87,6 @@ impl AmqpUrl {
             password,
             vhost,
         })
-    }
-
-    /// `text` with any password replaced (for errors about it).
-    fn shown(text: &str) -> String {
-        match (text.find("://"), text.rfind('@')) {
-            (Some(s), Some(at)) if at > s => {
-                let userinfo = &text[s + 3..at];
-                let user = userinfo.split(':').next().unwrap_or_default();
-                format!("{}{user}:<redacted>{}", &text[..s + 3], &text[at..])
-            }
-            _ => text.to_owned(),
-        }
     }
 }
 
@@ -185,6 +175,16 @@ mod tests {
             ("amqp://u:hunter2@h:x", "the port is not a number"),
             ("amqp://u:hunter2@h/a/b", "the path is one virtual host"),
             ("amqp://u:hunter2@", "no host"),
+            // Malformed where no redaction could find the password.
+            ("u:hunter2@rabbit:5672", "expected amqp://"),
+            ("amqp//u:hunter2@rmq:5672/%2F", "expected amqp://"),
+            ("amqp://u:hunter2:host", "the port is not a number"),
+            ("amqp://u:hunter2:host/%2F", "the port is not a number"),
+            ("amqp://u%zzhunter2@h", "bad percent-encoding in the user"),
+            (
+                "amqp://u:hunter2%zz@h",
+                "bad percent-encoding in the password",
+            ),
             (
                 &format!("amqp://u:hunter2@h/{}", "v".repeat(256)),
                 "longer than AMQP's 255 bytes",

@@ -235,3 +235,47 @@ async fn a_wrong_password_is_refused_for_good_and_not_shown() {
     let e = AmqpSink::<usize>::connect(c).await.unwrap_err();
     assert!(e.is_transient(), "{e}");
 }
+
+/// One id on several messages in flight (two tables' own id sequences, or
+/// an event re-sent while its first copy is unconfirmed): a return refuses
+/// the very publish it answers, never the oldest message with its id.
+/// Matched by id, the routable messages were refused and the returned one
+/// reported delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_refuses_its_own_publish_when_ids_repeat() {
+    let broker = RabbitMq::start();
+    let (_c, ch) = channel(&broker).await;
+    let (sink, mut rx) = AmqpSink::<usize>::connect(config(&broker)).await.unwrap();
+    queue(&ch, "orders", "orders", FieldTable::new()).await;
+    let same_id = |n: usize, routing_key: &str| Message {
+        message_id: Some("e-1".into()),
+        ..message(n, routing_key)
+    };
+    let mut unroutable = Vec::new();
+    for round in 0..5 {
+        // Persistent messages in a durable queue are confirmed once on
+        // disk; the return of the unroutable one comes at once.
+        for n in 0..200 {
+            let m = same_id(round * 1_000 + n, "orders");
+            let permit = sink.reserve(m.size()).await;
+            sink.publish(permit, m, round * 1_000 + n);
+        }
+        let n = round * 1_000 + 999;
+        let m = same_id(n, "nowhere");
+        let permit = sink.reserve(m.size()).await;
+        sink.publish(permit, m, n);
+        unroutable.push(n);
+    }
+    let got = reports(&mut rx, 5 * 201).await;
+    for (n, result) in &got {
+        match unroutable.contains(n) {
+            true => assert!(
+                matches!(result, Err(Refusal::Unroutable { code: 312, .. })),
+                "{n}: {result:?}"
+            ),
+            false => assert!(result.is_ok(), "{n}: {result:?}"),
+        }
+    }
+    assert_eq!(drain(&ch, "orders").await.len(), 5 * 200);
+    assert_eq!(sink.close(Duration::from_secs(5)).await, 0);
+}

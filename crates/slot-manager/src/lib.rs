@@ -65,4 +65,6 @@ pub use stream::{
     check_slot_usable, start_streaming, LogicalReplicationStream, ReplicationOptions, Started,
     Streaming,
 };
-pub use tables::{born_published, pick_up, OutboxTables, PickUp};
+pub use tables::{
+    pick_up, rows_before_joining, EarlierRows, OutboxTables, PickUp, EARLIER_ROWS_COUNTED,
+};

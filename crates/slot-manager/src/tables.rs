@@ -148,34 +148,119 @@ impl fmt::Display for OutboxTables {
     }
 }
 
-/// Of `tables` (published by `publication`), those that joined it in the
-/// transaction that created them (`CREATE TABLE …; ALTER PUBLICATION … ADD
-/// TABLE …` committed together): no row of theirs can have preceded their
-/// publication.
-pub async fn born_published(
+/// A published table holding rows committed before it joined the
+/// publication: the stream never carried them (unless during an earlier
+/// membership of the table, which walbox cannot tell apart).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierRows {
+    /// The table.
+    pub table: TableName,
+    /// How many such rows it holds (counted up to [`EARLIER_ROWS_COUNTED`]).
+    pub rows: i64,
+    /// The SQL condition naming them (for the fix: re-insert them).
+    pub condition: String,
+}
+
+/// [`rows_before_joining`] counts up to this many rows of a table.
+pub const EARLIER_ROWS_COUNTED: i64 = 1000;
+
+impl EarlierRows {
+    /// The statement that re-inserts the rows, so that they stream.
+    pub fn fix(&self) -> String {
+        format!(
+            "WITH moved AS (DELETE FROM {t} WHERE {c} RETURNING *) INSERT INTO {t} SELECT * FROM moved",
+            t = self.table.quoted(),
+            c = self.condition
+        )
+    }
+
+    /// How many, in words.
+    pub fn count(&self) -> String {
+        match self.rows >= EARLIER_ROWS_COUNTED {
+            true => format!("at least {} rows", self.rows),
+            false => format!("{} row{}", self.rows, if self.rows == 1 { "" } else { "s" }),
+        }
+    }
+}
+
+/// Of `tables` (published by `publication`), those holding rows inserted
+/// before the table joined the publication, which the stream never
+/// carried. A row's age is its inserting transaction's (`xmin`, and within
+/// the transaction that added the table, its command, `cmin`), against
+/// that of the table's entry in `pg_publication_rel`: this holds however
+/// the table came to be published (added by hand, renamed into a pattern
+/// and added, dropped and added back), and whatever else that transaction
+/// changed. A table published another way (`FOR ALL TABLES`, `FOR TABLES
+/// IN SCHEMA`) has no entry and is not examined.
+///
+/// With `slot`, only the tables that joined at or after the slot's
+/// `catalog_xmin` are examined: one that joined before it joined before the
+/// slot's restart position, at or before its confirmed position, while
+/// walbox watched the publication (or before the slot existed). That keeps
+/// a start from reading every row of every outbox table.
+///
+/// What it cannot see: rows deleted since; rows of a transaction that began
+/// after the one adding the table and committed before it (an insert
+/// racing the `ALTER PUBLICATION`); rows inserted in a subtransaction of
+/// the adding transaction before it added the table.
+pub async fn rows_before_joining(
     client: &Client,
     publication: &str,
     tables: &[TableName],
-) -> Result<Vec<TableName>, Error> {
+    slot: Option<&str>,
+) -> Result<Vec<EarlierRows>, Error> {
+    if tables.is_empty() {
+        return Ok(Vec::new());
+    }
     let (schemas, names): (Vec<&str>, Vec<&str>) =
         tables.iter().map(|t| (t.schema(), t.name())).unzip();
-    let rows = client
+    let joined = client
         .query(
-            "SELECT n.nspname::text, c.relname::text
+            "SELECT n.nspname::text, c.relname::text, pr.xmin::text, pr.cmin::text::int8
                FROM pg_publication p
                JOIN pg_publication_rel pr ON pr.prpubid = p.oid
                JOIN pg_class c ON c.oid = pr.prrelid
                JOIN pg_namespace n ON n.oid = c.relnamespace
                JOIN unnest($2::text[], $3::text[]) t(s, r) ON t.s = n.nspname AND t.r = c.relname
-              WHERE p.pubname = $1 AND c.xmin::text = pr.xmin::text",
-            &[&publication, &schemas, &names],
+               LEFT JOIN pg_replication_slots s ON s.slot_name = $4::text
+              WHERE p.pubname = $1
+                AND (s.catalog_xmin IS NULL OR age(pr.xmin) <= age(s.catalog_xmin))",
+            &[&publication, &schemas, &names, &slot],
         )
         .await
-        .map_err(Error::sql("look up how new tables joined the publication"))?;
-    Ok(rows
-        .iter()
-        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
-        .collect())
+        .map_err(Error::sql(
+            "look up when outbox tables joined the publication",
+        ))?;
+    let mut found = Vec::new();
+    for row in joined {
+        let table = TableName::new(row.get::<_, String>(0), row.get::<_, String>(1));
+        let (xid, cid): (String, i64) = (row.get(2), row.get(3));
+        // The literals come from the catalog (a number each), quoted anyway.
+        let xid = format!("'{}'::xid", xid.replace('\'', ""));
+        let condition =
+            format!("age(xmin) > age({xid}) OR (xmin = {xid} AND cmin::text::int8 < {cid})");
+        let rows: i64 = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM {} WHERE {condition} LIMIT {EARLIER_ROWS_COUNTED}) e",
+                    table.quoted()
+                ),
+                &[],
+            )
+            .await
+            .map_err(Error::sql(format!(
+                "look for rows of {table} older than its joining the publication"
+            )))?
+            .get(0);
+        if rows > 0 {
+            found.push(EarlierRows {
+                table,
+                rows,
+                condition,
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// What [`pick_up`] did with a matching table outside the publication.

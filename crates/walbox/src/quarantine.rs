@@ -170,16 +170,24 @@ pub enum Step {
     },
 }
 
+/// Which release a released record belongs to. Reports are matched to
+/// their release by it: a failed release's late acknowledgements (or
+/// refusals) never count for the release after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReleaseId(u64);
+
 /// A release under way: one aggregate at a time, a batch at a time.
 #[derive(Debug)]
 struct Release {
+    id: ReleaseId,
     key: Bytes,
     /// The last place released (its batch acknowledged and deleted).
     after: Option<Place>,
     /// The batch sent: its last place, and how many of it are unacknowledged.
     batch: Option<(Place, u64)>,
     /// The batch's events after its first, sent once the first was
-    /// acknowledged.
+    /// acknowledged (until then, the first is the release's only record in
+    /// flight).
     rest: Vec<HeldEvent>,
     /// What the session must do next for it.
     next: Option<Step>,
@@ -198,6 +206,8 @@ pub struct Quarantine<T> {
     /// Held events not yet written, with their tokens.
     pending: Vec<(HeldEvent, T)>,
     release: Option<Release>,
+    /// The id of the next release (ids are never reused in a process).
+    next_release: u64,
     /// A read of every held aggregate is due.
     sync_due: bool,
     /// A read of the requests is due.
@@ -219,6 +229,7 @@ impl<T> Quarantine<T> {
             written: 0,
             pending: Vec::new(),
             release: None,
+            next_release: 0,
             sync_due: true,
             poll_due: false,
         }
@@ -332,7 +343,10 @@ impl<T> Quarantine<T> {
             Request::Release => {
                 tracing::info!(key = %String::from_utf8_lossy(&key), "releasing a held aggregate");
                 self.keys.insert(key.clone(), None);
+                let id = ReleaseId(self.next_release);
+                self.next_release += 1;
                 self.release = Some(Release {
+                    id,
                     key: key.clone(),
                     after: None,
                     batch: None,
@@ -349,9 +363,12 @@ impl<T> Quarantine<T> {
     /// forgets the aggregate). The rest follow once it is acknowledged: a
     /// cause not fixed yet refuses the first, and nothing of the aggregate
     /// overtakes it.
-    pub fn on_loaded(&mut self, mut batch: Vec<HeldEvent>) -> Vec<HeldEvent> {
+    ///
+    /// The records carry the release's id: their reports are for
+    /// [`Quarantine::on_release_acked`] and [`Quarantine::on_release_refused`].
+    pub fn on_loaded(&mut self, mut batch: Vec<HeldEvent>) -> (ReleaseId, Vec<HeldEvent>) {
         let Some(r) = &mut self.release else {
-            return Vec::new();
+            return (ReleaseId(u64::MAX), Vec::new());
         };
         match batch.last() {
             Some(last) => r.batch = Some((last.place, batch.len() as u64)),
@@ -360,7 +377,12 @@ impl<T> Quarantine<T> {
         if batch.len() > 1 {
             r.rest = batch.split_off(1);
         }
-        batch
+        (r.id, batch)
+    }
+
+    /// The release under way, if any.
+    pub fn releasing(&self) -> Option<ReleaseId> {
+        self.release.as_ref().map(|r| r.id)
     }
 
     /// The aggregate was forgotten (released or dropped): it flows again.
@@ -373,15 +395,23 @@ impl<T> Quarantine<T> {
         }
     }
 
-    /// A released record was acknowledged: the records to send now (the
-    /// rest of the batch, once its first was acknowledged).
-    pub fn on_release_acked(&mut self) -> Vec<HeldEvent> {
-        let Some(r) = &mut self.release else {
+    /// A record of release `id` was acknowledged: the records to send now
+    /// (the rest of the batch, once its first was acknowledged). An
+    /// acknowledgement of an earlier release (one that failed with records
+    /// still in flight) counts for nothing: its events are still held, and
+    /// only the current release's acknowledgements may let its rows be
+    /// deleted.
+    pub fn on_release_acked(&mut self, id: ReleaseId) -> Vec<HeldEvent> {
+        let Some(r) = self.release.as_mut().filter(|r| r.id == id) else {
             return Vec::new();
         };
         let rest = std::mem::take(&mut r.rest);
         if let Some((last, unacked)) = &mut r.batch {
-            *unacked -= 1;
+            // Each record of the batch is reported once: more
+            // acknowledgements than records is a bug, never a deletion.
+            *unacked = unacked
+                .checked_sub(1)
+                .expect("no more acknowledgements than records in a release batch");
             if *unacked == 0 {
                 r.next = Some(Step::Released {
                     key: r.key.clone(),
@@ -405,11 +435,14 @@ impl<T> Quarantine<T> {
         }
     }
 
-    /// A released record was refused again: the release ends, the aggregate
-    /// stays held (the rest of the batch may still be acknowledged: those
-    /// events are sent again by the next release).
-    pub fn on_release_refused(&mut self, error: String) {
-        let Some(r) = &mut self.release else { return };
+    /// A record of release `id` was refused again: the release ends, the
+    /// aggregate stays held (the rest of the batch may still be
+    /// acknowledged: those events are sent again by the next release). A
+    /// refusal of an earlier release is that release's, already ended.
+    pub fn on_release_refused(&mut self, id: ReleaseId, error: String) {
+        let Some(r) = self.release.as_mut().filter(|r| r.id == id) else {
+            return;
+        };
         tracing::error!(key = %String::from_utf8_lossy(&r.key), %error, "a released event was refused again: the release stops, the aggregate stays held");
         r.batch = None;
         r.rest.clear();
@@ -465,9 +498,9 @@ mod tests {
             matches!(load, Some(Step::Load { after: None, .. })),
             "{load:?}"
         );
-        let first = q.on_loaded(vec![held("a", 0), held("a", 1)]);
+        let (id, first) = q.on_loaded(vec![held("a", 0), held("a", 1)]);
         assert_eq!(first.len(), 1, "the batch's first alone");
-        q.on_release_refused("still too large".into());
+        q.on_release_refused(id, "still too large".into());
         // The poll reads the request the failure has not withdrawn yet.
         q.poll_now();
         assert_eq!(q.next_step(), Some(Step::Poll));
@@ -486,12 +519,13 @@ mod tests {
         q.on_synced(vec![requested("a")], 3);
         assert!(matches!(q.next_step(), Some(Step::Load { .. })));
         let batch = vec![held("a", 0), held("a", 1), held("a", 2)];
-        assert_eq!(q.on_loaded(batch).len(), 1);
+        let (id, first) = q.on_loaded(batch);
+        assert_eq!(first.len(), 1);
         assert_eq!(q.next_step(), None, "waiting for the first's ack");
-        assert_eq!(q.on_release_acked().len(), 2, "the rest");
-        assert!(q.on_release_acked().is_empty());
+        assert_eq!(q.on_release_acked(id).len(), 2, "the rest");
+        assert!(q.on_release_acked(id).is_empty());
         assert_eq!(q.next_step(), None);
-        assert!(q.on_release_acked().is_empty());
+        assert!(q.on_release_acked(id).is_empty());
         let through = Place {
             commit_lsn: Lsn::new(100),
             index: 2,
@@ -512,10 +546,39 @@ mod tests {
                 after: Some(through)
             })
         );
-        assert!(q.on_loaded(Vec::new()).is_empty());
+        assert!(q.on_loaded(Vec::new()).1.is_empty());
         assert_eq!(q.next_step(), Some(Step::Forget { key: key.clone() }));
         q.on_forgotten(&key, 0);
         assert!(!q.holds(b"a"));
         assert_eq!(q.events(), 0);
+    }
+
+    /// A failed release's records still in flight are acknowledged (or
+    /// refused) while the next release runs: they count for nothing in it.
+    /// The next release sends its batch's rest only on its own first's
+    /// acknowledgement, and asks to delete its rows only once every one of
+    /// them is acknowledged.
+    #[test]
+    fn a_failed_releases_late_reports_do_not_count_for_the_next_release() {
+        let mut q = Quarantine::<()>::new(10);
+        q.on_synced(vec![requested("a"), requested("b")], 5);
+        assert!(matches!(q.next_step(), Some(Step::Load { key, .. }) if key == "a"));
+        let (a, _) = q.on_loaded(vec![held("a", 0), held("a", 1), held("a", 2)]);
+        assert_eq!(q.on_release_acked(a).len(), 2, "a's rest in flight");
+        q.on_release_refused(a, "refused again".into());
+        assert!(matches!(q.next_step(), Some(Step::ReleaseFailed { .. })));
+        q.on_release_failed_recorded();
+        assert!(matches!(q.next_step(), Some(Step::Load { key, .. }) if key == "b"));
+        let (b, first) = q.on_loaded(vec![held("b", 0), held("b", 1)]);
+        assert_ne!(a, b);
+        assert_eq!(first.len(), 1);
+        // a's late reports.
+        assert!(q.on_release_acked(a).is_empty(), "b's rest waits for b0");
+        q.on_release_refused(a, "late".into());
+        assert_eq!(q.next_step(), None, "neither deletes nor fails b");
+        assert_eq!(q.on_release_acked(b).len(), 1, "b0 acknowledged: b1 goes");
+        assert_eq!(q.next_step(), None, "b1 is not acknowledged yet");
+        assert!(q.on_release_acked(b).is_empty());
+        assert!(matches!(q.next_step(), Some(Step::Released { key, .. }) if key == "b"));
     }
 }

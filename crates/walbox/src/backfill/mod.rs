@@ -83,6 +83,9 @@ pub enum BackfillError {
     /// The producer.
     #[error(transparent)]
     Run(#[from] crate::relay::RunError),
+    /// The configured broker cannot take republished rows.
+    #[error(transparent)]
+    Refused(#[from] crate::config::ConfigError),
     /// A lost slot, and no saved position to republish from.
     #[error("replication slot {0:?} is invalidated and walbox saved no position to republish from (it saves one every 10 s while streaming with on_slot_invalidated = \"recreate\"); republish from a time you know with `walbox resync --since TIME`")]
     NoSavedPosition(String),

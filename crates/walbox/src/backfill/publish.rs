@@ -53,6 +53,10 @@ pub(super) async fn publish(
     plan.mapping
         .resolve_with(&relation, &domains)
         .map_err(BackfillError::Mapping)?;
+    // The one place rows are republished: never to another broker than
+    // the configured one.
+    plan.settings
+        .refuse_republishing("republishing outbox rows (a backfill, a heal or a resync)")?;
     let mut sink_config = plan.settings.sink.clone();
     // Not in a Kafka transaction: see the module's documentation.
     sink_config.transactional_id = None;

@@ -62,6 +62,10 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    if args.backfill.is_some() {
+        // Before the slot is made: nothing to undo.
+        config.run()?.refuse_republishing("init-slot --backfill")?;
+    }
     let mut client = connect_control(&c.pg).await?;
     let (least, why) = c.least_server();
     check_server(&client, least, why).await?;

@@ -36,7 +36,7 @@ impl Config {
             ));
         };
         let url =
-            AmqpUrl::parse(url.expose()).map_err(|e| ConfigError(format!("rabbitmq.url {e}")))?;
+            AmqpUrl::parse(url.expose()).map_err(|e| ConfigError(format!("rabbitmq.url: {e}")))?;
         if q.exchange.is_empty() || q.exchange.len() > 255 {
             return Err(ConfigError(
                 "rabbitmq.exchange: a name of 1 to 255 bytes (the default exchange \"\" routes by queue name, which walbox does not use)".into(),

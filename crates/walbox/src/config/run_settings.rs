@@ -66,6 +66,27 @@ pub struct RunSettings {
     pub sqs: Option<super::SqsSettings>,
 }
 
+impl RunSettings {
+    /// The broker events go to, as `sink` names it.
+    pub fn sink_name(&self) -> &'static str {
+        match (&self.rabbitmq, &self.sqs) {
+            (Some(_), _) => "rabbitmq",
+            (_, Some(_)) => "sqs",
+            _ => "kafka",
+        }
+    }
+
+    /// Refuses `what` (a backfill, a resync, a heal) when events go to
+    /// another broker than Kafka: republishing rows runs on the Kafka
+    /// producer only, and must never send them elsewhere than `sink`.
+    pub fn refuse_republishing(&self, what: &str) -> Result<(), ConfigError> {
+        match self.sink_name() {
+            "kafka" => Ok(()),
+            other => Err(ConfigError(super::kafka_only::republishing(what, other))),
+        }
+    }
+}
+
 /// Everything `walbox run` needs, checked together: `walbox config` makes
 /// the same checks, so the two never disagree.
 #[derive(Clone, Debug)]

@@ -1529,8 +1529,24 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
             "amqps:// (TLS) is not supported yet",
         ),
         (
+            Some(("WALBOX_RABBITMQ_URL", "u:hunter2@rabbit:5672")),
+            "rabbitmq.url: expected amqp://",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_URL", "amqp://u:hunter2:rabbit")),
+            "rabbitmq.url: the port is not a number",
+        ),
+        (
             Some(("WALBOX_RABBITMQ_PARTITIONS", "0")),
             "rabbitmq.partitions: from 1 to 1024",
+        ),
+        (
+            Some(("WALBOX_ON_DRIFT", "heal")),
+            "on_drift = \"heal\" is not supported with sink = \"rabbitmq\" yet",
+        ),
+        (
+            Some(("WALBOX_ON_SLOT_INVALIDATED", "recreate")),
+            "on_slot_invalidated = \"recreate\" is not supported with sink = \"rabbitmq\" yet",
         ),
         (
             Some(("WALBOX_DELIVERY", "exactly-once")),
@@ -1644,6 +1660,14 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
         (
             Some(("WALBOX_SQS_CONCURRENCY", "0")),
             "sqs.concurrency: from 1 to 64",
+        ),
+        (
+            Some(("WALBOX_ON_DRIFT", "heal")),
+            "on_drift = \"heal\" is not supported with sink = \"sqs\" yet",
+        ),
+        (
+            Some(("WALBOX_ON_SLOT_INVALIDATED", "recreate")),
+            "on_slot_invalidated = \"recreate\" is not supported with sink = \"sqs\" yet",
         ),
         (
             Some(("WALBOX_SQS_ENDPOINT", "localhost:4566")),

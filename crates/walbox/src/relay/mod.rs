@@ -110,9 +110,9 @@ pub struct Token {
     /// Set on the progress record that closes a Kafka transaction
     /// (exactly-once): it carries no event.
     progress_record: bool,
-    /// A held event's record, released from the quarantine: it carries no
-    /// event of the stream.
-    released: bool,
+    /// A held event's record, released from the quarantine by this release:
+    /// it carries no event of the stream.
+    released: Option<crate::quarantine::ReleaseId>,
     /// walbox's span of the event, when spans are exported.
     span: Option<Box<EventSpan>>,
     /// The event's id, when something needs it after the acknowledgement:

@@ -7,8 +7,8 @@ use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    born_published, check_server, connect_control, pick_up, quote_ident, start_streaming, Coverage,
-    CoverageReader, LogicalReplicationStream, OutboxTables, PickUp, ReplicationOptions,
+    check_server, connect_control, pick_up, quote_ident, rows_before_joining, start_streaming,
+    Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp, ReplicationOptions,
     ShardFilter, TableName,
 };
 use tokio_postgres::Client;
@@ -221,6 +221,9 @@ pub struct PostgresStream {
     /// them that leaves the publication while it still exists is drift, not
     /// a new table to pick up.
     seen: HashSet<TableName>,
+    /// With several tables, whether this session's first reading was
+    /// taken: that one looks for tables published while no walbox watched.
+    first_read: bool,
     shard: Option<ShardFilter>,
     /// The coverage statements, prepared on the control connection.
     coverage: CoverageReader,
@@ -281,6 +284,7 @@ impl Source for PostgresSource {
                 tables: c.source.table().then(|| c.tables.clone()),
                 mapping: Arc::clone(&self.mapping),
                 seen: HashSet::new(),
+                first_read: false,
                 shard: c.shard.clone(),
                 coverage: CoverageReader::default(),
             },
@@ -309,7 +313,7 @@ impl PostgresStream {
         for table in found.iter().filter(|t| !published.contains(t)) {
             if self.seen.contains(table) {
                 gap = Some(format!(
-                    "table {table} left publication {} while walbox ran: ALTER PUBLICATION {p} ADD TABLE {table}",
+                    "table {table} left publication {} while walbox ran: add it back and re-insert its rows in one transaction (BEGIN; ALTER PUBLICATION {p} ADD TABLE {table}; WITH moved AS (DELETE FROM {table} RETURNING *) INSERT INTO {table} SELECT * FROM moved; COMMIT): the rows written while it was out never entered the stream, and walbox cannot tell them from the rest (those delivered before arrive again; consumers deduplicate by event id)",
                     self.publication
                 ));
                 break;
@@ -338,16 +342,24 @@ impl PostgresStream {
             }
         }
         // A table published since this session last looked, by someone
-        // else: safe only if it joined the publication as it was created.
+        // else: safe only if it holds no row from before it joined (as one
+        // created and published in one transaction). At the session's
+        // start, every table is new to it: those that joined while no
+        // walbox watched are examined.
         let unseen: Vec<TableName> = published
             .iter()
             .filter(|t| !self.seen.contains(*t))
             .cloned()
             .collect();
-        let born = match unseen.is_empty() {
-            true => Vec::new(),
-            false => born_published(&self.control, &self.publication, &unseen).await?,
-        };
+        let first = !std::mem::replace(&mut self.first_read, true);
+        let slot = first.then_some(self.slot.as_str());
+        let earlier = rows_before_joining(&self.control, &self.publication, &unseen, slot).await?;
+        if let (Some(e), None) = (earlier.first(), &gap) {
+            gap = Some(self.joined_with_rows(e));
+        }
+        let joined_clean = unseen
+            .into_iter()
+            .filter(|t| !earlier.iter().any(|e| &e.table == t));
         let mut tables: Vec<TableName> = published;
         tables.extend(picked.iter().cloned());
         tables.sort();
@@ -356,11 +368,23 @@ impl PostgresStream {
             .coverage
             .read_tables(&self.control, &self.publication, &tables)
             .await?;
-        reading.added = picked.into_iter().chain(born).collect();
+        reading.added = picked.into_iter().chain(joined_clean).collect();
         if reading.gap.is_none() {
             reading.gap = gap;
         }
         Ok(reading)
+    }
+
+    /// The gap a table makes that holds rows from before it joined the
+    /// publication, with the fix.
+    fn joined_with_rows(&self, e: &slot_manager::EarlierRows) -> String {
+        format!(
+            "table {} joined publication {} by someone else's ALTER PUBLICATION (not picked up by walbox), and holds {} inserted before it joined, which the stream never carried: re-insert them so that they stream ({}); any of them delivered during an earlier membership of the table arrives again (consumers deduplicate by event id)",
+            e.table,
+            self.publication,
+            e.count(),
+            e.fix()
+        )
     }
 }
 

@@ -258,7 +258,7 @@ impl Core<'_> {
                 topic: Arc::from(""),
                 dead_letter: None,
                 progress_record: true,
-                released: false,
+                released: None,
                 span: None,
                 event_id: None,
                 sampled: false,

@@ -348,7 +348,7 @@ impl Core<'_> {
             topic,
             dead_letter,
             progress_record: false,
-            released: false,
+            released: None,
             span: None,
             event_id: None,
             sampled: false,

@@ -234,7 +234,7 @@ impl<'a> Core<'a> {
     pub(super) fn front_to_serialize(&mut self) -> Option<&mut Record<Token>> {
         self.outgoing.front_mut().filter(|r| {
             let t = &r.token;
-            let held_serialized = t.released
+            let held_serialized = t.released.is_some()
                 && r.value.as_ref().and_then(|v| v.first())
                     == Some(&crate::schema_registry::avro::MAGIC);
             !t.serialized && t.dead_letter.is_none() && !t.progress_record && !held_serialized

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::Core;
 use crate::progress::Ack;
-use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, Step};
+use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, ReleaseId, Step};
 use crate::relay::{RunError, Token};
 
 /// Why an event is held.
@@ -108,11 +108,8 @@ impl Core<'_> {
             .expect("a record is waiting")
             .split_token();
         let key = record.key.clone();
-        if token.released {
-            let q = self.quarantine.as_mut().expect("the quarantine is on");
-            q.on_release_refused(error.to_string());
-            self.outgoing
-                .retain(|r| !(r.token.released && r.key == key));
+        if let Some(release) = token.released {
+            self.end_release(release, error.to_string());
             return Ok(());
         }
         self.hold(record, token, Why::Invalid(&error.to_string()))?;
@@ -127,7 +124,7 @@ impl Core<'_> {
     fn hold_waiting(&mut self, key: &Bytes) -> Result<(), RunError> {
         let waiting = std::mem::take(&mut self.outgoing);
         for record in waiting {
-            if record.key.as_ref() == Some(key) && !record.token.released {
+            if record.key.as_ref() == Some(key) && record.token.released.is_none() {
                 let (record, token) = record.split_token();
                 self.hold(record, token, Why::Behind)?;
             } else {
@@ -137,8 +134,13 @@ impl Core<'_> {
         Ok(())
     }
 
-    /// The report of a released record.
-    pub(super) fn on_released_report(&mut self, result: Result<(), DeliveryError>) {
+    /// The report of a record of `release`: matched to that release, so a
+    /// failed release's late reports count for nothing in the next one.
+    pub(super) fn on_released_report(
+        &mut self,
+        release: ReleaseId,
+        result: Result<(), DeliveryError>,
+    ) {
         let q = self
             .quarantine
             .as_mut()
@@ -146,11 +148,23 @@ impl Core<'_> {
         match result {
             Ok(()) => {
                 self.metrics.quarantine_released.inc();
-                let rest = q.on_release_acked();
-                self.queue_released(rest);
+                let rest = q.on_release_acked(release);
+                self.queue_released(release, rest);
             }
-            Err(e) => q.on_release_refused(e.to_string()),
+            Err(e) => self.end_release(release, e.to_string()),
         }
+    }
+
+    /// A record of `release` was refused again (by the broker, or its
+    /// schema): the release ends, and its records not sent yet are not
+    /// sent (they stay held, for the next release).
+    fn end_release(&mut self, release: ReleaseId, error: String) {
+        let q = self
+            .quarantine
+            .as_mut()
+            .expect("only the quarantine releases");
+        q.on_release_refused(release, error);
+        self.outgoing.retain(|r| r.token.released != Some(release));
     }
 
     /// The session's next quarantine step, if any.
@@ -214,12 +228,12 @@ impl Core<'_> {
     /// sent, in order.
     pub(in crate::relay) fn on_release_loaded(&mut self, batch: Vec<HeldEvent>) {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
-        let first = q.on_loaded(batch);
-        self.queue_released(first);
+        let (release, first) = q.on_loaded(batch);
+        self.queue_released(release, first);
     }
 
     /// Queues released events' records, in order.
-    fn queue_released(&mut self, events: Vec<HeldEvent>) {
+    fn queue_released(&mut self, release: ReleaseId, events: Vec<HeldEvent>) {
         for held in events {
             let token = Token {
                 event: self.progress.marker(),
@@ -230,7 +244,7 @@ impl Core<'_> {
                 topic: Arc::clone(&held.record.topic),
                 dead_letter: None,
                 progress_record: false,
-                released: true,
+                released: Some(release),
                 span: None,
                 event_id: None,
                 sampled: false,

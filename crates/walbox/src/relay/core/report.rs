@@ -32,9 +32,9 @@ impl Core<'_> {
             result,
             returned,
         } = report;
-        if token.released {
+        if let Some(release) = token.released {
             if self.progress.is_current(token.event) {
-                self.on_released_report(result.map(|_| ()));
+                self.on_released_report(release, result.map(|_| ()));
             }
             return Ok(None);
         }

@@ -174,6 +174,8 @@ pub(super) struct HeldTables {
     pub(super) unwritable: bool,
     /// Releases that failed, and why.
     pub(super) failed_releases: Vec<(Bytes, String)>,
+    /// Events a release reads at a time, when not the default 2.
+    pub(super) release_batch: Option<usize>,
 }
 
 impl Database {
@@ -471,7 +473,7 @@ impl ReplicationStream for FakeStream {
                 held.events
                     .values()
                     .filter(|e| e.key == *key && after.is_none_or(|a| e.place > a))
-                    .take(2)
+                    .take(held.release_batch.unwrap_or(2))
                     .cloned()
                     .collect(),
             ),

@@ -250,3 +250,62 @@ async fn a_new_session_holds_what_the_table_holds_and_a_drop_lets_the_aggregate_
     result.unwrap();
     assert_eq!(delivered_ids(&fx, "a"), ["a3"], "a1 and a2 were dropped");
 }
+
+/// Two held aggregates released one after the other: the first release
+/// fails with records still in flight, whose late acknowledgements must
+/// count for nothing in the second. Before reports were matched to their
+/// release, a's late ack sent b's rest before b's first was acknowledged
+/// and let b's rows be deleted with b2 unacknowledged: b2's refusal then
+/// lost it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_releases_late_acks_never_let_the_next_release_delete_unacknowledged_events() {
+    let mut fx = quarantined(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    db.held.lock().unwrap().release_batch = Some(10);
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a")), ("b1", Some("b"))]);
+            until("2 sent", || b.pending() == 2).await;
+            assert!(b.refuse_key("a"));
+            assert!(b.refuse_key("b"));
+            server.transaction(
+                290,
+                &[("a2", Some("a")), ("a3", Some("a")), ("b2", Some("b"))],
+            );
+            until("all held", || {
+                db.held_ids("a").len() == 3 && db.held_ids("b").len() == 2
+            })
+            .await;
+            assert!(db.request("a", Request::Release));
+            assert!(db.request("b", Request::Release));
+            until("a1 sent alone", || b.pending_keys() == ["a"]).await;
+            assert!(b.ack_key("a"));
+            until("a's rest sent", || b.pending() == 2).await;
+            // a2 refused again: a's release fails with a3 in flight, and
+            // b's release starts.
+            assert!(b.refuse_key("a"));
+            until("b1 sent", || b.pending_keys() == ["a", "b"]).await;
+            // a3's late acknowledgement is a's, not b's.
+            assert!(b.ack_key("a"));
+            idle(2_000).await;
+            assert_eq!(b.pending_keys(), ["b"], "b2 waits for b1's ack");
+            assert!(b.ack_key("b"));
+            until("b2 sent", || b.pending_keys() == ["b"]).await;
+            // b2 refused again: b's release fails, and nothing of b was
+            // deleted (its batch was not all acknowledged).
+            assert!(b.refuse_key("b"));
+            until("both failures recorded", || {
+                db.held.lock().unwrap().failed_releases.len() == 2
+            })
+            .await;
+            assert_eq!(db.held_ids("b"), ["b1", "b2"]);
+            assert_eq!(db.held_ids("a"), ["a1", "a2", "a3"]);
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+}
