@@ -93,6 +93,63 @@ async fn kill_9_five_times_leaves_every_event_exactly_once_for_read_committed_co
     assert!(wait_exit(&mut relay).await.0.success(), "{}", relay.log());
 }
 
+/// Kafka's default `auto.create.topics.enable=true`, and a progress topic
+/// walbox makes itself: its first start creates it compacted before any
+/// metadata request can have the broker auto-create it with
+/// `cleanup.policy=delete` (which every restart then refused), and walbox
+/// restarts after kill -9 with every event once for `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_restarts_on_a_broker_that_auto_creates_topics() {
+    const TOTAL: usize = 3_000;
+    let kafka_cluster = tokio::task::block_in_place(|| {
+        KafkaCluster::start_with(1, &[("auto.create.topics.enable", "true")])
+    });
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let progress = walbox_test_harness::unique_name("progress");
+    let flags = exactly_once(&topic, &progress);
+
+    let writer = spawn_writer(
+        db.connect().await,
+        30,
+        TOTAL / 30,
+        Duration::from_millis(100),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 20,
+        50,
+    );
+    for _ in 0..3 {
+        let mut relay = spawn_run(&db, &kafka, &flags);
+        wait_log(&relay, "streaming from the slot").await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        signal(&relay, "-KILL");
+        wait_exit(&mut relay).await;
+    }
+    writer.await.unwrap();
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let log = relay.log();
+    assert_eq!(duplicates, 0, "{log}");
+    assert!(!log.contains("cleanup.policy=delete"), "{log}");
+    let described = kafka_cluster.tool(
+        "org.apache.kafka.tools.TopicCommand",
+        &[
+            "--bootstrap-server",
+            &kafka_cluster.bootstrap(),
+            "--describe",
+            "--topic",
+            &progress,
+        ],
+        b"",
+    );
+    assert!(described.contains("cleanup.policy=compact"), "{described}");
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay).await.0.success(), "{}", relay.log());
+}
+
 /// For 10,000 keys, the partition walbox chose for each key's event is the
 /// one Kafka's own Java producer (the console producer, default
 /// partitioner) chooses for the same key and partition count: consumers

@@ -150,7 +150,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 TopicVerdict::Missing(e) => {
                     if let (Some(spec), false) = (&self.inner.create_topics, created) {
                         match self.create_topic(topic, spec).await {
-                            Ok(()) => created = true,
+                            Ok(_) => created = true,
                             Err(CreateError::Refused(e)) => return Err(e),
                             Err(CreateError::Unanswered(why)) => {
                                 self.brokers_down(topic, &why);
@@ -225,12 +225,14 @@ impl<T: Send + Sync + 'static> Sink<T> {
     }
 
     /// Creates `topic` as `spec` says. An existing topic is fine (another
-    /// process made it first); a refusal is permanent for this record.
+    /// process made it first, or the broker auto-created it): `Ok(false)`,
+    /// and it has the settings it has, not necessarily `spec`'s. A refusal
+    /// is permanent for this record.
     pub(crate) async fn create_topic(
         &self,
         topic: &str,
         spec: &TopicSpec,
-    ) -> Result<(), CreateError> {
+    ) -> Result<bool, CreateError> {
         let refused = |why: String| {
             CreateError::Refused(DeliveryError::new(
                 DeliveryErrorKind::Permanent,
@@ -255,9 +257,13 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let options = AdminOptions::new().operation_timeout(Some(TOPIC_CHECK_TIMEOUT));
         let result = admin.create_topics([&new], &options).await;
         match result.as_deref() {
-            Ok([Ok(_)]) | Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
+            Ok([Ok(_)]) => {
                 tracing::info!(topic, partitions = ?spec.partitions, replication_factor = ?spec.replication_factor, "created topic");
-                Ok(())
+                Ok(true)
+            }
+            Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) => {
+                tracing::info!(topic, "topic already exists (made by another process, or auto-created by the broker): it keeps its own settings");
+                Ok(false)
             }
             Ok([Err((_, code)), ..]) if no_answer(*code) => Err(unanswered(code.to_string())),
             Ok([Err((_, code)), ..]) => Err(refused(
@@ -283,9 +289,29 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// one with another `cleanup.policy` is refused, since deleting old
     /// segments would delete the last value of a quiet key. A broker that
     /// cannot describe topic configurations is let through with a warning.
+    ///
+    /// The creation comes first, before any metadata request: a producer's
+    /// metadata request for a missing topic makes a broker with
+    /// `auto.create.topics.enable=true` (Kafka's default) create it with
+    /// its default `cleanup.policy=delete`, and the creation would then
+    /// find it existing. A topic that already exists has its policy read.
     pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), CompactedTopicError> {
+        match self.create_compacted_topic(topic).await {
+            Ok(true) => {
+                self.remember_known(topic);
+                return Ok(());
+            }
+            // It exists: its policy is read below.
+            Ok(false) => {}
+            // Not ours to create (no Create right, a broker without the
+            // admin API), or no answer: it may exist; the reading below
+            // says so, or fails the same way.
+            Err(e) => {
+                tracing::debug!(topic, why = %e, "could not create the compacted topic; reading it instead");
+            }
+        }
         match self.topic_verdict(topic).await {
-            TopicVerdict::Missing(_) => return self.create_compacted_topic(topic).await,
+            TopicVerdict::Missing(_) => return self.create_compacted_topic(topic).await.map(drop),
             TopicVerdict::Refused(e) => return Err(CompactedTopicError::Refused(e.message)),
             TopicVerdict::NoBroker => {
                 return Err(CompactedTopicError::Unanswered(format!(
@@ -322,7 +348,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     }
                 }
                 Some(Err(RDKafkaErrorCode::UnknownTopicOrPartition)) => {
-                    return self.create_compacted_topic(topic).await
+                    return self.create_compacted_topic(topic).await.map(drop)
                 }
                 Some(Err(code)) => {
                     tracing::warn!(topic, %code, "cannot read the topic's cleanup.policy; make sure it is compact");
@@ -354,7 +380,8 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// Creates `topic` with one partition and `cleanup.policy=compact`
     /// (the replication factor and other settings of
     /// [`SinkConfig::create_topics`], if any), as the sink creates any topic.
-    async fn create_compacted_topic(&self, topic: &str) -> Result<(), CompactedTopicError> {
+    /// `Ok(false)`: it existed already, with whatever policy it has.
+    async fn create_compacted_topic(&self, topic: &str) -> Result<bool, CompactedTopicError> {
         let mut spec = self.inner.create_topics.clone().unwrap_or_default();
         spec.partitions = Some(1);
         spec.config.remove("retention.ms");

@@ -732,7 +732,7 @@ async fn stream_sqs(
     if !events.fifo {
         tracing::warn!(queue = %events.url, "a standard SQS queue: events arrive in no particular order, and a re-sent event arrives twice (docs/sqs.md)");
     }
-    let destination = crate::relay::Sqs::new(sink);
+    let destination = crate::relay::Sqs::new(sink, &c.slot);
     let reports = crate::relay::SqsReports(reports);
     relay_to(
         c,

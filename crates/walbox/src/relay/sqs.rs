@@ -2,9 +2,12 @@
 //! A record becomes a message on `sqs.queue_url` (a dead-letter copy on
 //! `sqs.dead_letter_queue_url`): its value the body, its headers message
 //! attributes and its key the `walbox.key` attribute. On a FIFO queue the
-//! key is the message group (each aggregate's order) and the event id the
-//! deduplication id (the row's WAL position when the row has no id: the
-//! same on every re-send). Stored is a delivery; a refusal is for good,
+//! key is the message group (each aggregate's order) and the event's place
+//! in the stream the deduplication id: the slot, its transaction's commit
+//! position and its index there, the same on every re-send of that event
+//! and never shared by two events (event ids may repeat across tables, and
+//! SQS would drop the second as a duplicate while reporting it sent).
+//! Stored is a delivery; a refusal is for good,
 //! which the dead-letter policy handles as a broker's refusal on Kafka; a
 //! request SQS refuses for good (the queue, the credentials) stops walbox.
 
@@ -14,7 +17,6 @@ use sink_sqs::{Failure, Message, Permit, QueueRole, Reports, SqsSink};
 
 use super::destination::{Deliveries, Destination};
 use super::Token;
-use crate::mapping::ID_HEADER;
 
 /// The attribute that carries the record key (the aggregate id).
 pub const SQS_KEY_ATTRIBUTE: &str = "walbox.key";
@@ -30,12 +32,17 @@ pub struct SqsSent {
 #[derive(Debug)]
 pub struct Sqs {
     sink: SqsSink<SqsSent>,
+    /// The slot events come from: part of each deduplication id.
+    slot: String,
 }
 
 impl Sqs {
-    /// The destination on `sink`.
-    pub fn new(sink: SqsSink<SqsSent>) -> Self {
-        Sqs { sink }
+    /// The destination on `sink`, for events of `slot`.
+    pub fn new(sink: SqsSink<SqsSent>, slot: &str) -> Self {
+        Sqs {
+            sink,
+            slot: slot.to_owned(),
+        }
     }
 
     /// Stops sending after waiting up to `within` for what is in flight;
@@ -45,8 +52,15 @@ impl Sqs {
     }
 }
 
-/// `record` as an SQS message.
-fn message(record: &Record<()>, token: &Token) -> Message {
+/// The deduplication id of the event of `token` from `slot`: its place in
+/// the stream (slot names are at most 63 of `[a-z0-9_]`, so it stays far
+/// below SQS's 128 characters).
+fn dedup_id(slot: &str, token: &Token) -> String {
+    format!("{slot}/{}/{}", token.commit_lsn, token.index)
+}
+
+/// `record` as an SQS message, from `slot`.
+fn message(record: &Record<()>, token: &Token, slot: &str) -> Message {
     let mut attributes: Vec<(String, Bytes)> = record
         .headers
         .iter()
@@ -55,11 +69,7 @@ fn message(record: &Record<()>, token: &Token) -> Message {
     if let Some(key) = &record.key {
         attributes.push((SQS_KEY_ATTRIBUTE.to_owned(), key.clone()));
     }
-    let dedup = match record.headers.iter().find(|h| h.name == ID_HEADER) {
-        Some(id) if !id.value.is_empty() => String::from_utf8_lossy(&id.value).into_owned(),
-        // The row's place in the WAL names it on every re-send.
-        _ => format!("{}.{}", token.lsn, token.index),
-    };
+    let dedup = dedup_id(slot, token);
     Message {
         queue: match token.dead_letter {
             Some(_) => QueueRole::DeadLetters,
@@ -81,7 +91,7 @@ impl Destination for Sqs {
 
     async fn send(&self, permit: Permit, record: Record<Token>) {
         let (record, token) = record.split_token();
-        let message = message(&record, &token);
+        let message = message(&record, &token, &self.slot);
         self.sink
             .publish(permit, message, SqsSent { token, record });
     }
@@ -137,5 +147,59 @@ impl Deliveries for SqsReports {
                 returned: None,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pgoutput_decoder::{Lsn, PgTimestamp};
+
+    use super::*;
+    use crate::progress::Progress;
+
+    fn token(commit_lsn: u64, index: u64) -> Token {
+        Token {
+            event: Progress::new(Duration::from_secs(1), Duration::ZERO).marker(),
+            lsn: Lsn::new(commit_lsn - 10),
+            commit_lsn: Lsn::new(commit_lsn),
+            index,
+            commit_time: PgTimestamp::default(),
+            topic: Arc::from("orders"),
+            dead_letter: None,
+            progress_record: false,
+            released: None,
+            span: None,
+            event_id: None,
+            sampled: false,
+            serialized: false,
+        }
+    }
+
+    /// Two events with one id (two tables' own id sequences) are two
+    /// messages to SQS; one event sent again is the same one. With the
+    /// event id as deduplication id, FIFO SQS dropped the second event and
+    /// reported it sent.
+    #[test]
+    fn the_deduplication_id_is_the_events_place_not_its_id() {
+        let record = Record::new(
+            "orders",
+            Some(Bytes::from_static(b"a")),
+            Some(Bytes::from_static(b"{}")),
+            (),
+        )
+        .with_header(crate::mapping::ID_HEADER, Bytes::from_static(b"17"));
+        let first = message(&record, &token(200, 0), "walbox");
+        let other_table = message(&record, &token(200, 1), "walbox");
+        let later = message(&record, &token(300, 0), "walbox");
+        let other_shard = message(&record, &token(200, 0), "walbox_1");
+        let again = message(&record, &token(200, 0), "walbox");
+        assert_eq!(first.dedup, again.dedup);
+        for m in [&other_table, &later, &other_shard] {
+            assert_ne!(first.dedup, m.dedup);
+        }
+        assert!(first.dedup.len() <= 128, "{}", first.dedup);
     }
 }
