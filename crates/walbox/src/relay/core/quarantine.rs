@@ -12,6 +12,7 @@ use sink_kafka::{DeliveryError, DeliveryErrorKind, Record};
 use tokio::time::Instant;
 
 use super::Core;
+use crate::mapping::ID_HEADER;
 use crate::progress::Ack;
 use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, ReleaseId, Step};
 use crate::relay::{RunError, Token};
@@ -235,6 +236,13 @@ impl Core<'_> {
     /// Queues released events' records, in order.
     fn queue_released(&mut self, release: ReleaseId, events: Vec<HeldEvent>) {
         for held in events {
+            // Its receipt, once acknowledged, under the id it carries.
+            let event_id = self
+                .config
+                .receipts
+                .as_ref()
+                .and_then(|_| held.record.headers.iter().find(|h| h.name == ID_HEADER))
+                .map(|h| String::from_utf8_lossy(&h.value).into());
             let token = Token {
                 event: self.progress.marker(),
                 lsn: held.lsn,
@@ -246,7 +254,7 @@ impl Core<'_> {
                 progress_record: false,
                 released: Some(release),
                 span: None,
-                event_id: None,
+                event_id,
                 sampled: false,
                 serialized: false,
             };

@@ -34,6 +34,9 @@ impl Core<'_> {
         } = report;
         if let Some(release) = token.released {
             if self.progress.is_current(token.event) {
+                if let Ok(at) = &result {
+                    self.receipt(&token, at);
+                }
                 self.on_released_report(release, result.map(|_| ()));
             }
             return Ok(None);

@@ -309,3 +309,39 @@ async fn a_failed_releases_late_acks_never_let_the_next_release_delete_unacknowl
         .await;
     result.unwrap();
 }
+
+/// A released event that the broker acknowledged gets its receipt, as a
+/// streamed one does: `walbox.await_delivery` returns for it. (Released
+/// reports returned before the receipt was written: waiters timed out on
+/// delivered events.)
+#[tokio::test(start_paused = true)]
+async fn a_released_event_gets_its_receipt() {
+    let mut fx = quarantined(100);
+    let (recorder, mut receipts) = crate::receipts::Recorder::new(Arc::clone(&fx.metrics));
+    fx.config.receipts = Some(recorder);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.transaction(190, &[("a1", Some("a")), ("b1", Some("b"))]);
+            until("2 sent", || b.pending() == 2).await;
+            assert!(b.refuse_key("a"));
+            assert!(b.ack_key("b"));
+            until("a1 held", || server.confirmed() == 200).await;
+            assert!(db.request("a", Request::Release));
+            until("a1 released", || b.pending() == 1).await;
+            b.ack_all();
+            until("the aggregate flows again", || db.held_keys().is_empty()).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let mut ids = Vec::new();
+    while let Ok(r) = receipts.try_recv() {
+        ids.push(r.event_id.to_string());
+    }
+    assert_eq!(ids, ["b1", "a1"]);
+}
