@@ -227,17 +227,13 @@ impl<'a> Core<'a> {
 
     /// The first waiting record, when it is an event's (not a dead-letter
     /// copy nor a progress record) whose value is not serialized with its
-    /// schema yet. A record released from the quarantine was held either
-    /// serialized (the broker refused it) or not (held behind another, or
-    /// invalid): its value says which, since a serialized one opens with
-    /// the wire format's zero byte and JSON never does.
+    /// schema yet. A record released from the quarantine that the broker
+    /// had refused is marked serialized: it is released as it was sent
+    /// (serialized, or a claim-check pointer).
     pub(super) fn front_to_serialize(&mut self) -> Option<&mut Record<Token>> {
         self.outgoing.front_mut().filter(|r| {
             let t = &r.token;
-            let held_serialized = t.released.is_some()
-                && r.value.as_ref().and_then(|v| v.first())
-                    == Some(&crate::schema_registry::avro::MAGIC);
-            !t.serialized && t.dead_letter.is_none() && !t.progress_record && !held_serialized
+            !t.serialized && t.dead_letter.is_none() && !t.progress_record
         })
     }
 

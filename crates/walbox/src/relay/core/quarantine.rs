@@ -17,6 +17,9 @@ use crate::progress::Ack;
 use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, ReleaseId, Step};
 use crate::relay::{RunError, Token};
 
+/// The kind of a held event the broker refused: held as it was sent.
+const REFUSED: &str = "refused";
+
 /// Why an event is held.
 pub(in crate::relay) enum Why<'e> {
     /// Its aggregate is held.
@@ -57,7 +60,7 @@ impl Core<'_> {
                 "held behind an earlier event of its aggregate".to_owned(),
             ),
             Why::Unmappable(e) => ("unmappable", e.to_owned()),
-            Why::Refused(e) => ("refused", e.to_owned()),
+            Why::Refused(e) => (REFUSED, e.to_owned()),
             Why::Invalid(e) => ("invalid", e.to_owned()),
         };
         if !matches!(why, Why::Behind) && !q.holds(&key) {
@@ -256,7 +259,11 @@ impl Core<'_> {
                 span: None,
                 event_id,
                 sampled: false,
-                serialized: false,
+                // The broker refused it as it was sent (serialized, or a
+                // claim-check pointer): released as it was sent. One held
+                // behind another, invalid or unmappable was held as the
+                // row gave it, and is serialized as it goes out.
+                serialized: held.kind == REFUSED,
             };
             self.outgoing.push_back(held.record.with_token(token));
         }

@@ -283,3 +283,45 @@ async fn with_the_quarantine_an_invalid_event_holds_its_aggregate_and_a_release_
     assert_eq!(values("a"), [avro_n(1), avro_n(3)]);
     assert_eq!(values("b"), [avro_n(2), avro_n(4), avro_n(5)]);
 }
+
+/// A record the broker refused is held as it was sent, and released as it
+/// was sent: a claim-check pointer (JSON, no wire-format magic byte) is not
+/// serialized again against the subject's schema. (Released values were
+/// told serialized by their first byte: the pointer failed its schema and
+/// the release failed forever.)
+#[tokio::test(start_paused = true)]
+async fn a_refused_record_is_released_as_it_was_sent_even_a_claim_check_pointer() {
+    let (mut fx, _) = avro_fixture(DeadLetters::halt());
+    fx.config.quarantine = Some(100);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let db = fx.source.database();
+    let pointer: &[u8] = br#"{"claim_check":{"bucket":"b","key":"k","size":2000000}}"#;
+    let result = fx
+        .run(|stop| async move {
+            server.send(relation());
+            server.send(begin(190));
+            server.send(insert(100, "a1", Some("a"), r#"{"n": 1}"#));
+            server.send(commit(190, 200));
+            until("a1 sent", || b.pending() == 1).await;
+            assert!(b.refuse_key("a"));
+            until("a1 held", || server.confirmed() == 200).await;
+            // What the sink returns for a claim-checked record: the pointer
+            // it sent in place of the value.
+            for e in db.held.lock().unwrap().events.values_mut() {
+                assert_eq!(e.kind, "refused");
+                e.record.value = Some(bytes::Bytes::from_static(pointer));
+            }
+            assert!(db.request("a", Request::Release));
+            until("a1 sent again", || b.pending() == 1).await;
+            b.ack_all();
+            until("a flows again", || db.held_keys().is_empty()).await;
+            stop.send(Stop::Graceful).unwrap();
+            until("a clean close", || server.closed()).await;
+        })
+        .await;
+    result.unwrap();
+    let delivered = fx.broker.delivered();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].value.as_deref(), Some(pointer));
+}
