@@ -228,6 +228,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 // second transactional producer.
                 let mut c = client_config.clone();
                 c.remove("transactional.id");
+                // Its metadata requests look a topic up, never have the
+                // broker create it (see `ensure_compacted_topic`).
+                c.set("allow.auto.create.topics", "false");
                 c
             },
             connection: config.connection_config(),

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer;
 
@@ -194,10 +195,24 @@ impl<T: Send + Sync + 'static> Sink<T> {
 
     /// What the broker's metadata says about `topic`.
     pub(crate) async fn topic_verdict(&self, topic: &str) -> TopicVerdict {
+        self.verdict_on(topic, None).await
+    }
+
+    /// [`Sink::topic_verdict`], asked on `admin` (which never has the
+    /// broker auto-create the topic) or on the producer.
+    async fn verdict_on(
+        &self,
+        topic: &str,
+        admin: Option<Arc<AdminClient<DefaultClientContext>>>,
+    ) -> TopicVerdict {
         let inner = Arc::clone(&self.inner);
         let name = topic.to_owned();
         tokio::task::spawn_blocking(move || {
-            match inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT) {
+            let metadata = match &admin {
+                Some(admin) => admin.inner().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT),
+                None => inner.producer.client().fetch_metadata(Some(&name), TOPIC_CHECK_TIMEOUT),
+            };
+            match metadata {
                 Ok(md) => match md.topics().iter().find(|t| t.name() == name) {
                     Some(t) if t.error().is_none() && !t.partitions().is_empty() => TopicVerdict::Known,
                     Some(t) => match t.error().map(RDKafkaErrorCode::from) {
@@ -290,28 +305,24 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// segments would delete the last value of a quiet key. A broker that
     /// cannot describe topic configurations is let through with a warning.
     ///
-    /// The creation comes first, before any metadata request: a producer's
-    /// metadata request for a missing topic makes a broker with
-    /// `auto.create.topics.enable=true` (Kafka's default) create it with
-    /// its default `cleanup.policy=delete`, and the creation would then
-    /// find it existing. A topic that already exists has its policy read.
+    /// The topic is looked up on the admin client, whose metadata requests
+    /// never ask the broker to create a topic: the producer's do
+    /// (librdkafka's `allow.auto.create.topics` is on for producers), and a
+    /// broker with `auto.create.topics.enable=true` (Kafka's default) would
+    /// make it with its default `cleanup.policy=delete` before walbox could
+    /// create it compacted.
     pub async fn ensure_compacted_topic(&self, topic: &str) -> Result<(), CompactedTopicError> {
-        match self.create_compacted_topic(topic).await {
-            Ok(true) => {
-                self.remember_known(topic);
-                return Ok(());
+        let admin = self
+            .inner
+            .admin()
+            .map_err(|e| CompactedTopicError::Refused(e.to_string()))?;
+        match self.verdict_on(topic, Some(admin)).await {
+            TopicVerdict::Missing(_) => {
+                if self.create_compacted_topic(topic).await? {
+                    return Ok(());
+                }
+                // Made by someone else meanwhile: its policy is read below.
             }
-            // It exists: its policy is read below.
-            Ok(false) => {}
-            // Not ours to create (no Create right, a broker without the
-            // admin API), or no answer: it may exist; the reading below
-            // says so, or fails the same way.
-            Err(e) => {
-                tracing::debug!(topic, why = %e, "could not create the compacted topic; reading it instead");
-            }
-        }
-        match self.topic_verdict(topic).await {
-            TopicVerdict::Missing(_) => return self.create_compacted_topic(topic).await.map(drop),
             TopicVerdict::Refused(e) => return Err(CompactedTopicError::Refused(e.message)),
             TopicVerdict::NoBroker => {
                 return Err(CompactedTopicError::Unanswered(format!(
