@@ -83,6 +83,10 @@ pub(super) const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// (the producer's own timeouts end each one well before).
 const EXHAUSTED_DRAIN: Duration = Duration::from_secs(3600);
 
+/// How long a session that lost Postgres waits for the reports of what it
+/// had sent (see [`Session::settle`]).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long starting a session (connections, checks, START_REPLICATION) may
 /// take before it is retried.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -245,7 +249,10 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 stream.close().await;
                 Ok(())
             }
-            Err(e) if e.is_transient() => Err(e),
+            Err(e) if e.is_transient() => {
+                self.settle(Instant::now() + SETTLE_TIMEOUT).await;
+                Err(e)
+            }
             Err(e) => {
                 // Confirm what is safely delivered (and covered) before
                 // stopping; after drift, only what was verified before it.
@@ -725,6 +732,34 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
             }
         }
         Ok(())
+    }
+
+    /// The session lost its stream (Postgres restarted, a connection
+    /// broke): the reports of what it sent are still taken, until none is
+    /// outstanding or `deadline`, so that each transaction whose every
+    /// event the broker acknowledged counts as delivered. The next session
+    /// on the same server history skips those when Postgres sends them
+    /// again (before Postgres 17 a restart sets the slot back to its last
+    /// checkpoint), instead of sending them twice. Nothing is sent and
+    /// nothing confirmed meanwhile: the stream is gone. A refusal, or a
+    /// report of anything else, leaves its transaction to the next session.
+    async fn settle(&mut self, deadline: Instant) {
+        if self.core.exactly_once() {
+            return;
+        }
+        while self.core.unacked_events() > 0 {
+            tokio::select! {
+                biased;
+                report = self.reports.next() => {
+                    let report = report.expect("the destination outlives the relay");
+                    let acked = report.result.is_ok();
+                    if !acked || self.core.on_report(report, Instant::now(), PgTimestamp::now()).is_err() {
+                        return;
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => return,
+            }
+        }
     }
 
     /// Carries out the quarantine's steps due (see [`crate::quarantine`]):
