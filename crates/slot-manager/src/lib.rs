@@ -66,5 +66,6 @@ pub use stream::{
     Streaming,
 };
 pub use tables::{
-    pick_up, rows_before_joining, EarlierRows, OutboxTables, PickUp, EARLIER_ROWS_COUNTED,
+    joined, pick_up, rows_before_joining, EarlierRows, Joined, OutboxTables, PickUp,
+    EARLIER_ROWS_COUNTED,
 };

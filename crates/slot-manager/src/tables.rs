@@ -183,84 +183,105 @@ impl EarlierRows {
     }
 }
 
-/// Of `tables` (published by `publication`), those holding rows inserted
-/// before the table joined the publication, which the stream never
-/// carried. A row's age is its inserting transaction's (`xmin`, and within
-/// the transaction that added the table, its command, `cmin`), against
-/// that of the table's entry in `pg_publication_rel`: this holds however
-/// the table came to be published (added by hand, renamed into a pattern
-/// and added, dropped and added back), and whatever else that transaction
-/// changed. A table published another way (`FOR ALL TABLES`, `FOR TABLES
-/// IN SCHEMA`) has no entry and is not examined.
-///
-/// With `slot`, only the tables that joined at or after the slot's
-/// `catalog_xmin` are examined: one that joined before it joined before the
-/// slot's restart position, at or before its confirmed position, while
-/// walbox watched the publication (or before the slot existed). That keeps
-/// a start from reading every row of every outbox table.
-///
-/// What it cannot see: rows deleted since; rows of a transaction that began
-/// after the one adding the table and committed before it (an insert
-/// racing the `ALTER PUBLICATION`); rows inserted in a subtransaction of
-/// the adding transaction before it added the table.
-pub async fn rows_before_joining(
+/// A table's entry in a publication (`pg_publication_rel`): which table,
+/// and the transaction and command that added it. The pair (OID,
+/// transaction) names one joining: a table dropped and added back, or
+/// dropped and recreated, joins again under another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Joined {
+    /// The table.
+    pub table: TableName,
+    /// Its OID.
+    pub oid: u32,
+    /// The transaction that added it (`xmin` of its entry), as text.
+    pub xid: String,
+    /// The command within it (`cmin` of its entry).
+    cid: i64,
+}
+
+/// The entries of `tables` in `publication` (a table published another
+/// way, `FOR ALL TABLES` or `FOR TABLES IN SCHEMA`, has none).
+pub async fn joined(
     client: &Client,
     publication: &str,
     tables: &[TableName],
-    slot: Option<&str>,
-) -> Result<Vec<EarlierRows>, Error> {
+) -> Result<Vec<Joined>, Error> {
     if tables.is_empty() {
         return Ok(Vec::new());
     }
     let (schemas, names): (Vec<&str>, Vec<&str>) =
         tables.iter().map(|t| (t.schema(), t.name())).unzip();
-    let joined = client
+    let rows = client
         .query(
-            "SELECT n.nspname::text, c.relname::text, pr.xmin::text, pr.cmin::text::int8
+            "SELECT n.nspname::text, c.relname::text, c.oid, pr.xmin::text, pr.cmin::text::int8
                FROM pg_publication p
                JOIN pg_publication_rel pr ON pr.prpubid = p.oid
                JOIN pg_class c ON c.oid = pr.prrelid
                JOIN pg_namespace n ON n.oid = c.relnamespace
                JOIN unnest($2::text[], $3::text[]) t(s, r) ON t.s = n.nspname AND t.r = c.relname
-               LEFT JOIN pg_replication_slots s ON s.slot_name = $4::text
               WHERE p.pubname = $1
-                AND (s.catalog_xmin IS NULL OR age(pr.xmin) <= age(s.catalog_xmin))",
-            &[&publication, &schemas, &names, &slot],
+              ORDER BY 1, 2",
+            &[&publication, &schemas, &names],
         )
         .await
         .map_err(Error::sql(
             "look up when outbox tables joined the publication",
         ))?;
-    let mut found = Vec::new();
-    for row in joined {
-        let table = TableName::new(row.get::<_, String>(0), row.get::<_, String>(1));
-        let (xid, cid): (String, i64) = (row.get(2), row.get(3));
-        // The literals come from the catalog (a number each), quoted anyway.
-        let xid = format!("'{}'::xid", xid.replace('\'', ""));
-        let condition =
-            format!("age(xmin) > age({xid}) OR (xmin = {xid} AND cmin::text::int8 < {cid})");
-        let rows: i64 = client
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM (SELECT 1 FROM {} WHERE {condition} LIMIT {EARLIER_ROWS_COUNTED}) e",
-                    table.quoted()
-                ),
-                &[],
-            )
-            .await
-            .map_err(Error::sql(format!(
-                "look for rows of {table} older than its joining the publication"
-            )))?
-            .get(0);
-        if rows > 0 {
-            found.push(EarlierRows {
-                table,
-                rows,
-                condition,
-            });
-        }
-    }
-    Ok(found)
+    Ok(rows
+        .iter()
+        .map(|r| Joined {
+            table: TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)),
+            oid: r.get(2),
+            xid: r.get(3),
+            cid: r.get(4),
+        })
+        .collect())
+}
+
+/// Whether the table of `entry` holds rows inserted before it joined the
+/// publication, which the stream never carried (unless during an earlier
+/// membership of the table, which cannot be told apart). A row's age is
+/// its inserting transaction's (`xmin`, and within the transaction that
+/// added the table, its command, `cmin`), against the entry's: this holds
+/// however the table came to be published (added by hand, renamed into a
+/// pattern and added, dropped and added back), whatever else that
+/// transaction changed. It reads the table (up to
+/// [`EARLIER_ROWS_COUNTED`] such rows): call it for a table that joined
+/// unseen, not for every table every time.
+///
+/// What it cannot see: rows deleted since; rows of a transaction that
+/// began after the one adding the table and committed before it (an
+/// insert racing the `ALTER PUBLICATION`); rows inserted in a
+/// subtransaction of the adding transaction before it added the table.
+pub async fn rows_before_joining(
+    client: &Client,
+    entry: &Joined,
+) -> Result<Option<EarlierRows>, Error> {
+    // The literal comes from the catalog (a number), quoted anyway.
+    let xid = format!("'{}'::xid", entry.xid.replace('\'', ""));
+    let condition = format!(
+        "age(xmin) > age({xid}) OR (xmin = {xid} AND cmin::text::int8 < {})",
+        entry.cid
+    );
+    let table = &entry.table;
+    let rows: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {} WHERE {condition} LIMIT {EARLIER_ROWS_COUNTED}) e",
+                table.quoted()
+            ),
+            &[],
+        )
+        .await
+        .map_err(Error::sql(format!(
+            "look for rows of {table} older than its joining the publication"
+        )))?
+        .get(0);
+    Ok((rows > 0).then(|| EarlierRows {
+        table: table.clone(),
+        rows,
+        condition,
+    }))
 }
 
 /// What [`pick_up`] did with a matching table outside the publication.

@@ -5,6 +5,7 @@
 
 pub mod backfills;
 pub mod drift;
+pub mod joined;
 pub mod positions;
 pub mod quarantine;
 

@@ -53,6 +53,9 @@ pub async fn run(args: DropSlotArgs) -> Result<(), CliError> {
         if let Err(e) = crate::bookkeeping::drift::forget(&client, &c.slot).await {
             tracing::warn!(error = %e, "the slot's drift stop in walbox.drift_stops was not removed");
         }
+        if let Err(e) = crate::bookkeeping::joined::forget(&client, &c.slot).await {
+            tracing::warn!(error = %e, "the slot's record in walbox.published_tables was not removed");
+        }
         if args.drop_publication {
             println!(
                 "publication {:?}: {}",

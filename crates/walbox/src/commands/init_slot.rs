@@ -44,6 +44,27 @@ fn say(what: &str, name: &str, e: Ensured) {
     }
 }
 
+/// A new slot of several outbox tables: the tables published now are what
+/// `walbox run` knows published (any joining later is examined, see
+/// [`crate::bookkeeping::joined`]); a record of an earlier slot of the name
+/// is forgotten. Best effort: without it, the first `walbox run` takes the
+/// tables published then.
+async fn record_published(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    publication: &str,
+    tables: &[slot_manager::TableName],
+) {
+    let recorded = async {
+        crate::bookkeeping::joined::forget(client, slot).await?;
+        let entries = slot_manager::joined(client, publication, tables).await?;
+        crate::bookkeeping::joined::record(client, slot, &entries).await
+    };
+    if let Err(e) = recorded.await {
+        tracing::warn!(error = %e, slot, "the published outbox tables were not recorded in walbox.published_tables; walbox run records them as it starts");
+    }
+}
+
 /// Checks the server and table, then ensures the publication and the slot
 /// (and backfills, when asked).
 pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
@@ -92,11 +113,11 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
                 }
             };
             say("publication", &s.publication, publication);
-            say(
-                "slot",
-                &s.slot,
-                ensure_slot(&client, &s.slot, args.failover).await?,
-            );
+            let slot = ensure_slot(&client, &s.slot, args.failover).await?;
+            say("slot", &s.slot, slot);
+            if slot == Ensured::Created && s.source.table() && s.tables.single().is_none() {
+                record_published(&client, &s.slot, &s.publication, &tables).await;
+            }
         }
         return Ok(());
     };

@@ -7,9 +7,9 @@ use pgoutput_decoder::{
     Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate, TupleData,
 };
 use slot_manager::{
-    check_server, connect_control, pick_up, quote_ident, rows_before_joining, start_streaming,
-    Coverage, CoverageReader, LogicalReplicationStream, OutboxTables, PickUp, ReplicationOptions,
-    ShardFilter, TableName,
+    check_server, connect_control, joined, pick_up, quote_ident, rows_before_joining,
+    start_streaming, Coverage, CoverageReader, Joined, LogicalReplicationStream, OutboxTables,
+    PickUp, ReplicationOptions, ShardFilter, TableName,
 };
 use tokio_postgres::Client;
 
@@ -224,6 +224,8 @@ pub struct PostgresStream {
     /// With several tables, whether this session's first reading was
     /// taken: that one looks for tables published while no walbox watched.
     first_read: bool,
+    /// Whether a failed write of `walbox.published_tables` was said.
+    record_failure_said: bool,
     shard: Option<ShardFilter>,
     /// The coverage statements, prepared on the control connection.
     coverage: CoverageReader,
@@ -285,6 +287,7 @@ impl Source for PostgresSource {
                 mapping: Arc::clone(&self.mapping),
                 seen: HashSet::new(),
                 first_read: false,
+                record_failure_said: false,
                 shard: c.shard.clone(),
                 coverage: CoverageReader::default(),
             },
@@ -344,22 +347,45 @@ impl PostgresStream {
         // A table published since this session last looked, by someone
         // else: safe only if it holds no row from before it joined (as one
         // created and published in one transaction). At the session's
-        // start, every table is new to it: those that joined while no
-        // walbox watched are examined.
+        // start every table is new to it: those whose joining walbox did
+        // not record (they joined while no walbox watched) are examined.
         let unseen: Vec<TableName> = published
             .iter()
             .filter(|t| !self.seen.contains(*t))
             .cloned()
             .collect();
+        let entries = joined(&self.control, &self.publication, &unseen).await?;
         let first = !std::mem::replace(&mut self.first_read, true);
-        let slot = first.then_some(self.slot.as_str());
-        let earlier = rows_before_joining(&self.control, &self.publication, &unseen, slot).await?;
-        if let (Some(e), None) = (earlier.first(), &gap) {
-            gap = Some(self.joined_with_rows(e));
+        let (examine, mut record): (Vec<Joined>, Vec<Joined>) = match first {
+            false => (entries, Vec::new()),
+            true => match self.recorded().await {
+                // No record yet: the tables published now are the baseline.
+                None => (Vec::new(), entries),
+                Some(known) => entries.into_iter().partition(|e| {
+                    !known
+                        .iter()
+                        .any(|(oid, xid)| *oid == e.oid && *xid == e.xid)
+                }),
+            },
+        };
+        let mut joined_clean = Vec::new();
+        for entry in examine {
+            match rows_before_joining(&self.control, &entry).await? {
+                Some(e) => {
+                    if gap.is_none() {
+                        gap = Some(self.joined_with_rows(&e));
+                    }
+                }
+                None => {
+                    joined_clean.push(entry.table.clone());
+                    record.push(entry);
+                }
+            }
         }
-        let joined_clean = unseen
-            .into_iter()
-            .filter(|t| !earlier.iter().any(|e| &e.table == t));
+        record.extend(joined(&self.control, &self.publication, &picked).await?);
+        if first || !record.is_empty() {
+            self.record(&record).await;
+        }
         let mut tables: Vec<TableName> = published;
         tables.extend(picked.iter().cloned());
         tables.sort();
@@ -373,6 +399,33 @@ impl PostgresStream {
             reading.gap = gap;
         }
         Ok(reading)
+    }
+
+    /// The joinings recorded for the slot (see
+    /// [`crate::bookkeeping::joined`]); `None` without a record, or when it
+    /// cannot be read (said once: the start is then unchecked).
+    async fn recorded(&mut self) -> Option<Vec<(u32, String)>> {
+        match crate::bookkeeping::joined::load(&self.control, &self.slot).await {
+            Ok(known) => known,
+            Err(e) => {
+                self.record_failed(&e);
+                None
+            }
+        }
+    }
+
+    /// Records `entries` as known published (and the baseline mark).
+    async fn record(&mut self, entries: &[Joined]) {
+        if let Err(e) = crate::bookkeeping::joined::record(&self.control, &self.slot, entries).await
+        {
+            self.record_failed(&e);
+        }
+    }
+
+    fn record_failed(&mut self, e: &slot_manager::Error) {
+        if !std::mem::replace(&mut self.record_failure_said, true) {
+            tracing::warn!(error = %e, slot = %self.slot, "cannot keep walbox.published_tables: a table added to the publication by hand while walbox is stopped goes unchecked at the next start (grant walbox's role CREATE on the database, or create the schema walbox for it)");
+        }
     }
 
     /// The gap a table makes that holds rows from before it joined the
