@@ -207,6 +207,9 @@ async fn every_event_reaches_a_fifo_queue_once_in_order_through_kills_and_an_out
     // Each aggregate's group, its first arrivals in commit order.
     let mut last: HashMap<String, usize> = HashMap::new();
     let mut seen = HashSet::new();
+    // The deduplication id is the event's place in the stream: one per
+    // event, the same on each copy of it.
+    let mut dedup_of: HashMap<usize, String> = HashMap::new();
     for g in &got {
         let n = g.n();
         let key = g.attribute("walbox.key");
@@ -216,10 +219,15 @@ async fn every_event_reaches_a_fifo_queue_once_in_order_through_kills_and_an_out
             Some(key),
             "the message group is the key"
         );
+        let dedup = g
+            .dedup
+            .clone()
+            .expect("a FIFO message has its deduplication id");
+        assert!(dedup.starts_with("walbox/"), "{dedup}");
         assert_eq!(
-            g.dedup.as_deref(),
-            Some(g.attribute("id")),
-            "the deduplication id is the event id"
+            dedup_of.entry(n).or_insert_with(|| dedup.clone()),
+            &dedup,
+            "one deduplication id per event"
         );
         assert_eq!(g.attribute("event_type"), format!("E{n}"));
         if seen.insert(n) {
@@ -227,6 +235,8 @@ async fn every_event_reaches_a_fifo_queue_once_in_order_through_kills_and_an_out
             assert!(prev.is_none_or(|p| p < n), "{key}: {n} after {prev:?}");
         }
     }
+    let distinct: HashSet<&String> = dedup_of.values().collect();
+    assert_eq!(distinct.len(), dedup_of.len(), "no two events share one");
     let duplicates = got.len() - TOTAL;
     eprintln!(
         "FIFO queue: {duplicates} duplicates after three kill -9s of walbox and the server's 20 s outage"
