@@ -60,13 +60,7 @@ async fn kill_9_five_times_leaves_every_event_exactly_once_for_read_committed_co
         |chunk, k| 1 + (chunk * 7 + k * 13) % 50,
         100,
     );
-    for _ in 0..5 {
-        let mut relay = spawn_run(&db, &kafka, &flags);
-        wait_log(&relay, "streaming from the slot").await;
-        tokio::time::sleep(Duration::from_millis(700)).await; // let it stream a while
-        signal(&relay, "-KILL");
-        wait_exit(&mut relay).await;
-    }
+    kill_9_while_streaming(&db, &kafka, &flags, 5).await;
     writer.await.unwrap();
     let mut relay = spawn_run(&db, &kafka, &flags);
     let duplicates = expect_all(&kafka, &topic, TOTAL).await;
@@ -119,13 +113,7 @@ async fn exactly_once_restarts_on_a_broker_that_auto_creates_topics() {
         |chunk, k| 1 + (chunk * 7 + k * 13) % 20,
         50,
     );
-    for _ in 0..3 {
-        let mut relay = spawn_run(&db, &kafka, &flags);
-        wait_log(&relay, "streaming from the slot").await;
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        signal(&relay, "-KILL");
-        wait_exit(&mut relay).await;
-    }
+    kill_9_while_streaming(&db, &kafka, &flags, 3).await;
     writer.await.unwrap();
     let mut relay = spawn_run(&db, &kafka, &flags);
     let duplicates = expect_all(&kafka, &topic, TOTAL).await;

@@ -152,15 +152,8 @@ async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions()
         |_, k| 1 + k % 50,
         97,
     );
-    let mut kills = 0;
-    while kills < 5 {
-        let mut relay = spawn_run(&db, &kafka, &flags);
-        wait_log(&relay, "streaming from the slot").await;
-        tokio::time::sleep(Duration::from_millis(700)).await; // let it stream a while
-        signal(&relay, "-KILL");
-        wait_exit(&mut relay).await;
-        kills += 1;
-    }
+    let kills = 5;
+    kill_9_while_streaming(&db, &kafka, &flags, kills).await;
     writer.await.unwrap();
     let mut relay = spawn_run(&db, &kafka, &flags);
     let duplicates = expect_all(&kafka, &topic, TOTAL).await;

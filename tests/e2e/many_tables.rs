@@ -57,6 +57,18 @@ async fn stopped(relay: &mut Relay) -> (std::process::ExitStatus, String) {
     (status, relay.log())
 }
 
+/// Waits for walbox to stop by itself, unsuccessfully, its last line
+/// saying each of `says`; returns that line.
+async fn stops_saying(relay: &mut Relay, says: &[&str]) -> String {
+    let (status, log) = stopped(relay).await;
+    let line = log.lines().last().unwrap_or_default().to_owned();
+    assert!(
+        !status.success() && says.iter().all(|s| line.contains(s)),
+        "{says:?}\n{log}"
+    );
+    line
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_order() {
     let cluster = kafka_cluster(1);
@@ -186,15 +198,15 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         )
         .await
         .unwrap();
-    let (status, log) = stopped(&mut relay).await;
-    assert!(!status.success(), "{log}");
-    let line = log.lines().last().unwrap_or_default();
-    assert!(
-        line.contains("\"tenant_e\".\"outbox_events\"")
-            && line.contains("has held rows")
-            && line.contains("re-insert its rows"),
-        "{log}"
-    );
+    stops_saying(
+        &mut relay,
+        &[
+            "\"tenant_e\".\"outbox_events\"",
+            "has held rows",
+            "re-insert its rows",
+        ],
+    )
+    .await;
     // Until it is fixed, each start stops the same way.
     let mut again = spawn_run(&db, &kafka, &run_flags);
     let (status, log) = stopped(&mut again).await;
@@ -229,13 +241,11 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         .get(0);
     write(&client, "tenant_b", 600, 620, 10).await;
     write(&client, "tenant_a", 610, 620, 10).await;
-    let (status, log) = stopped(&mut relay).await;
-    assert!(!status.success(), "{log}");
-    let line = log.lines().last().unwrap_or_default();
-    assert!(
-        line.contains("\"tenant_b\".\"outbox_events\"") && line.contains("left publication"),
-        "{log}"
-    );
+    stops_saying(
+        &mut relay,
+        &["\"tenant_b\".\"outbox_events\"", "left publication"],
+    )
+    .await;
     let held = confirmed(&client).await;
     assert!(
         lsn_le(&client, &held, &after_drop).await,
@@ -250,14 +260,14 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         .await
         .unwrap();
     let mut again = spawn_run(&db, &kafka, &run_flags);
-    let (status, log) = stopped(&mut again).await;
-    let line = log.lines().last().unwrap_or_default();
-    assert!(
-        !status.success()
-            && line.contains("\"tenant_b\".\"outbox_events\" joined publication")
-            && line.contains("re-insert them"),
-        "{log}"
-    );
+    stops_saying(
+        &mut again,
+        &[
+            "\"tenant_b\".\"outbox_events\" joined publication",
+            "re-insert them",
+        ],
+    )
+    .await;
     // The fix the drift line gave: back and re-inserted in one transaction
     // (every row again: the ones delivered before arrive twice).
     client
@@ -288,14 +298,14 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         .unwrap();
     write(&client, "tenant_g", 50, 60, 10).await;
     let mut relay = spawn_run(&db, &kafka, &run_flags);
-    let (status, log) = stopped(&mut relay).await;
-    let line = log.lines().last().unwrap_or_default();
-    assert!(
-        !status.success()
-            && line.contains("\"tenant_g\".\"outbox_events\" joined publication")
-            && line.contains("holds 50 rows inserted before it joined"),
-        "{log}"
-    );
+    let line = stops_saying(
+        &mut relay,
+        &[
+            "\"tenant_g\".\"outbox_events\" joined publication",
+            "holds 50 rows inserted before it joined",
+        ],
+    )
+    .await;
     let now = confirmed(&client).await;
     assert!(
         lsn_le(&client, &now, &held).await,
@@ -342,14 +352,14 @@ async fn tenants_written_at_once_and_one_added_while_running_arrive_once_in_orde
         )
         .await
         .unwrap();
-    let (status, log) = stopped(&mut relay).await;
-    let line = log.lines().last().unwrap_or_default();
-    assert!(
-        !status.success()
-            && line.contains("\"tenant_h\".\"outbox_events\" joined publication")
-            && line.contains("holds 40 rows inserted before it joined"),
-        "{log}"
-    );
+    stops_saying(
+        &mut relay,
+        &[
+            "\"tenant_h\".\"outbox_events\" joined publication",
+            "holds 40 rows inserted before it joined",
+        ],
+    )
+    .await;
 }
 
 /// Inserts `from..to` into Debezium's EventRouter layout (`legacy.outbox`):

@@ -182,6 +182,23 @@ pub(crate) async fn wait_http(addr: &str, path: &str, status: u16) -> String {
     .await
 }
 
+/// Starts `walbox run` with `flags` `times` times, each killed with
+/// SIGKILL once it streamed a while (700 ms).
+pub(crate) async fn kill_9_while_streaming(
+    db: &walbox_test_harness::pg::TestDb,
+    kafka: &TestKafka,
+    flags: &[&str],
+    times: usize,
+) {
+    for _ in 0..times {
+        let mut relay = spawn_run(db, kafka, flags);
+        wait_log(&relay, "streaming from the slot").await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        signal(&relay, "-KILL");
+        wait_exit(&mut relay).await;
+    }
+}
+
 /// Waits until the relay's log contains `needle`; returns the first line
 /// that does.
 pub(crate) async fn wait_log(relay: &Relay, needle: &str) -> String {
