@@ -405,20 +405,7 @@ async fn walbox_reconnects_after_postgres_restarts_and_sends_nothing_twice() {
         wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(30)).await;
         assert_eq!(expect_all(&kafka, &topic, from + 200).await, 0);
         drop(client);
-        server = tokio::task::spawn_blocking(move || {
-            if immediate {
-                server.stop_immediate();
-            } else {
-                server.stop();
-            }
-            server.start().unwrap();
-            server
-        })
-        .await
-        .unwrap();
-        client = walbox_test_harness::pg::connect(&server.config("postgres"))
-            .await
-            .unwrap();
+        (server, client) = restart_postgres(server, immediate).await;
     }
     insert_events(&client, 400, 450, |_| 10, 5).await;
     let duplicates = expect_all(&kafka, &topic, 450).await;
@@ -477,16 +464,7 @@ async fn postgres_restarts_with_events_in_flight_send_nothing_twice() {
         // reading and delivering them.
         insert_events(&client, from, from + PER_ROUND, |k| 1 + k % MAX_TX, 7).await;
         drop(client);
-        server = tokio::task::spawn_blocking(move || {
-            server.stop();
-            server.start().unwrap();
-            server
-        })
-        .await
-        .unwrap();
-        client = walbox_test_harness::pg::connect(&server.config("postgres"))
-            .await
-            .unwrap();
+        (server, client) = restart_postgres(server, false).await;
     }
     let total = ROUNDS * PER_ROUND;
     let duplicates = expect_all(&kafka, &topic, total).await;

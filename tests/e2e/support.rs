@@ -403,10 +403,23 @@ pub(crate) async fn exit_within(relay: &mut Relay, timeout: Duration) -> std::pr
 /// change was its confirmed position goes back to the last checkpoint
 /// (before Postgres 17). Returns the server and a new client.
 pub(crate) async fn crash_and_restart(
+    server: walbox_test_harness::pg::PgServer,
+) -> (walbox_test_harness::pg::PgServer, tokio_postgres::Client) {
+    restart_postgres(server, true).await
+}
+
+/// Stops Postgres (`immediate`: as a crash does; else a fast shutdown) and
+/// starts it again. Returns the server and a new client.
+pub(crate) async fn restart_postgres(
     mut server: walbox_test_harness::pg::PgServer,
+    immediate: bool,
 ) -> (walbox_test_harness::pg::PgServer, tokio_postgres::Client) {
     let server = tokio::task::spawn_blocking(move || {
-        server.stop_immediate();
+        if immediate {
+            server.stop_immediate();
+        } else {
+            server.stop();
+        }
         server.start().unwrap();
         server
     })

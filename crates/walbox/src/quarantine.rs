@@ -366,10 +366,9 @@ impl<T> Quarantine<T> {
     ///
     /// The records carry the release's id: their reports are for
     /// [`Quarantine::on_release_acked`] and [`Quarantine::on_release_refused`].
-    pub fn on_loaded(&mut self, mut batch: Vec<HeldEvent>) -> (ReleaseId, Vec<HeldEvent>) {
-        let Some(r) = &mut self.release else {
-            return (ReleaseId(u64::MAX), Vec::new());
-        };
+    /// `None` without a release under way.
+    pub fn on_loaded(&mut self, mut batch: Vec<HeldEvent>) -> Option<(ReleaseId, Vec<HeldEvent>)> {
+        let r = self.release.as_mut()?;
         match batch.last() {
             Some(last) => r.batch = Some((last.place, batch.len() as u64)),
             None => r.next = Some(Step::Forget { key: r.key.clone() }),
@@ -377,12 +376,7 @@ impl<T> Quarantine<T> {
         if batch.len() > 1 {
             r.rest = batch.split_off(1);
         }
-        (r.id, batch)
-    }
-
-    /// The release under way, if any.
-    pub fn releasing(&self) -> Option<ReleaseId> {
-        self.release.as_ref().map(|r| r.id)
+        Some((r.id, batch))
     }
 
     /// The aggregate was forgotten (released or dropped): it flows again.
@@ -498,7 +492,7 @@ mod tests {
             matches!(load, Some(Step::Load { after: None, .. })),
             "{load:?}"
         );
-        let (id, first) = q.on_loaded(vec![held("a", 0), held("a", 1)]);
+        let (id, first) = q.on_loaded(vec![held("a", 0), held("a", 1)]).unwrap();
         assert_eq!(first.len(), 1, "the batch's first alone");
         q.on_release_refused(id, "still too large".into());
         // The poll reads the request the failure has not withdrawn yet.
@@ -519,7 +513,7 @@ mod tests {
         q.on_synced(vec![requested("a")], 3);
         assert!(matches!(q.next_step(), Some(Step::Load { .. })));
         let batch = vec![held("a", 0), held("a", 1), held("a", 2)];
-        let (id, first) = q.on_loaded(batch);
+        let (id, first) = q.on_loaded(batch).unwrap();
         assert_eq!(first.len(), 1);
         assert_eq!(q.next_step(), None, "waiting for the first's ack");
         assert_eq!(q.on_release_acked(id).len(), 2, "the rest");
@@ -546,7 +540,7 @@ mod tests {
                 after: Some(through)
             })
         );
-        assert!(q.on_loaded(Vec::new()).1.is_empty());
+        assert!(q.on_loaded(Vec::new()).unwrap().1.is_empty());
         assert_eq!(q.next_step(), Some(Step::Forget { key: key.clone() }));
         q.on_forgotten(&key, 0);
         assert!(!q.holds(b"a"));
@@ -563,13 +557,15 @@ mod tests {
         let mut q = Quarantine::<()>::new(10);
         q.on_synced(vec![requested("a"), requested("b")], 5);
         assert!(matches!(q.next_step(), Some(Step::Load { key, .. }) if key == "a"));
-        let (a, _) = q.on_loaded(vec![held("a", 0), held("a", 1), held("a", 2)]);
+        let (a, _) = q
+            .on_loaded(vec![held("a", 0), held("a", 1), held("a", 2)])
+            .unwrap();
         assert_eq!(q.on_release_acked(a).len(), 2, "a's rest in flight");
         q.on_release_refused(a, "refused again".into());
         assert!(matches!(q.next_step(), Some(Step::ReleaseFailed { .. })));
         q.on_release_failed_recorded();
         assert!(matches!(q.next_step(), Some(Step::Load { key, .. }) if key == "b"));
-        let (b, first) = q.on_loaded(vec![held("b", 0), held("b", 1)]);
+        let (b, first) = q.on_loaded(vec![held("b", 0), held("b", 1)]).unwrap();
         assert_ne!(a, b);
         assert_eq!(first.len(), 1);
         // a's late reports.

@@ -232,8 +232,9 @@ impl Core<'_> {
     /// sent, in order.
     pub(in crate::relay) fn on_release_loaded(&mut self, batch: Vec<HeldEvent>) {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
-        let (release, first) = q.on_loaded(batch);
-        self.queue_released(release, first);
+        if let Some((release, first)) = q.on_loaded(batch) {
+            self.queue_released(release, first);
+        }
     }
 
     /// Queues released events' records, in order.
