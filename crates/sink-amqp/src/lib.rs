@@ -19,6 +19,7 @@
 //! One task owns the connection ([`link`]); the sink and its reports talk
 //! to it through channels.
 
+mod destination;
 mod link;
 mod url;
 
@@ -26,8 +27,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use sink_core::{Admission, Permit};
+use tokio::sync::{mpsc, oneshot};
 
+pub use destination::{partition_of, Confirms, Publisher, KEY_HEADER};
 pub use link::PUBLISH_HEADER;
 pub use url::{AmqpUrl, UrlError};
 
@@ -49,6 +52,12 @@ pub struct AmqpConfig {
     pub max_in_flight_bytes: usize,
     /// The connection's name, shown by `rabbitmqctl list_connections`.
     pub connection_name: String,
+    /// Routing partitions ([`Publisher`]): above 1, a record's routing key
+    /// is `<topic>.<n>`, `n` the hash of its key modulo the partitions.
+    pub partitions: u32,
+    /// The record header whose value becomes the `message_id` property
+    /// ([`Publisher`]).
+    pub message_id_header: String,
 }
 
 impl std::fmt::Debug for AmqpConfig {
@@ -60,6 +69,7 @@ impl std::fmt::Debug for AmqpConfig {
             .field("exchange_type", &self.exchange_type)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("partitions", &self.partitions)
             .finish_non_exhaustive()
     }
 }
@@ -128,13 +138,8 @@ pub struct Report<T> {
     pub result: Result<(), Refusal>,
     /// The message, when refused (for a dead-letter copy).
     pub refused: Option<Message>,
-}
-
-/// Room for one message, held until its report.
-#[derive(Debug)]
-pub struct Permit {
-    _slot: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
+    /// The message's room, given back when the report is dropped.
+    _permit: Option<Permit>,
 }
 
 /// A message in flight: what the connection's task keeps until the
@@ -142,7 +147,7 @@ pub struct Permit {
 struct Pending<T> {
     message: Message,
     token: T,
-    _permit: Permit,
+    permit: Permit,
 }
 
 enum Command<T> {
@@ -154,18 +159,14 @@ enum Command<T> {
 /// Publishes messages; their reports arrive on [`Reports`].
 pub struct AmqpSink<T> {
     commands: mpsc::UnboundedSender<Command<T>>,
-    slots: Arc<Semaphore>,
-    bytes: Arc<Semaphore>,
-    max_bytes: usize,
-    in_flight: Arc<AtomicUsize>,
-    in_flight_bytes: Arc<AtomicUsize>,
+    admission: Admission,
     connections: Arc<AtomicUsize>,
 }
 
 impl<T> std::fmt::Debug for AmqpSink<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSink")
-            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .field("in_flight", &self.admission.in_flight())
             .finish_non_exhaustive()
     }
 }
@@ -229,16 +230,10 @@ impl<T: Send + 'static> AmqpSink<T> {
         let first = link::Link::open(&config, 0).await?;
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (reports_tx, rx) = mpsc::unbounded_channel();
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let in_flight_bytes = Arc::new(AtomicUsize::new(0));
         let connections = Arc::new(AtomicUsize::new(1));
         let sink = AmqpSink {
             commands,
-            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
-            bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes.max(1))),
-            max_bytes: config.max_in_flight_bytes.max(1),
-            in_flight: Arc::clone(&in_flight),
-            in_flight_bytes: Arc::clone(&in_flight_bytes),
+            admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
             connections: Arc::clone(&connections),
         };
         let task = link::Publisher::new(
@@ -246,11 +241,7 @@ impl<T: Send + 'static> AmqpSink<T> {
             first,
             commands_rx,
             reports_tx,
-            link::Counters {
-                in_flight,
-                in_flight_bytes,
-                connections,
-            },
+            link::Counters { connections },
         );
         tokio::spawn(task.run());
         Ok((sink, Reports { rx }))
@@ -258,30 +249,15 @@ impl<T: Send + 'static> AmqpSink<T> {
 
     /// Waits for room for a message of `size` bytes. Cancel-safe.
     pub async fn reserve(&self, size: usize) -> Permit {
-        let slot = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .expect("never closed");
-        let n = size.clamp(1, self.max_bytes) as u32;
-        let bytes = Arc::clone(&self.bytes)
-            .acquire_many_owned(n)
-            .await
-            .expect("never closed");
-        Permit {
-            _slot: slot,
-            _bytes: bytes,
-        }
+        self.admission.reserve(size).await
     }
 
     /// Publishes `message`; its fate arrives on [`Reports::next`].
     pub fn publish(&self, permit: Permit, message: Message, token: T) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.in_flight_bytes
-            .fetch_add(message.size(), Ordering::Relaxed);
         let pending = Pending {
             message,
             token,
-            _permit: permit,
+            permit,
         };
         // The task outlives every sink handle: it ends on `close`.
         let _ = self.commands.send(Command::Publish(Box::new(pending)));
@@ -289,12 +265,18 @@ impl<T: Send + 'static> AmqpSink<T> {
 
     /// Messages published and not yet reported.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.admission.in_flight()
     }
 
-    /// Their bytes.
+    /// Their bytes (in whole KiB).
     pub fn in_flight_bytes(&self) -> usize {
-        self.in_flight_bytes.load(Ordering::Relaxed)
+        self.admission.in_flight_bytes()
+    }
+
+    /// How long messages have waited without any confirm (zero when none
+    /// waits).
+    pub fn stalled_for(&self) -> std::time::Duration {
+        self.admission.stalled_for()
     }
 
     /// Connections opened so far (the first included): each after the

@@ -240,8 +240,6 @@ impl Link {
 
 /// What the sink reads of the task's state.
 pub(crate) struct Counters {
-    pub(crate) in_flight: Arc<AtomicUsize>,
-    pub(crate) in_flight_bytes: Arc<AtomicUsize>,
     pub(crate) connections: Arc<AtomicUsize>,
 }
 
@@ -497,17 +495,15 @@ impl<T: Send + 'static> Publisher<T> {
         let Pending {
             message,
             token,
-            _permit,
+            permit,
         } = *slot.pending;
-        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.counters
-            .in_flight_bytes
-            .fetch_sub(message.size(), Ordering::Relaxed);
         let refused = result.is_err().then_some(message);
+        // The room is given back when the caller receives the report.
         let _ = self.reports.send(Report {
             token,
             result,
             refused,
+            _permit: Some(permit),
         });
     }
 

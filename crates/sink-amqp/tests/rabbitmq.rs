@@ -22,6 +22,8 @@ fn config(broker: &RabbitMq) -> AmqpConfig {
         max_in_flight: 500,
         max_in_flight_bytes: 1 << 20,
         connection_name: "walbox-test".into(),
+        partitions: 1,
+        message_id_header: "id".into(),
     }
 }
 

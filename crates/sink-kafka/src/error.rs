@@ -1,38 +1,20 @@
 //! What can go wrong with a record or the producer.
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use sink_core::{DeliveryError, DeliveryErrorKind};
 
-/// How a delivery failed, which decides what the caller does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeliveryErrorKind {
-    /// librdkafka gave up retrying (only with a finite `message.timeout.ms`;
-    /// walbox's default never gives up). Safe to resend after a restart.
-    RetriableExhausted,
-    /// The broker will never take this record as it is: authorization,
-    /// record too large, invalid or unknown topic. Dead-letter it or halt.
-    Permanent,
-    /// The producer is unusable (e.g. an idempotence sequence error): halt,
-    /// and start a new producer after a restart.
-    Fatal,
-    /// Purged at shutdown before a delivery report: not delivered, not failed.
-    Purged,
-    /// Not sent: an earlier record failed for good and the sink is gapless
-    /// ([`crate::SinkConfig::gapless`]), so nothing may be written after it.
-    /// Not delivered; sent again after a restart, behind the failed one.
-    Withheld,
-}
-
-/// A record's failure: its kind, the librdkafka code, and a message.
+/// A record's failure as librdkafka gave it: its kind, the librdkafka
+/// code, and a message. The caller gets it as the neutral
+/// [`DeliveryError`] ([`Failure::into_error`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{kind:?} delivery failure: {message}")]
-pub struct DeliveryError {
+pub(crate) struct Failure {
     /// What to do about it.
-    pub kind: DeliveryErrorKind,
+    pub(crate) kind: DeliveryErrorKind,
     /// The librdkafka error code, when there is one.
-    pub code: Option<RDKafkaErrorCode>,
+    pub(crate) code: Option<RDKafkaErrorCode>,
     /// What happened.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Error codes that no retry will fix.
@@ -56,24 +38,35 @@ const PERMANENT: &[RDKafkaErrorCode] = &[
     RDKafkaErrorCode::InvalidTimestamp,
 ];
 
-impl DeliveryError {
+impl Failure {
     pub(crate) fn new(
         kind: DeliveryErrorKind,
         code: Option<RDKafkaErrorCode>,
         message: impl Into<String>,
     ) -> Self {
-        DeliveryError {
+        Failure {
             kind,
             code,
             message: message.into(),
         }
     }
 
+    /// The neutral error: a fatal error that fenced the producer is
+    /// [`DeliveryErrorKind::Fenced`].
+    pub(crate) fn into_error(self) -> DeliveryError {
+        let kind = if self.is_fenced() {
+            DeliveryErrorKind::Fenced
+        } else {
+            self.kind
+        };
+        DeliveryError::new(kind, self.message)
+    }
+
     /// The record failed because its producer was fenced: a newer producer
     /// initialised the same transactional id (librdkafka raises it as a
     /// fatal error whose cause names the fencing; the report carries that
     /// cause's code).
-    pub fn is_fenced(&self) -> bool {
+    fn is_fenced(&self) -> bool {
         self.kind == DeliveryErrorKind::Fatal
             && matches!(
                 self.code,
@@ -101,7 +94,7 @@ impl DeliveryError {
     }
 
     /// Classifies a delivery report's error.
-    pub(crate) fn from_kafka(e: &KafkaError) -> DeliveryError {
+    pub(crate) fn from_kafka(e: &KafkaError) -> Failure {
         let code = e.rdkafka_error_code();
         let kind = match code {
             Some(RDKafkaErrorCode::Fatal) => DeliveryErrorKind::Fatal,
@@ -114,7 +107,7 @@ impl DeliveryError {
             // silently. Retriable codes reach here only when retries ran out.
             Some(_) | None => DeliveryErrorKind::RetriableExhausted,
         };
-        DeliveryError::new(kind, code, e.to_string())
+        Failure::new(kind, code, e.to_string())
     }
 }
 
@@ -149,7 +142,7 @@ mod tests {
 
     #[test]
     fn classifies_codes() {
-        let kind = |c| DeliveryError::from_kafka(&KafkaError::MessageProduction(c)).kind;
+        let kind = |c| Failure::from_kafka(&KafkaError::MessageProduction(c)).kind;
         assert_eq!(
             kind(RDKafkaErrorCode::MessageSizeTooLarge),
             DeliveryErrorKind::Permanent

@@ -2,7 +2,9 @@
 //!
 //! This crate owns producing: an rdkafka producer configured to protect the
 //! delivery contract, records that carry an opaque *ack token*, and the delivery
-//! reports that tell the caller each token's fate. It knows nothing of Postgres:
+//! reports that tell the caller each token's fate, in the neutral types of
+//! sink-core ([`Sink`] is a [`sink_core::Destination`] and a
+//! [`sink_core::Transactional`]). It knows nothing of Postgres:
 //! the caller decides what a token means (walbox uses it to find the
 //! transaction, and so the LSN, an event came from).
 //!
@@ -27,11 +29,11 @@
 //! the broker, the commit says it became visible. See `transaction.rs`.
 
 mod config;
+mod destination;
 mod error;
 pub mod msk_iam;
 mod problem;
 mod reader;
-mod record;
 mod sink;
 mod stats;
 mod transaction;
@@ -39,15 +41,21 @@ mod transaction;
 pub use config::{
     contract_defaults, is_secret_property, redact_userinfo, SinkConfig, TopicSpec, CONTRACT_PINNED,
 };
-pub use error::{DeliveryError, DeliveryErrorKind, SinkError};
+pub use error::SinkError;
 pub use problem::{BrokerProblem, ProblemKind};
 pub use reader::{
     read_range, read_topics, RangeRead, ReadFrom, ReadRecord, ReadSummary, RecordTime, Truncated,
 };
-pub use record::{Header, Record};
-pub use sink::{shutdown, Brokers, CompactedTopicError, Delivered, Permit, Report, Reports, Sink};
+pub use sink::{shutdown, Brokers, CompactedTopicError, Reports, Sink};
 pub use stats::{BrokerRtt, ProducerStats, STATISTICS_INTERVAL_MS};
-pub use transaction::{probe_transactions, TxnError, TxnErrorKind};
+pub use transaction::probe_transactions;
+
+// The neutral types this sink speaks (sink-core), for callers that use
+// only this crate.
+pub use sink_core::{
+    Delivered, DeliveryError, DeliveryErrorKind, Header, Permit, Record, Report, TxnError,
+    TxnErrorKind,
+};
 
 /// The version of the librdkafka walbox is built with (`2.12.1`).
 pub fn librdkafka_version() -> String {

@@ -21,85 +21,47 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+use sink_core::{TxnError, TxnErrorKind};
+
 use crate::sink::{Sink, TxnCall};
 use crate::SinkConfig;
 
-/// How a transactional call failed, which decides what the caller does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TxnErrorKind {
-    /// Another producer initialised the same `transactional.id`: this one
-    /// is fenced off for good. Stop; the other one carries on.
-    Fenced,
-    /// The transaction cannot commit (a record failed, the coordinator
-    /// aborted it after `transaction.timeout.ms`): abort it and write its
-    /// contents again in a new one.
-    Abortable,
-    /// It did not finish in time (a broker unreachable): the call may be
-    /// repeated, or the transaction aborted.
-    Retriable,
-    /// The broker does not support transactions, or does not let this
-    /// producer use them (authorization, `transaction.max.timeout.ms`).
-    Unsupported,
-    /// The producer is unusable.
-    Fatal,
-}
-
-/// A transactional call's failure.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct TxnError {
-    /// What to do about it.
-    pub kind: TxnErrorKind,
-    /// What happened.
-    pub message: String,
-}
-
-impl TxnError {
-    pub(crate) fn new(kind: TxnErrorKind, message: impl Into<String>) -> Self {
-        TxnError {
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// Classifies an error of librdkafka's transactional API.
-    pub(crate) fn from_kafka(what: &str, e: &KafkaError) -> TxnError {
-        let message = format!("{what}: {e}");
-        let kind = match e {
-            KafkaError::Transaction(t) => match t.code() {
-                // librdkafka's own code for a producer fenced mid-produce
-                // (Apache Kafka answers the produce with an old-epoch
-                // error, which librdkafka raises as fatal "fenced").
-                RDKafkaErrorCode::Fenced => TxnErrorKind::Fenced,
-                RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::InvalidProducerIdMapping
-                    if t.is_fatal() || t.code() == RDKafkaErrorCode::ProducerFenced =>
-                {
-                    TxnErrorKind::Fenced
-                }
-                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-                | RDKafkaErrorCode::ClusterAuthorizationFailed
-                | RDKafkaErrorCode::InvalidTransactionTimeout
-                | RDKafkaErrorCode::UnsupportedVersion
-                | RDKafkaErrorCode::UnsupportedFeature
-                | RDKafkaErrorCode::UnsupportedForMessageFormat => TxnErrorKind::Unsupported,
-                _ if t.is_fatal() => TxnErrorKind::Fatal,
-                _ if t.txn_requires_abort() => TxnErrorKind::Abortable,
-                RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::MessageTimedOut => {
-                    TxnErrorKind::Retriable
-                }
-                _ if t.is_retriable() => TxnErrorKind::Retriable,
-                // A call in the wrong state, and the like: a bug to stop on.
-                _ => TxnErrorKind::Fatal,
-            },
-            // commit_transaction flushes first; a flush that timed out.
-            KafkaError::Flush(_) => TxnErrorKind::Retriable,
+/// Classifies an error of librdkafka's transactional API.
+pub(crate) fn txn_error(what: &str, e: &KafkaError) -> TxnError {
+    let message = format!("{what}: {e}");
+    let kind = match e {
+        KafkaError::Transaction(t) => match t.code() {
+            // librdkafka's own code for a producer fenced mid-produce
+            // (Apache Kafka answers the produce with an old-epoch
+            // error, which librdkafka raises as fatal "fenced").
+            RDKafkaErrorCode::Fenced => TxnErrorKind::Fenced,
+            RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::InvalidProducerIdMapping
+                if t.is_fatal() || t.code() == RDKafkaErrorCode::ProducerFenced =>
+            {
+                TxnErrorKind::Fenced
+            }
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::InvalidTransactionTimeout
+            | RDKafkaErrorCode::UnsupportedVersion
+            | RDKafkaErrorCode::UnsupportedFeature
+            | RDKafkaErrorCode::UnsupportedForMessageFormat => TxnErrorKind::Unsupported,
+            _ if t.is_fatal() => TxnErrorKind::Fatal,
+            _ if t.txn_requires_abort() => TxnErrorKind::Abortable,
+            RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::MessageTimedOut => {
+                TxnErrorKind::Retriable
+            }
+            _ if t.is_retriable() => TxnErrorKind::Retriable,
+            // A call in the wrong state, and the like: a bug to stop on.
             _ => TxnErrorKind::Fatal,
-        };
-        TxnError::new(kind, message)
-    }
+        },
+        // commit_transaction flushes first; a flush that timed out.
+        KafkaError::Flush(_) => TxnErrorKind::Retriable,
+        _ => TxnErrorKind::Fatal,
+    };
+    TxnError::new(kind, message)
 }
 
 impl<T: Send + Sync + 'static> Sink<T> {
@@ -111,7 +73,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let result = self
             .transactional(TxnCall::Init, timeout)
             .await
-            .map_err(|e| TxnError::from_kafka("initialise transactions", &e));
+            .map_err(|e| txn_error("initialise transactions", &e));
         match result {
             // A broker without a transaction coordinator never answers
             // FindCoordinator(transaction) usefully: librdkafka waits.
@@ -130,7 +92,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// to librdkafka, no round trip.
     pub fn begin_transaction(&self) -> Result<(), TxnError> {
         self.begin()
-            .map_err(|e| TxnError::from_kafka("begin a transaction", &e))
+            .map_err(|e| txn_error("begin a transaction", &e))
     }
 
     /// Commits the transaction: waits until every record sent in it was
@@ -139,7 +101,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
         self.transactional(TxnCall::Commit, timeout)
             .await
-            .map_err(|e| TxnError::from_kafka("commit the transaction", &e))
+            .map_err(|e| txn_error("commit the transaction", &e))
     }
 
     /// Aborts the transaction: what was sent in it is never visible to a
@@ -148,7 +110,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
         self.transactional(TxnCall::Abort, timeout)
             .await
-            .map_err(|e| TxnError::from_kafka("abort the transaction", &e))
+            .map_err(|e| txn_error("abort the transaction", &e))
     }
 }
 
@@ -185,7 +147,7 @@ pub async fn probe_transactions(
         }
         producer
             .init_transactions(timeout)
-            .map_err(|e| TxnError::from_kafka("initialise transactions", &e))
+            .map_err(|e| txn_error("initialise transactions", &e))
             .map_err(|e| match e.kind {
                 TxnErrorKind::Retriable => TxnError::new(
                     TxnErrorKind::Unsupported,
@@ -198,13 +160,13 @@ pub async fn probe_transactions(
             })?;
         producer
             .begin_transaction()
-            .map_err(|e| TxnError::from_kafka("begin a transaction", &e))?;
+            .map_err(|e| txn_error("begin a transaction", &e))?;
         producer
             .send::<[u8], [u8]>(BaseRecord::to(&topic).key(id.as_bytes()))
-            .map_err(|(e, _)| TxnError::from_kafka("write in a transaction", &e))?;
+            .map_err(|(e, _)| txn_error("write in a transaction", &e))?;
         producer
             .commit_transaction(timeout)
-            .map_err(|e| TxnError::from_kafka("commit a transaction", &e))
+            .map_err(|e| txn_error("commit a transaction", &e))
     })
     .await
     .map_err(|e| TxnError::new(TxnErrorKind::Fatal, e.to_string()))?

@@ -31,6 +31,7 @@
 //! through channels.
 
 mod batch;
+mod destination;
 mod message;
 mod queue;
 mod sender;
@@ -38,7 +39,10 @@ mod sender;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use sink_core::{Admission, Permit};
+use tokio::sync::{mpsc, oneshot};
+
+pub use destination::{Outcomes, Publisher, DEAD_LETTER_TOPIC, KEY_ATTRIBUTE};
 
 pub use message::{fifo_id, Message, QueueRole, Refusal, MAX_ATTRIBUTES, NO_KEY_GROUP};
 pub use queue::{region_of, QueueInfo};
@@ -84,29 +88,33 @@ pub enum Failure {
     Withheld,
 }
 
+/// Where SQS stored a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The message id SQS gave it.
+    pub message_id: String,
+    /// Its sequence number in its group (FIFO queues).
+    pub sequence_number: Option<String>,
+}
+
 /// A message's fate.
 #[derive(Debug)]
 pub struct Report<T> {
     /// The message's token.
     pub token: T,
     /// Stored, or not for good.
-    pub result: Result<(), Failure>,
+    pub result: Result<Stored, Failure>,
     /// The message, when refused (for a dead-letter copy).
     pub refused: Option<Message>,
-}
-
-/// Room for one message, held until its report.
-#[derive(Debug)]
-pub struct Permit {
-    _slot: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
+    /// The message's room, given back when the report is dropped.
+    _permit: Option<Permit>,
 }
 
 /// A message on its way, kept by the sender until its report.
 struct Pending<T> {
     message: Message,
     token: T,
-    _permit: Permit,
+    permit: Permit,
 }
 
 enum Command<T> {
@@ -118,11 +126,9 @@ enum Command<T> {
 /// Sends messages; their reports arrive on [`Reports`].
 pub struct SqsSink<T> {
     commands: mpsc::UnboundedSender<Command<T>>,
-    slots: Arc<Semaphore>,
-    bytes: Arc<Semaphore>,
-    max_bytes: usize,
-    in_flight: Arc<AtomicUsize>,
-    in_flight_bytes: Arc<AtomicUsize>,
+    admission: Admission,
+    /// Messages sent and not reported, as the sending task counts them.
+    unreported: Arc<AtomicUsize>,
     events: QueueInfo,
     dead_letters: Option<QueueInfo>,
 }
@@ -131,7 +137,7 @@ impl<T> std::fmt::Debug for SqsSink<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqsSink")
             .field("events", &self.events)
-            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .field("in_flight", &self.admission.in_flight())
             .finish_non_exhaustive()
     }
 }
@@ -192,15 +198,11 @@ impl<T: Send + 'static> SqsSink<T> {
         };
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (reports_tx, rx) = mpsc::unbounded_channel();
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let in_flight_bytes = Arc::new(AtomicUsize::new(0));
+        let unreported = Arc::new(AtomicUsize::new(0));
         let sink = SqsSink {
             commands,
-            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
-            bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes.max(1))),
-            max_bytes: config.max_in_flight_bytes.max(1),
-            in_flight: Arc::clone(&in_flight),
-            in_flight_bytes: Arc::clone(&in_flight_bytes),
+            admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
+            unreported: Arc::clone(&unreported),
             events: events.clone(),
             dead_letters: dead_letters.clone(),
         };
@@ -215,8 +217,7 @@ impl<T: Send + 'static> SqsSink<T> {
             commands_rx,
             reports_tx,
             sender::Counters {
-                in_flight,
-                in_flight_bytes,
+                in_flight: unreported,
             },
         );
         tokio::spawn(task.run());
@@ -235,30 +236,16 @@ impl<T: Send + 'static> SqsSink<T> {
 
     /// Waits for room for a message of `size` bytes. Cancel-safe.
     pub async fn reserve(&self, size: usize) -> Permit {
-        let slot = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .expect("never closed");
-        let n = size.clamp(1, self.max_bytes) as u32;
-        let bytes = Arc::clone(&self.bytes)
-            .acquire_many_owned(n)
-            .await
-            .expect("never closed");
-        Permit {
-            _slot: slot,
-            _bytes: bytes,
-        }
+        self.admission.reserve(size).await
     }
 
     /// Sends `message`; its fate arrives on [`Reports::next`].
     pub fn publish(&self, permit: Permit, message: Message, token: T) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.in_flight_bytes
-            .fetch_add(message.size(), Ordering::Relaxed);
+        self.unreported.fetch_add(1, Ordering::Relaxed);
         let pending = Pending {
             message,
             token,
-            _permit: permit,
+            permit,
         };
         // The task outlives every sink handle: it ends on `close`.
         let _ = self.commands.send(Command::Publish(Box::new(pending)));
@@ -266,12 +253,18 @@ impl<T: Send + 'static> SqsSink<T> {
 
     /// Messages sent and not yet reported.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.admission.in_flight()
     }
 
-    /// Their bytes.
+    /// Their bytes (in whole KiB).
     pub fn in_flight_bytes(&self) -> usize {
-        self.in_flight_bytes.load(Ordering::Relaxed)
+        self.admission.in_flight_bytes()
+    }
+
+    /// How long messages have waited without any report (zero when none
+    /// waits).
+    pub fn stalled_for(&self) -> std::time::Duration {
+        self.admission.stalled_for()
     }
 
     /// Waits up to `within` for the reports of what is in flight (they

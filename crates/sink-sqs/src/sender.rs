@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::batch::{self, Waiting};
 use crate::message::{Attribute, Checked};
 use crate::queue::{describe, Class, QueueInfo};
-use crate::{Command, Failure, Pending, QueueRole, Refusal, Report};
+use crate::{Command, Failure, Pending, QueueRole, Refusal, Report, Stored};
 
 /// The first wait before sending again, doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -38,7 +38,6 @@ pub(crate) struct Queues {
 /// Counters the sink reads.
 pub(crate) struct Counters {
     pub(crate) in_flight: Arc<AtomicUsize>,
-    pub(crate) in_flight_bytes: Arc<AtomicUsize>,
 }
 
 /// A message checked and waiting in its lane.
@@ -266,8 +265,8 @@ impl<T: Send + 'static> Sender<T> {
         match answer {
             Ok(out) => {
                 let failed: HashMap<&str, _> = out.failed().iter().map(|f| (f.id(), f)).collect();
-                let stored: std::collections::HashSet<&str> =
-                    out.successful().iter().map(|s| s.id()).collect();
+                let stored: HashMap<&str, _> =
+                    out.successful().iter().map(|s| (s.id(), s)).collect();
                 let mut outcomes = Vec::with_capacity(batch.len());
                 for (i, ready) in batch.into_iter().enumerate() {
                     let id = i.to_string();
@@ -280,17 +279,22 @@ impl<T: Send + 'static> Sender<T> {
                             why_again = format!("{}: {}", f.code(), f.message().unwrap_or(""));
                             None
                         }
-                        None if stored.contains(id.as_str()) => Some(Ok(())),
-                        None => {
-                            why_again = "an entry SQS did not answer for".into();
-                            None
-                        }
+                        None => match stored.get(id.as_str()) {
+                            Some(s) => Some(Ok(Stored {
+                                message_id: s.message_id().to_owned(),
+                                sequence_number: s.sequence_number().map(str::to_owned),
+                            })),
+                            None => {
+                                why_again = "an entry SQS did not answer for".into();
+                                None
+                            }
+                        },
                     };
                     outcomes.push((ready, outcome));
                 }
                 for (ready, outcome) in outcomes {
                     match outcome {
-                        Some(Ok(())) => self.report(*ready.pending, Ok(()), false),
+                        Some(Ok(stored)) => self.report(*ready.pending, Ok(stored), false),
                         Some(Err(r)) => self.report(*ready.pending, Err(Failure::Refused(r)), true),
                         None => again.push(ready),
                     }
@@ -352,20 +356,23 @@ impl<T: Send + 'static> Sender<T> {
         lane.backoff = (lane.backoff * 2).min(MAX_BACKOFF);
     }
 
-    fn report(&mut self, pending: Pending<T>, result: Result<(), Failure>, keep: bool) {
+    fn report(&mut self, pending: Pending<T>, result: Result<Stored, Failure>, keep: bool) {
         if self.gapless && !self.halted && matches!(result, Err(Failure::Refused(_))) {
             self.halt();
         }
-        let Pending { message, token, .. } = pending;
+        let Pending {
+            message,
+            token,
+            permit,
+        } = pending;
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.counters
-            .in_flight_bytes
-            .fetch_sub(message.size(), Ordering::Relaxed);
         let refused = keep.then_some(message);
+        // The room is given back when the caller receives the report.
         let _ = self.reports.send(Report {
             token,
             result,
             refused,
+            _permit: Some(permit),
         });
     }
 }
@@ -447,10 +454,9 @@ mod tests {
     use aws_sdk_sqs::error::SdkError;
     use aws_sdk_sqs::types::{BatchResultErrorEntry, SendMessageBatchResultEntry};
     use bytes::Bytes;
-    use tokio::sync::Semaphore;
 
     use super::*;
-    use crate::{Message, Permit};
+    use crate::Message;
 
     fn sender(
         gapless: bool,
@@ -482,15 +488,14 @@ mod tests {
             reports,
             Counters {
                 in_flight: Arc::new(AtomicUsize::new(0)),
-                in_flight_bytes: Arc::new(AtomicUsize::new(0)),
             },
         );
         (sender, rx, commands)
     }
 
     /// Messages 0..5 of groups a, b, c, a, b, accepted in order.
-    fn accept_five(s: &mut Sender<u32>) {
-        let room = Arc::new(Semaphore::new(100));
+    async fn accept_five(s: &mut Sender<u32>) {
+        let room = sink_core::Admission::new(100, 1 << 20);
         for (n, key) in ["a", "b", "c", "a", "b"].into_iter().enumerate() {
             s.counters.in_flight.fetch_add(1, Ordering::Relaxed);
             s.accept(Box::new(Pending {
@@ -502,10 +507,7 @@ mod tests {
                     attributes: vec![],
                 },
                 token: n as u32,
-                _permit: Permit {
-                    _slot: Arc::clone(&room).try_acquire_owned().unwrap(),
-                    _bytes: Arc::clone(&room).try_acquire_owned().unwrap(),
-                },
+                permit: room.reserve(1).await,
             }));
         }
     }
@@ -521,7 +523,7 @@ mod tests {
 
     fn drain(rx: &mut mpsc::UnboundedReceiver<Report<u32>>) -> Vec<(u32, Result<(), Failure>)> {
         std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|r| (r.token, r.result))
+            .map(|r| (r.token, r.result.map(|_| ())))
             .collect()
     }
 
@@ -555,7 +557,7 @@ mod tests {
     #[tokio::test]
     async fn a_partial_failure_reports_each_entry_and_sends_the_rest_again_first_in_order() {
         let (mut s, mut rx, _commands) = sender(false);
-        accept_five(&mut s);
+        accept_five(&mut s).await;
         let batch = next_batch(&mut s);
         assert_eq!(
             batch.iter().map(|r| r.pending.token).collect::<Vec<_>>(),
@@ -585,7 +587,7 @@ mod tests {
     #[tokio::test]
     async fn a_gapless_sink_withholds_everything_after_a_refusal() {
         let (mut s, mut rx, _commands) = sender(true);
-        accept_five(&mut s);
+        accept_five(&mut s).await;
         let batch = next_batch(&mut s);
         s.finish(Done {
             lane: 0,
@@ -611,7 +613,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_without_answer_is_sent_again_whole_and_in_order() {
         let (mut s, mut rx, _commands) = sender(false);
-        accept_five(&mut s);
+        accept_five(&mut s).await;
         let batch = next_batch(&mut s);
         s.finish(Done {
             lane: 0,

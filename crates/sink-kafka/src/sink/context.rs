@@ -13,11 +13,11 @@ use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
 use tokio::sync::{mpsc, Notify};
 
-use super::{Delivered, Permit};
+use sink_core::{Delivered, DeliveryErrorKind, Permit, Record};
+
 use crate::config::redact_values;
-use crate::error::{DeliveryError, DeliveryErrorKind};
+use crate::error::Failure;
 use crate::problem::{ProblemLog, Verdict};
-use crate::record::Record;
 use bytes::Bytes;
 
 /// What travels with a record through librdkafka.
@@ -29,7 +29,7 @@ pub(super) struct Pending<T> {
 /// A delivery callback's result, sent to [`Reports`] with the permits.
 pub(super) struct Raw<T> {
     pub(super) pending: Pending<T>,
-    pub(super) report: Result<Delivered, DeliveryError>,
+    pub(super) report: Result<Delivered, Failure>,
     pub(super) returned: Option<Record<()>>,
 }
 
@@ -149,14 +149,14 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
         let raw = match result {
             Ok(m) => Raw {
                 pending: *pending,
-                report: Ok(Delivered {
+                report: Ok(Delivered::Kafka {
                     partition: m.partition(),
                     offset: m.offset(),
                 }),
                 returned: None,
             },
             Err((e, m)) => {
-                let error = DeliveryError::from_kafka(e).with_authorization_hint(m.topic());
+                let error = Failure::from_kafka(e).with_authorization_hint(m.topic());
                 self.gap.note(error.kind);
                 // Copied only for the rare permanent refusal.
                 let returned = (error.kind == DeliveryErrorKind::Permanent).then(|| Record {
@@ -167,7 +167,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                         .headers()
                         .map(|hs| {
                             hs.iter()
-                                .map(|h| crate::Header {
+                                .map(|h| sink_core::Header {
                                     name: h.key.to_owned().into(),
                                     value: Bytes::copy_from_slice(h.value.unwrap_or_default()),
                                 })
@@ -175,6 +175,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                         })
                         .unwrap_or_default(),
                     timestamp_ms: m.timestamp().to_millis(),
+                    origin: None,
                     token: (),
                 });
                 Raw {

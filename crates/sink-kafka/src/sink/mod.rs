@@ -34,12 +34,12 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use sink_core::{Admission, DeliveryErrorKind, Permit, Record, Report};
+use tokio::sync::{mpsc, Notify};
 
 use crate::config::{redact_values, SinkConfig, TopicSpec};
-use crate::error::{DeliveryError, DeliveryErrorKind, SinkError};
+use crate::error::{Failure, SinkError};
 use crate::problem::{BrokerProblem, ProblemLog};
-use crate::record::Record;
 
 mod committed;
 mod context;
@@ -47,27 +47,6 @@ mod topics;
 pub use topics::CompactedTopicError;
 
 use context::{Gap, Movement, Pending, Raw, SinkContext};
-
-/// Where a delivered record landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Delivered {
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-}
-
-/// A record's fate.
-#[derive(Debug)]
-pub struct Report<T> {
-    /// The record's token.
-    pub token: T,
-    /// Where it landed, or why it did not.
-    pub result: Result<Delivered, DeliveryError>,
-    /// The record itself when the broker refused it for good
-    /// ([`DeliveryErrorKind::Permanent`]), so the caller can dead-letter it.
-    pub returned: Option<Record<()>>,
-}
 
 /// librdkafka's refusal of a configuration, naming the property but never
 /// its value (its own message ends with the value).
@@ -97,22 +76,11 @@ pub(crate) enum TxnCall {
     Abort,
 }
 
-/// In-flight capacity taken by [`Sink::reserve`] for one record; returned
-/// when the record's report is received (or when dropped unused).
-#[derive(Debug)]
-pub struct Permit {
-    _slot: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
-}
-
 struct Inner<T: Send + Sync + 'static> {
     producer: ThreadedProducer<SinkContext<T>>,
     /// For failures found before producing (size, unknown topic).
     tx: mpsc::Sender<Raw<T>>,
-    slots: Arc<Semaphore>,
-    slots_total: usize,
-    kib: Arc<Semaphore>,
-    kib_total: u32,
+    admission: Admission,
     room: Arc<Notify>,
     known_topics: Mutex<HashSet<String>>,
     /// Topics found missing, and when (see [`MISSING_TOPIC_MEMORY`]).
@@ -203,16 +171,10 @@ impl<T: Send + Sync + 'static> Sink<T> {
         if let Some(tokens) = &tokens {
             tokens.prime(producer.client());
         }
-        let kib_total = u32::try_from(config.max_in_flight_bytes.div_ceil(1024))
-            .unwrap_or(Semaphore::MAX_PERMITS as u32)
-            .min(Semaphore::MAX_PERMITS as u32);
         let inner = Arc::new(Inner {
             producer,
             tx,
-            slots: Arc::new(Semaphore::new(config.max_in_flight)),
-            slots_total: config.max_in_flight,
-            kib: Arc::new(Semaphore::new(kib_total as usize)),
-            kib_total,
+            admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
             room,
             known_topics: Mutex::new(HashSet::new()),
             missing_topics: Mutex::new(HashMap::new()),
@@ -314,31 +276,17 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// Waits for room for one record of `size` bytes (see [`Record::size`]).
     /// Cancel-safe.
     pub async fn reserve(&self, size: usize) -> Permit {
-        let kib = u32::try_from(size.div_ceil(1024).max(1))
-            .unwrap_or(u32::MAX)
-            .min(self.inner.kib_total);
-        let slot = Arc::clone(&self.inner.slots)
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
-        let bytes = Arc::clone(&self.inner.kib)
-            .acquire_many_owned(kib)
-            .await
-            .expect("semaphore never closed");
-        Permit {
-            _slot: slot,
-            _bytes: bytes,
-        }
+        self.inner.admission.reserve(size).await
     }
 
     /// Bytes in flight (counted in KiB, as reserved).
     pub fn in_flight_bytes(&self) -> usize {
-        (self.inner.kib_total as usize - self.inner.kib.available_permits()) * 1024
+        self.inner.admission.in_flight_bytes()
     }
 
     /// Records in flight: sent, report not yet received by the caller.
     pub fn in_flight(&self) -> usize {
-        self.inner.slots_in_use()
+        self.inner.admission.in_flight()
     }
 
     /// How long records have been waiting without any delivery report:
@@ -360,12 +308,12 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// seconds, not left waiting.
     pub async fn send(&self, permit: Permit, record: Record<T>) {
         let inner = &self.inner;
-        if inner.slots_in_use() <= 1 {
+        if inner.admission.in_flight() <= 1 {
             // Nothing else was waiting: the wait starts now.
             inner.movement.touch();
         }
         if inner.gap.closed() {
-            let error = DeliveryError::new(
+            let error = Failure::new(
                 DeliveryErrorKind::Withheld,
                 None,
                 "not sent: an earlier record failed for good, and nothing may be written after it",
@@ -376,7 +324,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         }
         let size = record.size() + record.headers.len() * 16 + RECORD_OVERHEAD;
         if size > inner.message_max_bytes {
-            let error = DeliveryError::new(
+            let error = Failure::new(
                 DeliveryErrorKind::Permanent,
                 Some(RDKafkaErrorCode::MessageSizeTooLarge),
                 format!(
@@ -440,7 +388,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     }
                 }
                 Err((e, base)) => {
-                    let error = DeliveryError::from_kafka(&e);
+                    let error = Failure::from_kafka(&e);
                     let Pending { token, permits } = *base.delivery_opaque;
                     inner.fail_before_producing(record, token, permits, error);
                     return;
@@ -532,17 +480,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
         redact_values(text, &self.secrets)
     }
 
-    fn slots_in_use(&self) -> usize {
-        self.slots_total - self.slots.available_permits()
-    }
-
     /// Reports a failure found before the record reached librdkafka.
     fn fail_before_producing(
         &self,
         returned: Record<()>,
         token: T,
         permits: Permit,
-        error: DeliveryError,
+        error: Failure,
     ) {
         self.gap.note(error.kind);
         self.movement.touch();
@@ -568,7 +512,7 @@ impl<T: Send + Sync + 'static> Reports<T> {
         drop(pending.permits);
         Some(Report {
             token: pending.token,
-            result: report.map_err(|e| self.with_fatal_cause(e)),
+            result: report.map_err(|e| self.with_fatal_cause(e).into_error()),
             returned,
         })
     }
@@ -579,7 +523,7 @@ impl<T: Send + Sync + 'static> Reports<T> {
     /// error (e.g. fenced by a newer producer with the same transactional
     /// id, or no right to a producer id), code and reason. A record purged
     /// at a shutdown, with no fatal error, stays purged.
-    fn with_fatal_cause(&self, e: DeliveryError) -> DeliveryError {
+    fn with_fatal_cause(&self, e: Failure) -> Failure {
         if !matches!(
             e.code,
             Some(
@@ -591,7 +535,7 @@ impl<T: Send + Sync + 'static> Reports<T> {
             return e;
         }
         match self.producer.producer.client().fatal_error() {
-            Some((code, reason)) => DeliveryError::new(
+            Some((code, reason)) => Failure::new(
                 DeliveryErrorKind::Fatal,
                 Some(code),
                 crate::config::redact_values(

@@ -12,7 +12,9 @@ use rdkafka::producer::Producer;
 
 use super::Sink;
 use crate::config::TopicSpec;
-use crate::error::{DeliveryError, DeliveryErrorKind};
+use sink_core::DeliveryErrorKind;
+
+use crate::error::Failure;
 
 /// How long the first send to a topic may take to learn whether it exists.
 const TOPIC_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,8 +44,8 @@ const COMPACT: &str = "compact";
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The refusal of a record whose topic the broker does not know.
-pub(super) fn missing_topic(topic: &str) -> DeliveryError {
-    DeliveryError::new(
+pub(super) fn missing_topic(topic: &str) -> Failure {
+    Failure::new(
         DeliveryErrorKind::Permanent,
         Some(RDKafkaErrorCode::UnknownTopicOrPartition),
         format!("topic {topic} does not exist (waited {MISSING_TOPIC_GRACE:?}): create it, set topics.create = true, or fix the topic template"),
@@ -53,7 +55,7 @@ pub(super) fn missing_topic(topic: &str) -> DeliveryError {
 /// Why creating a topic failed.
 pub(crate) enum CreateError {
     /// The brokers refused it: permanent for this record.
-    Refused(DeliveryError),
+    Refused(Failure),
     /// No broker (or no controller) answered in time: nothing is known.
     Unanswered(String),
 }
@@ -87,8 +89,8 @@ fn no_answer(code: RDKafkaErrorCode) -> bool {
 pub(crate) enum TopicVerdict {
     Known,
     /// The broker does not know the topic (yet).
-    Missing(DeliveryError),
-    Refused(DeliveryError),
+    Missing(Failure),
+    Refused(Failure),
     /// The broker answered without a clear verdict: produce.
     Unsure,
     /// No broker answered.
@@ -111,7 +113,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// otherwise waited for up to [`MISSING_TOPIC_GRACE`] (one created a
     /// moment before its first record is not refused). While the brokers
     /// are unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
-    pub(super) async fn check_topic(&self, topic: &str) -> Result<(), DeliveryError> {
+    pub(super) async fn check_topic(&self, topic: &str) -> Result<(), Failure> {
         if self
             .inner
             .known_topics
@@ -220,7 +222,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                             TopicVerdict::Missing(missing_topic(&name))
                         }
                         Some(code @ (RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::TopicAuthorizationFailed)) => {
-                            TopicVerdict::Refused(DeliveryError::new(
+                            TopicVerdict::Refused(Failure::new(
                                 DeliveryErrorKind::Permanent,
                                 Some(code),
                                 format!("topic {name} cannot be produced to: {code} (grant walbox Write on it, or fix the topic template)"),
@@ -249,7 +251,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         spec: &TopicSpec,
     ) -> Result<bool, CreateError> {
         let refused = |why: String| {
-            CreateError::Refused(DeliveryError::new(
+            CreateError::Refused(Failure::new(
                 DeliveryErrorKind::Permanent,
                 None,
                 format!("topic {topic} does not exist and could not be created: {why}"),

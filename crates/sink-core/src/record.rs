@@ -1,17 +1,18 @@
-//! Records handed to the producer.
+//! Records handed to a destination.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-/// One Kafka header: a name and raw bytes.
+/// One header (a Kafka header, an AMQP header, an SQS message attribute):
+/// a name and raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
     /// Header name: usually one of a few fixed names, so not allocated per
     /// record.
     pub name: Cow<'static, str>,
-    /// Header value, as bytes (Kafka headers are not required to be text).
+    /// Header value, as bytes (headers are not required to be text).
     pub value: Bytes,
 }
 
@@ -21,9 +22,11 @@ pub struct Header {
 /// can point into that frame without copying.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record<T> {
-    /// Destination topic, shared by the records of one topic.
+    /// Where it goes: a Kafka topic, a RabbitMQ routing key (before
+    /// partitioning), the events or dead-letter queue on SQS. Shared by the
+    /// records of one topic.
     pub topic: Arc<str>,
-    /// Message key; decides the partition, so one key's messages stay in order.
+    /// Message key (the aggregate id): one key's messages stay in order.
     pub key: Option<Bytes>,
     /// Message value.
     pub value: Option<Bytes>,
@@ -32,8 +35,39 @@ pub struct Record<T> {
     /// Message timestamp in milliseconds since the Unix epoch; `None` lets the
     /// producer stamp the send time.
     pub timestamp_ms: Option<i64>,
+    /// Where in its source stream the record came from, for brokers that
+    /// deduplicate by it (an SQS FIFO deduplication id); `None` for records
+    /// that stand for no event of a stream.
+    pub origin: Option<Origin>,
     /// What the caller gets back in this record's delivery report.
     pub token: T,
+}
+
+/// A record's place in its source stream: the same on every re-send of its
+/// event, and never shared by two events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The stream (walbox: its replication slot).
+    pub stream: Arc<str>,
+    /// The position of the transaction the event belongs to (walbox: its
+    /// commit LSN).
+    pub position: u64,
+    /// The event's index in that transaction.
+    pub index: u64,
+}
+
+impl Origin {
+    /// `<stream>/<position as X/Y hexadecimal>/<index>`, e.g.
+    /// `walbox/0/16B3748/2`: at most the stream's length plus 37 bytes.
+    pub fn id(&self) -> String {
+        format!(
+            "{}/{:X}/{:X}/{}",
+            self.stream,
+            self.position >> 32,
+            self.position & 0xFFFF_FFFF,
+            self.index
+        )
+    }
 }
 
 impl Record<()> {
@@ -52,6 +86,7 @@ impl<T> Record<T> {
             value,
             headers: Vec::new(),
             timestamp_ms: None,
+            origin: None,
             token,
         }
     }
@@ -66,6 +101,12 @@ impl<T> Record<T> {
             name: name.into(),
             value: value.into(),
         });
+        self
+    }
+
+    /// Sets where in its source stream the record came from.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
         self
     }
 
@@ -88,6 +129,7 @@ impl<T> Record<T> {
             value,
             headers,
             timestamp_ms,
+            origin,
             token: old,
         } = self;
         (
@@ -97,6 +139,7 @@ impl<T> Record<T> {
                 value,
                 headers,
                 timestamp_ms,
+                origin,
                 token,
             },
             old,
@@ -133,5 +176,15 @@ mod tests {
         assert_eq!(r.size(), 3 + 5 + 2 + 4);
         assert_eq!(r.token, 7);
         assert_eq!(r.timestamp_ms, Some(1));
+    }
+
+    #[test]
+    fn an_origin_reads_as_a_wal_position() {
+        let o = Origin {
+            stream: Arc::from("walbox"),
+            position: 0x1_0000_00AB,
+            index: 3,
+        };
+        assert_eq!(o.id(), "walbox/1/AB/3");
     }
 }
