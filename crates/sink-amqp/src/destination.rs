@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sink_core::{
-    Deliveries, Delivered, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
+    Delivered, Deliveries, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
 };
 
 use crate::{AmqpConfig, AmqpSink, ConnectError, Message, Reports};

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sink_core::{
-    Deliveries, Delivered, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
+    Delivered, Deliveries, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
 };
 
 use crate::{ConnectError, Failure, Message, QueueInfo, QueueRole, Reports, SqsConfig, SqsSink};
@@ -120,7 +120,8 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
     async fn send(&self, permit: Permit, record: Record<T>) {
         let (record, token) = record.split_token();
         let message = message(&record);
-        self.sink.publish(permit, message, Carried { token, record });
+        self.sink
+            .publish(permit, message, Carried { token, record });
     }
 
     fn in_flight(&self) -> usize {
@@ -154,7 +155,9 @@ impl<T: Send + 'static> Deliveries<T> for Outcomes<T> {
                 Some(record),
             ),
             Err(e @ Failure::Stopped(_)) => (failed(DeliveryErrorKind::Fatal, e.to_string()), None),
-            Err(e @ Failure::Withheld) => (failed(DeliveryErrorKind::Withheld, e.to_string()), None),
+            Err(e @ Failure::Withheld) => {
+                (failed(DeliveryErrorKind::Withheld, e.to_string()), None)
+            }
         };
         Some(Report {
             token,

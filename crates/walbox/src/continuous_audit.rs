@@ -80,13 +80,17 @@ impl Tap {
 
     /// A sampled event's acknowledgement.
     pub fn delivered(&self, id: &str, topic: &Arc<str>, at: &Delivered) {
+        // It reads Kafka (the configuration refuses it elsewhere).
+        let Some((partition, offset)) = at.kafka() else {
+            return;
+        };
         if let Ok(mut pending) = self.pending.lock() {
             if pending.len() < MAX_PENDING {
                 pending.push_back(Sample {
                     id: id.into(),
                     topic: Arc::clone(topic),
-                    partition: at.partition,
-                    offset: at.offset,
+                    partition,
+                    offset,
                     tries: 0,
                 });
             }
@@ -301,7 +305,7 @@ mod tests {
             tap.delivered(
                 "b",
                 &topic,
-                &Delivered {
+                &Delivered::Kafka {
                     partition: 0,
                     offset: i,
                 },

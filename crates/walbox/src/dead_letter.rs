@@ -68,14 +68,7 @@ impl DeadLetterKind {
 
 /// A stable snake_case word for a delivery failure's kind (metric labels).
 pub fn failure_kind(kind: DeliveryErrorKind) -> &'static str {
-    match kind {
-        DeliveryErrorKind::RetriableExhausted => "retriable_exhausted",
-        DeliveryErrorKind::Permanent => "permanent",
-        DeliveryErrorKind::Fatal => "fatal",
-        DeliveryErrorKind::Purged => "purged",
-        DeliveryErrorKind::Withheld => "withheld",
-        _ => "other",
-    }
+    kind.as_str()
 }
 
 /// Where undeliverable events go: nowhere (halt) or a topic.
@@ -162,6 +155,7 @@ impl DeadLetters {
             value: returned.value,
             headers: returned.headers,
             timestamp_ms: returned.timestamp_ms,
+            origin: None,
             token,
         };
         self.copy(record, DeadLetterKind::Refused, &error.message, lsn)
@@ -255,7 +249,6 @@ mod tests {
         .with_timestamp_ms(7);
         let error = DeliveryError {
             kind: DeliveryErrorKind::Permanent,
-            code: None,
             message: "Broker: Topic authorization failed".into(),
         };
         let refused = dl.refused(&error, Some(returned), lsn, 2u8).unwrap();
@@ -285,7 +278,6 @@ mod tests {
     fn without_a_topic_or_for_a_passing_failure_it_halts() {
         let error = DeliveryError {
             kind: DeliveryErrorKind::Permanent,
-            code: None,
             message: "m".into(),
         };
         let returned = || Some(Record::new("t", None, None, ()));

@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod backfill;
 pub mod bookkeeping;
+pub mod broker;
 pub mod claim_check;
 pub mod commands;
 pub mod config;

@@ -4,70 +4,11 @@
 //! so nothing is lost, but an operator must hear of it. [`StallWatch`] turns
 //! the sink's "how long since the last delivery report" into log lines and
 //! readiness: a warning once the stall passes [`STALL_BOUND`] (and again
-//! every [`REPEAT`] while it lasts), a line when deliveries resume. Kafka's
-//! sink keeps that length itself; for the other brokers a [`StallClock`]
-//! keeps it from the records sent and the reports received.
+//! every [`REPEAT`] while it lasts), a line when deliveries resume. Every
+//! sink keeps that length itself (sink-core's admission, or Kafka's
+//! delivery callbacks): `Destination::stalled_for`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-/// How long records have waited without any report, kept from what is
-/// sent and reported (the sinks of RabbitMQ and SQS keep no such clock).
-#[derive(Debug)]
-pub struct StallClock {
-    origin: Instant,
-    waiting: AtomicUsize,
-    /// Milliseconds from `origin` to the last report, or to the send that
-    /// ended a time with nothing waiting.
-    moved_ms: AtomicU64,
-}
-
-impl Default for StallClock {
-    fn default() -> Self {
-        StallClock {
-            origin: Instant::now(),
-            waiting: AtomicUsize::new(0),
-            moved_ms: AtomicU64::new(0),
-        }
-    }
-}
-
-impl StallClock {
-    /// A record was sent.
-    pub fn sent(&self) {
-        if self.waiting.fetch_add(1, Ordering::Relaxed) == 0 {
-            self.stamp();
-        }
-    }
-
-    /// A record's report arrived.
-    pub fn reported(&self) {
-        let _ = self
-            .waiting
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        self.stamp();
-    }
-
-    /// Records waiting for their report.
-    pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
-    }
-
-    /// How long records have waited without any report (zero when none
-    /// waits).
-    pub fn stalled_for(&self) -> Duration {
-        if self.waiting() == 0 {
-            return Duration::ZERO;
-        }
-        let moved = Duration::from_millis(self.moved_ms.load(Ordering::Relaxed));
-        self.origin.elapsed().saturating_sub(moved)
-    }
-
-    fn stamp(&self) {
-        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.moved_ms.store(ms, Ordering::Relaxed);
-    }
-}
 
 /// Deliveries waiting this long without any report count as stalled.
 pub const STALL_BOUND: Duration = Duration::from_secs(30);
@@ -125,27 +66,6 @@ impl StallWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_clock_runs_while_records_wait_without_reports() {
-        let c = StallClock::default();
-        assert_eq!(c.stalled_for(), Duration::ZERO);
-        c.sent();
-        c.sent();
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(c.stalled_for() >= Duration::from_millis(30));
-        c.reported();
-        assert!(
-            c.stalled_for() < Duration::from_millis(30),
-            "a report moves it"
-        );
-        assert_eq!(c.waiting(), 1);
-        c.reported();
-        std::thread::sleep(Duration::from_millis(10));
-        assert_eq!(c.stalled_for(), Duration::ZERO, "nothing waits");
-        c.reported();
-        assert_eq!(c.waiting(), 0, "never below zero");
-    }
 
     #[test]
     fn warns_past_the_bound_repeats_and_says_when_it_resumes() {

@@ -204,6 +204,8 @@ impl Broker {
                     max_in_flight: IN_FLIGHT,
                     max_in_flight_bytes: IN_FLIGHT_BYTES,
                     connection_name: "walbox-bench flood".into(),
+                    partitions: 1,
+                    message_id_header: "id".into(),
                 };
                 let (sink, mut reports) = sink_amqp::AmqpSink::<()>::connect(config)
                     .await

@@ -15,19 +15,21 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgoutput_decoder::{Lsn, PgTimestamp, RelationBody, StandbyStatusUpdate, TupleData};
-use sink_kafka::Sink;
 use slot_manager::{domain_base_types, ChangeInFlight, Coverage};
 use tokio_postgres::Client;
 
 use super::{BackfillError, Outcome, Plan, BATCH, REPORT_EVERY, SAVE_EVERY};
 use crate::bookkeeping::backfills::{self as store, Publishing};
+use crate::broker::{Broker, Patience};
 use crate::config::EventSource;
 use crate::metrics::Metrics;
 use crate::relay::{
-    CopiedRow, Input, RelayConfig, ReplicationStream, RunError, Source, SourceError, Started, Token,
+    CopiedRow, Ends, Input, RelayConfig, ReplicationStream, RunError, Source, SourceError, Started,
+    Token,
 };
 
 /// The OID the rows' relation goes by (the catalog's is not needed).
@@ -53,17 +55,20 @@ pub(super) async fn publish(
     plan.mapping
         .resolve_with(&relation, &domains)
         .map_err(BackfillError::Mapping)?;
-    // The one place rows are republished: never to another broker than
-    // the configured one.
-    plan.settings
-        .refuse_republishing("republishing outbox rows (a backfill, a heal or a resync)")?;
-    let mut sink_config = plan.settings.sink.clone();
-    // Not in a Kafka transaction: see the module's documentation.
-    sink_config.transactional_id = None;
-    let (sink, mut reports) = Sink::<Token>::new(&sink_config).map_err(RunError::from)?;
-    crate::relay::check_brokers(&sink, &sink_config.bootstrap_servers).await?;
+    // The one place rows are republished: to the configured broker, not
+    // in a Kafka transaction (see the module's documentation).
+    let metrics = Metrics::new();
+    let settings = plan.settings.sink.without_transactions();
+    let Some((broker, mut reports)) =
+        Broker::<Token>::connect(&settings, Patience::Once, &metrics).await?
+    else {
+        unreachable!("a connection that waits once never sees a signal");
+    };
 
     let config = RelayConfig {
+        // Row `n` stands at position `n` of a stream of its own: on SQS
+        // FIFO its deduplication id never meets the slot's.
+        stream: Arc::from(format!("{}+backfill", plan.slot).as_str()),
         tables: slot_manager::OutboxTables::one(plan.table.clone()),
         mapping: plan.mapping.clone(),
         source: EventSource::Table,
@@ -104,9 +109,16 @@ pub(super) async fn publish(
         saved: Rc::clone(&saved),
     };
     let started = Instant::now();
-    let metrics = Metrics::new();
-    let ran = crate::relay::run_once(&config, &mut rows, &sink, &mut reports, metrics).await;
-    drop(sink);
+    let ran = crate::relay::run_once(
+        &config,
+        &mut rows,
+        Ends::at_least_once(&broker),
+        &mut reports,
+        metrics,
+    )
+    .await;
+    // Every record has its report (the session waited for them all).
+    broker.close(reports, Duration::ZERO).await;
     let dead_lettered = match ran {
         Ok(finished) => finished.dead_lettered,
         Err(source) => {

@@ -94,7 +94,12 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         slots,
         table: c.table("walbox audit")?,
         mapping: &mapping,
-        sink: &settings.sink,
+        sink: settings.sink.kafka().ok_or_else(|| {
+            ConfigError(format!(
+                "walbox audit reads the events back from Kafka; with sink = \"{}\" it cannot (a queue is consumed by reading it)",
+                settings.sink.name()
+            ))
+        })?,
         dead_letter_topic: settings.dead_letters.topic(),
         window,
         wait: args.wait,

@@ -85,7 +85,7 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     }
     if args.backfill.is_some() {
         // Before the slot is made: nothing to undo.
-        config.run()?.refuse_republishing("init-slot --backfill")?;
+        config.run()?;
     }
     let mut client = connect_control(&c.pg).await?;
     let (least, why) = c.least_server();

@@ -48,7 +48,6 @@ pub async fn run(args: ResyncArgs) -> Result<(), CliError> {
     let c = config.connection()?;
     let mapping = config.mapping()?;
     let settings = config.run()?;
-    settings.refuse_republishing("walbox resync")?;
     if c.shards > 1 {
         return Err(ConfigError(
             "resync with shards > 1 is not supported: it would republish every shard's rows through one slot (resync each shard's table range by hand, or run it unsharded)".into(),

@@ -10,10 +10,11 @@ use slot_manager::connect_control;
 
 use super::{loaded, CliError};
 use crate::backfill::Plan;
+use crate::broker::{Broker, Patience};
 use crate::config::{Connection, RunFlags, RunPlan, RunSettings};
 use crate::mapping::OutboxMapping;
 use crate::metrics::Metrics;
-use crate::relay::{PostgresSource, RelayConfig, RunError, SourceError, Stop, Token};
+use crate::relay::{Destination, PostgresSource, RelayConfig, RunError, SourceError, Stop, Token};
 
 /// Arguments of `walbox run`.
 #[derive(Debug, clap::Args)]
@@ -82,29 +83,21 @@ struct Stall {
     problem: Option<String>,
 }
 
-/// Kafka's stall, from the sink's own clock (and its statistics into the
-/// metrics meanwhile).
-fn kafka_stall(sink: &Sink<Token>, metrics: &Metrics) -> Stall {
-    if let Some(stats) = sink.statistics() {
-        metrics.set_producer_stats(&stats);
-    }
-    Stall {
-        stalled_for: sink.stalled_for(),
-        waiting: sink.in_flight(),
-        problem: sink.broker_problem().map(|p| p.to_string()),
-    }
-}
-
 /// Reports deliveries that stopped moving (see [`crate::stall`]), as
 /// `probe` reads them once a second, until aborted.
-async fn watch_stalls(probe: impl Fn(&Metrics) -> Stall, metrics: Arc<Metrics>) {
+async fn watch_stalls(broker: &Broker<Token>, metrics: &Metrics) -> std::convert::Infallible {
     use crate::stall::{StallEvent, StallWatch};
     let mut watch = StallWatch::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let stall = probe(&metrics);
+        broker.observe(metrics);
+        let stall = Stall {
+            stalled_for: broker.stalled_for(),
+            waiting: broker.in_flight(),
+            problem: broker.problem(),
+        };
         metrics
             .delivery_stalled_seconds
             .set(i64::try_from(stall.stalled_for.as_secs()).unwrap_or(i64::MAX));
@@ -214,7 +207,8 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             Some(spans)
         }
     };
-    let audit = settings.audit_interval.map(|interval| {
+    let audited = settings.audit_interval.zip(settings.sink.kafka());
+    let audit = audited.map(|(interval, kafka)| {
         let tap = crate::continuous_audit::Tap::new();
         tracing::info!(
             ?interval,
@@ -222,7 +216,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         );
         let task = tokio::spawn(crate::continuous_audit::run(
             Arc::clone(&tap),
-            settings.sink.clone(),
+            kafka.clone(),
             interval,
             settings.exactly_once.is_some(),
             Arc::clone(&metrics),
@@ -555,74 +549,11 @@ async fn heal_drift_stop(
     Ok(None)
 }
 
-/// Waits until a broker answers, as long as it takes, like an unreachable
-/// Postgres: routine broker maintenance must not crash-loop the pod. Each
-/// attempt waits up to 10 s, then a backoff (0.5 s doubling to 30 s);
-/// walbox is not ready meanwhile, counts each failed attempt in
-/// `walbox_reconnects_total{reason="kafka"}`, and logs one line per
-/// distinct cause. A refusal (TLS, SASL) is definite and returned. `None`:
-/// a signal came first (a pod terminated while Kafka is down exits at
-/// once, and 0).
-async fn wait_for_brokers(
-    sink: &Sink<Token>,
-    settings: &RunSettings,
-    metrics: &Metrics,
-    mut shutdown: watch::Receiver<Stop>,
-) -> Result<Option<sink_kafka::Brokers>, RunError> {
-    let mut backoff = crate::relay::Backoff::new();
-    let mut said: Option<String> = None;
-    loop {
-        let checked = tokio::select! {
-            checked = crate::relay::check_brokers(sink, &settings.sink.bootstrap_servers) => checked,
-            _ = shutdown.wait_for(|s| *s != Stop::No) => return Ok(None),
-        };
-        match checked {
-            Ok(brokers) => return Ok(Some(brokers)),
-            Err(e @ RunError::Broker { .. }) => {
-                metrics.count_reconnect(e.reason());
-                let delay = backoff.delay();
-                let error = crate::logging::chain(&e);
-                let cause = without_attempt_details(&error);
-                if said.as_deref() != Some(cause.as_str()) {
-                    tracing::warn!(%error, retry_in = ?delay, "Kafka unreachable; not streaming, will retry until a broker answers");
-                    said = Some(cause);
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    _ = shutdown.wait_for(|s| *s != Stop::No) => return Ok(None),
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// librdkafka's error text without what changes from one attempt to the
-/// next ("(after 3ms in state CONNECT, 2 identical error(s) suppressed)").
-fn without_attempt_details(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find(" (after ") {
-        out.push_str(&rest[..start]);
-        // To the parenthesis that closes it ("error(s)" nests one).
-        let mut depth = 0;
-        let close = rest[start + 1..].char_indices().find_map(|(i, c)| {
-            match c {
-                '(' => depth += 1,
-                ')' if depth == 1 => return Some(start + 1 + i),
-                ')' => depth -= 1,
-                _ => {}
-            }
-            None
-        });
-        rest = close.map_or("", |end| &rest[end + 1..]);
-    }
-    out.push_str(rest);
-    out
-}
-
-/// One run of the relay on a producer of its own, until a signal or a
-/// definite error.
+/// One run of the relay on a connection of its own to the configured
+/// broker, until a signal or a definite error; then the broker is given a
+/// little time for what is in flight (what it does not acknowledge in that
+/// time was never confirmed to the slot either: the next start sends it
+/// again).
 async fn stream(
     c: &Connection,
     mapping: &OutboxMapping,
@@ -631,197 +562,79 @@ async fn stream(
     metrics: Arc<Metrics>,
     observers: &Observers,
 ) -> Result<(), RunError> {
-    if let Some(rabbit) = &settings.rabbitmq {
-        return stream_rabbitmq(c, mapping, settings, rabbit, shutdown, metrics, observers).await;
-    }
-    if let Some(sqs) = &settings.sqs {
-        return stream_sqs(c, mapping, settings, sqs, shutdown, metrics, observers).await;
-    }
-    let (sink, mut reports) = Sink::<Token>::new(&settings.sink)?;
-    let Some(brokers) = wait_for_brokers(&sink, settings, &metrics, shutdown.clone()).await? else {
+    let patience = Patience::UntilStopped(&shutdown);
+    let Some((broker, mut reports)) = Broker::connect(&settings.sink, patience, &metrics).await?
+    else {
         tracing::info!("stopped before streaming, while waiting for the brokers");
         return Ok(());
     };
-    tracing::info!(
-        brokers = brokers.count,
-        answered_by = %brokers.answered_by,
-        "connected to Kafka"
-    );
-    if let Some(eos) = &settings.exactly_once {
-        sink.ensure_compacted_topic(&eos.progress_topic)
-            .await
-            .map_err(|e| match e {
-                CompactedTopicError::Unanswered(why) => RunError::ProgressTopicUnchecked(why),
-                CompactedTopicError::Refused(why) => {
-                    RunError::Transactions(crate::relay::TransactionsError::ProgressTopic(why))
-                }
-            })?;
-        sink_kafka::probe_transactions(&settings.sink, &eos.progress_topic, TXN_PROBE_TIMEOUT)
-            .await
-            .map_err(|e| RunError::from_txn(&eos.transactional_id, e))?;
-        tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
-    }
-    let watched = sink.clone();
-    let stall_watch = tokio::spawn(watch_stalls(
-        move |m: &Metrics| kafka_stall(&watched, m),
-        Arc::clone(&metrics),
-    ));
+    let transactions = match &settings.exactly_once {
+        None => None,
+        Some(eos) => Some(exactly_once_ready(&broker, settings, eos).await?),
+    };
     let mut source = PostgresSource::new(c.clone(), mapping);
     let relay = relay_config(c, mapping, settings, observers)?;
     let urgency = shutdown.clone();
-    let result =
-        crate::relay::run(&relay, &mut source, &sink, &mut reports, shutdown, metrics).await;
-    stall_watch.abort();
-    // Flush what is left; anything unacked was never confirmed.
+    let ends = crate::relay::Ends {
+        destination: &broker,
+        transactions,
+    };
+    let result = tokio::select! {
+        result = crate::relay::run(&relay, &mut source, ends, &mut reports, shutdown, Arc::clone(&metrics)) => result,
+        never = watch_stalls(&broker, &metrics) => match never {},
+    };
+    metrics.delivery_stalled_seconds.set(0);
     // Exactly-once: what counts committed (and was flushed by its commit);
     // a transaction left open is aborted by the next start, not flushed.
-    let flush_for = if *urgency.borrow() == Stop::Now || settings.exactly_once.is_some() {
+    let within = if *urgency.borrow() == Stop::Now || settings.exactly_once.is_some() {
         Duration::ZERO
     } else {
         SINK_SHUTDOWN_TIMEOUT
     };
-    let leftover = sink_kafka::shutdown(sink, reports, flush_for).await;
-    if !leftover.is_empty() {
-        tracing::info!(
-            count = leftover.len(),
-            "deliveries finished during shutdown (not confirmed; resent after restart)"
-        );
-    }
-    result
-}
-
-/// [`stream`] to RabbitMQ (`sink = "rabbitmq"`).
-async fn stream_rabbitmq(
-    c: &Connection,
-    mapping: &OutboxMapping,
-    settings: &RunSettings,
-    rabbit: &crate::config::RabbitSettings,
-    shutdown: watch::Receiver<Stop>,
-    metrics: Arc<Metrics>,
-    observers: &Observers,
-) -> Result<(), RunError> {
-    let (sink, reports) = sink_amqp::AmqpSink::connect(rabbit.amqp.clone()).await?;
-    tracing::info!(url = %rabbit.amqp.url, exchange = %rabbit.amqp.exchange, partitions = rabbit.partitions, "connected to RabbitMQ");
-    let destination = crate::relay::Rabbit::new(sink, rabbit.partitions);
-    let reports = crate::relay::RabbitReports(reports);
-    relay_to(
-        c,
-        mapping,
-        settings,
-        observers,
-        (destination, reports),
-        shutdown,
-        metrics,
-    )
-    .await
-}
-
-/// [`stream`] to Amazon SQS (`sink = "sqs"`).
-async fn stream_sqs(
-    c: &Connection,
-    mapping: &OutboxMapping,
-    settings: &RunSettings,
-    sqs: &crate::config::SqsSettings,
-    shutdown: watch::Receiver<Stop>,
-    metrics: Arc<Metrics>,
-    observers: &Observers,
-) -> Result<(), RunError> {
-    let (sink, reports) = sink_sqs::SqsSink::connect(sqs.sqs.clone()).await?;
-    let events = sink.events_queue();
-    tracing::info!(queue = %events.url, fifo = events.fifo, max_message_bytes = events.max_message_bytes, dead_letter_queue = ?sink.dead_letter_queue().map(|q| &q.url), "connected to SQS");
-    if !events.fifo {
-        tracing::warn!(queue = %events.url, "a standard SQS queue: events arrive in no particular order, and a re-sent event arrives twice (docs/sqs.md)");
-    }
-    let destination = crate::relay::Sqs::new(sink, &c.slot);
-    let reports = crate::relay::SqsReports(reports);
-    relay_to(
-        c,
-        mapping,
-        settings,
-        observers,
-        (destination, reports),
-        shutdown,
-        metrics,
-    )
-    .await
-}
-
-/// The relay on a broker other than Kafka, until a signal or a definite
-/// error; then the broker is given a little time for what is in flight
-/// (what it does not acknowledge in that time was never confirmed to the
-/// slot either: the next start sends it again).
-async fn relay_to<D: OtherBroker, R: crate::relay::Deliveries>(
-    c: &Connection,
-    mapping: &OutboxMapping,
-    settings: &RunSettings,
-    observers: &Observers,
-    (destination, mut reports): (D, R),
-    shutdown: watch::Receiver<Stop>,
-    metrics: Arc<Metrics>,
-) -> Result<(), RunError> {
-    let relay = relay_config(c, mapping, settings, observers)?;
-    let mut source = PostgresSource::new(c.clone(), mapping);
-    let urgency = shutdown.clone();
-    // The stall watch, on a clock of the records sent and reported.
-    let clock = Arc::new(crate::stall::StallClock::default());
-    let watched = Arc::clone(&clock);
-    let stall_watch = tokio::spawn(watch_stalls(
-        move |_: &Metrics| Stall {
-            stalled_for: watched.stalled_for(),
-            waiting: watched.waiting(),
-            problem: None,
-        },
-        Arc::clone(&metrics),
-    ));
-    let clocked = crate::relay::Clocked {
-        inner: &destination,
-        clock: &clock,
-    };
-    let mut clocked_reports = crate::relay::ClockedReports {
-        inner: &mut reports,
-        clock: &clock,
-    };
-    let result = crate::relay::run(
-        &relay,
-        &mut source,
-        &clocked,
-        &mut clocked_reports,
-        shutdown,
-        metrics,
-    )
-    .await;
-    stall_watch.abort();
-    let within = match *urgency.borrow() {
-        Stop::Now => Duration::ZERO,
-        _ => SINK_SHUTDOWN_TIMEOUT,
-    };
-    let left = destination.close(within).await;
+    let left = broker.close(reports, within).await;
     if left > 0 {
         tracing::info!(
             count = left,
-            "messages the broker had not acknowledged at shutdown (resent after restart)"
+            "records the broker had not acknowledged at shutdown (not confirmed; sent again after a restart)"
         );
     }
     result
 }
 
-/// A broker other than Kafka, as [`relay_to`] ends with it.
-trait OtherBroker: crate::relay::Destination {
-    /// Waits up to `within` for what is in flight, then disconnects; how
-    /// many messages were left unacknowledged.
-    async fn close(self, within: Duration) -> usize;
-}
-
-impl OtherBroker for crate::relay::Rabbit {
-    async fn close(self, within: Duration) -> usize {
-        crate::relay::Rabbit::close(self, within).await
-    }
-}
-
-impl OtherBroker for crate::relay::Sqs {
-    async fn close(self, within: Duration) -> usize {
-        crate::relay::Sqs::close(self, within).await
-    }
+/// Exactly-once: the progress topic is there and compacted, and the
+/// brokers take transactions; the producer that writes them.
+async fn exactly_once_ready<'b>(
+    broker: &'b Broker<Token>,
+    settings: &RunSettings,
+    eos: &crate::exactly_once::ExactlyOnce,
+) -> Result<&'b Sink<Token>, RunError> {
+    let (Some(sink), Some(config)) = (broker.transactional(), settings.sink.kafka()) else {
+        return Err(RunError::Transactions(
+            crate::relay::TransactionsError::Unsupported {
+                id: eos.transactional_id.clone(),
+                error: sink_core::TxnError::new(
+                    sink_core::TxnErrorKind::Unsupported,
+                    format!(
+                        "exactly-once delivery is Kafka's (its transactions); sink = \"{}\" has none",
+                        settings.sink.name()
+                    ),
+                ),
+            },
+        ));
+    };
+    sink.ensure_compacted_topic(&eos.progress_topic)
+        .await
+        .map_err(|e| match e {
+            CompactedTopicError::Unanswered(why) => RunError::ProgressTopicUnchecked(why),
+            CompactedTopicError::Refused(why) => {
+                RunError::Transactions(crate::relay::TransactionsError::ProgressTopic(why))
+            }
+        })?;
+    sink_kafka::probe_transactions(config, &eos.progress_topic, TXN_PROBE_TIMEOUT)
+        .await
+        .map_err(|e| RunError::from_txn(&eos.transactional_id, e))?;
+    tracing::info!(transactional_id = %eos.transactional_id, progress_topic = %eos.progress_topic, "delivery: exactly-once (Kafka transactions; consumers read with isolation.level=read_committed)");
+    Ok(sink)
 }
 
 /// What the relay runs with, whatever the broker.
@@ -832,6 +645,7 @@ fn relay_config(
     observers: &Observers,
 ) -> Result<RelayConfig, RunError> {
     Ok(RelayConfig {
+        stream: Arc::from(c.slot.as_str()),
         tables: c.tables.clone(),
         mapping: mapping.clone(),
         source: c.source,
@@ -860,15 +674,4 @@ fn relay_config(
             .transpose()
             .map_err(RunError::from)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_cause_is_the_same_whatever_the_attempt() {
-        assert_eq!(
-            super::without_attempt_details("b:9092/bootstrap: Connect to ipv4#10.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT, 4 identical error(s) suppressed): more"),
-            "b:9092/bootstrap: Connect to ipv4#10.0.0.1:9092 failed: Connection refused: more"
-        );
-    }
 }

@@ -125,8 +125,7 @@ impl Config {
         // What walbox sets in librdkafka itself, beside the operator's own.
         // (none with another sink)
         if let Ok(run) = self.run() {
-            let kafka = run.rabbitmq.is_none() && run.sqs.is_none();
-            if let (true, Ok(props)) = (kafka, run.sink.walbox_properties()) {
+            if let Some(Ok(props)) = run.sink.kafka().map(|k| k.walbox_properties()) {
                 for (k, v) in props {
                     out.push((format!("kafka.properties.{k}"), v, "walbox".into()));
                 }

@@ -39,11 +39,9 @@ use serde::{Deserialize, Serialize};
 pub use crate::event_source::EventSource;
 pub use args::{ConnectionFlags, MappingFlags, RunFlags};
 pub use connection::Connection;
-pub use rabbitmq::RabbitSettings;
 pub use raw::{Delivery, OnDrift, OnFailure, OnSlotInvalidated};
 use raw::{Raw, RawFormat};
-pub use run_settings::{RunPlan, RunSettings};
-pub use sqs::SqsSettings;
+pub use run_settings::{RunPlan, RunSettings, SinkSettings};
 
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]

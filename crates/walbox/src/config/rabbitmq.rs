@@ -3,32 +3,19 @@
 
 use sink_amqp::{AmqpConfig, AmqpUrl};
 
-use super::raw::RawSink;
 use super::{Config, ConfigError};
 
 /// Most routing partitions.
 const MAX_PARTITIONS: u64 = 1024;
 
-/// What `walbox run` needs to publish to RabbitMQ.
-#[derive(Clone, Debug)]
-pub struct RabbitSettings {
-    /// The connection, exchange and in-flight bounds.
-    pub amqp: AmqpConfig,
-    /// Routing partitions: above 1, routing keys are `<topic>.<n>`.
-    pub partitions: u32,
-}
-
 impl Config {
-    /// `[rabbitmq]`, checked; `None` with `sink = "kafka"`.
+    /// `[rabbitmq]`, checked (with `sink = "rabbitmq"`).
     pub(super) fn rabbitmq(
         &self,
         max_in_flight: usize,
         max_in_flight_bytes: usize,
-    ) -> Result<Option<RabbitSettings>, ConfigError> {
+    ) -> Result<AmqpConfig, ConfigError> {
         let r = &self.raw;
-        if r.sink != RawSink::Rabbitmq {
-            return Ok(None);
-        }
         let q = &r.rabbitmq;
         let Some(url) = &q.url else {
             return Err(ConfigError(
@@ -52,17 +39,16 @@ impl Config {
             "rabbitmq",
             "a message may arrive twice after a crash: deduplicate by message_id",
         )?;
-        Ok(Some(RabbitSettings {
-            amqp: AmqpConfig {
-                url,
-                exchange: q.exchange.clone(),
-                declare_exchange: q.declare_exchange,
-                exchange_type: q.exchange_type.clone(),
-                max_in_flight,
-                max_in_flight_bytes,
-                connection_name: format!("walbox {}", r.slot),
-            },
+        Ok(AmqpConfig {
+            url,
+            exchange: q.exchange.clone(),
+            declare_exchange: q.declare_exchange,
+            exchange_type: q.exchange_type.clone(),
+            max_in_flight,
+            max_in_flight_bytes,
+            connection_name: format!("walbox {}", r.slot),
             partitions: q.partitions as u32,
-        }))
+            message_id_header: crate::mapping::ID_HEADER.to_owned(),
+        })
     }
 }

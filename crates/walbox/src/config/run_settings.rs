@@ -18,8 +18,8 @@ use crate::mapping::OutboxMapping;
 /// What `walbox run` needs beyond the connection and mapping.
 #[derive(Clone, Debug)]
 pub struct RunSettings {
-    /// The producer.
-    pub sink: SinkConfig,
+    /// The broker events go to, and its client's settings.
+    pub sink: SinkSettings,
     /// What happens to undeliverable events.
     pub dead_letters: DeadLetters,
     /// Hold them instead, at most this many (`on_failure = "quarantine"`);
@@ -58,31 +58,49 @@ pub struct RunSettings {
     /// Where format = avro finds its schemas (`schema_registry.*`);
     /// `None` with any other format.
     pub schema_registry: Option<crate::schema_registry::RegistryConfig>,
-    /// `sink = "rabbitmq"`: where events go instead of Kafka (`sink` is
-    /// then unused).
-    pub rabbitmq: Option<super::RabbitSettings>,
-    /// `sink = "sqs"`: where events go instead of Kafka (`sink` is then
-    /// unused).
-    pub sqs: Option<super::SqsSettings>,
 }
 
-impl RunSettings {
-    /// The broker events go to, as `sink` names it.
-    pub fn sink_name(&self) -> &'static str {
-        match (&self.rabbitmq, &self.sqs) {
-            (Some(_), _) => "rabbitmq",
-            (_, Some(_)) => "sqs",
-            _ => "kafka",
+/// The one choice of broker (`sink`), with its client's settings. Every
+/// path that publishes (the stream, backfills, heals, resyncs, a recreated
+/// slot, quarantine releases, dead letters) goes to it.
+#[derive(Clone, Debug)]
+pub enum SinkSettings {
+    /// `sink = "kafka"`.
+    Kafka(SinkConfig),
+    /// `sink = "rabbitmq"`.
+    RabbitMq(sink_amqp::AmqpConfig),
+    /// `sink = "sqs"`.
+    Sqs(sink_sqs::SqsConfig),
+}
+
+impl SinkSettings {
+    /// The broker, as `sink` names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SinkSettings::Kafka(_) => "kafka",
+            SinkSettings::RabbitMq(_) => "rabbitmq",
+            SinkSettings::Sqs(_) => "sqs",
         }
     }
 
-    /// Refuses `what` (a backfill, a resync, a heal) when events go to
-    /// another broker than Kafka: republishing rows runs on the Kafka
-    /// producer only, and must never send them elsewhere than `sink`.
-    pub fn refuse_republishing(&self, what: &str) -> Result<(), ConfigError> {
-        match self.sink_name() {
-            "kafka" => Ok(()),
-            other => Err(ConfigError(super::kafka_only::republishing(what, other))),
+    /// Kafka's settings, when events go to Kafka.
+    pub fn kafka(&self) -> Option<&SinkConfig> {
+        match self {
+            SinkSettings::Kafka(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The same broker without transactions: republished rows (a backfill,
+    /// a heal, a resync) are written outside any Kafka transaction.
+    pub fn without_transactions(&self) -> SinkSettings {
+        match self {
+            SinkSettings::Kafka(k) => {
+                let mut k = k.clone();
+                k.transactional_id = None;
+                SinkSettings::Kafka(k)
+            }
+            other => other.clone(),
         }
     }
 }
@@ -322,11 +340,18 @@ impl Config {
                 "schema_registry.key = \"schema\" is not supported with on_failure = \"quarantine\" yet: the quarantine holds aggregates by their key as text; use stop or dead-letter".into(),
             ));
         }
-        let rabbitmq = self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?;
-        let sqs = self.sqs(sink.max_in_flight, sink.max_in_flight_bytes, sink.gapless)?;
+        let sink = match r.sink {
+            super::raw::RawSink::Kafka => SinkSettings::Kafka(sink),
+            super::raw::RawSink::Rabbitmq => {
+                SinkSettings::RabbitMq(self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?)
+            }
+            super::raw::RawSink::Sqs => SinkSettings::Sqs(self.sqs(
+                sink.max_in_flight,
+                sink.max_in_flight_bytes,
+                sink.gapless,
+            )?),
+        };
         Ok(RunSettings {
-            rabbitmq,
-            sqs,
             schema_registry,
             claim_check,
             otlp_endpoint,

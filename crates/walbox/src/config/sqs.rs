@@ -9,40 +9,26 @@ use super::{Config, ConfigError};
 /// Most batches on their way at once.
 const MAX_CONCURRENCY: u64 = 64;
 
-/// What dead-letter copies are labelled with when SQS carries them: they go
-/// to `sqs.dead_letter_queue_url`, whatever their topic.
-pub(super) const DEAD_LETTER_TOPIC: &str = "walbox.dead-letters";
-
-/// What `walbox run` needs to send to Amazon SQS.
-#[derive(Clone, Debug)]
-pub struct SqsSettings {
-    /// The queues, the region and endpoint, the in-flight bounds.
-    pub sqs: SqsConfig,
-}
-
 impl Config {
     /// With `sink = "sqs"`, the dead-letter topic `sqs.dead_letter_queue_url`
     /// stands for; else `dead_letter_topic`.
     pub(super) fn dead_letter_topic(&self) -> Option<String> {
         let r = &self.raw;
         match (r.sink, &r.sqs.dead_letter_queue_url) {
-            (RawSink::Sqs, Some(_)) => Some(DEAD_LETTER_TOPIC.to_owned()),
+            (RawSink::Sqs, Some(_)) => Some(sink_sqs::DEAD_LETTER_TOPIC.to_owned()),
             (RawSink::Sqs, None) => None,
             _ => r.dead_letter_topic.clone(),
         }
     }
 
-    /// `[sqs]`, checked; `None` with another sink.
+    /// `[sqs]`, checked (with `sink = "sqs"`).
     pub(super) fn sqs(
         &self,
         max_in_flight: usize,
         max_in_flight_bytes: usize,
         gapless: bool,
-    ) -> Result<Option<SqsSettings>, ConfigError> {
+    ) -> Result<SqsConfig, ConfigError> {
         let r = &self.raw;
-        if r.sink != RawSink::Sqs {
-            return Ok(None);
-        }
         let q = &r.sqs;
         let Some(queue_url) = &q.queue_url else {
             return Err(ConfigError(
@@ -80,18 +66,16 @@ impl Config {
             "sqs",
             "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event id; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
         )?;
-        Ok(Some(SqsSettings {
-            sqs: SqsConfig {
-                queue_url: queue_url.clone(),
-                dead_letter_queue_url: q.dead_letter_queue_url.clone(),
-                region: q.region.clone(),
-                endpoint: q.endpoint.clone(),
-                lanes: q.concurrency as usize,
-                max_in_flight,
-                max_in_flight_bytes,
-                gapless,
-            },
-        }))
+        Ok(SqsConfig {
+            queue_url: queue_url.clone(),
+            dead_letter_queue_url: q.dead_letter_queue_url.clone(),
+            region: q.region.clone(),
+            endpoint: q.endpoint.clone(),
+            lanes: q.concurrency as usize,
+            max_in_flight,
+            max_in_flight_bytes,
+            gapless,
+        })
     }
 }
 

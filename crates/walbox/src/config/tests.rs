@@ -94,8 +94,8 @@ fn flags_win_over_the_environment_which_wins_over_the_file() {
         "maps merge entry by entry"
     );
     let run = c.run().unwrap();
-    assert_eq!(run.sink.bootstrap_servers, "file:9092");
-    let p = &run.sink.properties;
+    assert_eq!(run.sink.kafka().unwrap().bootstrap_servers, "file:9092");
+    let p = &run.sink.kafka().unwrap().properties;
     assert_eq!(p.get("linger.ms").map(String::as_str), Some("50"));
     assert_eq!(p.get("client.id").map(String::as_str), Some("env"));
     assert_eq!(p.get("acks").map(String::as_str), Some("all"));
@@ -148,7 +148,7 @@ fn every_setting_can_come_from_the_environment() {
         assert_eq!(row.2, "environment", "{}: {row:?}", s.key);
     }
     let run = c.run().unwrap();
-    assert_eq!(run.sink.max_in_flight, 4096);
+    assert_eq!(run.sink.kafka().unwrap().max_in_flight, 4096);
     assert_eq!(run.status_interval, Duration::from_millis(4096));
     assert_eq!(run.retention, Some(Duration::from_secs(7 * 86_400)));
     assert_eq!(run.audit_interval, Some(Duration::from_secs(90)));
@@ -182,7 +182,10 @@ fn a_secret_can_come_from_a_file_and_is_never_shown() {
         Some(b"hunter2".as_slice())
     );
     let run = c.run().unwrap();
-    assert_eq!(run.sink.properties["sasl.password"], "s3cret");
+    assert_eq!(
+        run.sink.kafka().unwrap().properties["sasl.password"],
+        "s3cret"
+    );
     let shown = format!("{:?}", c.effective());
     assert!(
         !shown.contains("hunter2") && !shown.contains("s3cret"),
@@ -450,8 +453,8 @@ fn the_configuration_doc_lists_every_setting() {
 fn topic_creation_settings() {
     // Off by default: nothing is created, and gapless without dead letters.
     let run = load(None, &[PG, BROKERS], &[]).unwrap().run().unwrap();
-    assert_eq!(run.sink.create_topics, None);
-    assert!(run.sink.gapless);
+    assert_eq!(run.sink.kafka().unwrap().create_topics, None);
+    assert!(run.sink.kafka().unwrap().gapless);
     let run = load(
         None,
         &[PG, BROKERS, ("WALBOX_DEAD_LETTER_TOPIC", "dlq")],
@@ -460,7 +463,10 @@ fn topic_creation_settings() {
     .unwrap()
     .run()
     .unwrap();
-    assert!(!run.sink.gapless, "dead letters: the stream goes on");
+    assert!(
+        !run.sink.kafka().unwrap().gapless,
+        "dead letters: the stream goes on"
+    );
 
     let (_d, path) = file(
         "[topics]\ncreate = true\npartitions = 6\nreplication_factor = 3\nconfig = { \"min.insync.replicas\" = \"2\" }\n",
@@ -470,7 +476,10 @@ fn topic_creation_settings() {
         .run()
         .unwrap()
         .sink
+        .kafka()
+        .unwrap()
         .create_topics
+        .clone()
         .expect("create");
     assert_eq!(
         (spec.partitions, spec.replication_factor),
@@ -483,7 +492,10 @@ fn topic_creation_settings() {
         .run()
         .unwrap()
         .sink
+        .kafka()
+        .unwrap()
         .create_topics
+        .clone()
         .expect("create");
     assert_eq!((spec.partitions, spec.replication_factor), (None, None));
 
@@ -590,7 +602,7 @@ fn exactly_once_settings() {
     // At least once by default: no transactional producer.
     let run = load(None, &[PG, BROKERS], &[]).unwrap().run().unwrap();
     assert!(run.exactly_once.is_none());
-    assert_eq!(run.sink.transactional_id, None);
+    assert_eq!(run.sink.kafka().unwrap().transactional_id, None);
 
     let run = load(
         None,
@@ -604,7 +616,10 @@ fn exactly_once_settings() {
     assert_eq!(eos.transactional_id, "walbox-orders");
     assert_eq!(eos.progress_topic, "walbox.progress");
     assert_eq!(eos.bounds, crate::exactly_once::Bounds::default());
-    assert_eq!(run.sink.transactional_id.as_deref(), Some("walbox-orders"));
+    assert_eq!(
+        run.sink.kafka().unwrap().transactional_id.as_deref(),
+        Some("walbox-orders")
+    );
 
     let (_d, path) = file(
         "delivery = \"exactly-once\"\n[transactions]\nid = \"billing-eu\"\nprogress_topic = \"ops.walbox\"\nmax_events = 500\nmax_bytes = 65536\nmax_ms = 50\n",
@@ -1048,13 +1063,13 @@ fn the_failure_policy_is_one_of_three_and_quarantine_is_bounded() {
     };
     // Unset: stop, or dead-letter when a topic is named (as before).
     let stop = run(&[]).unwrap();
-    assert!(stop.sink.gapless && stop.quarantine.is_none());
+    assert!(stop.sink.kafka().unwrap().gapless && stop.quarantine.is_none());
     let dlq = run(&[("WALBOX_DEAD_LETTER_TOPIC", "dlq")]).unwrap();
-    assert!(!dlq.sink.gapless && dlq.dead_letters.topic() == Some("dlq"));
+    assert!(!dlq.sink.kafka().unwrap().gapless && dlq.dead_letters.topic() == Some("dlq"));
     // Quarantine: held events go on, so the producer is not gapless.
     let q = run(&[("WALBOX_ON_FAILURE", "quarantine")]).unwrap();
     assert_eq!(q.quarantine, Some(100_000));
-    assert!(!q.sink.gapless && q.dead_letters.topic().is_none());
+    assert!(!q.sink.kafka().unwrap().gapless && q.dead_letters.topic().is_none());
     let q = run(&[
         ("WALBOX_ON_FAILURE", "quarantine"),
         ("WALBOX_QUARANTINE_MAX_EVENTS", "5"),
@@ -1273,7 +1288,10 @@ fn aws_msk_iam_is_checked_with_the_other_kafka_settings() {
     let iam = ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISM", "AWS_MSK_IAM");
     let sink = run(&[iam, ("WALBOX_KAFKA_AWS_REGION", "eu-west-1")])
         .unwrap()
-        .sink;
+        .sink
+        .kafka()
+        .cloned()
+        .unwrap();
     assert!(sink.msk_iam());
     assert_eq!(sink.aws_region.as_deref(), Some("eu-west-1"));
     for (env, says) in [
@@ -1505,14 +1523,16 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
     )
     .unwrap();
     let run = c.for_run().unwrap().settings;
-    let r = run.rabbitmq.expect("rabbitmq settings");
-    assert_eq!(r.partitions, 4);
-    assert_eq!(r.amqp.url.to_string(), "amqp://walbox@rabbit:5673/prod");
+    let crate::config::SinkSettings::RabbitMq(amqp) = run.sink else {
+        panic!("rabbitmq settings")
+    };
+    assert_eq!(amqp.partitions, 4);
+    assert_eq!(amqp.url.to_string(), "amqp://walbox@rabbit:5673/prod");
     assert_eq!(
-        (r.amqp.exchange.as_str(), r.amqp.exchange_type.as_str()),
+        (amqp.exchange.as_str(), amqp.exchange_type.as_str()),
         ("walbox", "topic")
     );
-    assert!(r.amqp.declare_exchange);
+    assert!(amqp.declare_exchange);
     // The password is never shown.
     let shown = format!("{:?}{:?}", c.effective(), c);
     assert!(!shown.contains("hunter2"), "{shown}");
@@ -1613,7 +1633,9 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
     const SINK: (&str, &str) = ("WALBOX_SINK", "sqs");
     let c = load(None, &[PG, SINK, QUEUE], &[]).unwrap();
     let run = c.for_run().unwrap().settings;
-    let q = run.sqs.expect("sqs settings").sqs;
+    let crate::config::SinkSettings::Sqs(q) = run.sink else {
+        panic!("sqs settings")
+    };
     assert_eq!(q.queue_url, QUEUE.1);
     assert_eq!(
         (q.lanes, q.region.as_deref(), q.endpoint.as_deref()),
@@ -1635,7 +1657,9 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
     .unwrap();
     let run = c.for_run().unwrap().settings;
     assert!(run.dead_letters.topic().is_some());
-    let q = run.sqs.expect("sqs settings").sqs;
+    let crate::config::SinkSettings::Sqs(q) = run.sink else {
+        panic!("sqs settings")
+    };
     assert_eq!(q.dead_letter_queue_url.as_deref(), Some(DLQ.1));
     assert_eq!(q.lanes, 16);
     assert!(!q.gapless);

@@ -368,13 +368,14 @@ pub struct MappedEvent {
 
 impl MappedEvent {
     /// The record of this event, carrying `token` to its delivery report.
-    pub fn into_record<T>(self, token: T) -> sink_kafka::Record<T> {
-        sink_kafka::Record {
+    pub fn into_record<T>(self, token: T) -> sink_core::Record<T> {
+        sink_core::Record {
             topic: self.topic,
             key: Some(self.key),
             value: self.value,
             headers: self.headers,
             timestamp_ms: self.timestamp_ms,
+            origin: None,
             token,
         }
     }

@@ -57,10 +57,8 @@ mod backoff;
 mod core;
 mod destination;
 mod error;
-mod rabbitmq;
 mod session;
 mod source;
-mod sqs;
 
 #[cfg(test)]
 mod tests;
@@ -81,13 +79,11 @@ use crate::progress::EventToken;
 use crate::spans::{EventSpan, Spans};
 
 pub use backoff::Backoff;
-pub use destination::{check_brokers, Clocked, ClockedReports, Deliveries, Destination};
+pub use destination::{Deliveries, Destination, Ends, NoTransactions, Transactional};
 pub use error::{AbortCause, DriftError, RunError, TransactionsError};
-pub use rabbitmq::{partition_of, Rabbit, RabbitReports, Sent, KEY_HEADER};
 pub use source::{
     CopiedRow, Done, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
 };
-pub use sqs::{Sqs, SqsReports, SqsSent, SQS_KEY_ATTRIBUTE};
 
 /// What travels with an event to the broker and back.
 #[derive(Clone, Debug)]
@@ -141,6 +137,10 @@ pub enum Stop {
 /// What the relay needs to know.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
+    /// The stream events come from (the slot; a backfill's rows are a
+    /// stream of their own): with each event's commit position and index,
+    /// the record's [`sink_core::Origin`].
+    pub stream: Arc<str>,
     /// The outbox tables (relations of other tables are ignored).
     pub tables: OutboxTables,
     /// Which columns hold what.
@@ -187,21 +187,22 @@ pub struct Finished {
 /// Runs one session from `source` into `destination` until its stream ends
 /// and every record sent has its report (a backfill's rows), or an error.
 /// Nothing is retried: a rerun resumes from what the stream saved.
-pub async fn run_once<S, D, R>(
+pub async fn run_once<S, D, X, R>(
     config: &RelayConfig,
     source: &mut S,
-    destination: &D,
+    ends: Ends<'_, D, X>,
     reports: &mut R,
     metrics: Arc<Metrics>,
 ) -> Result<Finished, RunError>
 where
     S: Source,
-    D: Destination,
-    R: Deliveries,
+    D: Destination<Token>,
+    X: Transactional<Token>,
+    R: Deliveries<Token>,
 {
     // No signal ends it: its sender is gone.
     let (_, mut shutdown) = watch::channel(Stop::No);
-    let mut session = session::Session::new(config, destination, reports, metrics).ending();
+    let mut session = session::Session::new(config, ends, reports, metrics).ending();
     session
         .run(source, &mut shutdown, &mut Backoff::new())
         .await?;
@@ -214,21 +215,22 @@ pub const STANDBY_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 /// Runs sessions from `source` into `destination` until `shutdown` asks to
 /// stop (then `Ok`) or a definite error. Transient errors start a new
 /// session after a backoff.
-pub async fn run<S, D, R>(
+pub async fn run<S, D, X, R>(
     config: &RelayConfig,
     source: &mut S,
-    destination: &D,
+    ends: Ends<'_, D, X>,
     reports: &mut R,
     mut shutdown: watch::Receiver<Stop>,
     metrics: Arc<Metrics>,
 ) -> Result<(), RunError>
 where
     S: Source,
-    D: Destination,
-    R: Deliveries,
+    D: Destination<Token>,
+    X: Transactional<Token>,
+    R: Deliveries<Token>,
 {
     let mut backoff = Backoff::new();
-    let mut session = session::Session::new(config, destination, reports, metrics.clone());
+    let mut session = session::Session::new(config, ends, reports, metrics.clone());
     loop {
         let result = session.run(source, &mut shutdown, &mut backoff).await;
         metrics.set_streaming(false);

@@ -15,11 +15,12 @@ use tokio::time::Instant;
 use super::core::{Core, EosStartup, SessionStart};
 use super::Done;
 use super::{
-    Backoff, Deliveries, Destination, Input, RelayConfig, ReplicationStream, RunError, Source,
-    Started, Stop,
+    Backoff, Deliveries, Destination, Ends, Input, RelayConfig, ReplicationStream, RunError,
+    Source, Started, Stop, Token, Transactional,
 };
 use crate::metrics::Metrics;
 use crate::quarantine::Step;
+use sink_core::{Origin, Permit};
 
 /// At most this many received messages are handled in one turn of the
 /// select loop (at-least-once mode): bounded so that reports, timers and
@@ -103,9 +104,11 @@ enum Ending {
 }
 
 /// The relay's two ends and its core.
-pub(super) struct Session<'a, D, R> {
+pub(super) struct Session<'a, D, X, R> {
     config: &'a RelayConfig,
     destination: &'a D,
+    /// In exactly-once mode, the destination's transactions.
+    transactions: Option<&'a X>,
     reports: &'a mut R,
     metrics: Arc<Metrics>,
     core: Core<'a>,
@@ -122,16 +125,27 @@ pub(super) async fn stopped(shutdown: &mut watch::Receiver<Stop>, level: Stop) {
     }
 }
 
-impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
+impl<'a, D, X, R> Session<'a, D, X, R>
+where
+    D: Destination<Token>,
+    X: Transactional<Token>,
+    R: Deliveries<Token>,
+{
     pub(super) fn new(
         config: &'a RelayConfig,
-        destination: &'a D,
+        ends: Ends<'a, D, X>,
         reports: &'a mut R,
         metrics: Arc<Metrics>,
     ) -> Self {
+        assert_eq!(
+            config.exactly_once.is_some(),
+            ends.transactions.is_some(),
+            "exactly-once delivery is given the destination's transactions, and only it"
+        );
         Session {
             config,
-            destination,
+            destination: ends.destination,
+            transactions: ends.transactions,
             reports,
             metrics: metrics.clone(),
             core: Core::new(config, metrics),
@@ -150,6 +164,13 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         super::Finished {
             dead_lettered: self.core.dead_lettered(),
         }
+    }
+
+    /// The destination's transactions: exactly-once mode has them (checked
+    /// by [`Session::new`]), and only it reaches here.
+    fn transactions(&self) -> &'a X {
+        self.transactions
+            .expect("exactly-once mode has the destination's transactions")
     }
 
     /// One session: start streaming, loop, and on the way out either drain
@@ -189,14 +210,14 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         } = self.core.start_session(start)
         {
             if register {
-                self.destination
-                    .init_transactions()
+                self.transactions()
+                    .init()
                     .await
                     .map_err(|e| RunError::from_txn(&transactional_id, e))?;
                 self.core.on_producer_registered();
             }
             let read = self
-                .destination
+                .transactions()
                 .last_committed(&topic, &transactional_id)
                 .await;
             self.core.on_progress_read(read, server_wal)?;
@@ -336,7 +357,8 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         // Exactly-once: the commit of the closed Kafka transaction, and the
         // open one's time bound.
         let destination = self.destination;
-        let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_kafka::TxnError>>> = None;
+        let transactions = self.transactions;
+        let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_core::TxnError>>> = None;
         let txn_due = tokio::time::sleep_until(Instant::now());
         tokio::pin!(txn_due);
         // The quarantine's requests are read this often.
@@ -359,7 +381,9 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
                 }
                 self.core.close_if_due(Instant::now(), finishing.is_some());
                 if committing.is_none() && self.core.start_commit() {
-                    committing = Some(destination.commit().boxed_local());
+                    if let Some(transactions) = transactions {
+                        committing = Some(transactions.commit().boxed_local());
+                    }
                 }
             }
             let busy = self.core.transaction_busy();
@@ -665,13 +689,19 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
 
     /// Sends the first waiting record with the room reserved for it (in
     /// exactly-once mode, inside the open Kafka transaction).
-    async fn send_front(&mut self, permit: D::Permit) -> Result<(), RunError> {
-        let send = self
+    async fn send_front(&mut self, permit: Permit) -> Result<(), RunError> {
+        let mut send = self
             .core
             .take_send(Instant::now())
             .expect("a record is waiting");
+        let token = &send.record.token;
+        send.record.origin = Some(Origin {
+            stream: Arc::clone(&self.config.stream),
+            position: token.commit_lsn.as_u64(),
+            index: token.index,
+        });
         if send.begin_transaction {
-            if let Err(e) = self.destination.begin() {
+            if let Err(e) = self.transactions().begin() {
                 return Err(self.core.on_begin_failed(e));
             }
         }
@@ -819,7 +849,7 @@ impl<'a, D: Destination, R: Deliveries> Session<'a, D, R> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = self.destination.abort().await;
+            let result = self.transactions().abort().await;
             if self.core.on_aborted(result, attempt)? {
                 return Ok(());
             }

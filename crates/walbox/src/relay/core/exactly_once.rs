@@ -249,6 +249,7 @@ impl Core<'_> {
             value: Some(Bytes::from(position.encode(&eos.config.slot))),
             headers: Vec::new(),
             timestamp_ms: None,
+            origin: None,
             token: Token {
                 event: self.progress.marker(),
                 lsn: position.commit_lsn,
@@ -382,14 +383,17 @@ impl Core<'_> {
             eos.doom(AbortCause::Refused(error));
             return Ok(());
         }
-        if error.is_fenced() {
+        if error.kind == DeliveryErrorKind::Fenced {
             // Another instance with this transactional id took over.
             return Err(RunError::Fenced {
                 id: eos.config.transactional_id.clone(),
                 detail: error.message,
             });
         }
-        if error.kind == DeliveryErrorKind::Permanent || error.kind == DeliveryErrorKind::Fatal {
+        if matches!(
+            error.kind,
+            DeliveryErrorKind::Permanent | DeliveryErrorKind::Fatal
+        ) {
             return Err(self.delivery_failed(&token, error));
         }
         // The other records of the transaction fail too, each with its

@@ -96,7 +96,14 @@ impl Core<'_> {
     /// An acknowledged event's receipt (at least once; exactly-once refuses
     /// receipts: an acknowledged record may still be aborted).
     fn receipt(&self, token: &Token, at: &Delivered) {
-        if let (Some(recorder), Some(id)) = (&self.config.receipts, &token.event_id) {
+        // A receipt names a Kafka partition and offset (the configuration
+        // refuses receipts elsewhere).
+        let (Some(recorder), Some(id), Some((partition, offset))) =
+            (&self.config.receipts, &token.event_id, at.kafka())
+        else {
+            return;
+        };
+        {
             // A dead-lettered copy landed on the dead-letter topic.
             let topic = match (token.dead_letter, self.config.dead_letters.topic()) {
                 (Some(_), Some(dead_letters)) => Arc::from(dead_letters),
@@ -105,8 +112,8 @@ impl Core<'_> {
             recorder.record(Receipt {
                 event_id: id.clone(),
                 topic,
-                partition: at.partition,
-                offset: at.offset,
+                partition,
+                offset,
                 acked_at: SystemTime::now(),
                 dead_lettered: token.dead_letter.is_some(),
             });

@@ -86,7 +86,7 @@ async fn process(
     let relay = run(
         config,
         source,
-        &producer,
+        super::fakes::ends(config, &producer),
         &mut reports,
         stopped,
         Metrics::new(),
@@ -402,7 +402,7 @@ async fn a_zombie_that_wakes_up_after_the_takeover_writes_nothing_visible() {
     let old = run(
         &config,
         &mut old_source,
-        &old_producer,
+        super::fakes::ends(&config, &old_producer),
         &mut old_reports,
         stopped,
         Metrics::new(),

@@ -8,16 +8,18 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
-use sink_kafka::{
-    Delivered, DeliveryError, DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind,
+use sink_core::{
+    Admission, Delivered, DeliveryError, DeliveryErrorKind, Permit, Record, Report, TxnError,
+    TxnErrorKind,
 };
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 
 use slot_manager::{ChangeInFlight, Coverage};
 
 use crate::quarantine::{HeldEvent, HeldKey, Place, Request, Step};
 use crate::relay::{
-    Deliveries, Destination, Done, Input, ReplicationStream, Source, SourceError, Started, Token,
+    Deliveries, Destination, Done, Ends, Input, RelayConfig, ReplicationStream, Source,
+    SourceError, Started, Token, Transactional,
 };
 
 // ---- frames ---------------------------------------------------------------
@@ -543,17 +545,22 @@ struct BrokerState {
 #[derive(Clone)]
 pub(super) struct Broker {
     state: Arc<Mutex<BrokerState>>,
-    slots: Arc<Semaphore>,
-    slots_total: usize,
-    kib: Arc<Semaphore>,
-    kib_total: usize,
+    admission: Admission,
     reports: mpsc::UnboundedSender<(Report<Token>, InFlightPermits)>,
     /// This producer's transactional epoch, and whether a transaction is open.
     epoch: Arc<AtomicU64>,
     in_txn: Arc<AtomicBool>,
 }
 
-type InFlightPermits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+type InFlightPermits = Permit;
+
+/// The relay's ends on `broker`: its transactions in exactly-once mode.
+pub(super) fn ends<'a>(config: &RelayConfig, broker: &'a Broker) -> Ends<'a, Broker, Broker> {
+    Ends {
+        destination: broker,
+        transactions: config.exactly_once.is_some().then_some(broker),
+    }
+}
 
 /// The relay's report stream from the fake broker.
 pub(super) struct FakeReports {
@@ -577,10 +584,7 @@ impl Broker {
                     commits: 0,
                     aborts: 0,
                 })),
-                slots: Arc::new(Semaphore::new(events)),
-                slots_total: events,
-                kib: Arc::new(Semaphore::new(kib)),
-                kib_total: kib,
+                admission: Admission::new(events, kib * 1024),
                 reports: tx,
                 epoch: Arc::new(AtomicU64::new(0)),
                 in_txn: Arc::new(AtomicBool::new(false)),
@@ -708,21 +712,20 @@ impl Broker {
         } = f;
         let (copy, token) = record.split_token();
         let result = match epoch {
-            Some(e) if e != state.epoch => Err(DeliveryError {
-                kind: DeliveryErrorKind::Fatal,
-                code: None,
-                message: "producer fenced".into(),
-            }),
+            Some(e) if e != state.epoch => Err(DeliveryError::new(
+                DeliveryErrorKind::Fenced,
+                "producer fenced",
+            )),
             Some(_) => {
                 state.open_txn.push(copy);
-                Ok(Delivered {
+                Ok(Delivered::Kafka {
                     partition: 0,
                     offset: -1,
                 })
             }
             None => {
                 state.delivered.push(copy);
-                Ok(Delivered {
+                Ok(Delivered::Kafka {
                     partition: 0,
                     offset: state.delivered.len() as i64 - 1,
                 })
@@ -748,11 +751,10 @@ pub(in crate::relay) fn refused(record: Record<Token>) -> Report<Token> {
     let (returned, token) = record.split_token();
     Report {
         token,
-        result: Err(DeliveryError {
-            kind: DeliveryErrorKind::Permanent,
-            code: None,
-            message: "Broker: Message size too large".into(),
-        }),
+        result: Err(DeliveryError::new(
+            DeliveryErrorKind::Permanent,
+            "Broker: Message size too large",
+        )),
         returned: Some(returned),
     }
 }
@@ -773,14 +775,9 @@ pub(in crate::relay) fn header<'a, T>(r: &'a Record<T>, name: &str) -> Option<&'
         .map(|h| std::str::from_utf8(&h.value).expect("text header"))
 }
 
-impl Destination for Broker {
-    type Permit = InFlightPermits;
-
+impl Destination<Token> for Broker {
     async fn reserve(&self, size: usize) -> InFlightPermits {
-        let kib = size.div_ceil(1024).clamp(1, self.kib_total) as u32;
-        let slot = Arc::clone(&self.slots).acquire_owned().await.unwrap();
-        let bytes = Arc::clone(&self.kib).acquire_many_owned(kib).await.unwrap();
-        (slot, bytes)
+        self.admission.reserve(size).await
     }
 
     async fn send(&self, permits: InFlightPermits, record: Record<Token>) {
@@ -797,14 +794,20 @@ impl Destination for Broker {
     }
 
     fn in_flight(&self) -> usize {
-        self.slots_total - self.slots.available_permits()
+        self.admission.in_flight()
     }
 
     fn in_flight_bytes(&self) -> usize {
-        (self.kib_total - self.kib.available_permits()) * 1024
+        self.admission.in_flight_bytes()
     }
 
-    async fn init_transactions(&self) -> Result<(), TxnError> {
+    fn stalled_for(&self) -> std::time::Duration {
+        self.admission.stalled_for()
+    }
+}
+
+impl Transactional<Token> for Broker {
+    async fn init(&self) -> Result<(), TxnError> {
         let mut state = self.state.lock().unwrap();
         // Completes (aborts) what an older producer left open, and fences it.
         state.epoch += 1;
@@ -881,11 +884,7 @@ impl Destination for Broker {
             let (_, token) = f.record.split_token();
             let report = Report {
                 token,
-                result: Err(DeliveryError {
-                    kind: DeliveryErrorKind::Purged,
-                    code: None,
-                    message: "purged".into(),
-                }),
+                result: Err(DeliveryError::new(DeliveryErrorKind::Purged, "purged")),
                 returned: None,
             };
             let _ = f.reports.send((report, f.permits));
@@ -897,7 +896,7 @@ impl Destination for Broker {
     }
 }
 
-impl Deliveries for FakeReports {
+impl Deliveries<Token> for FakeReports {
     async fn next(&mut self) -> Option<Report<Token>> {
         // The permits return when the relay receives the report, as in the sink.
         self.rx.recv().await.map(|(report, _permits)| report)

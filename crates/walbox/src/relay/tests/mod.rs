@@ -24,6 +24,7 @@ use fakes::{begin, commit, header, insert, keepalive, relation, Broker, FakeSour
 
 pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
+        stream: std::sync::Arc::from("walbox"),
         save_positions: true,
         tables: slot_manager::OutboxTables::one(TableName::new("public", "outbox_events")),
         mapping: OutboxMapping {
@@ -95,7 +96,7 @@ impl Fixture {
         let relay = run(
             &self.config,
             &mut self.source,
-            &self.broker,
+            fakes::ends(&self.config, &self.broker),
             &mut self.reports,
             stopped,
             Arc::clone(&self.metrics),

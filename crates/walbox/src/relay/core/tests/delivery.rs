@@ -12,7 +12,6 @@ use crate::relay::{RunError, Token};
 fn refusal() -> DeliveryError {
     DeliveryError {
         kind: DeliveryErrorKind::Permanent,
-        code: None,
         message: "Broker: Topic authorization failed".into(),
     }
 }

@@ -15,7 +15,6 @@ fn refused(record: Record<Token>) -> Report<Token> {
     let mut report = super::refused(record);
     report.result = Err(DeliveryError {
         kind: DeliveryErrorKind::Permanent,
-        code: None,
         message: "record too large".into(),
     });
     report

@@ -13,6 +13,7 @@ use crate::relay::{RelayConfig, RunError};
 
 fn with_source(source: EventSource, dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
+        stream: std::sync::Arc::from("walbox"),
         source,
         ..config(dead_letters, None)
     }

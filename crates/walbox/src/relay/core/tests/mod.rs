@@ -34,6 +34,7 @@ const HISTORY: &str = "7000000000000000001/1";
 /// timestamp column), without saving positions, with `exactly_once`.
 pub(super) fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce>) -> RelayConfig {
     RelayConfig {
+        stream: std::sync::Arc::from("walbox"),
         exactly_once,
         save_positions: false,
         ..crate::relay::tests::config(dead_letters)
@@ -187,7 +188,7 @@ pub(super) fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
 pub(super) fn acked(token: Token) -> Report<Token> {
     Report {
         token,
-        result: Ok(Delivered {
+        result: Ok(Delivered::Kafka {
             partition: 0,
             offset: 0,
         }),
