@@ -86,20 +86,6 @@ fn config_shows_every_setting_with_its_source_and_no_secret() {
 #[test]
 fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
     let pg = ("WALBOX_PG_URL", "postgres://walbox:hunter2@127.0.0.1:1/app");
-    let rabbit = (
-        ("WALBOX_SINK", "rabbitmq"),
-        (
-            "WALBOX_RABBITMQ_URL",
-            "amqp://walbox:hunter2@127.0.0.1:1/%2F",
-        ),
-    );
-    let sqs = (
-        ("WALBOX_SINK", "sqs"),
-        (
-            "WALBOX_SQS_QUEUE_URL",
-            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
-        ),
-    );
     /// Arguments, environment, and what the error line must say.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
     let cases: &[Case<'_>] = &[
@@ -173,48 +159,6 @@ fn every_configuration_error_exits_2_in_one_line_without_the_secret() {
             &["config", "--kafka-brokers", "k:1", "--shards", "4"],
             &[pg],
             "shards = 4: say which shard this process streams",
-        ),
-        // Republishing rows runs on the Kafka producer only: with another
-        // broker it would send them to Kafka and stream on past them.
-        (
-            &["config"],
-            &[pg, rabbit.0, rabbit.1, ("WALBOX_ON_DRIFT", "heal")],
-            "on_drift = \"heal\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            &["run", "--kafka-brokers", "k:1"],
-            &[pg, rabbit.0, rabbit.1, ("WALBOX_ON_DRIFT", "heal")],
-            "on_drift = \"heal\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            &["config"],
-            &[pg, sqs.0, sqs.1, ("WALBOX_ON_SLOT_INVALIDATED", "recreate")],
-            "on_slot_invalidated = \"recreate\" is not supported with sink = \"sqs\" yet",
-        ),
-        (
-            &["run"],
-            &[pg, rabbit.0, rabbit.1, ("WALBOX_ON_SLOT_INVALIDATED", "recreate")],
-            "on_slot_invalidated = \"recreate\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            &["init-slot", "--backfill", "true"],
-            &[pg, rabbit.0, rabbit.1],
-            "init-slot --backfill is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            &["init-slot", "--backfill", "true"],
-            &[pg, sqs.0, sqs.1],
-            "init-slot --backfill is not supported with sink = \"sqs\" yet",
-        ),
-        (
-            &["resync", "--since", "2026-11-22 08:00+00"],
-            &[pg, rabbit.0, rabbit.1],
-            "walbox resync is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            &["resync", "--drift"],
-            &[pg, sqs.0, sqs.1],
-            "walbox resync is not supported with sink = \"sqs\" yet",
         ),
     ];
     for (args, env, want) in cases {

@@ -24,6 +24,7 @@ mod prometheus;
 mod quarantine;
 mod rabbitmq;
 mod receipts;
+mod republish;
 mod retention;
 mod run;
 mod schema_registry;

@@ -229,3 +229,32 @@ async fn every_event_reaches_rabbitmq_in_order_through_kills_and_a_broker_outage
     );
     assert!(lsn_le(&client, &confirmed_before, &confirmed(&client).await).await);
 }
+
+/// A heal and a resync republish to RabbitMQ, the configured broker, read
+/// back by pika (see `republish.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_and_a_resync_republish_to_rabbitmq() {
+    let broker = RabbitMq::start();
+    let url = broker.url();
+    let queues: HashMap<String, String> = [("all".to_owned(), "outbox.event.#".to_owned())].into();
+    run_tool(
+        &pika(),
+        "amqp_queues.py",
+        &["bind", &url, "walbox"],
+        &serde_json::to_string(&queues).unwrap(),
+    );
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let command = |args: &[&str]| {
+        let mut c = walbox(&db, args);
+        c.args(["--sink", "rabbitmq", "--rabbitmq-url", &url]);
+        c
+    };
+    let read = || {
+        read(&broker, &["all".to_owned()])
+            .iter()
+            .map(n_of)
+            .collect()
+    };
+    crate::republish::heal_then_resync(&client, command, read).await;
+}

@@ -368,3 +368,35 @@ async fn a_standard_queue_gets_every_event_and_an_oversized_one_stops_walbox_bef
     );
     assert!(!log.contains("walbox-secret-key"), "{log}");
 }
+
+/// A heal and a resync republish to SQS, the configured broker, read back
+/// by boto3 (see `republish.rs`). On a FIFO queue the resync's copies are
+/// stored although the first ones are within the deduplication window:
+/// a republished row has a place of its own (the backfill's), not the
+/// streamed event's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heal_and_a_resync_republish_to_sqs() {
+    let sqs = ElasticMq::start();
+    let queue = create(&sqs, "republished.fifo");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let endpoint = sqs.endpoint();
+    let command = |args: &[&str]| {
+        let mut c = walbox(&db, args);
+        c.args([
+            "--sink",
+            "sqs",
+            "--sqs-queue-url",
+            &queue,
+            "--sqs-endpoint",
+            &endpoint,
+        ])
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "walbox-secret-key")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_PROFILE");
+        c
+    };
+    let read = || read(&sqs, &queue).iter().map(Got::n).collect();
+    crate::republish::heal_then_resync(&client, command, read).await;
+}

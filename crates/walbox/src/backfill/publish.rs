@@ -68,7 +68,7 @@ pub(super) async fn publish(
     let config = RelayConfig {
         // Row `n` stands at position `n` of a stream of its own: on SQS
         // FIFO its deduplication id never meets the slot's.
-        stream: Arc::from(format!("{}+backfill", plan.slot).as_str()),
+        stream: Arc::from(format!("{}+{}", plan.slot, p.consistent_point).as_str()),
         tables: slot_manager::OutboxTables::one(plan.table.clone()),
         mapping: plan.mapping.clone(),
         source: EventSource::Table,

@@ -2,15 +2,7 @@
 //! "rabbitmq"` or `"sqs"`), each with its reason.
 
 use super::raw::{Raw, RawFormat};
-use super::{ConfigError, Delivery, OnDrift, OnFailure, OnSlotInvalidated};
-
-/// Why republishing outbox rows (backfill, heal, resync, a recreated slot)
-/// is refused with `sink`: that path publishes through the Kafka producer,
-/// so with another broker it would send the rows to Kafka (or fail) and
-/// the slot would stream on past them.
-pub(super) fn republishing(what: &str, sink: &str) -> String {
-    format!("{what} is not supported with sink = \"{sink}\" yet: it republishes outbox rows through the Kafka producer only, so the rows would not reach {sink}")
-}
+use super::{ConfigError, Delivery, OnFailure};
 
 /// The first setting `r` turns on that `sink` cannot honour.
 pub(super) fn refuse(r: &Raw, sink: &str, exactly_once_instead: &str) -> Result<(), ConfigError> {
@@ -30,14 +22,6 @@ pub(super) fn refuse(r: &Raw, sink: &str, exactly_once_instead: &str) -> Result<
         (
             r.claim_check.bucket.is_some(),
             format!("claim_check is not supported with sink = \"{sink}\" yet"),
-        ),
-        (
-            r.on_drift == OnDrift::Heal,
-            republishing("on_drift = \"heal\"", sink) + "; use stop",
-        ),
-        (
-            r.on_slot_invalidated == OnSlotInvalidated::Recreate,
-            republishing("on_slot_invalidated = \"recreate\"", sink) + "; use fail",
         ),
         (
             r.receipts,

@@ -64,7 +64,7 @@ impl Config {
         super::kafka_only::refuse(
             r,
             "sqs",
-            "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event id; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
+            "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event's place in the stream; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
         )?;
         Ok(SqsConfig {
             queue_url: queue_url.clone(),

@@ -1561,14 +1561,6 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
             "rabbitmq.partitions: from 1 to 1024",
         ),
         (
-            Some(("WALBOX_ON_DRIFT", "heal")),
-            "on_drift = \"heal\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
-            Some(("WALBOX_ON_SLOT_INVALIDATED", "recreate")),
-            "on_slot_invalidated = \"recreate\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
             Some(("WALBOX_DELIVERY", "exactly-once")),
             "delivery = \"exactly-once\" is Kafka's",
         ),
@@ -1686,14 +1678,6 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
             "sqs.concurrency: from 1 to 64",
         ),
         (
-            Some(("WALBOX_ON_DRIFT", "heal")),
-            "on_drift = \"heal\" is not supported with sink = \"sqs\" yet",
-        ),
-        (
-            Some(("WALBOX_ON_SLOT_INVALIDATED", "recreate")),
-            "on_slot_invalidated = \"recreate\" is not supported with sink = \"sqs\" yet",
-        ),
-        (
             Some(("WALBOX_SQS_ENDPOINT", "localhost:4566")),
             "sqs.endpoint \"localhost:4566\": expected an http:// or https:// URL",
         ),
@@ -1741,4 +1725,38 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
         !warnings.contains("Kafka is reached over plaintext"),
         "{warnings}"
     );
+}
+
+/// Heals, recreated slots and resyncs publish through the configured
+/// broker (`crate::broker`), so every sink takes them.
+#[test]
+fn republishing_rows_is_taken_with_every_sink() {
+    let rabbit = [
+        ("WALBOX_SINK", "rabbitmq"),
+        ("WALBOX_RABBITMQ_URL", "amqp://walbox:pw@rabbit:5672/%2F"),
+    ];
+    let sqs = [
+        ("WALBOX_SINK", "sqs"),
+        (
+            "WALBOX_SQS_QUEUE_URL",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+        ),
+    ];
+    for sink in [&rabbit[..], &sqs[..], &[BROKERS][..]] {
+        for policy in [
+            ("WALBOX_ON_DRIFT", "heal"),
+            ("WALBOX_ON_SLOT_INVALIDATED", "recreate"),
+        ] {
+            let mut vars = vec![PG, policy];
+            vars.extend_from_slice(sink);
+            let run = load(None, &vars, &[])
+                .and_then(|c| c.for_run())
+                .unwrap_or_else(|e| panic!("{policy:?} with {sink:?}: {e}"))
+                .settings;
+            assert!(
+                run.drift_heal_margin.is_some() || run.recreate_margin.is_some(),
+                "{policy:?}"
+            );
+        }
+    }
 }
