@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sink_core::{
-    Delivered, Deliveries, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
-};
+use sink_core::{Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report};
 
 use crate::{AmqpConfig, AmqpSink, ConnectError, Message, Reports};
 
@@ -118,7 +116,7 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
 
 impl<T: Send + 'static> Destination<T> for Publisher<T> {
     async fn reserve(&self, size: usize) -> Permit {
-        self.sink.reserve(size).await
+        self.sink.worker().reserve(size).await
     }
 
     async fn send(&self, permit: Permit, record: Record<T>) {
@@ -130,19 +128,19 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
             record,
             routing_key,
         };
-        self.sink.publish(permit, message, carried);
+        self.sink.worker().publish(permit, message, carried);
     }
 
     fn in_flight(&self) -> usize {
-        self.sink.in_flight()
+        self.sink.worker().in_flight()
     }
 
     fn in_flight_bytes(&self) -> usize {
-        self.sink.in_flight_bytes()
+        self.sink.worker().in_flight_bytes()
     }
 
     fn stalled_for(&self) -> Duration {
-        self.sink.stalled_for()
+        self.sink.worker().stalled_for()
     }
 }
 
@@ -155,22 +153,19 @@ impl<T: Send + 'static> Deliveries<T> for Confirms<T> {
             routing_key,
         } = report.token;
         Some(match report.result {
-            Ok(()) => Report {
+            Ok(()) => Report::delivered(
                 token,
-                result: Ok(Delivered::Amqp {
+                Delivered::Amqp {
                     exchange: Arc::clone(&self.exchange),
                     routing_key,
-                }),
-                returned: None,
-            },
-            Err(refusal) => Report {
+                },
+            ),
+            Err(refusal) => Report::failed(
                 token,
-                result: Err(DeliveryError::new(
-                    DeliveryErrorKind::Permanent,
-                    refusal.to_string(),
-                )),
-                returned: Some(record),
-            },
+                DeliveryErrorKind::Permanent,
+                refusal.to_string(),
+                record,
+            ),
         })
     }
 }

@@ -27,8 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use sink_core::{Admission, Permit};
-use tokio::sync::{mpsc, oneshot};
+use sink_core::worker::{Answer, Answers, Worker};
 
 pub use destination::{partition_of, Confirms, Publisher, KEY_HEADER};
 pub use link::PUBLISH_HEADER;
@@ -129,59 +128,25 @@ pub enum Refusal {
     HeaderNameTooLong(usize),
 }
 
-/// A message's fate.
-#[derive(Debug)]
-pub struct Report<T> {
-    /// The message's token.
-    pub token: T,
-    /// Confirmed, or refused for good.
-    pub result: Result<(), Refusal>,
-    /// The message, when refused (for a dead-letter copy).
-    pub refused: Option<Message>,
-    /// The message's room, given back when the report is dropped.
-    _permit: Option<Permit>,
-}
+/// A message's fate: confirmed, or refused for good (with the message,
+/// for a dead-letter copy).
+pub type Report<T> = Answer<Message, T, (), Refusal>;
 
-/// A message in flight: what the connection's task keeps until the
-/// broker confirms it.
-struct Pending<T> {
-    message: Message,
-    token: T,
-    permit: Permit,
-}
+/// Each published message's report, once.
+pub type Reports<T> = Answers<Message, T, (), Refusal>;
 
-enum Command<T> {
-    Publish(Box<Pending<T>>),
-    /// Waits for every confirm (at most the given time), then closes.
-    Close(std::time::Duration, oneshot::Sender<usize>),
-}
-
-/// Publishes messages; their reports arrive on [`Reports`].
+/// Publishes messages through the connection's task; their reports arrive
+/// on [`Reports`].
 pub struct AmqpSink<T> {
-    commands: mpsc::UnboundedSender<Command<T>>,
-    admission: Admission,
+    worker: Worker<Message, T>,
     connections: Arc<AtomicUsize>,
 }
 
 impl<T> std::fmt::Debug for AmqpSink<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSink")
-            .field("in_flight", &self.admission.in_flight())
+            .field("in_flight", &self.worker.in_flight())
             .finish_non_exhaustive()
-    }
-}
-
-/// Each published message's report, once.
-#[derive(Debug)]
-pub struct Reports<T> {
-    rx: mpsc::UnboundedReceiver<Report<T>>,
-}
-
-impl<T> Reports<T> {
-    /// The next report; `None` once the sink is closed and every report was
-    /// received. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Report<T>> {
-        self.rx.recv().await
     }
 }
 
@@ -228,55 +193,28 @@ impl<T: Send + 'static> AmqpSink<T> {
     /// one line), then publishes through a task of its own.
     pub async fn connect(config: AmqpConfig) -> Result<(AmqpSink<T>, Reports<T>), ConnectError> {
         let first = link::Link::open(&config, 0).await?;
-        let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (reports_tx, rx) = mpsc::unbounded_channel();
+        let (worker, commands) = Worker::new(config.max_in_flight, config.max_in_flight_bytes);
+        let (reports_tx, reports) = Reports::channel();
         let connections = Arc::new(AtomicUsize::new(1));
         let sink = AmqpSink {
-            commands,
-            admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
+            worker,
             connections: Arc::clone(&connections),
         };
         let task = link::Publisher::new(
             config,
             first,
-            commands_rx,
+            commands,
             reports_tx,
             link::Counters { connections },
         );
         tokio::spawn(task.run());
-        Ok((sink, Reports { rx }))
+        Ok((sink, reports))
     }
 
-    /// Waits for room for a message of `size` bytes. Cancel-safe.
-    pub async fn reserve(&self, size: usize) -> Permit {
-        self.admission.reserve(size).await
-    }
-
-    /// Publishes `message`; its fate arrives on [`Reports::next`].
-    pub fn publish(&self, permit: Permit, message: Message, token: T) {
-        let pending = Pending {
-            message,
-            token,
-            permit,
-        };
-        // The task outlives every sink handle: it ends on `close`.
-        let _ = self.commands.send(Command::Publish(Box::new(pending)));
-    }
-
-    /// Messages published and not yet reported.
-    pub fn in_flight(&self) -> usize {
-        self.admission.in_flight()
-    }
-
-    /// Their bytes (in whole KiB).
-    pub fn in_flight_bytes(&self) -> usize {
-        self.admission.in_flight_bytes()
-    }
-
-    /// How long messages have waited without any confirm (zero when none
-    /// waits).
-    pub fn stalled_for(&self) -> std::time::Duration {
-        self.admission.stalled_for()
+    /// Room, messages handed to the connection's task, and what is in
+    /// flight.
+    pub fn worker(&self) -> &Worker<Message, T> {
+        &self.worker
     }
 
     /// Connections opened so far (the first included): each after the
@@ -289,10 +227,6 @@ impl<T: Send + 'static> AmqpSink<T> {
     /// reports arrive meanwhile), then closes the connection. Returns how
     /// many messages were left unconfirmed.
     pub async fn close(self, within: std::time::Duration) -> usize {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Close(within, tx)).is_err() {
-            return self.in_flight();
-        }
-        rx.await.unwrap_or_else(|_| self.in_flight())
+        self.worker.close(within).await
     }
 }

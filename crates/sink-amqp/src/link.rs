@@ -27,7 +27,9 @@ use tokio::sync::{mpsc, oneshot};
 type AmqpResult<T> = Result<T, amqprs::error::Error>;
 use tokio::time::Instant;
 
-use crate::{AmqpConfig, Command, ConnectError, Message, Pending, Refusal, Report};
+use sink_core::worker::{Command, Job};
+
+use crate::{AmqpConfig, ConnectError, Message, Refusal, Report};
 
 /// The first wait before connecting again, doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -245,7 +247,7 @@ pub(crate) struct Counters {
 
 /// A message waiting for its confirm, and a return that came for it.
 struct Slot<T> {
-    pending: Box<Pending<T>>,
+    pending: Box<Job<Message, T>>,
     returned: Option<Refusal>,
 }
 
@@ -254,7 +256,7 @@ pub(crate) struct Publisher<T> {
     config: AmqpConfig,
     link: Option<Link>,
     links_opened: u64,
-    commands: mpsc::UnboundedReceiver<Command<T>>,
+    commands: mpsc::UnboundedReceiver<Command<Message, T>>,
     reports: mpsc::UnboundedSender<Report<T>>,
     counters: Counters,
     /// Published on the current link, by delivery tag.
@@ -270,7 +272,7 @@ impl<T: Send + 'static> Publisher<T> {
     pub(crate) fn new(
         config: AmqpConfig,
         first: Link,
-        commands: mpsc::UnboundedReceiver<Command<T>>,
+        commands: mpsc::UnboundedReceiver<Command<Message, T>>,
         reports: mpsc::UnboundedSender<Report<T>>,
         counters: Counters,
     ) -> Self {
@@ -492,19 +494,9 @@ impl<T: Send + 'static> Publisher<T> {
     }
 
     fn report(&mut self, slot: Slot<T>, result: Result<(), Refusal>) {
-        let Pending {
-            message,
-            token,
-            permit,
-        } = *slot.pending;
-        let refused = result.is_err().then_some(message);
         // The room is given back when the caller receives the report.
-        let _ = self.reports.send(Report {
-            token,
-            result,
-            refused,
-            _permit: Some(permit),
-        });
+        let refused = result.is_err();
+        let _ = self.reports.send(slot.pending.answer(result, refused));
     }
 
     async fn finish(mut self) {

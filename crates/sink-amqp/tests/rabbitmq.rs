@@ -19,7 +19,9 @@ fn config(broker: &RabbitMq) -> AmqpConfig {
         exchange: EXCHANGE.into(),
         declare_exchange: true,
         exchange_type: "topic".into(),
-        max_in_flight: 500,
+        // Room for every message a test publishes before it reads the
+        // reports (room comes back when a report is received).
+        max_in_flight: 5_000,
         max_in_flight_bytes: 1 << 20,
         connection_name: "walbox-test".into(),
         partitions: 1,
@@ -78,8 +80,8 @@ fn message(n: usize, routing_key: &str) -> Message {
 
 async fn publish(sink: &AmqpSink<usize>, n: usize, routing_key: &str) {
     let m = message(n, routing_key);
-    let permit = sink.reserve(m.size()).await;
-    sink.publish(permit, m, n);
+    let permit = sink.worker().reserve(m.size()).await;
+    sink.worker().publish(permit, m, n);
 }
 
 async fn reports(reports: &mut Reports<usize>, count: usize) -> Vec<(usize, Result<(), Refusal>)> {
@@ -119,10 +121,11 @@ async fn every_message_is_confirmed_and_the_unroutable_and_the_rejected_are_refu
     let mut long = message(3_000, "orders");
     long.headers
         .push(("h".repeat(300), Bytes::from_static(b"v")));
-    let permit = sink.reserve(long.size()).await;
-    sink.publish(permit, long, 3_000);
-    let permit = sink.reserve(10).await;
-    sink.publish(permit, message(3_001, &"k".repeat(256)), 3_001);
+    let permit = sink.worker().reserve(long.size()).await;
+    sink.worker().publish(permit, long, 3_000);
+    let permit = sink.worker().reserve(10).await;
+    sink.worker()
+        .publish(permit, message(3_001, &"k".repeat(256)), 3_001);
     let got = reports(&mut rx, 1_013).await;
     assert!(matches!(
         got.iter().find(|(n, _)| *n == 3_000),
@@ -146,7 +149,7 @@ async fn every_message_is_confirmed_and_the_unroutable_and_the_rejected_are_refu
         .filter(|(n, r)| *n >= 2_000 && matches!(r, Err(Refusal::Nacked)))
         .count();
     assert_eq!(nacked, 5, "5 fit the queue, 5 are rejected: {refused:?}");
-    assert_eq!(sink.in_flight(), 0);
+    assert_eq!(sink.worker().in_flight(), 0);
 
     let stored = drain(&ch, "orders").await;
     let expected: Vec<(String, String)> = (0..1_000)
@@ -259,13 +262,13 @@ async fn a_return_refuses_its_own_publish_when_ids_repeat() {
         // disk; the return of the unroutable one comes at once.
         for n in 0..200 {
             let m = same_id(round * 1_000 + n, "orders");
-            let permit = sink.reserve(m.size()).await;
-            sink.publish(permit, m, round * 1_000 + n);
+            let permit = sink.worker().reserve(m.size()).await;
+            sink.worker().publish(permit, m, round * 1_000 + n);
         }
         let n = round * 1_000 + 999;
         let m = same_id(n, "nowhere");
-        let permit = sink.reserve(m.size()).await;
-        sink.publish(permit, m, n);
+        let permit = sink.worker().reserve(m.size()).await;
+        sink.worker().publish(permit, m, n);
         unroutable.push(n);
     }
     let got = reports(&mut rx, 5 * 201).await;

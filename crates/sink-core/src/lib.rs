@@ -28,6 +28,7 @@ mod admission;
 mod destination;
 mod record;
 mod report;
+pub mod worker;
 
 pub use admission::{Admission, Permit};
 pub use destination::{Deliveries, Destination, Transactional, TxnError, TxnErrorKind};

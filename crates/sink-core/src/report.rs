@@ -112,3 +112,29 @@ pub struct Report<T> {
     /// quarantine.
     pub returned: Option<Record<()>>,
 }
+
+impl<T> Report<T> {
+    /// `token`'s record landed `at`.
+    pub fn delivered(token: T, at: Delivered) -> Self {
+        Report {
+            token,
+            result: Ok(at),
+            returned: None,
+        }
+    }
+
+    /// `token`'s record failed with `kind`; a refusal for good
+    /// ([`DeliveryErrorKind::Permanent`]) hands the record back.
+    pub fn failed(
+        token: T,
+        kind: DeliveryErrorKind,
+        message: impl Into<String>,
+        record: Record<()>,
+    ) -> Self {
+        Report {
+            token,
+            result: Err(DeliveryError::new(kind, message)),
+            returned: (kind == DeliveryErrorKind::Permanent).then_some(record),
+        }
+    }
+}

@@ -16,9 +16,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sink_core::{
-    Delivered, Deliveries, DeliveryError, DeliveryErrorKind, Destination, Permit, Record, Report,
-};
+use sink_core::{Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report};
 
 use crate::{ConnectError, Failure, Message, QueueInfo, QueueRole, Reports, SqsConfig, SqsSink};
 
@@ -114,7 +112,7 @@ fn fnv(value: &Option<Bytes>) -> u64 {
 
 impl<T: Send + 'static> Destination<T> for Publisher<T> {
     async fn reserve(&self, size: usize) -> Permit {
-        self.sink.reserve(size).await
+        self.sink.worker().reserve(size).await
     }
 
     async fn send(&self, permit: Permit, record: Record<T>) {
@@ -125,15 +123,15 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
     }
 
     fn in_flight(&self) -> usize {
-        self.sink.in_flight()
+        self.sink.worker().in_flight()
     }
 
     fn in_flight_bytes(&self) -> usize {
-        self.sink.in_flight_bytes()
+        self.sink.worker().in_flight_bytes()
     }
 
     fn stalled_for(&self) -> Duration {
-        self.sink.stalled_for()
+        self.sink.worker().stalled_for()
     }
 }
 
@@ -141,29 +139,19 @@ impl<T: Send + 'static> Deliveries<T> for Outcomes<T> {
     async fn next(&mut self) -> Option<Report<T>> {
         let report = self.reports.next().await?;
         let Carried { token, record } = report.token;
-        let failed = |kind, message: String| Err(DeliveryError::new(kind, message));
-        let (result, returned) = match report.result {
-            Ok(stored) => (
-                Ok(Delivered::Sqs {
+        let (kind, why) = match report.result {
+            Ok(stored) => {
+                let at = Delivered::Sqs {
                     message_id: stored.message_id,
                     sequence_number: stored.sequence_number,
-                }),
-                None,
-            ),
-            Err(Failure::Refused(refusal)) => (
-                failed(DeliveryErrorKind::Permanent, refusal.to_string()),
-                Some(record),
-            ),
-            Err(e @ Failure::Stopped(_)) => (failed(DeliveryErrorKind::Fatal, e.to_string()), None),
-            Err(e @ Failure::Withheld) => {
-                (failed(DeliveryErrorKind::Withheld, e.to_string()), None)
+                };
+                return Some(Report::delivered(token, at));
             }
+            Err(e @ Failure::Refused(_)) => (DeliveryErrorKind::Permanent, e),
+            Err(e @ Failure::Stopped(_)) => (DeliveryErrorKind::Fatal, e),
+            Err(e @ Failure::Withheld) => (DeliveryErrorKind::Withheld, e),
         };
-        Some(Report {
-            token,
-            result,
-            returned,
-        })
+        Some(Report::failed(token, kind, why.to_string(), record))
     }
 }
 

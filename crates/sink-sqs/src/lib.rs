@@ -39,8 +39,8 @@ mod sender;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sink_core::{Admission, Permit};
-use tokio::sync::{mpsc, oneshot};
+use sink_core::worker::{Answer, Answers, Worker};
+use sink_core::Permit;
 
 pub use destination::{Outcomes, Publisher, DEAD_LETTER_TOPIC, KEY_ATTRIBUTE};
 
@@ -97,36 +97,16 @@ pub struct Stored {
     pub sequence_number: Option<String>,
 }
 
-/// A message's fate.
-#[derive(Debug)]
-pub struct Report<T> {
-    /// The message's token.
-    pub token: T,
-    /// Stored, or not for good.
-    pub result: Result<Stored, Failure>,
-    /// The message, when refused (for a dead-letter copy).
-    pub refused: Option<Message>,
-    /// The message's room, given back when the report is dropped.
-    _permit: Option<Permit>,
-}
+/// A message's fate: stored, or not for good (with the message, when
+/// refused, for a dead-letter copy).
+pub type Report<T> = Answer<Message, T, Stored, Failure>;
 
-/// A message on its way, kept by the sender until its report.
-struct Pending<T> {
-    message: Message,
-    token: T,
-    permit: Permit,
-}
-
-enum Command<T> {
-    Publish(Box<Pending<T>>),
-    /// Waits for every report (at most the given time), then ends.
-    Close(std::time::Duration, oneshot::Sender<usize>),
-}
+/// Each sent message's report, once.
+pub type Reports<T> = Answers<Message, T, Stored, Failure>;
 
 /// Sends messages; their reports arrive on [`Reports`].
 pub struct SqsSink<T> {
-    commands: mpsc::UnboundedSender<Command<T>>,
-    admission: Admission,
+    worker: Worker<Message, T>,
     /// Messages sent and not reported, as the sending task counts them.
     unreported: Arc<AtomicUsize>,
     events: QueueInfo,
@@ -137,22 +117,8 @@ impl<T> std::fmt::Debug for SqsSink<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqsSink")
             .field("events", &self.events)
-            .field("in_flight", &self.admission.in_flight())
+            .field("in_flight", &self.worker.in_flight())
             .finish_non_exhaustive()
-    }
-}
-
-/// Each sent message's report, once.
-#[derive(Debug)]
-pub struct Reports<T> {
-    rx: mpsc::UnboundedReceiver<Report<T>>,
-}
-
-impl<T> Reports<T> {
-    /// The next report; `None` once the sink is closed and every report was
-    /// received. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Report<T>> {
-        self.rx.recv().await
     }
 }
 
@@ -196,12 +162,11 @@ impl<T: Send + 'static> SqsSink<T> {
             Some(url) => Some(queue::attributes(&client, url).await?),
             None => None,
         };
-        let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (reports_tx, rx) = mpsc::unbounded_channel();
+        let (worker, commands_rx) = Worker::new(config.max_in_flight, config.max_in_flight_bytes);
+        let (reports_tx, reports) = Reports::channel();
         let unreported = Arc::new(AtomicUsize::new(0));
         let sink = SqsSink {
-            commands,
-            admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
+            worker,
             unreported: Arc::clone(&unreported),
             events: events.clone(),
             dead_letters: dead_letters.clone(),
@@ -221,7 +186,7 @@ impl<T: Send + 'static> SqsSink<T> {
             },
         );
         tokio::spawn(task.run());
-        Ok((sink, Reports { rx }))
+        Ok((sink, reports))
     }
 
     /// The events' queue, as read at connect.
@@ -234,47 +199,21 @@ impl<T: Send + 'static> SqsSink<T> {
         self.dead_letters.as_ref()
     }
 
-    /// Waits for room for a message of `size` bytes. Cancel-safe.
-    pub async fn reserve(&self, size: usize) -> Permit {
-        self.admission.reserve(size).await
+    /// Room, messages handed to the sending task, and what is in flight.
+    pub fn worker(&self) -> &Worker<Message, T> {
+        &self.worker
     }
 
     /// Sends `message`; its fate arrives on [`Reports::next`].
     pub fn publish(&self, permit: Permit, message: Message, token: T) {
         self.unreported.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending {
-            message,
-            token,
-            permit,
-        };
-        // The task outlives every sink handle: it ends on `close`.
-        let _ = self.commands.send(Command::Publish(Box::new(pending)));
-    }
-
-    /// Messages sent and not yet reported.
-    pub fn in_flight(&self) -> usize {
-        self.admission.in_flight()
-    }
-
-    /// Their bytes (in whole KiB).
-    pub fn in_flight_bytes(&self) -> usize {
-        self.admission.in_flight_bytes()
-    }
-
-    /// How long messages have waited without any report (zero when none
-    /// waits).
-    pub fn stalled_for(&self) -> std::time::Duration {
-        self.admission.stalled_for()
+        self.worker.publish(permit, message, token);
     }
 
     /// Waits up to `within` for the reports of what is in flight (they
     /// arrive meanwhile), then stops sending. Returns how many messages
     /// were left unreported.
     pub async fn close(self, within: std::time::Duration) -> usize {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Close(within, tx)).is_err() {
-            return self.in_flight();
-        }
-        rx.await.unwrap_or_else(|_| self.in_flight())
+        self.worker.close(within).await
     }
 }

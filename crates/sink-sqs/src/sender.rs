@@ -23,7 +23,9 @@ use tokio::time::Instant;
 use crate::batch::{self, Waiting};
 use crate::message::{Attribute, Checked};
 use crate::queue::{describe, Class, QueueInfo};
-use crate::{Command, Failure, Pending, QueueRole, Refusal, Report, Stored};
+use sink_core::worker::{Command, Job};
+
+use crate::{Failure, Message, QueueRole, Refusal, Report, Stored};
 
 /// The first wait before sending again, doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -42,7 +44,7 @@ pub(crate) struct Counters {
 
 /// A message checked and waiting in its lane.
 struct Ready<T> {
-    pending: Box<Pending<T>>,
+    pending: Box<Job<Message, T>>,
     checked: Checked,
     group: String,
 }
@@ -85,7 +87,7 @@ pub(crate) struct Sender<T> {
     lanes: Vec<Lane<T>>,
     /// Lanes of the events' queue (the dead-letter lane, if any, is last).
     event_lanes: usize,
-    commands: mpsc::UnboundedReceiver<Command<T>>,
+    commands: mpsc::UnboundedReceiver<Command<Message, T>>,
     reports: mpsc::UnboundedSender<Report<T>>,
     counters: Counters,
     requests: JoinSet<Done<T>>,
@@ -104,7 +106,7 @@ impl<T: Send + 'static> Sender<T> {
         queues: Queues,
         lanes: usize,
         gapless: bool,
-        commands: mpsc::UnboundedReceiver<Command<T>>,
+        commands: mpsc::UnboundedReceiver<Command<Message, T>>,
         reports: mpsc::UnboundedSender<Report<T>>,
         counters: Counters,
     ) -> Self {
@@ -178,7 +180,7 @@ impl<T: Send + 'static> Sender<T> {
     }
 
     /// Checks a new message and puts it in its lane, or reports it refused.
-    fn accept(&mut self, pending: Box<Pending<T>>) {
+    fn accept(&mut self, pending: Box<Job<Message, T>>) {
         if self.halted {
             return self.report(*pending, Err(Failure::Withheld), false);
         }
@@ -356,24 +358,13 @@ impl<T: Send + 'static> Sender<T> {
         lane.backoff = (lane.backoff * 2).min(MAX_BACKOFF);
     }
 
-    fn report(&mut self, pending: Pending<T>, result: Result<Stored, Failure>, keep: bool) {
+    fn report(&mut self, job: Job<Message, T>, result: Result<Stored, Failure>, keep: bool) {
         if self.gapless && !self.halted && matches!(result, Err(Failure::Refused(_))) {
             self.halt();
         }
-        let Pending {
-            message,
-            token,
-            permit,
-        } = pending;
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let refused = keep.then_some(message);
         // The room is given back when the caller receives the report.
-        let _ = self.reports.send(Report {
-            token,
-            result,
-            refused,
-            _permit: Some(permit),
-        });
+        let _ = self.reports.send(job.answer(result, keep));
     }
 }
 
@@ -456,21 +447,15 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::Message;
+    use sink_core::worker::Worker;
 
-    fn sender(
-        gapless: bool,
-    ) -> (
-        Sender<u32>,
-        mpsc::UnboundedReceiver<Report<u32>>,
-        mpsc::UnboundedSender<Command<u32>>,
-    ) {
+    fn sender(gapless: bool) -> (Sender<u32>, crate::Reports<u32>, Worker<Message, u32>) {
         let config = aws_sdk_sqs::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new("us-east-1"))
             .build();
-        let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (reports, rx) = mpsc::unbounded_channel();
+        let (worker, commands_rx) = Worker::new(100, 1 << 20);
+        let (reports, rx) = crate::Reports::channel();
         let queue = QueueInfo {
             url: "https://sqs.us-east-1.amazonaws.com/1/q.fifo".into(),
             fifo: true,
@@ -490,25 +475,25 @@ mod tests {
                 in_flight: Arc::new(AtomicUsize::new(0)),
             },
         );
-        (sender, rx, commands)
+        (sender, rx, worker)
     }
 
     /// Messages 0..5 of groups a, b, c, a, b, accepted in order.
-    async fn accept_five(s: &mut Sender<u32>) {
-        let room = sink_core::Admission::new(100, 1 << 20);
+    async fn accept_five(s: &mut Sender<u32>, worker: &Worker<Message, u32>) {
         for (n, key) in ["a", "b", "c", "a", "b"].into_iter().enumerate() {
+            let message = Message {
+                queue: QueueRole::Events,
+                body: Bytes::from(format!("{{\"n\":{n}}}")),
+                key: Some(Bytes::from_static(key.as_bytes())),
+                dedup: format!("e-{n}"),
+                attributes: vec![],
+            };
+            worker.publish(worker.reserve(1).await, message, n as u32);
+            let Some(Command::Publish(job)) = s.commands.recv().await else {
+                panic!("the job")
+            };
             s.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-            s.accept(Box::new(Pending {
-                message: Message {
-                    queue: QueueRole::Events,
-                    body: Bytes::from(format!("{{\"n\":{n}}}")),
-                    key: Some(Bytes::from_static(key.as_bytes())),
-                    dedup: format!("e-{n}"),
-                    attributes: vec![],
-                },
-                token: n as u32,
-                permit: room.reserve(1).await,
-            }));
+            s.accept(job);
         }
     }
 
@@ -521,8 +506,8 @@ mod tests {
         s.lanes[0].waiting.iter().map(|r| r.pending.token).collect()
     }
 
-    fn drain(rx: &mut mpsc::UnboundedReceiver<Report<u32>>) -> Vec<(u32, Result<(), Failure>)> {
-        std::iter::from_fn(|| rx.try_recv().ok())
+    fn drain(rx: &mut crate::Reports<u32>) -> Vec<(u32, Result<(), Failure>)> {
+        std::iter::from_fn(|| rx.try_next())
             .map(|r| (r.token, r.result.map(|_| ())))
             .collect()
     }
@@ -556,8 +541,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_partial_failure_reports_each_entry_and_sends_the_rest_again_first_in_order() {
-        let (mut s, mut rx, _commands) = sender(false);
-        accept_five(&mut s).await;
+        let (mut s, mut rx, worker) = sender(false);
+        accept_five(&mut s, &worker).await;
         let batch = next_batch(&mut s);
         assert_eq!(
             batch.iter().map(|r| r.pending.token).collect::<Vec<_>>(),
@@ -586,8 +571,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_gapless_sink_withholds_everything_after_a_refusal() {
-        let (mut s, mut rx, _commands) = sender(true);
-        accept_five(&mut s).await;
+        let (mut s, mut rx, worker) = sender(true);
+        accept_five(&mut s, &worker).await;
         let batch = next_batch(&mut s);
         s.finish(Done {
             lane: 0,
@@ -612,8 +597,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_without_answer_is_sent_again_whole_and_in_order() {
-        let (mut s, mut rx, _commands) = sender(false);
-        accept_five(&mut s).await;
+        let (mut s, mut rx, worker) = sender(false);
+        accept_five(&mut s, &worker).await;
         let batch = next_batch(&mut s);
         s.finish(Done {
             lane: 0,

@@ -212,7 +212,7 @@ impl Broker {
                     .expect("RabbitMQ");
                 let feed = async {
                     for i in 0..events {
-                        let permit = sink.reserve(body.len()).await;
+                        let permit = sink.worker().reserve(body.len()).await;
                         let message = sink_amqp::Message {
                             routing_key: "walbox.order".into(),
                             body: body.clone(),
@@ -220,7 +220,7 @@ impl Broker {
                             headers: headers(i),
                             timestamp_s: None,
                         };
-                        sink.publish(permit, message, ());
+                        sink.worker().publish(permit, message, ());
                     }
                 };
                 let drain = async {
@@ -247,7 +247,7 @@ impl Broker {
                     sink_sqs::SqsSink::<()>::connect(config).await.expect("SQS");
                 let feed = async {
                     for i in 0..events {
-                        let permit = sink.reserve(body.len()).await;
+                        let permit = sink.worker().reserve(body.len()).await;
                         let message = sink_sqs::Message {
                             queue: sink_sqs::QueueRole::Events,
                             body: body.clone(),

@@ -122,6 +122,15 @@ pub enum RunError {
         /// The column's declared type.
         type_oid: u32,
     },
+    /// Postgres did not answer in time: the connection is presumed dead,
+    /// and a new session opens new ones.
+    #[error("{what}: no answer from Postgres within {after:?}; the connection is presumed dead")]
+    TimedOut {
+        /// What waited.
+        what: String,
+        /// How long.
+        after: std::time::Duration,
+    },
     /// The source refused to stream, or its stream failed, other than
     /// through Postgres: an unfinished backfill or heal of the slot
     /// ([`SourceError::BackfillPending`]: the caller finishes it, or waits
@@ -145,7 +154,7 @@ impl RunError {
             TxnErrorKind::Abortable | TxnErrorKind::Retriable => {
                 RunError::Aborted(AbortCause::Transaction(e))
             }
-            _ => RunError::Transactions(TransactionsError::Producer(e)),
+            TxnErrorKind::Fatal => RunError::Transactions(TransactionsError::Producer(e)),
         }
     }
 
@@ -158,13 +167,29 @@ impl RunError {
     pub fn reason(&self) -> &'static str {
         match self {
             _ if self.slot_busy() => "slot_busy",
-            RunError::Postgres(_) | RunError::UnresolvedType { .. } => "postgres",
+            RunError::Postgres(_) | RunError::UnresolvedType { .. } | RunError::TimedOut { .. } => {
+                "postgres"
+            }
             RunError::Broker { .. } | RunError::ProgressTopicUnchecked(_) => "kafka",
             RunError::Aborted(_) | RunError::ProgressUnread { .. } => "transactions",
             RunError::Schema(_) => "schema_registry",
             RunError::RabbitMq(_) => "rabbitmq",
             RunError::Sqs(_) => "sqs",
-            _ => "other",
+            RunError::Map(_)
+            | RunError::Delivery(_)
+            | RunError::DeadLetter(_)
+            | RunError::Sink(_)
+            | RunError::BrokerRefused { .. }
+            | RunError::Protocol(_)
+            | RunError::Decode(_)
+            | RunError::ColumnCount(_)
+            | RunError::Drift(_)
+            | RunError::Fenced { .. }
+            | RunError::Transactions(_)
+            | RunError::Unexpected(_)
+            | RunError::ClaimCheck(_)
+            | RunError::Quarantine(_)
+            | RunError::Source(_) => "other",
         }
     }
 
@@ -178,18 +203,37 @@ impl RunError {
     }
 
     /// True when a new session may succeed (see [`slot_manager::Error::is_transient`]).
+    /// Every variant is classified here, none by default: a new one must
+    /// say whether a retry can cure it.
     pub fn is_transient(&self) -> bool {
         match self {
             RunError::Postgres(e) => e.is_transient(),
             RunError::Aborted(_)
             | RunError::ProgressUnread { .. }
             | RunError::ProgressTopicUnchecked(_)
-            | RunError::UnresolvedType { .. } => true,
+            | RunError::UnresolvedType { .. }
+            | RunError::TimedOut { .. } => true,
             RunError::ClaimCheck(e) => e.is_transient(),
             RunError::Schema(e) => e.is_transient(),
             RunError::RabbitMq(e) => e.is_transient(),
             RunError::Sqs(e) => e.is_transient(),
-            _ => false,
+            // Definite: the same input fails the same way again; each says
+            // what to change.
+            RunError::Map(_)
+            | RunError::Delivery(_)
+            | RunError::DeadLetter(_)
+            | RunError::Sink(_)
+            | RunError::Broker { .. }
+            | RunError::BrokerRefused { .. }
+            | RunError::Protocol(_)
+            | RunError::Decode(_)
+            | RunError::ColumnCount(_)
+            | RunError::Drift(_)
+            | RunError::Fenced { .. }
+            | RunError::Transactions(_)
+            | RunError::Unexpected(_)
+            | RunError::Quarantine(_)
+            | RunError::Source(_) => false,
         }
     }
 }

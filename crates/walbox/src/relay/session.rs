@@ -880,13 +880,10 @@ where
 
 /// A transient error for a connection that stopped answering.
 fn presumed_dead(what: &str, after: Duration) -> RunError {
-    RunError::Postgres(slot_manager::Error::Io {
-        target: "Postgres".into(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("{what}: no answer within {after:?}; the connection is presumed dead"),
-        ),
-    })
+    RunError::TimedOut {
+        what: what.to_owned(),
+        after,
+    }
 }
 
 async fn send_status<S: ReplicationStream>(

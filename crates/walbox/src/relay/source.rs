@@ -42,6 +42,14 @@ pub enum SourceError {
     /// The stream cannot hold events (a backfill's).
     #[error("this source cannot hold events in a quarantine")]
     NoQuarantine,
+    /// Postgres did not answer in time.
+    #[error("{what}: no answer from Postgres within {after:?}")]
+    TimedOut {
+        /// What waited.
+        what: String,
+        /// How long.
+        after: std::time::Duration,
+    },
     /// A backfill row too large for a record.
     #[error("backfill row {n} is too large to publish")]
     RowTooLarge {
@@ -56,7 +64,10 @@ impl From<SourceError> for RunError {
     fn from(e: SourceError) -> RunError {
         match e {
             SourceError::Postgres(e) => RunError::Postgres(e),
-            other => RunError::Source(other),
+            SourceError::TimedOut { what, after } => RunError::TimedOut { what, after },
+            other @ (SourceError::BackfillPending { .. }
+            | SourceError::NoQuarantine
+            | SourceError::RowTooLarge { .. }) => RunError::Source(other),
         }
     }
 }
@@ -485,15 +496,13 @@ impl ReplicationStream for PostgresStream {
     ) -> Result<(), SourceError> {
         let save =
             crate::bookkeeping::positions::save(&self.control, &self.slot, delivered, committed);
-        match tokio::time::timeout(std::time::Duration::from_secs(5), save).await {
+        let after = std::time::Duration::from_secs(5);
+        match tokio::time::timeout(after, save).await {
             Ok(result) => Ok(result?),
-            Err(_) => Err(SourceError::Postgres(slot_manager::Error::Io {
-                target: "Postgres".into(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "saving the delivered position: no answer within 5 s",
-                ),
-            })),
+            Err(_) => Err(SourceError::TimedOut {
+                what: "saving the delivered position".into(),
+                after,
+            }),
         }
     }
 
@@ -535,13 +544,10 @@ impl ReplicationStream for PostgresStream {
         };
         match tokio::time::timeout(QUARANTINE_TIMEOUT, work).await {
             Ok(result) => Ok(result?),
-            Err(_) => Err(SourceError::Postgres(slot_manager::Error::Io {
-                target: "Postgres".into(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the quarantine's tables: no answer within {QUARANTINE_TIMEOUT:?}"),
-                ),
-            })),
+            Err(_) => Err(SourceError::TimedOut {
+                what: "the quarantine's tables".into(),
+                after: QUARANTINE_TIMEOUT,
+            }),
         }
     }
 
