@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sink_core::{Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report};
+use sink_core::{
+    Admission, Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report,
+};
 
 use crate::{AmqpConfig, AmqpSink, ConnectError, Message, Reports};
 
@@ -115,8 +117,8 @@ pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
 }
 
 impl<T: Send + 'static> Destination<T> for Publisher<T> {
-    async fn reserve(&self, size: usize) -> Permit {
-        self.sink.worker().reserve(size).await
+    fn admission(&self) -> &Admission {
+        self.sink.worker().admission()
     }
 
     async fn send(&self, permit: Permit, record: Record<T>) {
@@ -129,18 +131,6 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
             routing_key,
         };
         self.sink.worker().publish(permit, message, carried);
-    }
-
-    fn in_flight(&self) -> usize {
-        self.sink.worker().in_flight()
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        self.sink.worker().in_flight_bytes()
-    }
-
-    fn stalled_for(&self) -> Duration {
-        self.sink.worker().stalled_for()
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::{Permit, Record, Report};
+use crate::{Admission, Permit, Record, Report};
 
 /// Takes records, within the in-flight bound ([`crate::Admission`]).
 /// Methods take `&self`, so that reserving room and receiving reports
@@ -17,22 +17,33 @@ use crate::{Permit, Record, Report};
 /// its source only up to what was reported delivered.
 #[allow(async_fn_in_trait)]
 pub trait Destination<T> {
-    /// Waits for room for a record of `size` bytes ([`Record::size`]).
-    /// Cancel-safe.
-    async fn reserve(&self, size: usize) -> Permit;
+    /// The in-flight bound this destination keeps (one per sink).
+    fn admission(&self) -> &Admission;
 
     /// Sends a record; its fate arrives on [`Deliveries::next`].
     async fn send(&self, permit: Permit, record: Record<T>);
 
+    /// Waits for room for a record of `size` bytes ([`Record::size`]).
+    /// Cancel-safe.
+    async fn reserve(&self, size: usize) -> Permit {
+        self.admission().reserve(size).await
+    }
+
     /// Records sent whose report was not received yet.
-    fn in_flight(&self) -> usize;
+    fn in_flight(&self) -> usize {
+        self.admission().in_flight()
+    }
 
     /// Their bytes.
-    fn in_flight_bytes(&self) -> usize;
+    fn in_flight_bytes(&self) -> usize {
+        self.admission().in_flight_bytes()
+    }
 
     /// How long records have waited without any report (zero when none
     /// waits): a broker down, or refusing to acknowledge.
-    fn stalled_for(&self) -> Duration;
+    fn stalled_for(&self) -> Duration {
+        self.admission().stalled_for()
+    }
 
     /// The broker's last connection-level problem, if it is having one.
     fn problem(&self) -> Option<String> {

@@ -89,6 +89,11 @@ impl<M, T> Worker<M, T> {
         )
     }
 
+    /// Its in-flight bound.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
     /// Waits for room for a message of `size` bytes. Cancel-safe.
     pub async fn reserve(&self, size: usize) -> Permit {
         self.admission.reserve(size).await

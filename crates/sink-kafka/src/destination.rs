@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sink_core::{Deliveries, Destination, Permit, Record, Report, Transactional, TxnError};
+use sink_core::{
+    Admission, Deliveries, Destination, Permit, Record, Report, Transactional, TxnError,
+};
 
 use crate::{Reports, Sink};
 
@@ -18,22 +20,16 @@ const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl<T: Send + Sync + 'static> Destination<T> for Sink<T> {
-    async fn reserve(&self, size: usize) -> Permit {
-        Sink::reserve(self, size).await
+    fn admission(&self) -> &Admission {
+        Sink::admission(self)
     }
 
     async fn send(&self, permit: Permit, record: Record<T>) {
         Sink::send(self, permit, record).await
     }
 
-    fn in_flight(&self) -> usize {
-        Sink::in_flight(self)
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        Sink::in_flight_bytes(self)
-    }
-
+    /// From the delivery callbacks (a record librdkafka holds moves when
+    /// its report is made, before the caller receives it).
     fn stalled_for(&self) -> Duration {
         Sink::stalled_for(self)
     }

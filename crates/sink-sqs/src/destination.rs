@@ -16,7 +16,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sink_core::{Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report};
+use sink_core::{
+    Admission, Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report,
+};
 
 use crate::{ConnectError, Failure, Message, QueueInfo, QueueRole, Reports, SqsConfig, SqsSink};
 
@@ -111,8 +113,8 @@ fn fnv(value: &Option<Bytes>) -> u64 {
 }
 
 impl<T: Send + 'static> Destination<T> for Publisher<T> {
-    async fn reserve(&self, size: usize) -> Permit {
-        self.sink.worker().reserve(size).await
+    fn admission(&self) -> &Admission {
+        self.sink.worker().admission()
     }
 
     async fn send(&self, permit: Permit, record: Record<T>) {
@@ -120,18 +122,6 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
         let message = message(&record);
         self.sink
             .publish(permit, message, Carried { token, record });
-    }
-
-    fn in_flight(&self) -> usize {
-        self.sink.worker().in_flight()
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        self.sink.worker().in_flight_bytes()
-    }
-
-    fn stalled_for(&self) -> Duration {
-        self.sink.worker().stalled_for()
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use sink_core::{Deliveries, Destination, Permit, Record, Report};
+use sink_core::{Admission, Deliveries, Destination, Permit, Record, Report};
 use sink_kafka::Sink;
 use tokio::sync::watch;
 
@@ -166,11 +166,11 @@ impl<T: Send + Sync + 'static> Broker<T> {
 }
 
 impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
-    async fn reserve(&self, size: usize) -> Permit {
+    fn admission(&self) -> &Admission {
         match self {
-            Broker::Kafka(d) => d.reserve(size).await,
-            Broker::RabbitMq(d) => d.reserve(size).await,
-            Broker::Sqs(d) => d.reserve(size).await,
+            Broker::Kafka(d) => Destination::admission(d),
+            Broker::RabbitMq(d) => d.admission(),
+            Broker::Sqs(d) => d.admission(),
         }
     }
 
@@ -179,22 +179,6 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::Kafka(d) => Destination::send(d, permit, record).await,
             Broker::RabbitMq(d) => d.send(permit, record).await,
             Broker::Sqs(d) => d.send(permit, record).await,
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        match self {
-            Broker::Kafka(d) => Destination::in_flight(d),
-            Broker::RabbitMq(d) => d.in_flight(),
-            Broker::Sqs(d) => d.in_flight(),
-        }
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        match self {
-            Broker::Kafka(d) => Destination::in_flight_bytes(d),
-            Broker::RabbitMq(d) => d.in_flight_bytes(),
-            Broker::Sqs(d) => d.in_flight_bytes(),
         }
     }
 

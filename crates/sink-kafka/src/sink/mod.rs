@@ -279,6 +279,11 @@ impl<T: Send + Sync + 'static> Sink<T> {
         self.inner.admission.reserve(size).await
     }
 
+    /// Its in-flight bound.
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
+    }
+
     /// Bytes in flight (counted in KiB, as reserved).
     pub fn in_flight_bytes(&self) -> usize {
         self.inner.admission.in_flight_bytes()

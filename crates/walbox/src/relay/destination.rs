@@ -1,11 +1,9 @@
 //! Where the relay sends: a [`Destination`] of sink-core, and in
 //! exactly-once mode its transactions ([`Ends`]).
 
-use std::time::Duration;
-
 use bytes::Bytes;
+use sink_core::{Admission, Permit, Record, TxnError};
 pub use sink_core::{Deliveries, Destination, Transactional};
-use sink_core::{Permit, Record, TxnError};
 
 use super::Token;
 
@@ -47,23 +45,11 @@ impl<'a, X: Transactional<Token>> Ends<'a, X, X> {
 pub enum NoTransactions {}
 
 impl Destination<Token> for NoTransactions {
-    async fn reserve(&self, _: usize) -> Permit {
+    fn admission(&self) -> &Admission {
         match *self {}
     }
 
     async fn send(&self, _: Permit, _: Record<Token>) {
-        match *self {}
-    }
-
-    fn in_flight(&self) -> usize {
-        match *self {}
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        match *self {}
-    }
-
-    fn stalled_for(&self) -> Duration {
         match *self {}
     }
 }

@@ -776,8 +776,8 @@ pub(in crate::relay) fn header<'a, T>(r: &'a Record<T>, name: &str) -> Option<&'
 }
 
 impl Destination<Token> for Broker {
-    async fn reserve(&self, size: usize) -> InFlightPermits {
-        self.admission.reserve(size).await
+    fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     async fn send(&self, permits: InFlightPermits, record: Record<Token>) {
@@ -791,18 +791,6 @@ impl Destination<Token> for Broker {
             epoch,
             reports: self.reports.clone(),
         });
-    }
-
-    fn in_flight(&self) -> usize {
-        self.admission.in_flight()
-    }
-
-    fn in_flight_bytes(&self) -> usize {
-        self.admission.in_flight_bytes()
-    }
-
-    fn stalled_for(&self) -> std::time::Duration {
-        self.admission.stalled_for()
     }
 }
 
