@@ -31,7 +31,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
-use sink_kafka::{Header, Record};
+use sink_core::{Header, Record};
 
 /// Header names on claim-checked records.
 pub mod headers {

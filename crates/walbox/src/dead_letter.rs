@@ -28,7 +28,7 @@
 
 use bytes::Bytes;
 use pgoutput_decoder::Lsn;
-use sink_kafka::{DeliveryError, DeliveryErrorKind, Header, Record};
+use sink_core::{DeliveryError, DeliveryErrorKind, Header, Record};
 
 /// Header names on dead-lettered records.
 pub mod headers {

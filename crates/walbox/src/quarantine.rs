@@ -48,7 +48,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use pgoutput_decoder::Lsn;
-use sink_kafka::Record;
+use sink_core::Record;
 
 /// An event's place in the stream: its transaction's commit position and
 /// its index among the transaction's events. Held events are released in

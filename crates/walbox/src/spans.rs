@@ -29,7 +29,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
 use pgoutput_decoder::{Lsn, PgTimestamp};
-use sink_kafka::Header;
+use sink_core::Header;
 
 use crate::mapping::{MappedEvent, TRACEPARENT, TRACESTATE};
 

@@ -208,7 +208,7 @@ pub async fn load(
         .map(|r| {
             let names: Vec<String> = r.get(5);
             let values: Vec<Vec<u8>> = r.get(6);
-            let mut record = sink_kafka::Record::new(
+            let mut record = sink_core::Record::new(
                 r.get::<_, String>(3),
                 Some(Bytes::copy_from_slice(key)),
                 r.get::<_, Option<Vec<u8>>>(4).map(Bytes::from),

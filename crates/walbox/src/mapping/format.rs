@@ -18,7 +18,7 @@
 //! its partition across a switch-over from Debezium.
 
 use bytes::Bytes;
-use sink_kafka::Header;
+use sink_core::Header;
 
 use crate::mapping::timestamp::rfc3339_ms;
 use crate::mapping::MappedEvent;

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pgoutput_decoder::{Column, ColumnCountMismatch, RelationBody, TupleData};
-use sink_kafka::Header;
+use sink_core::Header;
 use slot_manager::{OutboxTables, TableName};
 
 use format::{Attributes, EventFormat};
@@ -347,7 +347,7 @@ pub fn names_table(template: &str) -> bool {
     template.contains("{schema}") || template.contains("{table}")
 }
 
-/// A mapped row, ready to become a [`sink_kafka::Record`].
+/// A mapped row, ready to become a [`sink_core::Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappedEvent {
     /// Destination topic.

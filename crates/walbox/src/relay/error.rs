@@ -2,7 +2,7 @@
 //! parts.
 
 use pgoutput_decoder::{DecodeError, Lsn, PgTimestamp};
-use sink_kafka::{DeliveryError, TxnError, TxnErrorKind};
+use sink_core::{DeliveryError, TxnError, TxnErrorKind};
 use slot_manager::OutboxTables;
 
 use super::SourceError;

@@ -296,7 +296,7 @@ where
         let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
             .await
             .map_err(|_| presumed_dead("the publication check", COVERAGE_TIMEOUT))??;
-        self.core.on_coverage(reading)
+        self.core.on_coverage(reading, Instant::now())
     }
 
     /// Verifies the coverage up to now before the final confirmation: one
@@ -376,11 +376,12 @@ where
                 }
             }
             if self.core.exactly_once() {
-                if let Some(e) = self.core.doomed_and_heard(destination.in_flight()) {
+                let now = Instant::now();
+                if let Some(e) = self.core.doomed_and_heard(destination.in_flight(), now) {
                     break Err(e);
                 }
-                self.core.close_if_due(Instant::now(), finishing.is_some());
-                if committing.is_none() && self.core.start_commit() {
+                self.core.close_if_due(now, finishing.is_some());
+                if committing.is_none() && self.core.start_commit(now) {
                     if let Some(transactions) = transactions {
                         committing = Some(transactions.commit().boxed_local());
                     }
@@ -432,7 +433,7 @@ where
                 }
                 committed = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
                     committing = None;
-                    match self.core.on_committed(committed) {
+                    match self.core.on_committed(committed, Instant::now(), PgTimestamp::now()) {
                         Ok(update) => send_status(stream, update).await,
                         Err(e) => Err(e),
                     }
@@ -551,7 +552,10 @@ where
             };
             match outcome {
                 Some(outcome) => {
-                    if let Ok(Some(update)) = self.core.on_committed(outcome) {
+                    if let Ok(Some(update)) =
+                        self.core
+                            .on_committed(outcome, Instant::now(), PgTimestamp::now())
+                    {
                         let _ = stream.send_status(update).await;
                     }
                 }
@@ -576,11 +580,14 @@ where
         first: Result<Input, RunError>,
         batch: usize,
     ) -> Result<Read, RunError> {
+        // One clock reading for the batch: its messages are read without
+        // waiting on the stream.
+        let now = Instant::now();
         let mut message = first;
         for _ in 1..batch {
             let update = match message? {
                 Input::End => return Ok(Read::End),
-                input => self.core.on_input(input)?,
+                input => self.core.on_input(input, now)?,
             };
             send_status(stream, update).await?;
             self.send_while_room().await?;
@@ -594,7 +601,7 @@ where
         }
         let update = match message? {
             Input::End => return Ok(Read::End),
-            input => self.core.on_input(input)?,
+            input => self.core.on_input(input, now)?,
         };
         send_status(stream, update).await?;
         self.send_while_room().await?;
@@ -605,7 +612,7 @@ where
     /// returns the last status update due.
     fn on_reports(
         &mut self,
-        first: sink_kafka::Report<super::Token>,
+        first: sink_core::Report<super::Token>,
         batch: bool,
     ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
         // One reading of the clocks for the reports at hand: they arrived

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use apache_avro::Schema;
 use bytes::Bytes;
-use sink_kafka::Record;
+use sink_core::Record;
 use tokio::time::Instant;
 
 use crate::mapping::EVENT_TYPE_HEADER;

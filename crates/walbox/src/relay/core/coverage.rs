@@ -19,6 +19,7 @@ impl Core<'_> {
     pub(in crate::relay) fn on_coverage(
         &mut self,
         reading: Coverage,
+        now: Instant,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let held = self.progress.confirmable();
         let committed = self.progress.delivered_commit_time().map(|(_, t)| t);
@@ -50,19 +51,19 @@ impl Core<'_> {
             ChangeInFlight::Nothing => Some(reading.wal_lsn),
             ChangeInFlight::Pending => None,
         };
-        self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held);
+        self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held, now);
         self.coverage = Some(reading);
-        Ok(verified.and_then(|lsn| self.progress.covered(lsn, Instant::now())))
+        Ok(verified.and_then(|lsn| self.progress.covered(lsn, now)))
     }
 
     /// Says once when a change of the publication or the table stays in
     /// flight for long: confirmation waits for it.
-    fn note_pending_change(&mut self, pending: bool, held: Lsn) {
+    fn note_pending_change(&mut self, pending: bool, held: Lsn, now: Instant) {
         match (pending, self.change_pending_since) {
             (false, _) => self.change_pending_since = None,
-            (true, None) => self.change_pending_since = Some((Instant::now(), false)),
-            (true, Some((since, false))) if since.elapsed() >= PENDING_CHANGE_REPORT => {
-                tracing::warn!(slot = %held, waited = ?since.elapsed(), "a transaction changing the publication or the outbox table has not ended (open, or waiting for synchronous standbys): the slot is not confirmed past its start until it ends");
+            (true, None) => self.change_pending_since = Some((now, false)),
+            (true, Some((since, false))) if now - since >= PENDING_CHANGE_REPORT => {
+                tracing::warn!(slot = %held, waited = ?(now - since), "a transaction changing the publication or the outbox table has not ended (open, or waiting for synchronous standbys): the slot is not confirmed past its start until it ends");
                 self.change_pending_since = Some((since, true));
             }
             (true, Some(_)) => {}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
-use sink_kafka::{DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind};
+use sink_core::{DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind};
 use tokio::time::Instant;
 
 use super::transactions::{KafkaTxn, Transactions};
@@ -272,7 +272,7 @@ impl Core<'_> {
     }
 
     /// True when the progress record is sent: the commit may start.
-    pub(in crate::relay) fn start_commit(&mut self) -> bool {
+    pub(in crate::relay) fn start_commit(&mut self, now: Instant) -> bool {
         let Some(eos) = self.eos.as_mut() else {
             return false;
         };
@@ -286,7 +286,7 @@ impl Core<'_> {
         eos.txn = KafkaTxn::Committing {
             tokens,
             position,
-            since: Instant::now(),
+            since: now,
         };
         true
     }
@@ -296,6 +296,8 @@ impl Core<'_> {
     pub(in crate::relay) fn on_committed(
         &mut self,
         result: Result<(), TxnError>,
+        now: Instant,
+        wall: PgTimestamp,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let Some(eos) = self.eos.as_mut() else {
             return Ok(None);
@@ -310,7 +312,7 @@ impl Core<'_> {
         };
         self.metrics
             .transaction_commit
-            .observe(since.elapsed().as_secs_f64());
+            .observe((now - since).as_secs_f64());
         if let Err(e) = result {
             if e.kind == TxnErrorKind::Retriable {
                 // librdkafka's rule: a commit that timed out is called again
@@ -336,8 +338,6 @@ impl Core<'_> {
             }
         }
         self.metrics.transactions_committed.inc();
-        let now = Instant::now();
-        let wall = PgTimestamp::now();
         let mut update = None;
         for token in tokens {
             if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
@@ -353,6 +353,7 @@ impl Core<'_> {
     pub(super) fn on_transactional_report(
         &mut self,
         report: Report<Token>,
+        now: Instant,
     ) -> Result<(), RunError> {
         let Report { token, result, .. } = report;
         let error = match result {
@@ -380,7 +381,7 @@ impl Core<'_> {
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
             tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
             eos.refused.insert((token.lsn, token.index), error.clone());
-            eos.doom(AbortCause::Refused(error));
+            eos.doom(AbortCause::Refused(error), now);
             return Ok(());
         }
         if error.kind == DeliveryErrorKind::Fenced {
@@ -399,15 +400,19 @@ impl Core<'_> {
         // The other records of the transaction fail too, each with its
         // reason: all are heard before the session ends, so an event refused
         // for good is known as such, whichever report comes first.
-        eos.doom(AbortCause::RecordFailed(error));
+        eos.doom(AbortCause::RecordFailed(error), now);
         Ok(())
     }
 
     /// Exactly-once: a failed transaction ends the session once every record
     /// sent in it has reported (`in_flight` is 0) or [`DOOMED_WAIT`] passed.
-    pub(in crate::relay) fn doomed_and_heard(&self, in_flight: usize) -> Option<RunError> {
+    pub(in crate::relay) fn doomed_and_heard(
+        &self,
+        in_flight: usize,
+        now: Instant,
+    ) -> Option<RunError> {
         let (why, since) = self.eos.as_ref()?.doomed.as_ref()?;
-        let heard = in_flight == 0 || since.elapsed() >= DOOMED_WAIT;
+        let heard = in_flight == 0 || now - *since >= DOOMED_WAIT;
         heard.then(|| RunError::Aborted(why.clone()))
     }
 

@@ -8,7 +8,7 @@ use pgoutput_decoder::{
     LogicalMessage, Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate,
     TupleData,
 };
-use sink_kafka::Record;
+use sink_core::Record;
 use tokio::time::Instant;
 
 use super::quarantine::Why;
@@ -40,14 +40,13 @@ impl Core<'_> {
     pub(in crate::relay) fn on_message(
         &mut self,
         message: ReplicationMessage,
+        now: Instant,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let xlog = match message {
             ReplicationMessage::PrimaryKeepalive(k) => {
-                return Ok(self.progress.keepalive(
-                    k.wal_end(),
-                    k.reply_requested(),
-                    Instant::now(),
-                ))
+                return Ok(self
+                    .progress
+                    .keepalive(k.wal_end(), k.reply_requested(), now))
             }
             ReplicationMessage::XLogData(x) => x,
             _ => return Ok(None),
@@ -77,9 +76,7 @@ impl Core<'_> {
                 if let Some(t) = &mut self.eos {
                     t.commit(c.commit_lsn());
                 }
-                return Ok(self
-                    .progress
-                    .commit(c.commit_lsn(), c.end_lsn(), Instant::now())?);
+                return Ok(self.progress.commit(c.commit_lsn(), c.end_lsn(), now)?);
             }
             LogicalMessage::Relation(r) => self.on_relation(&r),
             LogicalMessage::Insert(insert) => {
@@ -144,6 +141,7 @@ impl Core<'_> {
     pub(in crate::relay) fn on_row(
         &mut self,
         row: CopiedRow,
+        now: Instant,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         let at = Lsn::from(row.n);
         let columns = self
@@ -156,7 +154,7 @@ impl Core<'_> {
         self.commit_time = PgTimestamp::default();
         self.event_index = 0;
         self.on_insert(&columns, &row.tuple, row.lsn)?;
-        Ok(self.progress.commit(at, at, Instant::now())?)
+        Ok(self.progress.commit(at, at, now)?)
     }
 
     /// Maps an inserted row and queues its record (or its dead-letter

@@ -38,7 +38,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use pgoutput_decoder::{Decoder, Lsn, PgTimestamp, StandbyStatusUpdate};
-use sink_kafka::Record;
+use sink_core::Record;
 use slot_manager::Coverage;
 use tokio::time::Instant;
 
@@ -197,14 +197,15 @@ impl<'a> Core<'a> {
     pub(super) fn on_input(
         &mut self,
         input: Input,
+        now: Instant,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         match input {
-            Input::Message(message) => self.on_message(message),
+            Input::Message(message) => self.on_message(message, now),
             Input::Relation(relation) => {
                 self.on_relation(&relation);
                 Ok(None)
             }
-            Input::Row(row) => self.on_row(row),
+            Input::Row(row) => self.on_row(row, now),
             Input::End => Ok(None),
         }
     }

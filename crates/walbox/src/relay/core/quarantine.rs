@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pgoutput_decoder::StandbyStatusUpdate;
-use sink_kafka::{DeliveryError, DeliveryErrorKind, Record};
+use sink_core::{DeliveryError, DeliveryErrorKind, Record};
 use tokio::time::Instant;
 
 use super::Core;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
-use sink_kafka::{Delivered, DeliveryError, Report};
+use sink_core::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
 use super::Core;
@@ -25,7 +25,7 @@ impl Core<'_> {
         wall: PgTimestamp,
     ) -> Result<Option<StandbyStatusUpdate>, RunError> {
         if self.eos.is_some() {
-            return self.on_transactional_report(report).map(|()| None);
+            return self.on_transactional_report(report, now).map(|()| None);
         }
         let Report {
             token,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use pgoutput_decoder::Lsn;
-use sink_kafka::DeliveryError;
+use sink_core::DeliveryError;
 use tokio::time::Instant;
 
 use crate::exactly_once::{ExactlyOnce, Position, Skip};
@@ -88,9 +88,9 @@ impl Transactions {
     }
 
     /// The open transaction failed; the first reason is kept.
-    pub(super) fn doom(&mut self, why: AbortCause) {
+    pub(super) fn doom(&mut self, why: AbortCause, now: Instant) {
         if self.doomed.is_none() {
-            self.doomed = Some((why, Instant::now()));
+            self.doomed = Some((why, now));
         }
     }
 

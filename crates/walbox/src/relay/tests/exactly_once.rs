@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sink_kafka::TxnErrorKind;
+use sink_core::TxnErrorKind;
 use tokio::sync::watch;
 
 use super::fakes::{header, relation, Broker, FakeSource};

@@ -2,7 +2,8 @@
 //! order, an unmappable or refused event goes to the dead-letter topic (and
 //! counts only once its copy is acked) or stops the relay before it.
 
-use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
+use sink_core::{DeliveryError, DeliveryErrorKind, Record, Report};
+use tokio::time::Instant;
 
 use super::{acked, config, confirmable, feed, records, report, rows, started};
 use crate::dead_letter::{headers, DeadLetters};
@@ -59,7 +60,10 @@ fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot() {
     let commit = bad.pop().unwrap();
     let row = bad.pop().unwrap();
     feed(&mut core, bad);
-    let e = core.on_message(row).unwrap_err().to_string();
+    let e = core
+        .on_message(row, Instant::now())
+        .unwrap_err()
+        .to_string();
     drop(commit);
     assert!(
         e.contains("event bad: column \"aggregate_id\" (the aggregate id) is NULL"),

@@ -1,7 +1,8 @@
 //! Exactly-once in the core, synchronously: a refusal fails the Kafka
 //! transaction, and its replay dead-letters exactly the refused event.
 
-use sink_kafka::{DeliveryError, DeliveryErrorKind, Record, Report};
+use pgoutput_decoder::PgTimestamp;
+use sink_core::{DeliveryError, DeliveryErrorKind, Record, Report};
 use tokio::time::Instant;
 
 use super::{
@@ -26,11 +27,15 @@ fn refused(record: Record<Token>) -> Report<Token> {
 fn commit_all(core: &mut Core<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String, String)> {
     core.close_if_due(Instant::now(), true);
     sent.extend(records(core));
-    assert!(core.start_commit(), "the progress record was sent");
+    assert!(
+        core.start_commit(Instant::now()),
+        "the progress record was sent"
+    );
     for r in &sent {
         report(core, acked(r.token.clone())).unwrap();
     }
-    core.on_committed(Ok(())).unwrap();
+    core.on_committed(Ok(()), Instant::now(), PgTimestamp::now())
+        .unwrap();
     sent.iter()
         .filter(|r| !r.token.progress_record)
         .map(|r| (r.topic.to_string(), header(r, "id").unwrap().to_owned()))
@@ -40,7 +45,9 @@ fn commit_all(core: &mut Core<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String,
 /// The session ends after its transaction failed: everything sent has
 /// reported; the transaction is aborted.
 fn abort(core: &mut Core<'_>) -> RunError {
-    let e = core.doomed_and_heard(0).expect("the transaction failed");
+    let e = core
+        .doomed_and_heard(0, Instant::now())
+        .expect("the transaction failed");
     assert!(core.abort_needed());
     assert!(core.on_aborted(Ok(()), 1).unwrap());
     e
@@ -83,6 +90,42 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
         pairs(&[("dlq", "e1"), ("events", "e2")])
     );
     assert_eq!(confirmable(&mut core), 200);
+}
+
+/// On the test's own clock (the core reads none): a failed transaction
+/// ends the session once every record sent in it has reported, or
+/// `DOOMED_WAIT` (5 s) after the failure when one never reports.
+#[test]
+fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let mut core = started(&config, 10);
+    let events = [("e1", Some("a")), ("e2", Some("b"))];
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &events, false)].concat(),
+    );
+    let [e1, _e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    let t0 = Instant::now();
+    core.on_report(refused(e1), t0, PgTimestamp::default())
+        .unwrap();
+    let waited = |s: u64, ms: u64| {
+        t0 + std::time::Duration::from_secs(s) + std::time::Duration::from_millis(ms)
+    };
+    assert!(
+        core.doomed_and_heard(1, waited(4, 999)).is_none(),
+        "e2 may still report"
+    );
+    let e = core
+        .doomed_and_heard(1, waited(5, 0))
+        .expect("five seconds after the failure");
+    assert!(
+        matches!(e, RunError::Aborted(AbortCause::Refused(_))),
+        "{e}"
+    );
+    assert!(
+        core.doomed_and_heard(0, t0).is_some(),
+        "every record reported: at once"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use crate::relay::tests::fakes::{
     begin, commit, envelope, header, insert, key_of, message, relation,
 };
 use crate::relay::{RelayConfig, RunError};
+use tokio::time::Instant;
 
 fn with_source(source: EventSource, dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
@@ -131,7 +132,7 @@ fn a_bad_envelope_stops_walbox_before_it_without_a_dead_letter_topic() {
     deliver(&mut core);
     feed(&mut core, vec![begin(290)]);
     let bad = message(210, true, "walbox", r#"{"v":2,"id":"from-the-future"}"#);
-    match core.on_message(bad) {
+    match core.on_message(bad, Instant::now()) {
         Err(RunError::Map(MapError::Envelope { lsn, reason })) => {
             assert_eq!(lsn, "0/D2");
             assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage};
-use sink_kafka::{Delivered, Record, Report, TxnError};
+use sink_core::{Delivered, Record, Report, TxnError};
 use slot_manager::{ChangeInFlight, Coverage};
 use tokio::time::Instant;
 
@@ -136,7 +136,7 @@ pub(super) fn covered(wal: u64) -> Coverage {
 pub(super) fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
     let mut core = Core::new(config, Metrics::new());
     start(&mut core, slot);
-    core.on_coverage(covered(1 << 20)).unwrap();
+    core.on_coverage(covered(1 << 20), Instant::now()).unwrap();
     core
 }
 
@@ -162,7 +162,7 @@ pub(super) fn start_on(core: &mut Core<'_>, slot: u64, history: &str, server_wal
 
 pub(super) fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
     for frame in frames {
-        core.on_message(frame).unwrap();
+        core.on_message(frame, Instant::now()).unwrap();
     }
 }
 
@@ -291,7 +291,7 @@ fn an_unmappable_row_stops_before_it_without_a_dead_letter_topic() {
     let commit = frames.pop().unwrap();
     let insert = frames.pop().unwrap();
     feed(&mut core, frames);
-    let stopped = core.on_message(insert).unwrap_err();
+    let stopped = core.on_message(insert, Instant::now()).unwrap_err();
     assert!(matches!(stopped, RunError::Map(_)), "{stopped}");
     drop(commit);
     assert_eq!(confirmable(&mut core), 0);
@@ -326,7 +326,7 @@ fn a_changed_coverage_stops_with_the_slot_before_what_it_could_hide() {
         table_oid: Some(OUTBOX + 1),
         ..covered(1 << 21)
     };
-    let stopped = core.on_coverage(changed).unwrap_err();
+    let stopped = core.on_coverage(changed, Instant::now()).unwrap_err();
     assert!(matches!(stopped, RunError::Drift(_)), "{stopped}");
 }
 
@@ -344,11 +344,12 @@ fn exactly_once_events_are_delivered_only_when_their_transaction_commits() {
     let progress = sends(&mut core).remove(0);
     assert!(!progress.begin_transaction);
     assert_eq!(&*progress.record.topic, "progress");
-    assert!(core.start_commit());
+    assert!(core.start_commit(Instant::now()));
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
     assert_eq!(confirmable(&mut core), 0, "acked but not committed");
-    core.on_committed(Ok(())).unwrap();
+    core.on_committed(Ok(()), Instant::now(), PgTimestamp::now())
+        .unwrap();
     assert_eq!(confirmable(&mut core), 1_008);
 }
 
@@ -360,14 +361,16 @@ fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
     let event = sends(&mut core).remove(0);
     core.close_if_due(Instant::now(), false);
     let progress = sends(&mut core).remove(0);
-    assert!(core.start_commit());
+    assert!(core.start_commit(Instant::now()));
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
     let failed = TxnError {
-        kind: sink_kafka::TxnErrorKind::Abortable,
+        kind: sink_core::TxnErrorKind::Abortable,
         message: "Broker: Coordinator not available".into(),
     };
-    let stopped = core.on_committed(Err(failed)).unwrap_err();
+    let stopped = core
+        .on_committed(Err(failed), Instant::now(), PgTimestamp::now())
+        .unwrap_err();
     assert!(matches!(stopped, RunError::Aborted(_)), "{stopped}");
     assert!(core.abort_needed(), "the transaction is aborted");
     assert_eq!(confirmable(&mut core), 0);
@@ -409,10 +412,12 @@ fn backfilled_rows_go_the_same_way_and_confirm_the_delivered_prefix() {
         .map(|(n, t)| (n.to_owned(), t)),
     );
     core.on_relation(&relation);
-    core.on_row(row(11, "e-11", Some("a"))).unwrap();
+    core.on_row(row(11, "e-11", Some("a")), Instant::now())
+        .unwrap();
     // No aggregate id: unmappable, dead-lettered.
-    core.on_row(row(12, "e-12", None)).unwrap();
-    core.on_row(row(13, "e-13", Some("b"))).unwrap();
+    core.on_row(row(12, "e-12", None), Instant::now()).unwrap();
+    core.on_row(row(13, "e-13", Some("b")), Instant::now())
+        .unwrap();
     let [first, unmappable, third] = <[ToSend; 3]>::try_from(sends(&mut core))
         .ok()
         .expect("three records");

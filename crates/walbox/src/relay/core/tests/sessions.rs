@@ -1,7 +1,8 @@
 //! A new session after a reconnect, a failover or a restore, synchronously:
 //! what is sent again and what is not.
 
-use sink_kafka::Record;
+use sink_core::Record;
+use tokio::time::Instant;
 
 use super::{config, confirmable, covered, deliver, feed, rows, start_on, Core};
 use crate::dead_letter::DeadLetters;
@@ -16,7 +17,7 @@ fn ids(records: &[Record<Token>]) -> Vec<&str> {
 /// `server_wal`, with the coverage read.
 fn session(core: &mut Core<'_>, slot: u64, history: &str, server_wal: u64) {
     start_on(core, slot, history, server_wal);
-    core.on_coverage(covered(1 << 20)).unwrap();
+    core.on_coverage(covered(1 << 20), Instant::now()).unwrap();
 }
 
 #[test]

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, ReplicationMessage};
 use slot_manager::{Coverage, OutboxTables, TableCoverage, TableName};
+use tokio::time::Instant;
 
 use super::{acked, config, covered, feed, report, sends, start, started};
 use crate::dead_letter::DeadLetters;
@@ -245,7 +246,7 @@ fn a_payload_of_a_type_the_session_has_not_resolved_starts_a_new_session() {
 fn stops(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) -> RunError {
     frames
         .into_iter()
-        .find_map(|frame| core.on_message(frame).err())
+        .find_map(|frame| core.on_message(frame, Instant::now()).err())
         .expect("the relay stops")
 }
 
@@ -295,17 +296,20 @@ fn a_table_walbox_picked_up_or_one_dropped_is_no_drift() {
     let a = table("tenant_a", 1, "fa");
     let b = table("tenant_b", 2, "fb");
     let c = table("tenant_c", 3, "fc");
-    core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]))
-        .unwrap();
-    core.on_coverage(reading(
-        200,
-        vec![a.clone(), b.clone(), c.clone()],
-        &["tenant_c"],
-    ))
+    core.on_coverage(
+        reading(100, vec![a.clone(), b.clone()], &[]),
+        Instant::now(),
+    )
+    .unwrap();
+    core.on_coverage(
+        reading(200, vec![a.clone(), b.clone(), c.clone()], &["tenant_c"]),
+        Instant::now(),
+    )
     .unwrap();
     // tenant_b dropped (the source reports a table that left the
     // publication while it exists as a gap, not by leaving it out).
-    core.on_coverage(reading(300, vec![a, c], &[])).unwrap();
+    core.on_coverage(reading(300, vec![a, c], &[]), Instant::now())
+        .unwrap();
 }
 
 #[test]
@@ -328,9 +332,9 @@ fn a_change_of_one_tables_coverage_or_a_table_someone_else_added_stops() {
         ),
     ] {
         let mut core = session(&config);
-        core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]))
+        core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]), Instant::now())
             .unwrap();
-        let stopped = core.on_coverage(reading(200, now, &[])).unwrap_err();
+        let stopped = core.on_coverage(reading(200, now, &[]), Instant::now()).unwrap_err();
         let RunError::Drift(drift) = &stopped else {
             panic!("{stopped}")
         };
