@@ -156,7 +156,7 @@ async fn kill_9_five_times_loses_nothing_and_repeats_only_aborted_transactions()
     kill_9_while_streaming(&db, &kafka, &flags, kills).await;
     writer.await.unwrap();
     let mut relay = spawn_run(&db, &kafka, &flags);
-    let duplicates = expect_all(&kafka, &topic, TOTAL).await;
+    let duplicates = expect_all_logged(&kafka, &topic, TOTAL, &relay).await;
     let head = current_wal_lsn(&client).await;
     wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
     eprintln!(

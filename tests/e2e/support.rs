@@ -339,6 +339,34 @@ pub(crate) async fn wait_distinct<K: std::hash::Hash + Eq>(
     .await
 }
 
+/// [`expect_all`]; when the events do not all arrive, the panic carries
+/// the end of `relay`'s log (what walbox did meanwhile).
+pub(crate) async fn expect_all_logged(
+    kafka: &TestKafka,
+    topic: &str,
+    total: usize,
+    relay: &Relay,
+) -> usize {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(expect_all(kafka, topic, total))
+        .catch_unwind()
+        .await
+    {
+        Ok(duplicates) => duplicates,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            let log = relay.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(200)..].join("\n");
+            panic!("{why}\nthe end of walbox's log:\n{tail}");
+        }
+    }
+}
+
 /// Reads the topic until every `n` in `0..total` arrived (duplicates allowed);
 /// returns how many duplicates there were. Checks that, per key, first
 /// arrivals follow commit order.
