@@ -128,6 +128,34 @@ fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
     );
 }
 
+/// On the test's own clock: an open transaction closes when its time bound
+/// passed since its first record (60 s here), not before, however few
+/// events it holds; closing queues its progress record.
+#[test]
+fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
+    let config = config(DeadLetters::halt(), transactions(100));
+    let mut core = started(&config, 10);
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &[("e1", Some("a"))], false)].concat(),
+    );
+    let t0 = Instant::now();
+    let first = core.take_send(t0).expect("e1 waits");
+    assert!(first.begin_transaction, "the first record begins one");
+    let later = |s: u64, ms: u64| {
+        t0 + std::time::Duration::from_secs(s) + std::time::Duration::from_millis(ms)
+    };
+    core.close_if_due(later(59, 999), false);
+    assert!(core.take_send(later(59, 999)).is_none(), "still open");
+    core.close_if_due(later(60, 0), false);
+    let progress = core.take_send(later(60, 0)).expect("closed");
+    assert!(progress.record.token.progress_record);
+    assert!(
+        !progress.begin_transaction,
+        "inside the closing transaction"
+    );
+}
+
 #[test]
 fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));
