@@ -13,7 +13,7 @@
 //! report, a coverage reading, a commit's outcome, a tick) and returns
 //! effects (records to send, a status update, a Kafka transaction to begin,
 //! commit or abort, a position to save, an error to stop with); its tests
-//! feed it frames (`core/tests/`). The session (`session.rs`) is the loop
+//! feed it frames (`core/tests/`). The session (`session/`) is the loop
 //! that feeds it and carries the effects out. The relay is generic over its
 //! two ends, so that loop runs in unit tests against in-memory fakes (see
 //! `tests/`):

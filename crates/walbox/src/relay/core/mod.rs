@@ -1,5 +1,5 @@
 //! The relay's core: everything the relay decides, synchronously and
-//! without I/O. The session (`session.rs`) feeds it inputs and carries out
+//! without I/O. The session (`session/`) feeds it inputs and carries out
 //! the effects it asks for; tests feed it frames and read the effects.
 //!
 //! | input                                   | method                          | effects                                    |
