@@ -66,11 +66,6 @@ impl DeadLetterKind {
     }
 }
 
-/// A stable snake_case word for a delivery failure's kind (metric labels).
-pub fn failure_kind(kind: DeliveryErrorKind) -> &'static str {
-    kind.as_str()
-}
-
 /// Where undeliverable events go: nowhere (halt) or a topic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeadLetters {

@@ -28,16 +28,6 @@ impl<'a, D> Ends<'a, D, NoTransactions> {
     }
 }
 
-impl<'a, X: Transactional<Token>> Ends<'a, X, X> {
-    /// Exactly once, in the destination's transactions.
-    pub fn exactly_once(destination: &'a X) -> Self {
-        Ends {
-            destination,
-            transactions: Some(destination),
-        }
-    }
-}
-
 /// The transactions of a destination that has none: a type with no value,
 /// so `Ends::transactions` of an at-least-once destination is always
 /// `None`, and no call answers "unsupported".

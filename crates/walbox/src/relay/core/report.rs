@@ -9,7 +9,7 @@ use sink_core::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
 use super::Core;
-use crate::dead_letter::{failure_kind, DeadLetterKind};
+use crate::dead_letter::DeadLetterKind;
 use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
 use crate::receipts::Receipt;
@@ -161,7 +161,7 @@ impl Core<'_> {
             .failed
             .get_or_create(&KindLabels {
                 topic: self.metrics.topic_label(&token.topic),
-                kind: failure_kind(error.kind),
+                kind: error.kind.as_str(),
             })
             .inc();
         tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
