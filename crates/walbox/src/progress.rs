@@ -418,16 +418,15 @@ impl Progress {
     /// When the next update is due: the periodic one or, if a confirmation
     /// is held back by the eager gap, the gap's end (so the last ack of a
     /// burst is reported within the gap, not a whole interval later).
-    pub fn next_due(&self) -> Instant {
+    /// `None`: at once (none was sent yet).
+    pub fn next_due(&self) -> Option<Instant> {
         let s = &self.schedule;
-        let Some(last) = s.last_sent else {
-            return Instant::now();
-        };
-        if self.confirmable() > s.last_sent_flush {
+        let last = s.last_sent?;
+        Some(if self.confirmable() > s.last_sent_flush {
             last + s.eager_gap
         } else {
             last + s.interval
-        }
+        })
     }
 
     /// The update reporting the current positions, marked as sent (the last

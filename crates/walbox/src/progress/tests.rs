@@ -156,7 +156,7 @@ fn updates_are_periodic_on_request_or_eager() {
         "reply requested"
     );
     let t1 = t0 + ms(500);
-    assert_eq!(p.next_due(), t1 + Duration::from_secs(1));
+    assert_eq!(p.next_due(), Some(t1 + Duration::from_secs(1)));
     // The position moves: an update goes out at once (the gap has passed).
     p.begin(l(1)).unwrap();
     let e = p.event().unwrap();
@@ -183,13 +183,13 @@ fn eager_updates_respect_the_gap_and_a_held_back_one_is_due_at_its_end() {
     );
     assert_eq!(
         p.next_due(),
-        t0 + EAGER_GAP,
+        Some(t0 + EAGER_GAP),
         "the held-back confirmation is due at the gap's end, not the interval's"
     );
     assert_eq!(p.tick(t0 + EAGER_GAP).unwrap().flush, l(2));
     assert_eq!(
         p.next_due(),
-        t0 + EAGER_GAP + Duration::from_secs(1),
+        Some(t0 + EAGER_GAP + Duration::from_secs(1)),
         "nothing held back: the periodic update is next"
     );
 }

@@ -1,11 +1,11 @@
 //! Coverage readings: whether the publication still publishes the outbox
 //! table's INSERTs as it did, and up to where that is verified.
 
-use pgoutput_decoder::{Lsn, StandbyStatusUpdate};
+use pgoutput_decoder::Lsn;
 use slot_manager::{describe_change, ChangeInFlight, Coverage};
 use tokio::time::Instant;
 
-use super::Core;
+use super::{Core, Observation};
 use crate::relay::{DriftError, RunError};
 
 /// How long a change of the coverage may stay in flight before walbox says
@@ -15,16 +15,20 @@ const PENDING_CHANGE_REPORT: std::time::Duration = std::time::Duration::from_sec
 impl Core<'_> {
     /// A coverage reading: a gap or a change stops the relay; otherwise the
     /// reading's own position is verified, unless a change of the coverage
-    /// was in flight. Returns the status update due.
+    /// was in flight.
     pub(in crate::relay) fn on_coverage(
         &mut self,
         reading: Coverage,
         now: Instant,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         let held = self.progress.confirmable();
         let committed = self.progress.delivered_commit_time().map(|(_, t)| t);
         if let Some(gap) = &reading.gap {
-            tracing::error!(%gap, slot = %held, "the outbox table is not published");
+            self.effects.observe(Observation::Stopping {
+                what: "the outbox table is not published",
+                error: gap.to_string(),
+                lsn: held,
+            });
             return Err(RunError::Drift(DriftError::NotPublished {
                 gap: gap.clone(),
                 remedy: DriftError::remedy(&self.config.tables),
@@ -33,8 +37,18 @@ impl Core<'_> {
             }));
         }
         if let Some(before) = &self.coverage {
+            for table in dropped(before, &reading) {
+                self.effects.observe(Observation::TableDropped { table });
+            }
             if let Some(what) = changed(before, &reading) {
-                tracing::error!(change = %what, before = %before.fingerprint, now = %reading.fingerprint, slot = %held, "the publication's coverage changed");
+                self.effects.observe(Observation::Stopping {
+                    what: "the publication's coverage changed",
+                    error: format!(
+                        "{what} (coverage before: {}, now: {})",
+                        before.fingerprint, reading.fingerprint
+                    ),
+                    lsn: held,
+                });
                 return Err(RunError::Drift(DriftError::Changed {
                     change: what,
                     held,
@@ -53,7 +67,9 @@ impl Core<'_> {
         };
         self.note_pending_change(reading.in_flight == ChangeInFlight::Pending, held, now);
         self.coverage = Some(reading);
-        Ok(verified.and_then(|lsn| self.progress.covered(lsn, now)))
+        let update = verified.and_then(|lsn| self.progress.covered(lsn, now));
+        self.effects.status(update);
+        Ok(())
     }
 
     /// Says once when a change of the publication or the table stays in
@@ -63,7 +79,10 @@ impl Core<'_> {
             (false, _) => self.change_pending_since = None,
             (true, None) => self.change_pending_since = Some((now, false)),
             (true, Some((since, false))) if now - since >= PENDING_CHANGE_REPORT => {
-                tracing::warn!(slot = %held, waited = ?(now - since), "a transaction changing the publication or the outbox table has not ended (open, or waiting for synchronous standbys): the slot is not confirmed past its start until it ends");
+                self.effects.observe(Observation::ChangePending {
+                    slot: held,
+                    waited: now - since,
+                });
                 self.change_pending_since = Some((since, true));
             }
             (true, Some(_)) => {}
@@ -94,8 +113,7 @@ fn changed(before: &Coverage, now: &Coverage) -> Option<String> {
                     ),
                 });
             }
-            Some(_) => {}
-            None => tracing::info!(table = %b.table, "an outbox table was dropped"),
+            Some(_) | None => {}
         }
     }
     now.tables
@@ -109,4 +127,14 @@ fn changed(before: &Coverage, now: &Coverage) -> Option<String> {
                 n.table
             )
         })
+}
+
+/// The tables of `before` that left the readings: dropped.
+fn dropped(before: &Coverage, now: &Coverage) -> Vec<String> {
+    before
+        .tables
+        .iter()
+        .filter(|b| !now.tables.iter().any(|n| n.table == b.table))
+        .map(|b| b.table.to_string())
+        .collect()
 }

@@ -22,14 +22,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
+use pgoutput_decoder::{Lsn, PgTimestamp};
 use sink_core::{DeliveryErrorKind, Record, Report, TxnError, TxnErrorKind};
 use tokio::time::Instant;
 
 use super::transactions::{KafkaTxn, Transactions};
-use super::Core;
+use super::{Core, Effect, Effects, HistoryChange, Observation, ProgressNote, TransactionNote};
 use crate::exactly_once::Position;
-use crate::metrics::Metrics;
 use crate::progress::{Ack, History};
 use crate::relay::{AbortCause, RunError, Token, TransactionsError};
 
@@ -70,7 +69,6 @@ impl Core<'_> {
         server_wal: Lsn,
         same: History,
     ) -> EosStartup {
-        let metrics = Arc::clone(&self.metrics);
         let Some(eos) = self.eos.as_mut() else {
             return EosStartup::Ready;
         };
@@ -80,11 +78,12 @@ impl Core<'_> {
         eos.txn = KafkaTxn::Idle;
         eos.doomed = None;
         if new_history {
-            tracing::warn!("the server's history changed: the committed progress no longer applies; events after the slot's position may be written again");
+            self.effects
+                .observe(Observation::Progress(ProgressNote::Forgotten));
             eos.committed = None;
         }
         if let Some(p) = eos.committed.take_if(|p| p.beyond(server_wal)) {
-            wal_behind_the_record(&p, server_wal, &metrics);
+            wal_behind_the_record(&p, server_wal, &mut self.effects);
         }
         if eos.initialized {
             return EosStartup::Ready;
@@ -113,7 +112,6 @@ impl Core<'_> {
         read: Result<Option<Bytes>, String>,
         server_wal: Lsn,
     ) -> Result<(), RunError> {
-        let metrics = Arc::clone(&self.metrics);
         let Some(eos) = self.eos.as_mut() else {
             return Ok(());
         };
@@ -127,15 +125,24 @@ impl Core<'_> {
         eos.initialized = true;
         eos.committed = match value.map(|v| Position::decode(&v)) {
             None => {
-                tracing::info!(%topic, transactional_id = %id, "exactly-once: no committed progress yet; starting from the slot's position");
+                self.effects
+                    .observe(Observation::Progress(ProgressNote::None {
+                        topic: topic.clone(),
+                        id,
+                    }));
                 None
             }
             Some(Ok(p)) if p.history != history => {
-                tracing::warn!(%topic, recorded = %p.history, now = %history, "exactly-once: the committed progress belongs to another server history (failover or restore); events after the slot's position may be written again");
+                self.effects
+                    .observe(Observation::Progress(ProgressNote::OtherHistory {
+                        topic: topic.clone(),
+                        recorded: p.history,
+                        now: history,
+                    }));
                 None
             }
             Some(Ok(p)) if p.beyond(server_wal) => {
-                wal_behind_the_record(&p, server_wal, &metrics);
+                wal_behind_the_record(&p, server_wal, &mut self.effects);
                 None
             }
             // Inside a split transaction, the count is of what the source
@@ -153,7 +160,12 @@ impl Core<'_> {
                 }));
             }
             Some(Ok(p)) => {
-                tracing::info!(%topic, transactional_id = %id, after = %p, "exactly-once: resuming after the committed progress");
+                self.effects
+                    .observe(Observation::Progress(ProgressNote::Resuming {
+                        topic: topic.clone(),
+                        id,
+                        after: p.to_string(),
+                    }));
                 Some(p)
             }
             Some(Err(e)) => {
@@ -211,10 +223,29 @@ impl Core<'_> {
         RunError::from_txn(&eos.config.transactional_id, e)
     }
 
+    /// A turn of the driver at `now` (exactly-once; `in_flight` records sent
+    /// and not reported, `finishing`: shutting down): a failed transaction
+    /// whose records were heard ends the session; an open one past a bound
+    /// closes; a closed one whose progress record is sent commits
+    /// ([`Effect::Commit`]).
+    pub(in crate::relay) fn upkeep(
+        &mut self,
+        now: Instant,
+        finishing: bool,
+        in_flight: usize,
+    ) -> Result<(), RunError> {
+        if let Some(e) = self.doomed_and_heard(in_flight, now) {
+            return Err(e);
+        }
+        self.close_if_due(now, finishing);
+        self.start_commit(now);
+        Ok(())
+    }
+
     /// Closes the open transaction when a bound is reached (or `finishing`
     /// once no Postgres transaction is open) and nothing waits to be sent:
     /// queues its progress record.
-    pub(in crate::relay) fn close_if_due(&mut self, now: Instant, finishing: bool) {
+    fn close_if_due(&mut self, now: Instant, finishing: bool) {
         let in_transaction = self.progress.in_transaction();
         let Some(eos) = self.eos.as_mut() else {
             return;
@@ -267,28 +298,36 @@ impl Core<'_> {
             },
         };
         self.outgoing.push_back(record);
-        tracing::debug!(events = tokens.len(), %position, "closing the Kafka transaction");
+        self.effects
+            .observe(Observation::Transaction(TransactionNote::Closing {
+                events: tokens.len(),
+                position: position.to_string(),
+            }));
         eos.txn = KafkaTxn::Closing { tokens, position };
     }
 
-    /// True when the progress record is sent: the commit may start.
-    pub(in crate::relay) fn start_commit(&mut self, now: Instant) -> bool {
+    /// Asks for the commit ([`Effect::Commit`]) once the progress record
+    /// is sent.
+    fn start_commit(&mut self, now: Instant) {
         let Some(eos) = self.eos.as_mut() else {
-            return false;
+            return;
         };
         if !matches!(eos.txn, KafkaTxn::Closing { .. }) || !self.outgoing.is_empty() {
-            return false;
+            return;
         }
         let KafkaTxn::Closing { tokens, position } = std::mem::take(&mut eos.txn) else {
             unreachable!("matched above")
         };
-        tracing::debug!(events = tokens.len(), "committing the Kafka transaction");
+        self.effects
+            .observe(Observation::Transaction(TransactionNote::Committing {
+                events: tokens.len(),
+            }));
         eos.txn = KafkaTxn::Committing {
             tokens,
             position,
             since: now,
         };
-        true
+        self.effects.push(Effect::Commit);
     }
 
     /// The commit's outcome: the events are delivered (acked to the
@@ -298,9 +337,9 @@ impl Core<'_> {
         result: Result<(), TxnError>,
         now: Instant,
         wall: PgTimestamp,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         let Some(eos) = self.eos.as_mut() else {
-            return Ok(None);
+            return Ok(());
         };
         let KafkaTxn::Committing {
             tokens,
@@ -308,18 +347,23 @@ impl Core<'_> {
             since,
         } = std::mem::take(&mut eos.txn)
         else {
-            return Ok(None);
+            return Ok(());
         };
-        self.metrics
-            .transaction_commit
-            .observe((now - since).as_secs_f64());
+        self.effects
+            .observe(Observation::Transaction(TransactionNote::Ended {
+                took: now - since,
+                committed: result.is_ok(),
+            }));
         if let Err(e) = result {
             if e.kind == TxnErrorKind::Retriable {
                 // librdkafka's rule: a commit that timed out is called again
                 // (the records are still in it; another call would conflict).
-                tracing::warn!(error = %e, "the commit did not finish in time; committing again");
+                self.effects
+                    .observe(Observation::Transaction(TransactionNote::CommitRetried {
+                        error: e.to_string(),
+                    }));
                 eos.txn = KafkaTxn::Closing { tokens, position };
-                return Ok(None);
+                return Ok(());
             }
             // The records are still in the transaction: abort it.
             eos.txn = KafkaTxn::Closing {
@@ -337,15 +381,15 @@ impl Core<'_> {
                 eos.refused.remove(&(t.lsn, t.index));
             }
         }
-        self.metrics.transactions_committed.inc();
         let mut update = None;
         for token in tokens {
             if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
                 update = Some(u);
             }
-            self.count_delivered(&token, wall);
+            self.delivered(token, None, wall);
         }
-        Ok(update)
+        self.effects.status(update);
+        Ok(())
     }
 
     /// A delivery report in exactly-once mode: success waits for the
@@ -358,7 +402,7 @@ impl Core<'_> {
         let Report { token, result, .. } = report;
         let error = match result {
             Ok(at) => {
-                self.tap_delivered(&token, &at);
+                self.sampled(&token, &at);
                 return Ok(());
             }
             Err(error) => error,
@@ -368,8 +412,7 @@ impl Core<'_> {
             return Ok(());
         }
         if token.dead_letter.is_some() {
-            tracing::error!(%error, lsn = %token.lsn, "the dead-letter copy failed");
-            return Err(RunError::DeadLetter(error));
+            return Err(self.dead_letter_failed(&token, error));
         }
         let eos = self
             .eos
@@ -379,7 +422,12 @@ impl Core<'_> {
             && !token.progress_record
             && self.config.dead_letters.topic().is_some();
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
-            tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, "broker refused an event; it goes to the dead-letter topic when its transaction is written again");
+            self.effects
+                .observe(Observation::Transaction(TransactionNote::Refused {
+                    error: error.to_string(),
+                    topic: Arc::clone(&token.topic),
+                    lsn: token.lsn,
+                }));
             eos.refused.insert((token.lsn, token.index), error.clone());
             eos.doom(AbortCause::Refused(error), now);
             return Ok(());
@@ -406,14 +454,16 @@ impl Core<'_> {
 
     /// Exactly-once: a failed transaction ends the session once every record
     /// sent in it has reported (`in_flight` is 0) or [`DOOMED_WAIT`] passed.
-    pub(in crate::relay) fn doomed_and_heard(
-        &self,
-        in_flight: usize,
-        now: Instant,
-    ) -> Option<RunError> {
+    fn doomed_and_heard(&self, in_flight: usize, now: Instant) -> Option<RunError> {
         let (why, since) = self.eos.as_ref()?.doomed.as_ref()?;
         let heard = in_flight == 0 || now - *since >= DOOMED_WAIT;
         heard.then(|| RunError::Aborted(why.clone()))
+    }
+
+    /// When the failed transaction stops waiting for its reports.
+    pub(super) fn doomed_until(&self) -> Option<Instant> {
+        let (_, since) = self.eos.as_ref()?.doomed.as_ref()?;
+        Some(*since + DOOMED_WAIT)
     }
 
     /// True while records may not be sent (the transaction commits, or failed).
@@ -475,12 +525,15 @@ impl Core<'_> {
             .map_or("", |e| e.config.transactional_id.as_str());
         match result {
             Ok(()) => {
-                tracing::info!("aborted the open Kafka transaction");
-                self.metrics.transactions_aborted.inc();
+                self.effects
+                    .observe(Observation::Transaction(TransactionNote::Aborted));
                 Ok(true)
             }
             Err(e) if e.kind == TxnErrorKind::Retriable && attempt < ABORT_ATTEMPTS => {
-                tracing::warn!(error = %e, "the abort did not finish in time; aborting again");
+                self.effects
+                    .observe(Observation::Transaction(TransactionNote::AbortRetried {
+                        error: e.to_string(),
+                    }));
                 Ok(false)
             }
             Err(e) if e.kind == TxnErrorKind::Fenced => Err(RunError::from_txn(id, e)),
@@ -503,7 +556,10 @@ fn source_name(source: Option<crate::config::EventSource>) -> &'static str {
 /// The committed progress lies past the end of the server's WAL: the server
 /// was restored on the same timeline, and what it writes at those positions
 /// now was never in Kafka.
-fn wal_behind_the_record(recorded: &Position, server_wal: Lsn, metrics: &Metrics) {
-    tracing::warn!(recorded = %recorded, %server_wal, "exactly-once: the committed progress lies past the end of the server's WAL: it was restored on the same timeline; resuming from the slot's position (events after it may be written again)");
-    metrics.count_history_change("wal_behind");
+fn wal_behind_the_record(recorded: &Position, server_wal: Lsn, effects: &mut Effects) {
+    let change = HistoryChange::ProgressPastWal {
+        recorded: recorded.to_string(),
+        server_wal,
+    };
+    effects.observe(Observation::HistoryChanged(change));
 }

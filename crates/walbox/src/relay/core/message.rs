@@ -5,14 +5,13 @@
 use std::sync::Arc;
 
 use pgoutput_decoder::{
-    LogicalMessage, Lsn, PgTimestamp, RelationBody, ReplicationMessage, StandbyStatusUpdate,
-    TupleData,
+    LogicalMessage, Lsn, PgTimestamp, RelationBody, ReplicationMessage, TupleData,
 };
 use sink_core::Record;
 use tokio::time::Instant;
 
 use super::quarantine::Why;
-use super::Core;
+use super::{Core, Observation};
 use crate::dead_letter::{DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
 use crate::quarantine::QuarantineError;
@@ -36,20 +35,23 @@ struct Unmapped {
 }
 
 impl Core<'_> {
-    /// Handles one frame; returns the status update due, if any.
+    /// Handles one frame received at `now` (`wall` on the wall clock).
     pub(in crate::relay) fn on_message(
         &mut self,
         message: ReplicationMessage,
         now: Instant,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        wall: PgTimestamp,
+    ) -> Result<(), RunError> {
         let xlog = match message {
             ReplicationMessage::PrimaryKeepalive(k) => {
-                return Ok(self
+                let update = self
                     .progress
-                    .keepalive(k.wal_end(), k.reply_requested(), now))
+                    .keepalive(k.wal_end(), k.reply_requested(), now);
+                self.effects.status(update);
+                return Ok(());
             }
             ReplicationMessage::XLogData(x) => x,
-            _ => return Ok(None),
+            _ => return Ok(()),
         };
         self.progress.received(xlog.wal_end());
         let lsn = xlog.wal_start();
@@ -65,43 +67,46 @@ impl Core<'_> {
             }
             LogicalMessage::Commit(c) => {
                 if self.queued_in_transaction > 0 {
-                    // One clock reading per transaction, counted per event.
-                    let micros =
-                        PgTimestamp::now().as_unix_micros() - self.commit_time.as_unix_micros();
-                    self.metrics
-                        .commit_to_read_exact
-                        .record_n(micros, self.queued_in_transaction);
+                    // One observation per transaction, counted per event.
+                    self.effects.observe(Observation::Read {
+                        events: self.queued_in_transaction,
+                        micros: wall.as_unix_micros() - self.commit_time.as_unix_micros(),
+                    });
                     self.queued_in_transaction = 0;
                 }
                 if let Some(t) = &mut self.eos {
                     t.commit(c.commit_lsn());
                 }
-                return Ok(self.progress.commit(c.commit_lsn(), c.end_lsn(), now)?);
+                let update = self.progress.commit(c.commit_lsn(), c.end_lsn(), now)?;
+                self.effects.status(update);
+                return Ok(());
             }
             LogicalMessage::Relation(r) => self.on_relation(&r),
             LogicalMessage::Insert(insert) => {
                 let Some(columns) = self.outbox.get(&insert.relation_oid()) else {
-                    return Ok(None); // another table (publication changed by hand)
+                    return Ok(()); // another table (publication changed by hand)
                 };
                 if !self.config.source.table() {
-                    return Ok(None); // source = messages: rows are not events
+                    return Ok(()); // source = messages: rows are not events
                 }
                 let columns = Arc::clone(columns);
                 self.on_insert(&columns, insert.tuple(), lsn)?;
             }
             LogicalMessage::Message(m) => {
                 if !self.config.source.messages() || m.prefix() != self.config.message_prefix {
-                    return Ok(None); // another application's message
+                    return Ok(()); // another application's message
                 }
                 if !m.transactional() {
                     // Sent at once, whether its transaction commits or not:
                     // not an event. Said once per process, counted always.
-                    self.metrics.nontransactional_messages.inc();
-                    if !self.nontransactional_reported {
-                        self.nontransactional_reported = true;
-                        tracing::error!(%lsn, prefix = %m.prefix(), "a non-transactional logical decoding message has the events' prefix: it is not published (it would be sent even if its transaction rolled back); emit events with pg_logical_emit_message(true, …) or walbox.emit()");
-                    }
-                    return Ok(None);
+                    let first = !self.nontransactional_reported;
+                    self.nontransactional_reported = true;
+                    self.effects.observe(Observation::NonTransactional {
+                        lsn,
+                        prefix: m.prefix().to_owned(),
+                        first,
+                    });
+                    return Ok(());
                 }
                 self.on_event_message(m.content(), lsn)?;
             }
@@ -113,7 +118,7 @@ impl Core<'_> {
             | LogicalMessage::Origin(_) => {}
             other => return Err(RunError::Unexpected(other.tag() as char)),
         }
-        Ok(None)
+        Ok(())
     }
 
     /// A relation's description. The outbox is the configured name or the
@@ -128,7 +133,10 @@ impl Core<'_> {
         });
         if named || current || self.outbox.contains_key(&r.oid()) {
             if !named {
-                tracing::info!(oid = r.oid(), name = %format!("{}.{}", r.namespace(), r.name()), "the outbox table appears under another name");
+                self.effects.observe(Observation::Renamed {
+                    oid: r.oid(),
+                    name: format!("{}.{}", r.namespace(), r.name()),
+                });
             }
             let resolved = self.config.mapping.resolve_with(r, &self.domains);
             self.outbox.insert(r.oid(), Arc::new(resolved));
@@ -137,12 +145,12 @@ impl Core<'_> {
 
     /// A row copied out of the outbox table (a backfill): one event in a
     /// transaction of its own at position `row.n`, mapped, dead-lettered or
-    /// refused exactly as a streamed row. Returns the status update due.
+    /// refused exactly as a streamed row.
     pub(in crate::relay) fn on_row(
         &mut self,
         row: CopiedRow,
         now: Instant,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         let at = Lsn::from(row.n);
         let columns = self
             .outbox
@@ -154,7 +162,9 @@ impl Core<'_> {
         self.commit_time = PgTimestamp::default();
         self.event_index = 0;
         self.on_insert(&columns, &row.tuple, row.lsn)?;
-        Ok(self.progress.commit(at, at, now)?)
+        let update = self.progress.commit(at, at, now)?;
+        self.effects.status(update);
+        Ok(())
     }
 
     /// Maps an inserted row and queues its record (or its dead-letter
@@ -229,7 +239,7 @@ impl Core<'_> {
     fn skip_replayed(&mut self) -> bool {
         let in_kafka = self.eos.as_mut().is_some_and(|t| t.next_row_skipped());
         if in_kafka || self.progress.replaying() {
-            self.metrics.replays_skipped.inc();
+            self.effects.observe(Observation::ReplaySkipped);
             return true;
         }
         false
@@ -239,7 +249,6 @@ impl Core<'_> {
     /// good before, its dead-letter copy).
     fn queue(&mut self, mut event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
         self.queued_in_transaction += 1;
-        tracing::debug!(event_id = %event.event_id, aggregate_id = %event.aggregate_id, %lsn, topic = %event.topic, "event");
         if let Some(error) = self
             .eos
             .as_ref()
@@ -247,13 +256,20 @@ impl Core<'_> {
         {
             // Refused for good before: straight to the dead-letter topic.
             let token = self.token(Arc::clone(&event.topic), lsn, Some(DeadLetterKind::Refused))?;
+            let topic = Arc::clone(&event.topic);
             let returned = event.into_record(());
             if let Some(record) =
                 self.config
                     .dead_letters
                     .refused(&error, Some(returned), lsn, token)
             {
-                tracing::warn!(%error, %lsn, dead_letter_topic = %record.topic, "dead-lettering the event the broker refused");
+                self.effects.observe(Observation::DeadLettering {
+                    why: "dead-lettering the event the broker refused",
+                    error: error.to_string(),
+                    topic: Some(topic),
+                    lsn,
+                    dead_letter_topic: Arc::clone(&record.topic),
+                });
                 self.outgoing.push_back(record);
                 return Ok(());
             }
@@ -264,6 +280,9 @@ impl Core<'_> {
             return self.hold(event.into_record(()), token, Why::Behind);
         }
         let mut token = self.token(Arc::clone(&event.topic), lsn, None)?;
+        // Decided as the event is mapped: its span's ids (written into its
+        // `traceparent`), and whether the audit asked for this one. Ending
+        // the span and noting the sample are observations.
         token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
         token.sampled = self.config.audit.as_ref().is_some_and(|tap| tap.take());
         if token.sampled || self.config.receipts.is_some() {
@@ -287,7 +306,11 @@ impl Core<'_> {
     ) -> Result<(), RunError> {
         if self.quarantines() {
             let (Some(topic), Some(key)) = (topic, key) else {
-                tracing::error!(error = %e, %lsn, "cannot map an outbox row, nor hold it");
+                self.effects.observe(Observation::Stopping {
+                    what: "cannot map an outbox row, nor hold it",
+                    error: e.to_string(),
+                    lsn,
+                });
                 return Err(QuarantineError::NoKey(e.to_string()).into());
             };
             let token = self.token(Arc::from(topic.as_str()), lsn, None)?;
@@ -317,12 +340,22 @@ impl Core<'_> {
             .unmappable(&e, payload, origin, token)
         {
             Some(record) => {
-                tracing::warn!(error = %e, %lsn, dead_letter_topic = %record.topic, "unmappable row sent to the dead-letter topic");
+                self.effects.observe(Observation::DeadLettering {
+                    why: "unmappable row sent to the dead-letter topic",
+                    error: e.to_string(),
+                    topic: None,
+                    lsn,
+                    dead_letter_topic: Arc::clone(&record.topic),
+                });
                 self.outgoing.push_back(record);
                 Ok(())
             }
             None => {
-                tracing::error!(error = %e, %lsn, "cannot map an outbox row");
+                self.effects.observe(Observation::Stopping {
+                    what: "cannot map an outbox row",
+                    error: e.to_string(),
+                    lsn,
+                });
                 Err(RunError::Map(e))
             }
         }

@@ -1,30 +1,39 @@
 //! The relay's core: everything the relay decides, synchronously and
-//! without I/O. The session (`session/`) feeds it inputs and carries out
-//! the effects it asks for; tests feed it frames and read the effects.
+//! without I/O, in quinn-proto's shape. It reads no clock (the driver
+//! passes `now`, and the wall clock where latency is measured), writes no
+//! log or metric, and sends nothing: inputs go in through `on_*`/`handle_*`
+//! methods, and what it asks for comes out of [`Core::poll_effect`] (in the
+//! order decided), [`Core::take_send`] (records, as room allows) and
+//! [`Core::poll_timeout`] (when to wake it). The session (`session/`) is
+//! the driver that does the I/O; the tests (`core/tests/`) drive it on a
+//! clock they move by hand.
 //!
 //! | input                                   | method                          | effects                                    |
 //! |-----------------------------------------|---------------------------------|--------------------------------------------|
 //! | a session started                       | [`Core::start_session`]         | exactly-once: register, read the progress  |
 //! | the committed progress read             | [`Core::on_progress_read`]      | stop (unreadable, or another source)       |
-//! | a replication message                   | [`Core::on_message`]            | records queued; a status update            |
-//! | a backfill's row (and its relation)     | [`Core::on_row`], [`Core::on_relation`] | its record queued; a status update |
-//! | a delivery report                       | [`Core::on_report`]             | a status update; a dead-letter copy queued; stop |
-//! | a coverage reading                      | [`Core::on_coverage`]           | a status update; stop (drift)              |
-//! | a tick of the status timer              | [`Core::tick`]                  | a status update                            |
+//! | a replication message                   | [`Core::on_input`]              | records queued; status                     |
+//! | a backfill's row (and its relation)     | [`Core::on_input`]              | its record queued; status                  |
+//! | a delivery report                       | [`Core::on_report`]             | status; a dead-letter copy queued; stop    |
+//! | a coverage reading                      | [`Core::on_coverage`]           | status; stop (drift)                       |
+//! | the time asked for came                 | [`Core::handle_timeout`]        | status                                     |
 //! | room for the first queued record        | [`Core::take_send`]             | send it (exactly-once: begin a transaction first) |
-//! | a turn of the loop (exactly-once)       | [`Core::close_if_due`], [`Core::start_commit`] | progress record queued; commit |
-//! | a commit's outcome                      | [`Core::on_committed`]          | a status update (the events are delivered); stop |
+//! | a turn of the driver (exactly-once)     | [`Core::upkeep`]                | progress record queued; [`Effect::Commit`]; stop |
+//! | a commit's outcome                      | [`Core::on_committed`]          | status (the events are delivered); stop    |
 //! | the session ends                        | [`Core::abort_needed`]          | abort the open Kafka transaction           |
 //! | the slot sampled                        | [`Core::position_to_save`]      | save the delivered position                |
 //!
-//! A status update is returned (`Option<StandbyStatusUpdate>`); "stop with
-//! this error" is the `Err` of the same call; records to send wait in the
-//! core's queue until the session has room for them ([`Core::waiting`]).
-//! The delivery rule itself (what may be confirmed) is
+//! Every input may also add [`Observation`]s (metrics, log lines, receipts,
+//! spans ended, the audit's samples), written by `session/observe.rs`.
+//! "Stop with this error" is the `Err` of the input's call. The delivery
+//! rule itself (what may be confirmed) is
 //! [`Progress`](crate::progress::Progress)'s; the core routes events and
-//! reports to it.
+//! reports to it. Two decisions still reach outside as the event is mapped:
+//! its span's ids are drawn ([`crate::spans::Spans::begin`]) and the
+//! audit's request for a sample is taken ([`crate::continuous_audit::Tap::take`]).
 
 mod coverage;
+mod effect;
 mod exactly_once;
 mod message;
 mod quarantine;
@@ -44,9 +53,9 @@ use tokio::time::Instant;
 
 use super::{Input, RelayConfig, RunError, Token};
 use crate::mapping::{ColumnIndexes, MapError, Topics};
-use crate::metrics::Metrics;
 use crate::progress::{History, Progress, EAGER_GAP};
 
+pub(super) use effect::{Effect, HistoryChange, Observation, ProgressNote, TransactionNote};
 pub(super) use exactly_once::EosStartup;
 
 /// How old the transaction being read must be for walbox to count as
@@ -72,10 +81,40 @@ pub(super) struct ToSend {
     pub(super) record: Record<Token>,
 }
 
+/// The effects decided and not yet read by the driver.
+#[derive(Debug, Default)]
+pub(super) struct Effects(VecDeque<Effect>);
+
+impl Effects {
+    fn observe(&mut self, observation: Observation) {
+        self.0.push_back(Effect::Observe(observation));
+    }
+
+    fn status(&mut self, update: Option<StandbyStatusUpdate>) {
+        if let Some(update) = update {
+            self.0.push_back(Effect::Status(update));
+        }
+    }
+
+    fn push(&mut self, effect: Effect) {
+        self.0.push_back(effect);
+    }
+}
+
+/// What the driver sets the gauges from.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Positions {
+    pub(super) received: Lsn,
+    pub(super) confirmable: Lsn,
+    pub(super) delivered_commit_time: Option<PgTimestamp>,
+    pub(super) oldest_unacked_commit_time: Option<PgTimestamp>,
+}
+
 /// The relay's state across sessions, and the current session's.
 pub(super) struct Core<'a> {
     pub(super) config: &'a RelayConfig,
-    pub(super) metrics: Arc<Metrics>,
+    /// What the driver is asked to do, in order.
+    effects: Effects,
     /// The one owner of what may be confirmed.
     progress: Progress,
     /// This session's decoder.
@@ -120,10 +159,10 @@ pub(super) struct Core<'a> {
 }
 
 impl<'a> Core<'a> {
-    pub(super) fn new(config: &'a RelayConfig, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(config: &'a RelayConfig) -> Self {
         Core {
             config,
-            metrics,
+            effects: Effects::default(),
             progress: Progress::new(config.status_interval, EAGER_GAP),
             decoder: Decoder::new(1).expect("version 1 is supported"),
             outgoing: VecDeque::new(),
@@ -162,13 +201,19 @@ impl<'a> Core<'a> {
         let delivered = self.progress.delivered();
         let same = match &self.history {
             Some(before) if before != history => {
-                tracing::warn!(before = %before, now = %history, "the server's history changed (failover or restore): resuming from the slot's position");
-                self.metrics.count_history_change("timeline");
+                let change = HistoryChange::Timeline {
+                    before: before.clone(),
+                    now: history.to_owned(),
+                };
+                self.effects.observe(Observation::HistoryChanged(change));
                 History::New
             }
             Some(_) if server_wal < delivered => {
-                tracing::warn!(server_wal = %server_wal, %delivered, "the server's WAL ends before what walbox delivered: it was restored on the same timeline (a disk snapshot, or a backup started without recovery); its transactions at those positions are new, resuming from the slot's position");
-                self.metrics.count_history_change("wal_behind");
+                let change = HistoryChange::WalBehind {
+                    server_wal,
+                    delivered,
+                };
+                self.effects.observe(Observation::HistoryChanged(change));
                 History::New
             }
             _ => History::Same,
@@ -180,7 +225,10 @@ impl<'a> Core<'a> {
             self.coverage = None;
         }
         if let Some(delivered) = self.progress.start_session(confirmed, same) {
-            tracing::warn!(slot = %confirmed, %delivered, "the slot resumed before what walbox confirmed (Postgres restarted before a checkpoint?); transactions up to the confirmed position are skipped, not sent twice");
+            self.effects.observe(Observation::SlotBehind {
+                slot: confirmed,
+                delivered,
+            });
         }
         self.decoder = Decoder::new(1).expect("version 1 is supported");
         self.outgoing.clear();
@@ -193,21 +241,27 @@ impl<'a> Core<'a> {
     }
 
     /// One input of a stream (not [`Input::End`], which the session
-    /// handles); returns the status update due, if any.
+    /// handles), received at `now` (`wall` on the wall clock).
     pub(super) fn on_input(
         &mut self,
         input: Input,
         now: Instant,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+        wall: PgTimestamp,
+    ) -> Result<(), RunError> {
         match input {
-            Input::Message(message) => self.on_message(message, now),
+            Input::Message(message) => self.on_message(message, now, wall),
             Input::Relation(relation) => {
                 self.on_relation(&relation);
-                Ok(None)
+                Ok(())
             }
             Input::Row(row) => self.on_row(row, now),
-            Input::End => Ok(None),
+            Input::End => Ok(()),
         }
+    }
+
+    /// The next thing the core asks for, in the order decided.
+    pub(super) fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.0.pop_front()
     }
 
     /// Dead-letter copies delivered so far.
@@ -255,14 +309,25 @@ impl<'a> Core<'a> {
         record.token.dead_letter = Some(crate::dead_letter::DeadLetterKind::Invalid);
         record.token.sampled = false;
         let topic = Arc::clone(&record.token.topic);
+        let text = error.to_string();
         match self.config.dead_letters.invalid(&error, record, lsn) {
             Some(copy) => {
-                tracing::warn!(%error, %topic, %lsn, dead_letter_topic = %copy.topic, "dead-lettering an event that does not match its schema");
+                self.effects.observe(Observation::DeadLettering {
+                    why: "dead-lettering an event that does not match its schema",
+                    error: text,
+                    topic: Some(topic),
+                    lsn,
+                    dead_letter_topic: Arc::clone(&copy.topic),
+                });
                 self.outgoing.push_front(copy);
                 Ok(())
             }
             None => {
-                tracing::error!(%error, %topic, %lsn, "an event does not match its schema");
+                self.effects.observe(Observation::Stopping {
+                    what: "an event does not match its schema",
+                    error: text,
+                    lsn,
+                });
                 Err(RunError::Schema(error))
             }
         }
@@ -286,14 +351,38 @@ impl<'a> Core<'a> {
         self.outgoing.clear();
     }
 
-    /// A tick of the status timer: the status update due, if any.
-    pub(super) fn tick(&mut self, now: Instant) -> Option<StandbyStatusUpdate> {
-        self.progress.tick(now)
+    /// A tick of the status timer: the status update due, if any, with
+    /// `reply_requested`.
+    fn tick(&mut self, now: Instant, reply_requested: bool) {
+        let mut update = self.progress.tick(now);
+        if let Some(u) = &mut update {
+            u.reply_requested = reply_requested;
+        }
+        self.effects.status(update);
     }
 
-    /// When the next status update is due.
-    pub(super) fn next_status_due(&self) -> Instant {
-        self.progress.next_due()
+    /// When the core wants [`Core::handle_timeout`] next: a status update
+    /// due, or (exactly-once) the open transaction's time bound while
+    /// nothing waits to be sent (it closes only then), or the end of a
+    /// failed transaction's wait for its reports. `None`: at once.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        let mut due = self.progress.next_due()?;
+        if self.outgoing.is_empty() {
+            if let Some(bound) = self.transaction_due() {
+                due = due.min(bound);
+            }
+        }
+        if let Some(until) = self.doomed_until() {
+            due = due.min(until);
+        }
+        Some(due)
+    }
+
+    /// The time asked for by [`Core::poll_timeout`] came (`reply_requested`:
+    /// the status update asks the server for a reply). What is due in
+    /// exactly-once mode follows at [`Core::upkeep`].
+    pub(super) fn handle_timeout(&mut self, now: Instant, reply_requested: bool) {
+        self.tick(now, reply_requested);
     }
 
     /// The last status update of a session: everything confirmable now.
@@ -328,25 +417,19 @@ impl<'a> Core<'a> {
     /// reads many events at once instead of waking per event (pgoutput
     /// sends each change with its own write); the latency added is within
     /// the lag there already is. Live, nothing pauses.
-    pub(super) fn behind(&self) -> bool {
-        let age = PgTimestamp::now().as_unix_micros() - self.commit_time.as_unix_micros();
+    pub(super) fn behind(&self, wall: PgTimestamp) -> bool {
+        let age = wall.as_unix_micros() - self.commit_time.as_unix_micros();
         self.commit_time != PgTimestamp::default() && age > BEHIND.as_micros() as i64
     }
 
-    /// The gauges: what is in flight (the destination's count and bytes),
-    /// positions, commit times.
-    pub(super) fn update_gauges(&self, in_flight: usize, in_flight_bytes: usize) {
-        let m = &self.metrics;
-        m.in_flight_events.set(in_flight as i64);
-        m.in_flight_bytes.set(in_flight_bytes as i64);
-        m.received_lsn
-            .set(self.progress.received_lsn().as_u64() as i64);
-        m.confirmed_lsn
-            .set(self.progress.confirmable().as_u64() as i64);
-        m.set_commit_times(
-            self.progress.delivered_commit_time().map(|(_, t)| t),
-            self.progress.oldest_unacked_commit_time(),
-        );
+    /// The positions and commit times the gauges show.
+    pub(super) fn positions(&self) -> Positions {
+        Positions {
+            received: self.progress.received_lsn(),
+            confirmable: self.progress.confirmable(),
+            delivered_commit_time: self.progress.delivered_commit_time().map(|(_, t)| t),
+            oldest_unacked_commit_time: self.progress.oldest_unacked_commit_time(),
+        }
     }
 
     /// The delivered position and its commit time, when it moved since the
@@ -371,13 +454,15 @@ impl<'a> Core<'a> {
             Ok(()) => {
                 self.saved_position = Some(position);
                 if self.save_failure_reported {
-                    tracing::info!("saving the delivered position in walbox.positions again");
+                    self.effects.observe(Observation::PositionSavedAgain);
                     self.save_failure_reported = false;
                 }
             }
             Err(e) if !self.save_failure_reported => {
                 self.save_failure_reported = true;
-                tracing::warn!(error = %e, "cannot save the delivered position in walbox.positions: should the slot be lost, walbox republishes from the last position saved, or cannot recreate it (grant walbox's role INSERT and UPDATE on walbox.positions, or CREATE on the database)");
+                self.effects.observe(Observation::PositionNotSaved {
+                    error: e.to_string(),
+                });
             }
             Err(_) => {}
         }

@@ -7,11 +7,10 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pgoutput_decoder::StandbyStatusUpdate;
 use sink_core::{DeliveryError, DeliveryErrorKind, Record};
 use tokio::time::Instant;
 
-use super::Core;
+use super::{Core, Observation};
 use crate::mapping::ID_HEADER;
 use crate::progress::Ack;
 use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, ReleaseId, Step};
@@ -64,7 +63,11 @@ impl Core<'_> {
             Why::Invalid(e) => ("invalid", e.to_owned()),
         };
         if !matches!(why, Why::Behind) && !q.holds(&key) {
-            tracing::warn!(key = %String::from_utf8_lossy(&key), lsn = %token.lsn, %error, "holding the aggregate: this event and every later one of it go to walbox.quarantine until released");
+            self.effects.observe(Observation::Holding {
+                key: key.clone(),
+                lsn: token.lsn,
+                error: error.clone(),
+            });
         }
         let event = HeldEvent {
             place: Place {
@@ -151,7 +154,6 @@ impl Core<'_> {
             .expect("only the quarantine releases");
         match result {
             Ok(()) => {
-                self.metrics.quarantine_released.inc();
                 let rest = q.on_release_acked(release);
                 self.queue_released(release, rest);
             }
@@ -195,16 +197,16 @@ impl Core<'_> {
     }
 
     /// The held events of `tokens` were written (`new` of them were not
-    /// held before): they count as delivered. Returns the status update due.
+    /// held before): they count as delivered.
     pub(in crate::relay) fn on_held_written(
         &mut self,
         tokens: Vec<Token>,
         new: u64,
         now: Instant,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
         q.on_written(new);
-        self.metrics.quarantine_held.inc_by(new);
+        self.effects.observe(Observation::Held { new });
         let mut update = None;
         for token in tokens {
             if let Ack::Current(u) = self.progress.ack(token.event, now)? {
@@ -212,7 +214,8 @@ impl Core<'_> {
             }
         }
         self.quarantine_gauges();
-        Ok(update)
+        self.effects.status(update);
+        Ok(())
     }
 
     /// Every held aggregate read, and the number of held events.
@@ -281,7 +284,10 @@ impl Core<'_> {
     pub(in crate::relay) fn on_key_forgotten(&mut self, key: &Bytes, deleted: u64) {
         let q = self.quarantine.as_mut().expect("the quarantine is on");
         if deleted > 0 {
-            tracing::warn!(key = %String::from_utf8_lossy(key), events = deleted, "dropped a held aggregate's events, as asked");
+            self.effects.observe(Observation::DroppedHeld {
+                key: key.clone(),
+                events: deleted,
+            });
         }
         q.on_forgotten(key, deleted);
         self.quarantine_gauges();
@@ -294,12 +300,12 @@ impl Core<'_> {
         }
     }
 
-    fn quarantine_gauges(&self) {
+    fn quarantine_gauges(&mut self) {
         if let Some(q) = &self.quarantine {
-            self.metrics
-                .quarantined_aggregates
-                .set(q.aggregates() as i64);
-            self.metrics.quarantined_events.set(q.events() as i64);
+            self.effects.observe(Observation::Quarantined {
+                aggregates: q.aggregates(),
+                events: q.events(),
+            });
         }
     }
 

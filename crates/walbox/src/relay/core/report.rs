@@ -2,17 +2,14 @@
 //! one is dead-lettered or stops the relay.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use pgoutput_decoder::{PgTimestamp, StandbyStatusUpdate};
+use pgoutput_decoder::PgTimestamp;
 use sink_core::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
-use super::Core;
+use super::{Core, Observation};
 use crate::dead_letter::DeadLetterKind;
-use crate::metrics::{KindLabels, TopicLabel};
 use crate::progress::Ack;
-use crate::receipts::Receipt;
 use crate::relay::{RunError, Token};
 
 impl Core<'_> {
@@ -23,9 +20,9 @@ impl Core<'_> {
         report: Report<Token>,
         now: Instant,
         wall: PgTimestamp,
-    ) -> Result<Option<StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         if self.eos.is_some() {
-            return self.on_transactional_report(report, now).map(|()| None);
+            return self.on_transactional_report(report, now);
         }
         let Report {
             token,
@@ -34,36 +31,46 @@ impl Core<'_> {
         } = report;
         if let Some(release) = token.released {
             if self.progress.is_current(token.event) {
-                if let Ok(at) = &result {
-                    self.receipt(&token, at);
-                }
-                self.on_released_report(release, result.map(|_| ()));
+                let result = match result {
+                    Ok(at) => {
+                        self.effects.observe(Observation::Released { token, at });
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                self.on_released_report(release, result);
             }
-            return Ok(None);
+            return Ok(());
         }
         match result {
             Ok(at) => {
-                self.tap_delivered(&token, &at);
-                self.receipt(&token, &at);
+                self.sampled(&token, &at);
                 let update = match self.progress.ack(token.event, now)? {
                     Ack::Current(update) => update,
-                    Ack::Stale => return Ok(None),
+                    Ack::Stale => {
+                        // Re-sent by the new session; this copy landed too.
+                        self.effects
+                            .observe(Observation::Acknowledged { token, at });
+                        return Ok(());
+                    }
                 };
-                self.count_delivered(&token, wall);
-                Ok(update)
+                self.delivered(token, Some(at), wall);
+                self.effects.status(update);
+                Ok(())
             }
             Err(error) => {
                 if !self.progress.is_current(token.event) {
                     // Its transaction is re-sent by the new session.
-                    tracing::debug!(%error, "a report of an earlier session failed; ignored");
-                    return Ok(None);
+                    self.effects.observe(Observation::StaleFailure {
+                        error: error.to_string(),
+                    });
+                    return Ok(());
                 }
                 if token.dead_letter.is_some() {
-                    tracing::error!(%error, lsn = %token.lsn, "the dead-letter copy failed");
-                    return Err(RunError::DeadLetter(error));
+                    return Err(self.dead_letter_failed(&token, error));
                 }
                 if self.quarantines() {
-                    return self.hold_refused(token, error, returned).map(|()| None);
+                    return self.hold_refused(token, error, returned);
                 }
                 let copy = Token {
                     dead_letter: Some(DeadLetterKind::Refused),
@@ -76,9 +83,15 @@ impl Core<'_> {
                     .refused(&error, returned, token.lsn, copy)
                 {
                     Some(record) => {
-                        tracing::warn!(%error, topic = %token.topic, lsn = %token.lsn, dead_letter_topic = %record.topic, "broker refused an event; dead-lettering it");
+                        self.effects.observe(Observation::DeadLettering {
+                            why: "broker refused an event; dead-lettering it",
+                            error: error.to_string(),
+                            topic: Some(Arc::clone(&token.topic)),
+                            lsn: token.lsn,
+                            dead_letter_topic: Arc::clone(&record.topic),
+                        });
                         self.outgoing.push_back(record);
-                        Ok(None)
+                        Ok(())
                     }
                     None => Err(self.delivery_failed(&token, error)),
                 }
@@ -87,84 +100,44 @@ impl Core<'_> {
     }
 
     /// A sampled event's acknowledgement, for the continuous audit.
-    pub(super) fn tap_delivered(&self, token: &Token, at: &Delivered) {
-        if let (Some(tap), Some(id), true) = (&self.config.audit, &token.event_id, token.sampled) {
-            tap.delivered(id, &token.topic, at);
-        }
-    }
-
-    /// An acknowledged event's receipt (at least once; exactly-once refuses
-    /// receipts: an acknowledged record may still be aborted).
-    fn receipt(&self, token: &Token, at: &Delivered) {
-        // A receipt names a Kafka partition and offset (the configuration
-        // refuses receipts elsewhere).
-        let (Some(recorder), Some(id), Some((partition, offset))) =
-            (&self.config.receipts, &token.event_id, at.kafka())
-        else {
-            return;
-        };
-        {
-            // A dead-lettered copy landed on the dead-letter topic.
-            let topic = match (token.dead_letter, self.config.dead_letters.topic()) {
-                (Some(_), Some(dead_letters)) => Arc::from(dead_letters),
-                _ => Arc::clone(&token.topic),
-            };
-            recorder.record(Receipt {
+    pub(super) fn sampled(&mut self, token: &Token, at: &Delivered) {
+        if let (true, Some(id)) = (token.sampled, &token.event_id) {
+            self.effects.observe(Observation::Sampled {
                 event_id: id.clone(),
-                topic,
-                partition,
-                offset,
-                acked_at: SystemTime::now(),
-                dead_lettered: token.dead_letter.is_some(),
+                topic: Arc::clone(&token.topic),
+                at: at.clone(),
             });
         }
     }
 
-    /// Metrics of an event delivered at `wall` (at least once:
-    /// acknowledged; exactly once: its transaction committed).
-    pub(super) fn count_delivered(&mut self, token: &Token, wall: PgTimestamp) {
-        let topic = self.metrics.topic_label(&token.topic);
-        match token.dead_letter {
-            Some(kind) => {
-                self.dead_lettered += 1;
-                self.metrics
-                    .dead_lettered
-                    .get_or_create(&KindLabels {
-                        topic,
-                        kind: kind.as_str(),
-                    })
-                    .inc();
-            }
-            None => {
-                self.metrics
-                    .published
-                    .get_or_create(&TopicLabel { topic })
-                    .inc();
-                // A backfilled row has no commit time: no latency.
-                if token.commit_time != PgTimestamp::default() {
-                    let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
-                    self.metrics
-                        .commit_to_ack
-                        .observe(micros.max(0) as f64 / 1e6);
-                    self.metrics.commit_to_ack_exact.record(micros);
-                }
-                if let (Some(spans), Some(span)) = (&self.config.spans, &token.span) {
-                    spans.end(span, token.commit_time, &token.topic, token.lsn);
-                }
-            }
+    /// An event delivered at `wall` (at least once: acknowledged `at`;
+    /// exactly once: its transaction committed).
+    pub(super) fn delivered(&mut self, token: Token, at: Option<Delivered>, wall: PgTimestamp) {
+        if token.dead_letter.is_some() {
+            self.dead_lettered += 1;
         }
+        self.effects
+            .observe(Observation::Delivered { token, at, wall });
     }
 
-    /// A delivery that failed and stops walbox: counted, logged, returned.
-    pub(super) fn delivery_failed(&self, token: &Token, error: DeliveryError) -> RunError {
-        self.metrics
-            .failed
-            .get_or_create(&KindLabels {
-                topic: self.metrics.topic_label(&token.topic),
-                kind: error.kind.as_str(),
-            })
-            .inc();
-        tracing::error!(%error, topic = %token.topic, lsn = %token.lsn, "delivery failed");
+    /// A dead-letter copy that failed: walbox stops.
+    pub(super) fn dead_letter_failed(&mut self, token: &Token, error: DeliveryError) -> RunError {
+        self.effects.observe(Observation::Stopping {
+            what: "the dead-letter copy failed",
+            error: error.to_string(),
+            lsn: token.lsn,
+        });
+        RunError::DeadLetter(error)
+    }
+
+    /// A delivery that failed and stops walbox: noted, returned.
+    pub(super) fn delivery_failed(&mut self, token: &Token, error: DeliveryError) -> RunError {
+        self.effects.observe(Observation::DeliveryFailed {
+            topic: Arc::clone(&token.topic),
+            kind: error.kind,
+            error: error.to_string(),
+            lsn: token.lsn,
+        });
         RunError::Delivery(error)
     }
 }

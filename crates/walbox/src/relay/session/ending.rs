@@ -44,11 +44,12 @@ where
                 biased;
                 report = self.reports.next() => {
                     let report = report.expect("the destination outlives the relay");
-                    let update = self.core.on_report(report, Instant::now(), PgTimestamp::now())?;
+                    let handled = self.core.on_report(report, Instant::now(), PgTimestamp::now());
                     // Best effort: the final update follows anyway.
-                    if let Some(update) = update {
+                    if let Some(update) = self.carry_out() {
                         let _ = stream.send_status(update).await;
                     }
+                    handled?;
                 }
                 () = &mut now => {
                     tracing::warn!(
@@ -91,7 +92,13 @@ where
                 report = self.reports.next() => {
                     let report = report.expect("the destination outlives the relay");
                     let acked = report.result.is_ok();
-                    if !acked || self.core.on_report(report, Instant::now(), PgTimestamp::now()).is_err() {
+                    if !acked {
+                        return;
+                    }
+                    let handled = self.core.on_report(report, Instant::now(), PgTimestamp::now());
+                    // The stream is gone: the observations only.
+                    self.carry_out();
+                    if handled.is_err() {
                         return;
                     }
                 }
@@ -110,7 +117,9 @@ where
         loop {
             attempt += 1;
             let result = self.transactions().abort().await;
-            if self.core.on_aborted(result, attempt)? {
+            let done = self.core.on_aborted(result, attempt);
+            self.carry_out();
+            if done? {
                 return Ok(());
             }
         }

@@ -12,7 +12,7 @@ use pgoutput_decoder::PgTimestamp;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::core::{Core, EosStartup, SessionStart};
+use super::core::{Core, Effect, EosStartup, SessionStart};
 use super::{
     Backoff, Deliveries, Destination, Ends, Input, RelayConfig, ReplicationStream, RunError,
     Source, Started, Stop, Token, Transactional,
@@ -20,6 +20,7 @@ use super::{
 use crate::metrics::Metrics;
 
 mod ending;
+pub(in crate::relay) mod observe;
 mod sending;
 mod upkeep;
 
@@ -116,6 +117,8 @@ pub(super) struct Session<'a, D, X, R> {
     /// The source's stream ends ([`super::run_once`], a backfill's rows):
     /// its own log lines say what it does, not the slot's.
     ends: bool,
+    /// The core asked for the closed Kafka transaction's commit.
+    commit_asked: bool,
 }
 
 /// Resolves when `shutdown` asks for at least `level`; never if its sender
@@ -149,8 +152,9 @@ where
             transactions: ends.transactions,
             reports,
             metrics: metrics.clone(),
-            core: Core::new(config, metrics),
+            core: Core::new(config),
             ends: false,
+            commit_asked: false,
         }
     }
 
@@ -204,11 +208,13 @@ where
             server_wal,
             domains,
         };
+        let startup = self.core.start_session(start);
+        self.carry_out();
         if let EosStartup::ReadProgress {
             register,
             topic,
             transactional_id,
-        } = self.core.start_session(start)
+        } = startup
         {
             if register {
                 self.transactions()
@@ -221,15 +227,16 @@ where
                 .transactions()
                 .last_committed(&topic, &transactional_id)
                 .await;
-            self.core.on_progress_read(read, server_wal)?;
+            let read = self.core.on_progress_read(read, server_wal);
+            self.carry_out();
+            read?;
         }
         if !self.ends {
             tracing::info!(lsn = %confirmed, "streaming from the slot");
         }
 
         let result = async {
-            let update = self.check_coverage(&mut stream).await?;
-            send_status(&mut stream, update).await?;
+            self.check_coverage(&mut stream).await?;
             // What is held, before the first event.
             self.quarantine_steps(&mut stream, false).await?;
             self.stream(&mut stream, shutdown).await
@@ -243,6 +250,8 @@ where
             _ => None,
         };
         let aborted = self.abort_open_within(shutdown, abort_by).await;
+        // What the session's end decided is said before it returns.
+        self.carry_out();
         let result = match (result, aborted) {
             (Ok(ending), Ok(())) => Ok(ending),
             (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
@@ -289,15 +298,41 @@ where
         }
     }
 
-    /// Reads the coverage and applies it; returns the status update due.
+    /// Reads the coverage and applies it; sends the status update due.
     async fn check_coverage<S: ReplicationStream>(
         &mut self,
         stream: &mut S,
-    ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
             .await
             .map_err(|_| presumed_dead("the publication check", COVERAGE_TIMEOUT))??;
-        self.core.on_coverage(reading, Instant::now())
+        let result = self.core.on_coverage(reading, Instant::now());
+        self.effects(stream).await?;
+        result
+    }
+
+    /// Carries out what the core decided: observations written, the commit
+    /// asked for noted ([`Session::commit_asked`]); returns the latest
+    /// status update (each carries every position so far).
+    pub(super) fn carry_out(&mut self) -> Option<pgoutput_decoder::StandbyStatusUpdate> {
+        let mut status = None;
+        while let Some(effect) = self.core.poll_effect() {
+            match effect {
+                Effect::Status(update) => status = Some(update),
+                Effect::Commit => self.commit_asked = true,
+                Effect::Observe(o) => observe::observe(self.config, &self.metrics, o),
+            }
+        }
+        status
+    }
+
+    /// [`Session::carry_out`], and the status update sent.
+    pub(super) async fn effects<S: ReplicationStream>(
+        &mut self,
+        stream: &mut S,
+    ) -> Result<(), RunError> {
+        let update = self.carry_out();
+        send_status(stream, update).await
     }
 
     /// Verifies the coverage up to now before the final confirmation: one
@@ -333,8 +368,9 @@ where
         // a backlog drain.
         let sample = tokio::time::sleep_until(Instant::now());
         tokio::pin!(sample);
-        let status_due = tokio::time::sleep_until(self.core.next_status_due());
-        tokio::pin!(status_due);
+        // What the core asked to be woken for (`Core::poll_timeout`).
+        let core_due = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(core_due);
         let mut coverage_read = Instant::now();
         let coverage_due = tokio::time::sleep_until(coverage_read + COVERAGE_INTERVAL);
         tokio::pin!(coverage_due);
@@ -360,8 +396,6 @@ where
         let destination = self.destination;
         let transactions = self.transactions;
         let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_core::TxnError>>> = None;
-        let txn_due = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(txn_due);
         // The quarantine's requests are read this often.
         let held_poll = tokio::time::sleep_until(Instant::now() + QUARANTINE_POLL);
         tokio::pin!(held_poll);
@@ -377,31 +411,29 @@ where
                 }
             }
             if self.core.exactly_once() {
-                let now = Instant::now();
-                if let Some(e) = self.core.doomed_and_heard(destination.in_flight(), now) {
+                let upkeep =
+                    self.core
+                        .upkeep(Instant::now(), finishing.is_some(), destination.in_flight());
+                if let Err(e) = upkeep {
                     break Err(e);
                 }
-                self.core.close_if_due(now, finishing.is_some());
-                if committing.is_none() && self.core.start_commit(now) {
-                    if let Some(transactions) = transactions {
-                        committing = Some(transactions.commit().boxed_local());
-                    }
+            }
+            if let Err(e) = self.effects(stream).await {
+                break Err(e);
+            }
+            if std::mem::take(&mut self.commit_asked) {
+                if let Some(transactions) = transactions {
+                    committing = Some(transactions.commit().boxed_local());
                 }
             }
             let busy = self.core.transaction_busy();
             let sending = !self.core.commit_under_way();
-            let open_until = self.core.transaction_due();
-            if let Some(due) = open_until {
-                if txn_due.deadline() != due {
-                    txn_due.as_mut().reset(due);
-                }
-            }
-            self.core
-                .update_gauges(destination.in_flight(), destination.in_flight_bytes());
-            let due = self.core.next_status_due();
-            if status_due.deadline() != due {
-                status_due.as_mut().reset(due);
-            }
+            observe::gauges(
+                &self.metrics,
+                self.core.positions(),
+                destination.in_flight(),
+                destination.in_flight_bytes(),
+            );
             let due = coverage_read
                 + if self.core.awaiting_coverage() {
                     COVERAGE_WHILE_WAITING
@@ -416,6 +448,10 @@ where
             if let Err(e) = self.prepare_front().await {
                 break Err(e);
             }
+            let due = self.core.poll_timeout().unwrap_or_else(Instant::now);
+            if core_due.deadline() != due {
+                core_due.as_mut().reset(due);
+            }
             let waiting = self.core.waiting();
             if waiting.is_some() || busy {
                 heard = Instant::now();
@@ -427,17 +463,13 @@ where
                 biased;
                 report = self.reports.next() => {
                     let batch = !self.core.exactly_once();
-                    match self.on_reports(report.expect("the destination outlives the relay"), batch) {
-                        Ok(update) => send_status(stream, update).await,
-                        Err(e) => Err(e),
-                    }
+                    let handled = self.on_reports(report.expect("the destination outlives the relay"), batch);
+                    self.effects(stream).await.and(handled)
                 }
                 committed = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
                     committing = None;
-                    match self.core.on_committed(committed, Instant::now(), PgTimestamp::now()) {
-                        Ok(update) => send_status(stream, update).await,
-                        Err(e) => Err(e),
-                    }
+                    let handled = self.core.on_committed(committed, Instant::now(), PgTimestamp::now());
+                    self.effects(stream).await.and(handled)
                 }
                 () = &mut now => break Ok(Ending::Now),
                 () = &mut stop, if finishing.is_none() => {
@@ -457,19 +489,13 @@ where
                     }
                     break Ok(Ending::Drain { deadline: Instant::now() });
                 }
-                () = &mut status_due => {
-                    let mut update = self.core.tick(Instant::now());
-                    if let Some(u) = &mut update {
-                        u.reply_requested = heard.elapsed() >= REPLY_AFTER;
-                    }
-                    send_status(stream, update).await
+                () = &mut core_due => {
+                    self.core.handle_timeout(Instant::now(), heard.elapsed() >= REPLY_AFTER);
+                    self.effects(stream).await
                 }
                 () = &mut coverage_due => {
                     coverage_read = Instant::now();
-                    match self.check_coverage(stream).await {
-                        Ok(update) => send_status(stream, update).await,
-                        Err(e) => Err(e),
-                    }
+                    self.check_coverage(stream).await
                 }
                 () = &mut sample => {
                     let next = sample.deadline() + SLOT_SAMPLE_INTERVAL;
@@ -480,10 +506,6 @@ where
                     self.save_position(stream).await;
                     Ok(())
                 }
-                // Only while nothing waits to be sent: the transaction
-                // closes only then, and a timer already past is ready on
-                // every turn, so it would starve the `reserve` below.
-                () = &mut txn_due, if open_until.is_some() && waiting.is_none() => Ok(()),
                 permit = self.destination.reserve(waiting.unwrap_or(0)), if waiting.is_some() && sending => {
                     // A send can wait (the first record of a topic is
                     // checked against the brokers): a second signal cuts it.
@@ -501,7 +523,7 @@ where
                     // received follow in this turn (see `READ_BATCH`).
                     let batch = if !self.core.exactly_once() && finishing.is_none() { READ_BATCH } else { 1 };
                     match self.on_messages(stream, message.map_err(RunError::from), batch).await {
-                        Ok(Read::Empty) if batch > 1 && self.core.behind() => {
+                        Ok(Read::Empty) if batch > 1 && self.core.behind(PgTimestamp::now()) => {
                             pausing = true;
                             pause.as_mut().reset(Instant::now() + READ_PAUSE);
                             Ok(())
@@ -553,10 +575,12 @@ where
             };
             match outcome {
                 Some(outcome) => {
-                    if let Ok(Some(update)) =
+                    let handled =
                         self.core
-                            .on_committed(outcome, Instant::now(), PgTimestamp::now())
-                    {
+                            .on_committed(outcome, Instant::now(), PgTimestamp::now());
+                    // Best effort: what committed is confirmed at the end.
+                    let update = self.carry_out();
+                    if let (Ok(()), Some(update)) = (handled, update) {
                         let _ = stream.send_status(update).await;
                     }
                 }
@@ -583,14 +607,17 @@ where
     ) -> Result<Read, RunError> {
         // One clock reading for the batch: its messages are read without
         // waiting on the stream.
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), PgTimestamp::now());
         let mut message = first;
         for _ in 1..batch {
-            let update = match message? {
+            match message? {
                 Input::End => return Ok(Read::End),
-                input => self.core.on_input(input, now)?,
-            };
-            send_status(stream, update).await?;
+                input => {
+                    let handled = self.core.on_input(input, now, wall);
+                    self.effects(stream).await?;
+                    handled?;
+                }
+            }
             self.send_while_room().await?;
             if self.core.waiting().is_some() {
                 return Ok(Read::Full);
@@ -600,32 +627,34 @@ where
                 None => return Ok(Read::Empty),
             }
         }
-        let update = match message? {
+        match message? {
             Input::End => return Ok(Read::End),
-            input => self.core.on_input(input, now)?,
-        };
-        send_status(stream, update).await?;
+            input => {
+                let handled = self.core.on_input(input, now, wall);
+                self.effects(stream).await?;
+                handled?;
+            }
+        }
         self.send_while_room().await?;
         Ok(Read::Full)
     }
 
-    /// Handles `first` and, when `batch`, every report already waiting;
-    /// returns the last status update due.
+    /// Handles `first` and, when `batch`, every report already waiting.
     fn on_reports(
         &mut self,
         first: sink_core::Report<super::Token>,
         batch: bool,
-    ) -> Result<Option<pgoutput_decoder::StandbyStatusUpdate>, RunError> {
+    ) -> Result<(), RunError> {
         // One reading of the clocks for the reports at hand: they arrived
         // within microseconds of each other.
         let (now, wall) = (Instant::now(), PgTimestamp::now());
-        let mut update = self.core.on_report(first, now, wall)?;
+        self.core.on_report(first, now, wall)?;
         if batch {
             while let Some(Some(report)) = self.reports.next().now_or_never() {
-                update = self.core.on_report(report, now, wall)?.or(update);
+                self.core.on_report(report, now, wall)?;
             }
         }
-        Ok(update)
+        Ok(())
     }
 }
 

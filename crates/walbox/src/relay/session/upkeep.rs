@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::{send_status, Session};
+use super::Session;
 use crate::quarantine::Step;
 use crate::relay::{
     Deliveries, Destination, Done, ReplicationStream, RunError, Token, Transactional,
@@ -31,8 +31,9 @@ where
                     Done::Written(new) => new,
                     _ => 0,
                 };
-                let update = self.core.on_held_written(tokens, new, Instant::now())?;
-                send_status(stream, update).await?;
+                let handled = self.core.on_held_written(tokens, new, Instant::now());
+                self.effects(stream).await?;
+                handled?;
                 continue;
             }
             if let Step::Released { .. } = step {
@@ -49,6 +50,7 @@ where
                 (Step::Forget { key }, Done::Deleted(n)) => self.core.on_key_forgotten(key, n),
                 _ => self.core.on_release_failed_recorded(),
             }
+            self.carry_out();
         }
         Ok(())
     }
@@ -61,5 +63,6 @@ where
         };
         let result = stream.save_position(delivered, committed).await;
         self.core.on_position_saved(delivered, result);
+        self.carry_out();
     }
 }

@@ -3,7 +3,6 @@
 //! counts only once its copy is acked) or stops the relay before it.
 
 use sink_core::{DeliveryError, DeliveryErrorKind, Record, Report};
-use tokio::time::Instant;
 
 use super::{acked, config, confirmable, feed, records, report, rows, started};
 use crate::dead_letter::{headers, DeadLetters};
@@ -43,7 +42,7 @@ fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
     report(&mut core, acked(t1.token)).unwrap();
     assert_eq!(confirmable(&mut core), 400, "all three");
     // Commit to read counts events: the empty transaction adds none.
-    let read = core.metrics.commit_to_read_exact.summary().unwrap();
+    let read = core.metrics().commit_to_read_exact.summary().unwrap();
     assert_eq!(read.events, 2);
 }
 
@@ -60,10 +59,7 @@ fn an_unmappable_row_halts_without_a_dead_letter_topic_and_holds_the_slot() {
     let commit = bad.pop().unwrap();
     let row = bad.pop().unwrap();
     feed(&mut core, bad);
-    let e = core
-        .on_message(row, Instant::now())
-        .unwrap_err()
-        .to_string();
+    let e = core.message(row).unwrap_err().to_string();
     drop(commit);
     assert!(
         e.contains("event bad: column \"aggregate_id\" (the aggregate id) is NULL"),
@@ -123,7 +119,7 @@ fn undeliverable_events_go_to_the_dead_letter_topic_with_one_header_set() {
     assert_eq!(unmappable.value.as_deref(), Some(b"{\"n\": 1}".as_slice()));
     assert_eq!(key_of(&copy), "a", "a refused record keeps its key");
     assert_eq!(header(&copy, "id"), Some("refused"), "and its own headers");
-    let text = core.metrics.encode();
+    let text = core.metrics().encode();
     assert!(
         text.contains("walbox_events_published_total{topic=\"events\"} 1"),
         "{text}"
@@ -146,7 +142,7 @@ fn a_refused_event_without_a_dead_letter_topic_halts_and_holds_the_slot() {
     assert!(matches!(result, Err(RunError::Delivery(_))), "{result:?}");
     assert_eq!(confirmable(&mut core), 10);
     assert!(core
-        .metrics
+        .metrics()
         .encode()
         .contains("walbox_events_failed_total{topic=\"events\",kind=\"permanent\"} 1"));
 }

@@ -1,12 +1,12 @@
 //! Exactly-once in the core, synchronously: a refusal fails the Kafka
 //! transaction, and its replay dead-letters exactly the refused event.
 
-use pgoutput_decoder::PgTimestamp;
+use std::time::Duration;
+
 use sink_core::{DeliveryError, DeliveryErrorKind, Record, Report};
-use tokio::time::Instant;
 
 use super::{
-    acked, config, confirmable, feed, records, report, rows, start, started, transactions, Core,
+    acked, config, confirmable, feed, records, report, rows, start, started, transactions, Harness,
 };
 use crate::dead_letter::DeadLetters;
 use crate::relay::tests::fakes::{header, relation};
@@ -24,18 +24,15 @@ fn refused(record: Record<Token>) -> Report<Token> {
 /// Closes the open Kafka transaction (as at a graceful end), sends its
 /// progress record, acks everything sent and commits: what the records of
 /// the transaction were, by topic and id.
-fn commit_all(core: &mut Core<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String, String)> {
-    core.close_if_due(Instant::now(), true);
+fn commit_all(core: &mut Harness<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String, String)> {
+    core.upkeep(true, sent.len()).unwrap();
     sent.extend(records(core));
-    assert!(
-        core.start_commit(Instant::now()),
-        "the progress record was sent"
-    );
+    core.upkeep(true, sent.len()).unwrap();
+    assert_eq!(core.commits, 1, "the progress record was sent: commit");
     for r in &sent {
         report(core, acked(r.token.clone())).unwrap();
     }
-    core.on_committed(Ok(()), Instant::now(), PgTimestamp::now())
-        .unwrap();
+    core.committed(Ok(())).unwrap();
     sent.iter()
         .filter(|r| !r.token.progress_record)
         .map(|r| (r.topic.to_string(), header(r, "id").unwrap().to_owned()))
@@ -44,13 +41,20 @@ fn commit_all(core: &mut Core<'_>, mut sent: Vec<Record<Token>>) -> Vec<(String,
 
 /// The session ends after its transaction failed: everything sent has
 /// reported; the transaction is aborted.
-fn abort(core: &mut Core<'_>) -> RunError {
-    let e = core
-        .doomed_and_heard(0, Instant::now())
-        .expect("the transaction failed");
+fn abort(core: &mut Harness<'_>) -> RunError {
+    let e = core.upkeep(false, 0).expect_err("the transaction failed");
     assert!(core.abort_needed());
     assert!(core.on_aborted(Ok(()), 1).unwrap());
     e
+}
+
+/// `config` with status updates an hour apart: the core's other timers
+/// show in [`Harness::poll_timeout`].
+fn quiet(config: crate::relay::RelayConfig) -> crate::relay::RelayConfig {
+    crate::relay::RelayConfig {
+        status_interval: Duration::from_secs(3600),
+        ..config
+    }
 }
 
 fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -97,7 +101,7 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
 /// `DOOMED_WAIT` (5 s) after the failure when one never reports.
 #[test]
 fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
-    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let config = quiet(config(DeadLetters::to_topic("dlq"), transactions(100)));
     let mut core = started(&config, 10);
     let events = [("e1", Some("a")), ("e2", Some("b"))];
     feed(
@@ -105,26 +109,27 @@ fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
         [vec![relation()], rows(190, &events, false)].concat(),
     );
     let [e1, _e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
-    let t0 = Instant::now();
-    core.on_report(refused(e1), t0, PgTimestamp::default())
-        .unwrap();
-    let waited = |s: u64, ms: u64| {
-        t0 + std::time::Duration::from_secs(s) + std::time::Duration::from_millis(ms)
-    };
+    let t0 = core.now();
+    report(&mut core, refused(e1)).unwrap();
+    assert!(core.upkeep(false, 1).is_ok(), "e2 may still report");
     assert!(
-        core.doomed_and_heard(1, waited(4, 999)).is_none(),
-        "e2 may still report"
+        core.upkeep(false, 0).is_err(),
+        "every record reported: at once"
     );
+    assert_eq!(
+        core.poll_timeout(),
+        Some(t0 + Duration::from_secs(5)),
+        "the driver is woken when the wait ends, whether a report comes or not"
+    );
+    core.advance(Duration::from_millis(4_999));
+    assert!(core.upkeep(false, 1).is_ok(), "e2 may still report");
+    core.advance(Duration::from_millis(1));
     let e = core
-        .doomed_and_heard(1, waited(5, 0))
-        .expect("five seconds after the failure");
+        .upkeep(false, 1)
+        .expect_err("five seconds after the failure");
     assert!(
         matches!(e, RunError::Aborted(AbortCause::Refused(_))),
         "{e}"
-    );
-    assert!(
-        core.doomed_and_heard(0, t0).is_some(),
-        "every record reported: at once"
     );
 }
 
@@ -133,22 +138,26 @@ fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
 /// events it holds; closing queues its progress record.
 #[test]
 fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
-    let config = config(DeadLetters::halt(), transactions(100));
+    let config = quiet(config(DeadLetters::halt(), transactions(100)));
     let mut core = started(&config, 10);
     feed(
         &mut core,
         [vec![relation()], rows(190, &[("e1", Some("a"))], false)].concat(),
     );
-    let t0 = Instant::now();
-    let first = core.take_send(t0).expect("e1 waits");
+    let t0 = core.now();
+    let first = core.take_send().expect("e1 waits");
     assert!(first.begin_transaction, "the first record begins one");
-    let later = |s: u64, ms: u64| {
-        t0 + std::time::Duration::from_secs(s) + std::time::Duration::from_millis(ms)
-    };
-    core.close_if_due(later(59, 999), false);
-    assert!(core.take_send(later(59, 999)).is_none(), "still open");
-    core.close_if_due(later(60, 0), false);
-    let progress = core.take_send(later(60, 0)).expect("closed");
+    assert_eq!(
+        core.poll_timeout(),
+        Some(t0 + Duration::from_secs(60)),
+        "the driver is woken at the bound"
+    );
+    core.advance(Duration::from_millis(59_999));
+    core.upkeep(false, 1).unwrap();
+    assert!(core.take_send().is_none(), "still open");
+    core.advance(Duration::from_millis(1));
+    core.upkeep(false, 1).unwrap();
+    let progress = core.take_send().expect("closed");
     assert!(progress.record.token.progress_record);
     assert!(
         !progress.begin_transaction,

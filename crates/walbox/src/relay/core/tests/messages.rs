@@ -10,7 +10,6 @@ use crate::relay::tests::fakes::{
     begin, commit, envelope, header, insert, key_of, message, relation,
 };
 use crate::relay::{RelayConfig, RunError};
-use tokio::time::Instant;
 
 fn with_source(source: EventSource, dead_letters: DeadLetters) -> RelayConfig {
     RelayConfig {
@@ -90,7 +89,7 @@ fn only_transactional_messages_with_the_prefix_are_events() {
     let ids: Vec<_> = records.iter().map(|r| header(r, "id").unwrap()).collect();
     assert_eq!(ids, ["m1"]);
     assert_eq!(confirmable(&mut core), 200);
-    let metrics = core.metrics.encode();
+    let metrics = core.metrics().encode();
     assert!(
         metrics.contains("walbox_nontransactional_messages_total 1"),
         "{metrics}"
@@ -132,7 +131,7 @@ fn a_bad_envelope_stops_walbox_before_it_without_a_dead_letter_topic() {
     deliver(&mut core);
     feed(&mut core, vec![begin(290)]);
     let bad = message(210, true, "walbox", r#"{"v":2,"id":"from-the-future"}"#);
-    match core.on_message(bad, Instant::now()) {
+    match core.message(bad) {
         Err(RunError::Map(MapError::Envelope { lsn, reason })) => {
             assert_eq!(lsn, "0/D2");
             assert!(

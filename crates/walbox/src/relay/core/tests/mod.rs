@@ -1,9 +1,13 @@
 //! The core alone, synchronously: frames in, effects out. No runtime, no
 //! fakes of the two ends: a test states the messages the server sends and
 //! the reports the broker gives, and reads what the core asks for (records
-//! to send, the position it would confirm, the error it stops with).
+//! to send, status updates, commits, the position it would confirm, the
+//! error it stops with). Time is the [`Harness`]'s: it moves only when the
+//! test says so (the core reads no clock).
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,12 +24,130 @@ mod relations;
 mod sessions;
 mod tables;
 
-use super::{Core, EosStartup, SessionStart, ToSend};
+use super::{Core, Effect, EosStartup, SessionStart, ToSend};
 use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
 use crate::exactly_once::{Bounds, ExactlyOnce};
 use crate::metrics::Metrics;
 use crate::relay::{RelayConfig, RunError, Token};
+
+/// The core on a clock the test moves (quinn's `Pair`, with one end): each
+/// input goes in at the harness's time, and every effect the core asks for
+/// is read back at once: status updates and commits kept for the test,
+/// observations written to [`Harness::metrics`] by the driver's own
+/// `observe`. Other methods of the core are reached through `Deref`.
+pub(super) struct Harness<'a> {
+    core: Core<'a>,
+    /// The simulated clocks: monotonic and wall, moved together.
+    now: Instant,
+    wall: PgTimestamp,
+    /// Status updates asked for, in order.
+    pub(super) statuses: Vec<pgoutput_decoder::StandbyStatusUpdate>,
+    /// Commits asked for.
+    pub(super) commits: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl<'a> Harness<'a> {
+    pub(super) fn new(config: &'a RelayConfig) -> Self {
+        Harness {
+            core: Core::new(config),
+            now: Instant::now(),
+            wall: PgTimestamp::from_pg_micros(1_000_000_000),
+            statuses: Vec::new(),
+            commits: 0,
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// The harness's time.
+    pub(super) fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Moves both clocks forward by `by`.
+    pub(super) fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.wall = PgTimestamp::from_pg_micros(self.wall.as_pg_micros() + by.as_micros() as i64);
+    }
+
+    /// Reads every effect the core asked for.
+    fn pump(&mut self) {
+        while let Some(effect) = self.core.poll_effect() {
+            match effect {
+                Effect::Status(update) => self.statuses.push(update),
+                Effect::Commit => self.commits += 1,
+                Effect::Observe(o) => {
+                    crate::relay::session::observe::observe(self.core.config, &self.metrics, o);
+                }
+            }
+        }
+    }
+
+    /// The metrics, with every observation so far written.
+    pub(super) fn metrics(&mut self) -> &Metrics {
+        self.pump();
+        &self.metrics
+    }
+
+    pub(super) fn message(&mut self, frame: ReplicationMessage) -> Result<(), RunError> {
+        let result = self.core.on_message(frame, self.now, self.wall);
+        self.pump();
+        result
+    }
+
+    pub(super) fn report(&mut self, report: Report<Token>) -> Result<(), RunError> {
+        let result = self.core.on_report(report, self.now, self.wall);
+        self.pump();
+        result
+    }
+
+    pub(super) fn coverage(&mut self, reading: Coverage) -> Result<(), RunError> {
+        let result = self.core.on_coverage(reading, self.now);
+        self.pump();
+        result
+    }
+
+    /// The time the core asked for came, or passed.
+    pub(super) fn timeout(&mut self) {
+        self.core.handle_timeout(self.now, false);
+        self.pump();
+    }
+
+    /// A turn of the driver (exactly-once), `in_flight` records unreported.
+    pub(super) fn upkeep(&mut self, finishing: bool, in_flight: usize) -> Result<(), RunError> {
+        let result = self.core.upkeep(self.now, finishing, in_flight);
+        self.pump();
+        result
+    }
+
+    /// The outcome of the commit asked for.
+    pub(super) fn committed(&mut self, result: Result<(), TxnError>) -> Result<(), RunError> {
+        assert!(self.commits > 0, "a commit was asked for");
+        self.commits -= 1;
+        let result = self.core.on_committed(result, self.now, self.wall);
+        self.pump();
+        result
+    }
+
+    /// The first waiting record, sent now.
+    pub(super) fn take_send(&mut self) -> Option<ToSend> {
+        self.core.take_send(self.now)
+    }
+}
+
+impl<'a> Deref for Harness<'a> {
+    type Target = Core<'a>;
+    fn deref(&self) -> &Core<'a> {
+        &self.core
+    }
+}
+
+impl DerefMut for Harness<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.core
+    }
+}
 
 const OUTBOX: u32 = 16_384;
 const HISTORY: &str = "7000000000000000001/1";
@@ -133,21 +255,21 @@ pub(super) fn covered(wal: u64) -> Coverage {
 
 /// A core on `config` with a session started at the slot's position `slot`
 /// (exactly-once: registered, no progress committed yet).
-pub(super) fn started(config: &RelayConfig, slot: u64) -> Core<'_> {
-    let mut core = Core::new(config, Metrics::new());
+pub(super) fn started(config: &RelayConfig, slot: u64) -> Harness<'_> {
+    let mut core = Harness::new(config);
     start(&mut core, slot);
-    core.on_coverage(covered(1 << 20), Instant::now()).unwrap();
+    core.coverage(covered(1 << 20)).unwrap();
     core
 }
 
-pub(super) fn start(core: &mut Core<'_>, slot: u64) {
+pub(super) fn start(core: &mut Harness<'_>, slot: u64) {
     start_on(core, slot, HISTORY, 1 << 20);
 }
 
 /// A session at the slot's position `slot` on the server history
 /// `history` whose WAL ends at `server_wal` (exactly-once: registered, no
 /// progress committed yet).
-pub(super) fn start_on(core: &mut Core<'_>, slot: u64, history: &str, server_wal: u64) {
+pub(super) fn start_on(core: &mut Harness<'_>, slot: u64, history: &str, server_wal: u64) {
     let start = SessionStart {
         confirmed: at(slot),
         history,
@@ -158,21 +280,22 @@ pub(super) fn start_on(core: &mut Core<'_>, slot: u64, history: &str, server_wal
         core.on_producer_registered();
         core.on_progress_read(Ok(None), at(server_wal)).unwrap();
     }
+    core.pump();
 }
 
-pub(super) fn feed(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) {
+pub(super) fn feed(core: &mut Harness<'_>, frames: Vec<ReplicationMessage>) {
     for frame in frames {
-        core.on_message(frame, Instant::now()).unwrap();
+        core.message(frame).unwrap();
     }
 }
 
 /// The records the core asks to send now.
-pub(super) fn records(core: &mut Core<'_>) -> Vec<Record<Token>> {
+pub(super) fn records(core: &mut Harness<'_>) -> Vec<Record<Token>> {
     sends(core).into_iter().map(|s| s.record).collect()
 }
 
 /// The records the core asks to send now, each acknowledged.
-pub(super) fn deliver(core: &mut Core<'_>) -> Vec<Record<Token>> {
+pub(super) fn deliver(core: &mut Harness<'_>) -> Vec<Record<Token>> {
     let records = records(core);
     for r in &records {
         report(core, acked(r.token.clone())).unwrap();
@@ -181,8 +304,8 @@ pub(super) fn deliver(core: &mut Core<'_>) -> Vec<Record<Token>> {
 }
 
 /// Every record the core asks to send now.
-pub(super) fn sends(core: &mut Core<'_>) -> Vec<ToSend> {
-    std::iter::from_fn(|| core.take_send(Instant::now())).collect()
+pub(super) fn sends(core: &mut Harness<'_>) -> Vec<ToSend> {
+    std::iter::from_fn(|| core.take_send()).collect()
 }
 
 pub(super) fn acked(token: Token) -> Report<Token> {
@@ -198,14 +321,14 @@ pub(super) fn acked(token: Token) -> Report<Token> {
 
 pub(super) use crate::relay::tests::fakes::refused;
 
-pub(super) fn report(core: &mut Core<'_>, report: Report<Token>) -> Result<(), RunError> {
-    core.on_report(report, Instant::now(), PgTimestamp::now())
-        .map(|_| ())
+pub(super) fn report(core: &mut Harness<'_>, report: Report<Token>) -> Result<(), RunError> {
+    core.report(report)
 }
 
 /// The position the core would confirm now.
-pub(super) fn confirmable(core: &mut Core<'_>) -> u64 {
-    core.final_update(Instant::now()).flush.as_u64()
+pub(super) fn confirmable(core: &mut Harness<'_>) -> u64 {
+    let now = core.now();
+    core.final_update(now).flush.as_u64()
 }
 
 fn header<'r>(record: &'r Record<Token>, name: &str) -> Option<&'r [u8]> {
@@ -291,7 +414,7 @@ fn an_unmappable_row_stops_before_it_without_a_dead_letter_topic() {
     let commit = frames.pop().unwrap();
     let insert = frames.pop().unwrap();
     feed(&mut core, frames);
-    let stopped = core.on_message(insert, Instant::now()).unwrap_err();
+    let stopped = core.message(insert).unwrap_err();
     assert!(matches!(stopped, RunError::Map(_)), "{stopped}");
     drop(commit);
     assert_eq!(confirmable(&mut core), 0);
@@ -326,7 +449,7 @@ fn a_changed_coverage_stops_with_the_slot_before_what_it_could_hide() {
         table_oid: Some(OUTBOX + 1),
         ..covered(1 << 21)
     };
-    let stopped = core.on_coverage(changed, Instant::now()).unwrap_err();
+    let stopped = core.coverage(changed).unwrap_err();
     assert!(matches!(stopped, RunError::Drift(_)), "{stopped}");
 }
 
@@ -340,16 +463,17 @@ fn exactly_once_events_are_delivered_only_when_their_transaction_commits() {
         event.begin_transaction,
         "the first record opens a transaction"
     );
-    core.close_if_due(Instant::now(), false);
+    core.upkeep(false, 1).unwrap();
+    assert_eq!(core.commits, 0, "its progress record is not sent yet");
     let progress = sends(&mut core).remove(0);
     assert!(!progress.begin_transaction);
     assert_eq!(&*progress.record.topic, "progress");
-    assert!(core.start_commit(Instant::now()));
+    core.upkeep(false, 2).unwrap();
+    assert_eq!(core.commits, 1, "the progress record is sent: commit");
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
     assert_eq!(confirmable(&mut core), 0, "acked but not committed");
-    core.on_committed(Ok(()), Instant::now(), PgTimestamp::now())
-        .unwrap();
+    core.committed(Ok(())).unwrap();
     assert_eq!(confirmable(&mut core), 1_008);
 }
 
@@ -359,18 +483,16 @@ fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
     let mut core = started(&config, 0);
     feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
     let event = sends(&mut core).remove(0);
-    core.close_if_due(Instant::now(), false);
+    core.upkeep(false, 1).unwrap();
     let progress = sends(&mut core).remove(0);
-    assert!(core.start_commit(Instant::now()));
+    core.upkeep(false, 2).unwrap();
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
     let failed = TxnError {
         kind: sink_core::TxnErrorKind::Abortable,
         message: "Broker: Coordinator not available".into(),
     };
-    let stopped = core
-        .on_committed(Err(failed), Instant::now(), PgTimestamp::now())
-        .unwrap_err();
+    let stopped = core.committed(Err(failed)).unwrap_err();
     assert!(matches!(stopped, RunError::Aborted(_)), "{stopped}");
     assert!(core.abort_needed(), "the transaction is aborted");
     assert_eq!(confirmable(&mut core), 0);
@@ -412,12 +534,11 @@ fn backfilled_rows_go_the_same_way_and_confirm_the_delivered_prefix() {
         .map(|(n, t)| (n.to_owned(), t)),
     );
     core.on_relation(&relation);
-    core.on_row(row(11, "e-11", Some("a")), Instant::now())
-        .unwrap();
+    let now = core.now();
+    core.on_row(row(11, "e-11", Some("a")), now).unwrap();
     // No aggregate id: unmappable, dead-lettered.
-    core.on_row(row(12, "e-12", None), Instant::now()).unwrap();
-    core.on_row(row(13, "e-13", Some("b")), Instant::now())
-        .unwrap();
+    core.on_row(row(12, "e-12", None), now).unwrap();
+    core.on_row(row(13, "e-13", Some("b")), now).unwrap();
     let [first, unmappable, third] = <[ToSend; 3]>::try_from(sends(&mut core))
         .ok()
         .expect("three records");
@@ -433,4 +554,41 @@ fn backfilled_rows_go_the_same_way_and_confirm_the_delivered_prefix() {
     report(&mut core, acked(unmappable.record.token)).unwrap();
     assert_eq!(confirmable(&mut core), 13);
     assert_eq!(core.dead_lettered(), 1);
+}
+
+/// On the test's own clock: status updates go out when the core asks to be
+/// woken (`poll_timeout`), never between; an acknowledgement soon after the
+/// last update is held back by the eager gap and goes out at its end.
+#[test]
+fn status_updates_go_out_when_the_core_asks_to_be_woken() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 0);
+    core.timeout();
+    let first = core.statuses.len();
+    assert!(first > 0, "the first update goes out at once");
+    let t0 = core.now();
+    assert_eq!(
+        core.poll_timeout(),
+        Some(t0 + Duration::from_secs(1)),
+        "the next one a status interval later"
+    );
+    feed(&mut core, transaction(1_000, &[(950, "e-1", Some("a"))]));
+    let record = sends(&mut core).remove(0).record;
+    core.advance(Duration::from_millis(10));
+    report(&mut core, acked(record.token)).unwrap();
+    assert_eq!(
+        core.statuses.len(),
+        first,
+        "within the eager gap: held back"
+    );
+    let gap_end = t0 + crate::progress::EAGER_GAP;
+    assert_eq!(core.poll_timeout(), Some(gap_end));
+    core.advance(gap_end - core.now() - Duration::from_millis(1));
+    core.timeout();
+    assert_eq!(core.statuses.len(), first, "not before the gap's end");
+    core.advance(Duration::from_millis(1));
+    core.timeout();
+    let update = core.statuses.last().expect("an update");
+    assert_eq!(update.flush.as_u64(), 1_008, "the acknowledged transaction");
+    assert_eq!(core.statuses.len(), first + 1);
 }

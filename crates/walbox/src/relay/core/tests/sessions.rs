@@ -2,9 +2,8 @@
 //! what is sent again and what is not.
 
 use sink_core::Record;
-use tokio::time::Instant;
 
-use super::{config, confirmable, covered, deliver, feed, rows, start_on, Core};
+use super::{config, confirmable, covered, deliver, feed, rows, start_on, Harness};
 use crate::dead_letter::DeadLetters;
 use crate::relay::tests::fakes::{header, relation};
 use crate::relay::Token;
@@ -15,15 +14,15 @@ fn ids(records: &[Record<Token>]) -> Vec<&str> {
 
 /// A session on `history` at the slot's `slot`, the server's WAL ending at
 /// `server_wal`, with the coverage read.
-fn session(core: &mut Core<'_>, slot: u64, history: &str, server_wal: u64) {
+fn session(core: &mut Harness<'_>, slot: u64, history: &str, server_wal: u64) {
     start_on(core, slot, history, server_wal);
-    core.on_coverage(covered(1 << 20), Instant::now()).unwrap();
+    core.coverage(covered(1 << 20)).unwrap();
 }
 
 #[test]
 fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
     let config = config(DeadLetters::halt(), None);
-    let mut core = Core::new(&config, crate::metrics::Metrics::new());
+    let mut core = Harness::new(&config);
     session(&mut core, 10, "system 1 timeline 1", 1 << 20);
     feed(&mut core, vec![relation()]);
     feed(
@@ -54,7 +53,7 @@ fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
         "each event once"
     );
     assert!(core
-        .metrics
+        .metrics()
         .encode()
         .contains("walbox_events_replay_skipped_total 2"));
 }
@@ -62,7 +61,7 @@ fn transactions_delivered_before_a_reconnect_are_not_sent_again() {
 #[test]
 fn after_a_failover_to_another_history_nothing_is_skipped() {
     let config = config(DeadLetters::halt(), None);
-    let mut core = Core::new(&config, crate::metrics::Metrics::new());
+    let mut core = Harness::new(&config);
     session(&mut core, 10, "system 1 timeline 1", 1 << 20);
     feed(&mut core, vec![relation()]);
     feed(&mut core, rows(190, &[("e1", Some("a"))], false));
@@ -80,7 +79,7 @@ fn after_a_failover_to_another_history_nothing_is_skipped() {
 #[test]
 fn a_restore_on_the_same_timeline_skips_nothing_new() {
     let config = config(DeadLetters::halt(), None);
-    let mut core = Core::new(&config, crate::metrics::Metrics::new());
+    let mut core = Harness::new(&config);
     session(&mut core, 10, "system 1 timeline 1", 1 << 20);
     feed(&mut core, vec![relation()]);
     feed(&mut core, rows(190, &[("e1", Some("a"))], false));
@@ -100,7 +99,7 @@ fn a_restore_on_the_same_timeline_skips_nothing_new() {
         ["e1", "e2", "x1", "x2"],
         "the restored server's events"
     );
-    let m = core.metrics.encode();
+    let m = core.metrics().encode();
     assert!(
         m.contains(r#"walbox_history_changes_total{reason="wal_behind"} 1"#),
         "{m}"

@@ -7,13 +7,11 @@ use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, ReplicationMessage};
 use slot_manager::{Coverage, OutboxTables, TableCoverage, TableName};
-use tokio::time::Instant;
 
+use super::Harness;
 use super::{acked, config, covered, feed, report, sends, start, started};
 use crate::dead_letter::DeadLetters;
 use crate::mapping::{OutboxMapping, TableMapping};
-use crate::metrics::Metrics;
-use crate::relay::core::Core;
 use crate::relay::tests::fakes::{begin, commit, insert_row, COLUMNS, JSONB, TEXT, UUID};
 use crate::relay::{RelayConfig, RunError};
 
@@ -243,10 +241,10 @@ fn a_payload_of_a_type_the_session_has_not_resolved_starts_a_new_session() {
 }
 
 /// The error the core stops with on `frames`.
-fn stops(core: &mut Core<'_>, frames: Vec<ReplicationMessage>) -> RunError {
+fn stops(core: &mut Harness<'_>, frames: Vec<ReplicationMessage>) -> RunError {
     frames
         .into_iter()
-        .find_map(|frame| core.on_message(frame, Instant::now()).err())
+        .find_map(|frame| core.message(frame).err())
         .expect("the relay stops")
 }
 
@@ -283,8 +281,8 @@ fn reading(wal: u64, tables: Vec<TableCoverage>, added: &[&str]) -> Coverage {
 }
 
 /// A core whose session has read no coverage yet.
-fn session(config: &RelayConfig) -> Core<'_> {
-    let mut core = Core::new(config, Metrics::new());
+fn session(config: &RelayConfig) -> Harness<'_> {
+    let mut core = Harness::new(config);
     start(&mut core, 10);
     core
 }
@@ -296,20 +294,17 @@ fn a_table_walbox_picked_up_or_one_dropped_is_no_drift() {
     let a = table("tenant_a", 1, "fa");
     let b = table("tenant_b", 2, "fb");
     let c = table("tenant_c", 3, "fc");
-    core.on_coverage(
-        reading(100, vec![a.clone(), b.clone()], &[]),
-        Instant::now(),
-    )
-    .unwrap();
-    core.on_coverage(
-        reading(200, vec![a.clone(), b.clone(), c.clone()], &["tenant_c"]),
-        Instant::now(),
-    )
+    core.coverage(reading(100, vec![a.clone(), b.clone()], &[]))
+        .unwrap();
+    core.coverage(reading(
+        200,
+        vec![a.clone(), b.clone(), c.clone()],
+        &["tenant_c"],
+    ))
     .unwrap();
     // tenant_b dropped (the source reports a table that left the
     // publication while it exists as a gap, not by leaving it out).
-    core.on_coverage(reading(300, vec![a, c], &[]), Instant::now())
-        .unwrap();
+    core.coverage(reading(300, vec![a, c], &[])).unwrap();
 }
 
 #[test]
@@ -332,9 +327,9 @@ fn a_change_of_one_tables_coverage_or_a_table_someone_else_added_stops() {
         ),
     ] {
         let mut core = session(&config);
-        core.on_coverage(reading(100, vec![a.clone(), b.clone()], &[]), Instant::now())
+        core.coverage(reading(100, vec![a.clone(), b.clone()], &[]))
             .unwrap();
-        let stopped = core.on_coverage(reading(200, now, &[]), Instant::now()).unwrap_err();
+        let stopped = core.coverage(reading(200, now, &[])).unwrap_err();
         let RunError::Drift(drift) = &stopped else {
             panic!("{stopped}")
         };
