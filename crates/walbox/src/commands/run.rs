@@ -374,14 +374,10 @@ async fn stream_until_stopped(
                 tracing::error!(error = %drift, "on_drift = heal: walbox stays up, and once the publication covers the table again it republishes from the table what the stream did not carry, then streams on");
             }
             Err(e) if e.is_transient() => {
-                // Before streaming (the relay retries its own): the
-                // exactly-once checks found no broker answering, or an
-                // aborted probe. A new producer tries again.
-                metrics.count_reconnect(e.reason());
-                let delay = backoff.delay();
-                let error = crate::logging::chain(&e);
-                tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
-                if wait_or_stopped(shutdown, delay).await {
+                // Before streaming (the relay retries its own with the same
+                // step): the exactly-once checks found no broker answering,
+                // or an aborted probe. A new producer tries again.
+                if crate::relay::wait_to_retry(&e, &mut backoff, metrics, shutdown).await {
                     return Ok(());
                 }
             }

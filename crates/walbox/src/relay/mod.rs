@@ -85,7 +85,8 @@ pub use source::{
     CopiedRow, Done, Input, PostgresSource, ReplicationStream, Source, SourceError, Started,
 };
 
-/// What travels with an event to the broker and back.
+/// What travels with a record to the broker and back: where it belongs in
+/// the stream, and what it carries.
 #[derive(Clone, Debug)]
 pub struct Token {
     event: EventToken,
@@ -101,23 +102,103 @@ pub struct Token {
     commit_time: PgTimestamp,
     /// The topic the event was meant for (empty when the row named none).
     topic: Arc<str>,
-    /// Set on a dead-letter copy: why.
-    dead_letter: Option<DeadLetterKind>,
-    /// Set on the progress record that closes a Kafka transaction
-    /// (exactly-once): it carries no event.
-    progress_record: bool,
-    /// A held event's record, released from the quarantine by this release:
-    /// it carries no event of the stream.
-    released: Option<crate::quarantine::ReleaseId>,
-    /// walbox's span of the event, when spans are exported.
-    span: Option<Box<EventSpan>>,
     /// The event's id, when something needs it after the acknowledgement:
     /// a receipt, or the continuous audit.
     event_id: Option<Box<str>>,
-    /// The continuous audit sampled this event.
-    sampled: bool,
-    /// Its value is serialized with its schema already (`format = "avro"`).
-    serialized: bool,
+    carries: Carries,
+}
+
+/// What a record carries.
+#[derive(Clone, Debug)]
+enum Carries {
+    /// An event of the stream: walbox's span of it (when spans are
+    /// exported), whether the continuous audit sampled it, and whether its
+    /// value is serialized with its schema already (`format = "avro"`).
+    Event {
+        span: Option<Box<EventSpan>>,
+        sampled: bool,
+        serialized: bool,
+    },
+    /// A dead-letter copy of an event, and why.
+    DeadLetter(DeadLetterKind),
+    /// The progress record that closes a Kafka transaction (exactly-once):
+    /// no event.
+    Progress,
+    /// A held event's record, released from the quarantine by this
+    /// release: no event of the stream. `serialized`: released as it was
+    /// sent (the broker refused it serialized, or as a claim-check pointer).
+    Released {
+        release: crate::quarantine::ReleaseId,
+        serialized: bool,
+    },
+}
+
+impl Token {
+    /// Why, when it is a dead-letter copy.
+    fn dead_letter(&self) -> Option<DeadLetterKind> {
+        match self.carries {
+            Carries::DeadLetter(kind) => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// True for the progress record closing a Kafka transaction.
+    fn is_progress(&self) -> bool {
+        matches!(self.carries, Carries::Progress)
+    }
+
+    /// The release, when it is a released event's.
+    fn released(&self) -> Option<crate::quarantine::ReleaseId> {
+        match self.carries {
+            Carries::Released { release, .. } => Some(release),
+            _ => None,
+        }
+    }
+
+    /// True when the audit sampled this event.
+    fn sampled(&self) -> bool {
+        matches!(self.carries, Carries::Event { sampled: true, .. })
+    }
+
+    /// The event's span, when one is exported.
+    fn span(&self) -> Option<&EventSpan> {
+        match &self.carries {
+            Carries::Event { span, .. } => span.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// True when its record's value is still to be serialized with its
+    /// schema: an event's or a released one's not serialized yet.
+    fn to_serialize(&self) -> bool {
+        matches!(
+            self.carries,
+            Carries::Event {
+                serialized: false,
+                ..
+            } | Carries::Released {
+                serialized: false,
+                ..
+            }
+        )
+    }
+
+    /// Its record's value is serialized now.
+    fn serialized(&mut self) {
+        if let Carries::Event { serialized, .. } | Carries::Released { serialized, .. } =
+            &mut self.carries
+        {
+            *serialized = true;
+        }
+    }
+
+    /// The same place in the stream, carrying its dead-letter copy.
+    fn into_dead_letter(self, kind: DeadLetterKind) -> Token {
+        Token {
+            carries: Carries::DeadLetter(kind),
+            ..self
+        }
+    }
 }
 
 /// What the process asks of the relay, in increasing urgency.
@@ -237,24 +318,40 @@ where
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                metrics.count_reconnect(e.reason());
-                metrics.set_standby(e.slot_busy());
-                // A standby polls the busy slot often, to take over soon
-                // after the active instance is gone.
-                let delay = if e.slot_busy() {
-                    backoff.delay().min(STANDBY_POLL)
-                } else {
-                    backoff.delay()
-                };
-                // With its causes: the OS's reason is what the operator needs.
-                let error = crate::logging::chain(&e);
-                tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    () = session::stopped(&mut shutdown, Stop::Graceful) => return Ok(()),
+                if wait_to_retry(&e, &mut backoff, &metrics, &shutdown).await {
+                    return Ok(());
                 }
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// The one retry step after a transient error, for the relay's sessions
+/// and for what `walbox run` does before streaming: the error counted
+/// (`walbox_reconnects_total` by reason) and said with its causes (the
+/// OS's reason is what the operator needs), then the backoff's delay
+/// waited. A standby polls the busy slot at least every [`STANDBY_POLL`],
+/// to take over soon after the active instance is gone. True when a
+/// signal came first.
+pub async fn wait_to_retry(
+    e: &RunError,
+    backoff: &mut Backoff,
+    metrics: &Metrics,
+    shutdown: &watch::Receiver<Stop>,
+) -> bool {
+    metrics.count_reconnect(e.reason());
+    metrics.set_standby(e.slot_busy());
+    let delay = if e.slot_busy() {
+        backoff.delay().min(STANDBY_POLL)
+    } else {
+        backoff.delay()
+    };
+    let error = crate::logging::chain(e);
+    tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
+    let mut shutdown = shutdown.clone();
+    tokio::select! {
+        () = tokio::time::sleep(delay) => false,
+        () = session::stopped(&mut shutdown, Stop::Graceful) => true,
     }
 }

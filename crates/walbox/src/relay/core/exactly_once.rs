@@ -30,7 +30,7 @@ use super::transactions::{KafkaTxn, Transactions};
 use super::{Core, Effect, Effects, HistoryChange, Observation, ProgressNote, TransactionNote};
 use crate::exactly_once::Position;
 use crate::progress::{Ack, History};
-use crate::relay::{AbortCause, RunError, Token, TransactionsError};
+use crate::relay::{AbortCause, Carries, RunError, Token, TransactionsError};
 
 /// What exactly-once mode needs before a session streams.
 pub(in crate::relay) enum EosStartup {
@@ -69,7 +69,7 @@ impl Core<'_> {
         server_wal: Lsn,
         same: History,
     ) -> EosStartup {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return EosStartup::Ready;
         };
         let new_history =
@@ -98,7 +98,7 @@ impl Core<'_> {
     /// The producer is registered (`init_transactions` done, once per
     /// process: a standby waiting for the slot fences no one).
     pub(in crate::relay) fn on_producer_registered(&mut self) {
-        if let Some(eos) = self.eos.as_mut() {
+        if let Some(eos) = self.mode.transactions_mut() {
             eos.producer_ready = true;
         }
     }
@@ -112,7 +112,7 @@ impl Core<'_> {
         read: Result<Option<Bytes>, String>,
         server_wal: Lsn,
     ) -> Result<(), RunError> {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return Ok(());
         };
         let history = eos.history.clone();
@@ -184,7 +184,7 @@ impl Core<'_> {
     /// Before a record is sent: a transaction must be open. True when one
     /// must be begun first.
     pub(super) fn before_send(&mut self, record: &Record<Token>, now: Instant) -> bool {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return false;
         };
         let begin = matches!(eos.txn, KafkaTxn::Idle);
@@ -207,7 +207,7 @@ impl Core<'_> {
                 *bytes += record.size();
                 tokens.push(record.token.clone());
             }
-            KafkaTxn::Closing { .. } if record.token.progress_record => {}
+            KafkaTxn::Closing { .. } if record.token.is_progress() => {}
             other => unreachable!("a record sent while the transaction is {other:?}"),
         }
         begin
@@ -216,7 +216,7 @@ impl Core<'_> {
     /// The Kafka transaction [`Core::take_send`] asked for could not begin:
     /// none is open, and the session ends with this error.
     pub(in crate::relay) fn on_begin_failed(&mut self, e: TxnError) -> RunError {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             unreachable!("a transaction is begun only in exactly-once mode")
         };
         eos.txn = KafkaTxn::Idle;
@@ -247,7 +247,7 @@ impl Core<'_> {
     /// queues its progress record.
     fn close_if_due(&mut self, now: Instant, finishing: bool) {
         let in_transaction = self.progress.in_transaction();
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return;
         };
         if eos.doomed.is_some() {
@@ -288,13 +288,8 @@ impl Core<'_> {
                 index: 0,
                 commit_time: PgTimestamp::default(),
                 topic: Arc::from(""),
-                dead_letter: None,
-                progress_record: true,
-                released: None,
-                span: None,
                 event_id: None,
-                sampled: false,
-                serialized: false,
+                carries: Carries::Progress,
             },
         };
         self.outgoing.push_back(record);
@@ -309,7 +304,7 @@ impl Core<'_> {
     /// Asks for the commit ([`Effect::Commit`]) once the progress record
     /// is sent.
     fn start_commit(&mut self, now: Instant) {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return;
         };
         if !matches!(eos.txn, KafkaTxn::Closing { .. }) || !self.outgoing.is_empty() {
@@ -338,7 +333,7 @@ impl Core<'_> {
         now: Instant,
         wall: PgTimestamp,
     ) -> Result<(), RunError> {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return Ok(());
         };
         let KafkaTxn::Committing {
@@ -377,7 +372,7 @@ impl Core<'_> {
         }
         eos.committed = Some(position);
         if !eos.refused.is_empty() {
-            for t in tokens.iter().filter(|t| t.dead_letter.is_some()) {
+            for t in tokens.iter().filter(|t| t.dead_letter().is_some()) {
                 eos.refused.remove(&(t.lsn, t.index));
             }
         }
@@ -411,15 +406,15 @@ impl Core<'_> {
             // An aborted transaction's record: its events are written again.
             return Ok(());
         }
-        if token.dead_letter.is_some() {
+        if token.dead_letter().is_some() {
             return Err(self.dead_letter_failed(&token, error));
         }
         let eos = self
-            .eos
-            .as_mut()
+            .mode
+            .transactions_mut()
             .expect("reports are transactional in exactly-once mode");
         let to_dead_letter = error.kind == DeliveryErrorKind::Permanent
-            && !token.progress_record
+            && !token.is_progress()
             && self.config.dead_letters.topic().is_some();
         if to_dead_letter && eos.refused.len() < MAX_REFUSED {
             self.effects
@@ -455,42 +450,44 @@ impl Core<'_> {
     /// Exactly-once: a failed transaction ends the session once every record
     /// sent in it has reported (`in_flight` is 0) or [`DOOMED_WAIT`] passed.
     fn doomed_and_heard(&self, in_flight: usize, now: Instant) -> Option<RunError> {
-        let (why, since) = self.eos.as_ref()?.doomed.as_ref()?;
+        let (why, since) = self.mode.transactions()?.doomed.as_ref()?;
         let heard = in_flight == 0 || now - *since >= DOOMED_WAIT;
         heard.then(|| RunError::Aborted(why.clone()))
     }
 
     /// When the failed transaction stops waiting for its reports.
     pub(super) fn doomed_until(&self) -> Option<Instant> {
-        let (_, since) = self.eos.as_ref()?.doomed.as_ref()?;
+        let (_, since) = self.mode.transactions()?.doomed.as_ref()?;
         Some(*since + DOOMED_WAIT)
     }
 
     /// True while records may not be sent (the transaction commits, or failed).
     pub(in crate::relay) fn commit_under_way(&self) -> bool {
-        self.eos.as_ref().is_some_and(Transactions::committing)
+        self.mode
+            .transactions()
+            .is_some_and(Transactions::committing)
     }
 
     /// True while nothing new may be read: the transaction closes, commits
     /// or failed.
     pub(in crate::relay) fn transaction_busy(&self) -> bool {
-        self.eos.as_ref().is_some_and(Transactions::busy)
+        self.mode.transactions().is_some_and(Transactions::busy)
     }
 
     /// When the open transaction reaches its time bound.
     pub(in crate::relay) fn transaction_due(&self) -> Option<Instant> {
-        self.eos.as_ref().and_then(Transactions::due)
+        self.mode.transactions().and_then(Transactions::due)
     }
 
     /// True when no Kafka transaction is open (always, in at-least-once mode).
     pub(in crate::relay) fn transaction_idle(&self) -> bool {
-        self.eos.as_ref().is_none_or(Transactions::idle)
+        self.mode.transactions().is_none_or(Transactions::idle)
     }
 
     /// Forgets the open Kafka transaction without ending it (shutting down
     /// past its bound): the next start's `init_transactions` aborts it.
     pub(in crate::relay) fn abandon_transaction(&mut self) {
-        if let Some(eos) = self.eos.as_mut() {
+        if let Some(eos) = self.mode.transactions_mut() {
             eos.abandon();
         }
     }
@@ -499,14 +496,14 @@ impl Core<'_> {
     /// aborted (so the next session starts a new one; its events are written
     /// again then). Its progress record, if queued, is dropped.
     pub(in crate::relay) fn abort_needed(&mut self) -> bool {
-        let Some(eos) = self.eos.as_mut() else {
+        let Some(eos) = self.mode.transactions_mut() else {
             return false;
         };
         if eos.idle() {
             return false;
         }
         eos.txn = KafkaTxn::Idle;
-        self.outgoing.retain(|r| !r.token.progress_record);
+        self.outgoing.retain(|r| !r.token.is_progress());
         true
     }
 
@@ -520,8 +517,8 @@ impl Core<'_> {
         attempt: u32,
     ) -> Result<bool, RunError> {
         let id = self
-            .eos
-            .as_ref()
+            .mode
+            .transactions()
             .map_or("", |e| e.config.transactional_id.as_str());
         match result {
             Ok(()) => {

@@ -11,11 +11,11 @@ use sink_core::Record;
 use tokio::time::Instant;
 
 use super::quarantine::Why;
-use super::{Core, Observation};
+use super::{Core, Mode, Observation};
 use crate::dead_letter::{DeadLetterKind, Origin};
 use crate::mapping::{ColumnIndexes, MapError, MappedEvent};
 use crate::quarantine::QuarantineError;
-use crate::relay::{CopiedRow, RunError, Token};
+use crate::relay::{Carries, CopiedRow, RunError, Token};
 
 /// Postgres' first OID for objects made after `initdb` (FirstNormalObjectId):
 /// a type at or past it is a user's (a domain, an enum), which the session
@@ -59,10 +59,10 @@ impl Core<'_> {
             LogicalMessage::Begin(b) => {
                 self.progress.begin_at(b.final_lsn(), b.commit_time())?;
                 self.commit_time = b.commit_time();
-                self.event_index = 0;
                 self.queued_in_transaction = 0;
-                if let Some(t) = &mut self.eos {
-                    t.begin(b.final_lsn());
+                match &mut self.mode {
+                    Mode::AtLeastOnce { next_index } => *next_index = 0,
+                    Mode::ExactlyOnce(t) => t.begin(b.final_lsn()),
                 }
             }
             LogicalMessage::Commit(c) => {
@@ -74,7 +74,7 @@ impl Core<'_> {
                     });
                     self.queued_in_transaction = 0;
                 }
-                if let Some(t) = &mut self.eos {
+                if let Some(t) = self.mode.transactions_mut() {
                     t.commit(c.commit_lsn());
                 }
                 let update = self.progress.commit(c.commit_lsn(), c.end_lsn(), now)?;
@@ -160,7 +160,9 @@ impl Core<'_> {
         self.progress.received(at);
         self.progress.begin_at(at, PgTimestamp::default())?;
         self.commit_time = PgTimestamp::default();
-        self.event_index = 0;
+        if let Mode::AtLeastOnce { next_index } = &mut self.mode {
+            *next_index = 0;
+        }
         self.on_insert(&columns, &row.tuple, row.lsn)?;
         let update = self.progress.commit(at, at, now)?;
         self.effects.status(update);
@@ -237,7 +239,10 @@ impl Core<'_> {
     /// re-sent and Kafka has already (exactly-once: counted first, whether
     /// skipped or not, since the count is the event's index).
     fn skip_replayed(&mut self) -> bool {
-        let in_kafka = self.eos.as_mut().is_some_and(|t| t.next_row_skipped());
+        let in_kafka = self
+            .mode
+            .transactions_mut()
+            .is_some_and(|t| t.next_row_skipped());
         if in_kafka || self.progress.replaying() {
             self.effects.observe(Observation::ReplaySkipped);
             return true;
@@ -250,8 +255,8 @@ impl Core<'_> {
     fn queue(&mut self, mut event: MappedEvent, lsn: Lsn) -> Result<(), RunError> {
         self.queued_in_transaction += 1;
         if let Some(error) = self
-            .eos
-            .as_ref()
+            .mode
+            .transactions()
             .and_then(|t| t.refusal(lsn, t.current_index()))
         {
             // Refused for good before: straight to the dead-letter topic.
@@ -283,11 +288,16 @@ impl Core<'_> {
         // Decided as the event is mapped: its span's ids (written into its
         // `traceparent`), and whether the audit asked for this one. Ending
         // the span and noting the sample are observations.
-        token.span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
-        token.sampled = self.config.audit.as_ref().is_some_and(|tap| tap.take());
-        if token.sampled || self.config.receipts.is_some() {
+        let span = self.config.spans.as_ref().and_then(|s| s.begin(&mut event));
+        let sampled = self.config.audit.as_ref().is_some_and(|tap| tap.take());
+        if sampled || self.config.receipts.is_some() {
             token.event_id = Some(event.event_id.as_str().into());
         }
+        token.carries = Carries::Event {
+            span,
+            sampled,
+            serialized: false,
+        };
         self.outgoing.push_back(event.into_record(token));
         Ok(())
     }
@@ -377,13 +387,15 @@ impl Core<'_> {
             index: self.next_index(),
             commit_time: self.commit_time,
             topic,
-            dead_letter,
-            progress_record: false,
-            released: None,
-            span: None,
             event_id: None,
-            sampled: false,
-            serialized: false,
+            carries: match dead_letter {
+                Some(kind) => Carries::DeadLetter(kind),
+                None => Carries::Event {
+                    span: None,
+                    sampled: false,
+                    serialized: false,
+                },
+            },
         })
     }
 }

@@ -142,8 +142,8 @@ pub(super) struct Core<'a> {
     history: Option<String>,
     /// This session's domain types of the outbox table (OID → base OID).
     domains: HashMap<u32, u32>,
-    /// Exactly-once mode's state; `None` in at-least-once mode.
-    eos: Option<transactions::Transactions>,
+    /// How events count as delivered, with that mode's own state.
+    mode: Mode,
     /// The position last saved (`config.save_positions`), and whether a
     /// failure to save was reported.
     saved_position: Option<Lsn>,
@@ -154,8 +154,37 @@ pub(super) struct Core<'a> {
     dead_lettered: u64,
     /// The quarantine (`on_failure = "quarantine"`); `None`: off.
     quarantine: Option<crate::quarantine::Quarantine<Token>>,
-    /// At least once: the index of the open transaction's next event.
-    event_index: u64,
+}
+
+/// How events count as delivered, each mode with its own state: an
+/// at-least-once event never reaches exactly-once code.
+#[derive(Debug)]
+enum Mode {
+    /// When the broker acknowledged them; `next_index` is the index of the
+    /// open Postgres transaction's next event.
+    AtLeastOnce { next_index: u64 },
+    /// When their Kafka transaction committed (see `exactly_once.rs`).
+    ExactlyOnce(Box<transactions::Transactions>),
+}
+
+impl Mode {
+    fn transactions(&self) -> Option<&transactions::Transactions> {
+        match self {
+            Mode::AtLeastOnce { .. } => None,
+            Mode::ExactlyOnce(t) => Some(t),
+        }
+    }
+
+    fn transactions_mut(&mut self) -> Option<&mut transactions::Transactions> {
+        match self {
+            Mode::AtLeastOnce { .. } => None,
+            Mode::ExactlyOnce(t) => Some(t),
+        }
+    }
+
+    fn exactly_once(&self) -> bool {
+        matches!(self, Mode::ExactlyOnce(_))
+    }
 }
 
 impl<'a> Core<'a> {
@@ -174,16 +203,15 @@ impl<'a> Core<'a> {
             change_pending_since: None,
             history: None,
             domains: HashMap::new(),
-            eos: config
-                .exactly_once
-                .clone()
-                .map(transactions::Transactions::new),
+            mode: match config.exactly_once.clone() {
+                None => Mode::AtLeastOnce { next_index: 0 },
+                Some(c) => Mode::ExactlyOnce(Box::new(transactions::Transactions::new(c))),
+            },
             saved_position: None,
             save_failure_reported: false,
             nontransactional_reported: false,
             dead_lettered: 0,
             quarantine: config.quarantine.map(crate::quarantine::Quarantine::new),
-            event_index: 0,
         }
     }
 
@@ -286,10 +314,7 @@ impl<'a> Core<'a> {
     /// had refused is marked serialized: it is released as it was sent
     /// (serialized, or a claim-check pointer).
     pub(super) fn front_to_serialize(&mut self) -> Option<&mut Record<Token>> {
-        self.outgoing.front_mut().filter(|r| {
-            let t = &r.token;
-            !t.serialized && t.dead_letter.is_none() && !t.progress_record
-        })
+        self.outgoing.front_mut().filter(|r| r.token.to_serialize())
     }
 
     /// The first waiting record's payload does not fit its schema: it
@@ -304,11 +329,15 @@ impl<'a> Core<'a> {
         if self.quarantines() {
             return self.hold_invalid(error);
         }
-        let mut record = self.outgoing.pop_front().expect("a record is waiting");
-        let lsn = record.token.lsn;
-        record.token.dead_letter = Some(crate::dead_letter::DeadLetterKind::Invalid);
-        record.token.sampled = false;
-        let topic = Arc::clone(&record.token.topic);
+        let (record, token) = self
+            .outgoing
+            .pop_front()
+            .expect("a record is waiting")
+            .split_token();
+        let lsn = token.lsn;
+        let topic = Arc::clone(&token.topic);
+        let record =
+            record.with_token(token.into_dead_letter(crate::dead_letter::DeadLetterKind::Invalid));
         let text = error.to_string();
         match self.config.dead_letters.invalid(&error, record, lsn) {
             Some(copy) => {
@@ -407,7 +436,7 @@ impl<'a> Core<'a> {
 
     /// True in exactly-once mode.
     pub(super) fn exactly_once(&self) -> bool {
-        self.eos.is_some()
+        self.mode.exactly_once()
     }
 
     /// Whether reading should pause after the received messages ran out:

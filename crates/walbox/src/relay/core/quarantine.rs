@@ -10,11 +10,11 @@ use bytes::Bytes;
 use sink_core::{DeliveryError, DeliveryErrorKind, Record};
 use tokio::time::Instant;
 
-use super::{Core, Observation};
+use super::{Core, Mode, Observation};
 use crate::mapping::ID_HEADER;
 use crate::progress::Ack;
 use crate::quarantine::{HeldEvent, HeldKey, Place, QuarantineError, ReleaseId, Step};
-use crate::relay::{RunError, Token};
+use crate::relay::{Carries, RunError, Token};
 
 /// The kind of a held event the broker refused: held as it was sent.
 const REFUSED: &str = "refused";
@@ -115,7 +115,7 @@ impl Core<'_> {
             .expect("a record is waiting")
             .split_token();
         let key = record.key.clone();
-        if let Some(release) = token.released {
+        if let Some(release) = token.released() {
             self.end_release(release, error.to_string());
             return Ok(());
         }
@@ -131,7 +131,7 @@ impl Core<'_> {
     fn hold_waiting(&mut self, key: &Bytes) -> Result<(), RunError> {
         let waiting = std::mem::take(&mut self.outgoing);
         for record in waiting {
-            if record.key.as_ref() == Some(key) && record.token.released.is_none() {
+            if record.key.as_ref() == Some(key) && record.token.released().is_none() {
                 let (record, token) = record.split_token();
                 self.hold(record, token, Why::Behind)?;
             } else {
@@ -170,7 +170,8 @@ impl Core<'_> {
             .as_mut()
             .expect("only the quarantine releases");
         q.on_release_refused(release, error);
-        self.outgoing.retain(|r| r.token.released != Some(release));
+        self.outgoing
+            .retain(|r| r.token.released() != Some(release));
     }
 
     /// The session's next quarantine step, if any.
@@ -257,17 +258,15 @@ impl Core<'_> {
                 index: held.place.index,
                 commit_time: pgoutput_decoder::PgTimestamp::default(),
                 topic: Arc::clone(&held.record.topic),
-                dead_letter: None,
-                progress_record: false,
-                released: Some(release),
-                span: None,
                 event_id,
-                sampled: false,
-                // The broker refused it as it was sent (serialized, or a
-                // claim-check pointer): released as it was sent. One held
-                // behind another, invalid or unmappable was held as the
-                // row gave it, and is serialized as it goes out.
-                serialized: held.kind == REFUSED,
+                carries: Carries::Released {
+                    release,
+                    // The broker refused it as it was sent (serialized, or
+                    // a claim-check pointer): released as it was sent. One
+                    // held behind another, invalid or unmappable was held
+                    // as the row gave it, and is serialized as it goes out.
+                    serialized: held.kind == REFUSED,
+                },
             };
             self.outgoing.push_back(held.record.with_token(token));
         }
@@ -311,11 +310,13 @@ impl Core<'_> {
 
     /// The place of the next event of the open transaction.
     pub(super) fn next_index(&mut self) -> u64 {
-        if let Some(t) = &self.eos {
-            return t.current_index();
+        match &mut self.mode {
+            Mode::ExactlyOnce(t) => t.current_index(),
+            Mode::AtLeastOnce { next_index } => {
+                let index = *next_index;
+                *next_index += 1;
+                index
+            }
         }
-        let index = self.event_index;
-        self.event_index += 1;
-        index
     }
 }

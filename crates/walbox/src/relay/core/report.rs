@@ -21,7 +21,7 @@ impl Core<'_> {
         now: Instant,
         wall: PgTimestamp,
     ) -> Result<(), RunError> {
-        if self.eos.is_some() {
+        if self.mode.exactly_once() {
             return self.on_transactional_report(report, now);
         }
         let Report {
@@ -29,7 +29,7 @@ impl Core<'_> {
             result,
             returned,
         } = report;
-        if let Some(release) = token.released {
+        if let Some(release) = token.released() {
             if self.progress.is_current(token.event) {
                 let result = match result {
                     Ok(at) => {
@@ -66,17 +66,13 @@ impl Core<'_> {
                     });
                     return Ok(());
                 }
-                if token.dead_letter.is_some() {
+                if token.dead_letter().is_some() {
                     return Err(self.dead_letter_failed(&token, error));
                 }
                 if self.quarantines() {
                     return self.hold_refused(token, error, returned);
                 }
-                let copy = Token {
-                    dead_letter: Some(DeadLetterKind::Refused),
-                    sampled: false,
-                    ..token.clone()
-                };
+                let copy = token.clone().into_dead_letter(DeadLetterKind::Refused);
                 match self
                     .config
                     .dead_letters
@@ -101,7 +97,7 @@ impl Core<'_> {
 
     /// A sampled event's acknowledgement, for the continuous audit.
     pub(super) fn sampled(&mut self, token: &Token, at: &Delivered) {
-        if let (true, Some(id)) = (token.sampled, &token.event_id) {
+        if let (true, Some(id)) = (token.sampled(), &token.event_id) {
             self.effects.observe(Observation::Sampled {
                 event_id: id.clone(),
                 topic: Arc::clone(&token.topic),
@@ -113,7 +109,7 @@ impl Core<'_> {
     /// An event delivered at `wall` (at least once: acknowledged `at`;
     /// exactly once: its transaction committed).
     pub(super) fn delivered(&mut self, token: Token, at: Option<Delivered>, wall: PgTimestamp) {
-        if token.dead_letter.is_some() {
+        if token.dead_letter().is_some() {
             self.dead_lettered += 1;
         }
         self.effects

@@ -14,20 +14,21 @@ use tokio::time::Instant;
 
 use super::core::{Core, Effect, EosStartup, SessionStart};
 use super::{
-    Backoff, Deliveries, Destination, Ends, Input, RelayConfig, ReplicationStream, RunError,
-    Source, Started, Stop, Token, Transactional,
+    Backoff, Deliveries, Destination, Ends, RelayConfig, ReplicationStream, RunError, Source,
+    Started, Stop, Token, Transactional,
 };
 use crate::metrics::Metrics;
 
+mod coverage;
 mod ending;
 pub(in crate::relay) mod observe;
+mod reading;
 mod sending;
 mod upkeep;
 
-/// At most this many received messages are handled in one turn of the
-/// select loop (at-least-once mode): bounded so that reports, timers and
-/// signals wait for no more than a few hundred microseconds.
-const READ_BATCH: usize = 128;
+pub(super) use coverage::{COVERAGE_INTERVAL, COVERAGE_WHILE_WAITING};
+use reading::{Read, READ_BATCH, READ_PAUSE};
+
 /// Exactly-once, shutting down: how long past the shutdown's bound (or
 /// after a second signal) a commit under way, or the abort of the open
 /// Kafka transaction, may still take. Past it the transaction is left to
@@ -35,42 +36,12 @@ const READ_BATCH: usize = 128;
 /// `transaction.timeout.ms`; nothing is confirmed past the last commit.
 pub(super) const END_GRACE: Duration = Duration::from_secs(1);
 
-/// How long reading pauses when the received messages ran out while
-/// walbox is behind (see [`Core::behind`]): the timer's resolution.
-const READ_PAUSE: Duration = Duration::from_millis(1);
-
-/// How a turn of reading ended.
-enum Read {
-    /// Nothing more was received yet.
-    Empty,
-    /// The batch was full, or records wait for room.
-    Full,
-    /// The stream ended ([`Input::End`]).
-    End,
-}
-
 /// How often the quarantine's requests (`walbox quarantine release`, `drop`)
 /// are read, while it is on.
 const QUARANTINE_POLL: Duration = Duration::from_secs(1);
 
 /// How often the slot's retained WAL is sampled for the metrics.
 const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
-
-/// How often the publication's coverage of the outbox table is read while
-/// no delivered event waits for it. A reading verifies the coverage up to
-/// its own WAL position when no change of it is in flight, and nothing
-/// while one is (see `slot_manager::ChangeInFlight`).
-pub(super) const COVERAGE_INTERVAL: Duration = Duration::from_millis(250);
-/// How often the coverage is read while delivered events wait for it to be
-/// verified: what a crash re-sends is what waits here. Measured
-/// (`scripts/torture --only kill-9`, 10 kills under 3,000 events/s, 3 runs):
-/// 11,740–12,963 duplicates when a reading verified the one 250 ms before
-/// it; 4,165 (one run) with self-verifying readings every 100 ms and
-/// 100 ms between status updates; 1,665–1,970 at 50 ms and 50 ms. A
-/// prepared reading costs the primary ~0.24 ms.
-pub(super) const COVERAGE_WHILE_WAITING: Duration = Duration::from_millis(50);
-/// How long a coverage reading may take before the session is deemed broken.
-const COVERAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// After this long without a message from the server while walbox reads,
 /// status updates ask the server for a reply (a healthy walsender answers
@@ -298,19 +269,6 @@ where
         }
     }
 
-    /// Reads the coverage and applies it; sends the status update due.
-    async fn check_coverage<S: ReplicationStream>(
-        &mut self,
-        stream: &mut S,
-    ) -> Result<(), RunError> {
-        let reading = tokio::time::timeout(COVERAGE_TIMEOUT, stream.coverage())
-            .await
-            .map_err(|_| presumed_dead("the publication check", COVERAGE_TIMEOUT))??;
-        let result = self.core.on_coverage(reading, Instant::now());
-        self.effects(stream).await?;
-        result
-    }
-
     /// Carries out what the core decided: observations written, the commit
     /// asked for noted ([`Session::commit_asked`]); returns the latest
     /// status update (each carries every position so far).
@@ -333,24 +291,6 @@ where
     ) -> Result<(), RunError> {
         let update = self.carry_out();
         send_status(stream, update).await
-    }
-
-    /// Verifies the coverage up to now before the final confirmation: one
-    /// reading now, and when a change was in flight, one more a little
-    /// later.
-    async fn verify_coverage_now<S: ReplicationStream>(
-        &mut self,
-        stream: &mut S,
-    ) -> Result<(), RunError> {
-        if !self.core.awaiting_coverage() {
-            return Ok(());
-        }
-        self.check_coverage(stream).await?;
-        if self.core.awaiting_coverage() {
-            tokio::time::sleep(COVERAGE_WHILE_WAITING).await;
-            self.check_coverage(stream).await?;
-        }
-        Ok(())
     }
 
     /// The select loop, until shutdown or an error. On a graceful shutdown
@@ -592,69 +532,6 @@ where
             }
         }
         result
-    }
-
-    /// Handles `first` and then up to `batch - 1` more inputs that can be
-    /// read without waiting, while each one's records found room at once.
-    /// A turn of the select loop polls every branch, registers wakers and
-    /// reads the clock: once per message it was about a third of walbox's
-    /// CPU in a backlog drain.
-    async fn on_messages<S: ReplicationStream>(
-        &mut self,
-        stream: &mut S,
-        first: Result<Input, RunError>,
-        batch: usize,
-    ) -> Result<Read, RunError> {
-        // One clock reading for the batch: its messages are read without
-        // waiting on the stream.
-        let (now, wall) = (Instant::now(), PgTimestamp::now());
-        let mut message = first;
-        for _ in 1..batch {
-            match message? {
-                Input::End => return Ok(Read::End),
-                input => {
-                    let handled = self.core.on_input(input, now, wall);
-                    self.effects(stream).await?;
-                    handled?;
-                }
-            }
-            self.send_while_room().await?;
-            if self.core.waiting().is_some() {
-                return Ok(Read::Full);
-            }
-            match stream.next().now_or_never() {
-                Some(next) => message = next.map_err(RunError::from),
-                None => return Ok(Read::Empty),
-            }
-        }
-        match message? {
-            Input::End => return Ok(Read::End),
-            input => {
-                let handled = self.core.on_input(input, now, wall);
-                self.effects(stream).await?;
-                handled?;
-            }
-        }
-        self.send_while_room().await?;
-        Ok(Read::Full)
-    }
-
-    /// Handles `first` and, when `batch`, every report already waiting.
-    fn on_reports(
-        &mut self,
-        first: sink_core::Report<super::Token>,
-        batch: bool,
-    ) -> Result<(), RunError> {
-        // One reading of the clocks for the reports at hand: they arrived
-        // within microseconds of each other.
-        let (now, wall) = (Instant::now(), PgTimestamp::now());
-        self.core.on_report(first, now, wall)?;
-        if batch {
-            while let Some(Some(report)) = self.reports.next().now_or_never() {
-                self.core.on_report(report, now, wall)?;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -219,7 +219,7 @@ fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
         return;
     };
     // A dead-lettered copy landed on the dead-letter topic.
-    let topic = match (token.dead_letter, config.dead_letters.topic()) {
+    let topic = match (token.dead_letter(), config.dead_letters.topic()) {
         (Some(_), Some(dead_letters)) => Arc::from(dead_letters),
         _ => Arc::clone(&token.topic),
     };
@@ -229,7 +229,7 @@ fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
         partition,
         offset,
         acked_at: SystemTime::now(),
-        dead_lettered: token.dead_letter.is_some(),
+        dead_lettered: token.dead_letter().is_some(),
     });
 }
 
@@ -237,7 +237,7 @@ fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
 /// exactly once: its transaction committed), and its span ended.
 fn count_delivered(config: &RelayConfig, metrics: &Metrics, token: &Token, wall: PgTimestamp) {
     let topic = metrics.topic_label(&token.topic);
-    match token.dead_letter {
+    match token.dead_letter() {
         Some(kind) => {
             metrics
                 .dead_lettered
@@ -255,7 +255,7 @@ fn count_delivered(config: &RelayConfig, metrics: &Metrics, token: &Token, wall:
                 metrics.commit_to_ack.observe(micros.max(0) as f64 / 1e6);
                 metrics.commit_to_ack_exact.record(micros);
             }
-            if let (Some(spans), Some(span)) = (&config.spans, &token.span) {
+            if let (Some(spans), Some(span)) = (&config.spans, token.span()) {
                 spans.end(span, token.commit_time, &token.topic, token.lsn);
             }
         }

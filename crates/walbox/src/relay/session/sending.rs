@@ -53,7 +53,7 @@ where
         };
         match registry.encode(record).await {
             Ok(_) => {
-                record.token.serialized = true;
+                record.token.serialized();
                 Ok(())
             }
             Err(e @ crate::schema_registry::SchemaError::Invalid { .. }) => {

@@ -34,7 +34,7 @@ fn commit_all(core: &mut Harness<'_>, mut sent: Vec<Record<Token>>) -> Vec<(Stri
     }
     core.committed(Ok(())).unwrap();
     sent.iter()
-        .filter(|r| !r.token.progress_record)
+        .filter(|r| !r.token.is_progress())
         .map(|r| (r.topic.to_string(), header(r, "id").unwrap().to_owned()))
         .collect()
 }
@@ -158,7 +158,7 @@ fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
     core.advance(Duration::from_millis(1));
     core.upkeep(false, 1).unwrap();
     let progress = core.take_send().expect("closed");
-    assert!(progress.record.token.progress_record);
+    assert!(progress.record.token.is_progress());
     assert!(
         !progress.begin_transaction,
         "inside the closing transaction"

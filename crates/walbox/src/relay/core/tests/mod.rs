@@ -390,7 +390,7 @@ fn a_refused_event_is_dead_lettered_before_the_slot_passes_it() {
     let copy = sends(&mut core).remove(0).record;
     assert_eq!(&*copy.topic, "dead");
     assert_eq!(copy.key.as_deref(), Some(&b"a"[..]));
-    assert_eq!(copy.token.dead_letter, Some(DeadLetterKind::Refused));
+    assert_eq!(copy.token.dead_letter(), Some(DeadLetterKind::Refused));
     report(&mut core, acked(copy.token)).unwrap();
     assert_eq!(confirmable(&mut core), 1_008);
 }
@@ -545,7 +545,7 @@ fn backfilled_rows_go_the_same_way_and_confirm_the_delivered_prefix() {
     assert_eq!(header(&first.record, "id"), Some(&b"e-11"[..]));
     assert_eq!(&*unmappable.record.topic, "dead");
     assert_eq!(
-        unmappable.record.token.dead_letter,
+        unmappable.record.token.dead_letter(),
         Some(DeadLetterKind::Unmappable)
     );
     report(&mut core, acked(third.record.token)).unwrap();
