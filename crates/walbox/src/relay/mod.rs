@@ -4,7 +4,7 @@
 //! ```text
 //!  Source ─► XLogData / keepalive ─► Core::on_message ─► mapping ─► queued ─► Destination::send ─► broker
 //!    ▲                                  │ progress.begin/event/commit                                 │
-//!    └── status update ◄── progress ◄───┴──────── progress.ack ◄── Core::on_report ◄── Deliveries::next
+//!    └── status update ◄── progress ◄───┴──────── progress.ack ◄── Core::handle_report ◄── Deliveries::next
 //!                                                  (refused + dead-letter topic: a copy is queued)
 //! ```
 //!

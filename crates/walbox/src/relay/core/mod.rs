@@ -12,9 +12,9 @@
 //! |-----------------------------------------|---------------------------------|--------------------------------------------|
 //! | a session started                       | [`Core::start_session`]         | exactly-once: register, read the progress  |
 //! | the committed progress read             | [`Core::on_progress_read`]      | stop (unreadable, or another source)       |
-//! | a replication message                   | [`Core::on_input`]              | records queued; status                     |
-//! | a backfill's row (and its relation)     | [`Core::on_input`]              | its record queued; status                  |
-//! | a delivery report                       | [`Core::on_report`]             | status; a dead-letter copy queued; stop    |
+//! | a replication message                   | [`Core::handle_input`]              | records queued; status                     |
+//! | a backfill's row (and its relation)     | [`Core::handle_input`]              | its record queued; status                  |
+//! | a delivery report                       | [`Core::handle_report`]             | status; a dead-letter copy queued; stop    |
 //! | a coverage reading                      | [`Core::on_coverage`]           | status; stop (drift)                       |
 //! | the time asked for came                 | [`Core::handle_timeout`]        | status                                     |
 //! | room for the first queued record        | [`Core::take_send`]             | send it (exactly-once: begin a transaction first) |
@@ -270,7 +270,7 @@ impl<'a> Core<'a> {
 
     /// One input of a stream (not [`Input::End`], which the session
     /// handles), received at `now` (`wall` on the wall clock).
-    pub(super) fn on_input(
+    pub(super) fn handle_input(
         &mut self,
         input: Input,
         now: Instant,

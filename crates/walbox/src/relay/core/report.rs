@@ -15,7 +15,7 @@ use crate::relay::{RunError, Token};
 impl Core<'_> {
     /// A delivery report received at `now` (`wall`, on the wall clock): ack
     /// the event, dead-letter it, or stop.
-    pub(in crate::relay) fn on_report(
+    pub(in crate::relay) fn handle_report(
         &mut self,
         report: Report<Token>,
         now: Instant,

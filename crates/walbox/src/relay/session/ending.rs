@@ -44,7 +44,7 @@ where
                 biased;
                 report = self.reports.next() => {
                     let report = report.expect("the destination outlives the relay");
-                    let handled = self.core.on_report(report, Instant::now(), PgTimestamp::now());
+                    let handled = self.core.handle_report(report, Instant::now(), PgTimestamp::now());
                     // Best effort: the final update follows anyway.
                     if let Some(update) = self.carry_out() {
                         let _ = stream.send_status(update).await;
@@ -95,7 +95,7 @@ where
                     if !acked {
                         return;
                     }
-                    let handled = self.core.on_report(report, Instant::now(), PgTimestamp::now());
+                    let handled = self.core.handle_report(report, Instant::now(), PgTimestamp::now());
                     // The stream is gone: the observations only.
                     self.carry_out();
                     if handled.is_err() {

@@ -52,34 +52,25 @@ where
         // waiting on the stream.
         let (now, wall) = (Instant::now(), PgTimestamp::now());
         let mut message = first;
-        for _ in 1..batch {
-            match message? {
-                Input::End => return Ok(Read::End),
-                input => {
-                    let handled = self.core.on_input(input, now, wall);
-                    self.effects(stream).await?;
-                    handled?;
-                }
+        let mut read = 1;
+        loop {
+            let input = message?;
+            if let Input::End = input {
+                return Ok(Read::End);
             }
+            let handled = self.core.handle_input(input, now, wall);
+            self.effects(stream).await?;
+            handled?;
             self.send_while_room().await?;
-            if self.core.waiting().is_some() {
+            if read == batch || self.core.waiting().is_some() {
                 return Ok(Read::Full);
             }
+            read += 1;
             match stream.next().now_or_never() {
                 Some(next) => message = next.map_err(RunError::from),
                 None => return Ok(Read::Empty),
             }
         }
-        match message? {
-            Input::End => return Ok(Read::End),
-            input => {
-                let handled = self.core.on_input(input, now, wall);
-                self.effects(stream).await?;
-                handled?;
-            }
-        }
-        self.send_while_room().await?;
-        Ok(Read::Full)
     }
 
     /// Handles `first` and, when `batch`, every report already waiting.
@@ -91,10 +82,10 @@ where
         // One reading of the clocks for the reports at hand: they arrived
         // within microseconds of each other.
         let (now, wall) = (Instant::now(), PgTimestamp::now());
-        self.core.on_report(first, now, wall)?;
+        self.core.handle_report(first, now, wall)?;
         if batch {
             while let Some(Some(report)) = self.reports.next().now_or_never() {
-                self.core.on_report(report, now, wall)?;
+                self.core.handle_report(report, now, wall)?;
             }
         }
         Ok(())

@@ -97,7 +97,7 @@ impl<'a> Harness<'a> {
     }
 
     pub(super) fn report(&mut self, report: Report<Token>) -> Result<(), RunError> {
-        let result = self.core.on_report(report, self.now, self.wall);
+        let result = self.core.handle_report(report, self.now, self.wall);
         self.pump();
         result
     }
