@@ -491,7 +491,8 @@ impl Progress {
             write: self.received.max(flush),
             flush,
             apply: flush,
-            client_time: PgTimestamp::now(),
+            // Stamped as it is sent (the source's `send_status`).
+            client_time: PgTimestamp::default(),
             reply_requested: false,
         }
     }

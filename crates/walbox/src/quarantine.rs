@@ -341,7 +341,6 @@ impl<T> Quarantine<T> {
                 Some(Step::Forget { key })
             }
             Request::Release => {
-                tracing::info!(key = %String::from_utf8_lossy(&key), "releasing a held aggregate");
                 self.keys.insert(key.clone(), None);
                 let id = ReleaseId(self.next_release);
                 self.next_release += 1;
@@ -380,13 +379,15 @@ impl<T> Quarantine<T> {
     }
 
     /// The aggregate was forgotten (released or dropped): it flows again.
-    pub fn on_forgotten(&mut self, key: &[u8], deleted: u64) {
+    /// True when that ends its release.
+    pub fn on_forgotten(&mut self, key: &[u8], deleted: u64) -> bool {
         self.keys.remove(key);
         self.written = self.written.saturating_sub(deleted);
-        if self.release.as_ref().is_some_and(|r| r.key == key) {
-            tracing::info!(key = %String::from_utf8_lossy(key), "the aggregate flows again");
+        let released = self.release.as_ref().is_some_and(|r| r.key == key);
+        if released {
             self.release = None;
         }
+        released
     }
 
     /// A record of release `id` was acknowledged: the records to send now
@@ -433,17 +434,17 @@ impl<T> Quarantine<T> {
     /// aggregate stays held (the rest of the batch may still be
     /// acknowledged: those events are sent again by the next release). A
     /// refusal of an earlier release is that release's, already ended.
-    pub fn on_release_refused(&mut self, id: ReleaseId, error: String) {
-        let Some(r) = self.release.as_mut().filter(|r| r.id == id) else {
-            return;
-        };
-        tracing::error!(key = %String::from_utf8_lossy(&r.key), %error, "a released event was refused again: the release stops, the aggregate stays held");
+    /// Returns the key of the release it ended.
+    pub fn on_release_refused(&mut self, id: ReleaseId, error: String) -> Option<Bytes> {
+        let r = self.release.as_mut().filter(|r| r.id == id)?;
+        let key = r.key.clone();
         r.batch = None;
         r.rest.clear();
         r.next = Some(Step::ReleaseFailed {
             key: r.key.clone(),
             error,
         });
+        Some(key)
     }
 
     /// The failed release was recorded.

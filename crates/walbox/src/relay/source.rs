@@ -457,7 +457,9 @@ impl ReplicationStream for PostgresStream {
         Ok(Input::Message(self.stream.next_message().await?))
     }
 
-    async fn send_status(&mut self, update: StandbyStatusUpdate) -> Result<(), SourceError> {
+    async fn send_status(&mut self, mut update: StandbyStatusUpdate) -> Result<(), SourceError> {
+        // The client's clock as the update leaves (the core reads none).
+        update.client_time = PgTimestamp::now();
         Ok(self.stream.send_standby_status_update(update).await?)
     }
 

@@ -132,6 +132,20 @@ pub(in crate::relay) enum Observation {
         lsn: Lsn,
         error: String,
     },
+    /// A held aggregate's release starts.
+    Releasing {
+        key: Bytes,
+    },
+    /// A released event was refused again: the release stops, the
+    /// aggregate stays held.
+    ReleaseRefused {
+        key: Bytes,
+        error: String,
+    },
+    /// A released aggregate flows again.
+    FlowsAgain {
+        key: Bytes,
+    },
     /// `new` events were held.
     Held {
         new: u64,

@@ -169,7 +169,10 @@ impl Core<'_> {
             .quarantine
             .as_mut()
             .expect("only the quarantine releases");
-        q.on_release_refused(release, error);
+        if let Some(key) = q.on_release_refused(release, error.clone()) {
+            self.effects
+                .observe(Observation::ReleaseRefused { key, error });
+        }
         self.outgoing
             .retain(|r| r.token.released() != Some(release));
     }
@@ -181,7 +184,12 @@ impl Core<'_> {
         if writes_only {
             return q.has_pending().then_some(Step::Write);
         }
-        q.next_step()
+        let step = q.next_step();
+        if let Some(Step::Load { key, after: None }) = &step {
+            self.effects
+                .observe(Observation::Releasing { key: key.clone() });
+        }
+        step
     }
 
     /// The poll timer fired.
@@ -288,7 +296,10 @@ impl Core<'_> {
                 events: deleted,
             });
         }
-        q.on_forgotten(key, deleted);
+        if q.on_forgotten(key, deleted) {
+            self.effects
+                .observe(Observation::FlowsAgain { key: key.clone() });
+        }
         self.quarantine_gauges();
     }
 

@@ -105,6 +105,18 @@ pub(in crate::relay) fn observe(config: &RelayConfig, metrics: &Metrics, observa
             let key = String::from_utf8_lossy(&key);
             tracing::warn!(%key, %lsn, %error, "holding the aggregate: this event and every later one of it go to walbox.quarantine until released");
         }
+        Observation::Releasing { key } => {
+            let key = String::from_utf8_lossy(&key);
+            tracing::info!(%key, "releasing a held aggregate");
+        }
+        Observation::ReleaseRefused { key, error } => {
+            let key = String::from_utf8_lossy(&key);
+            tracing::error!(%key, %error, "a released event was refused again: the release stops, the aggregate stays held");
+        }
+        Observation::FlowsAgain { key } => {
+            let key = String::from_utf8_lossy(&key);
+            tracing::info!(%key, "the aggregate flows again");
+        }
         Observation::Held { new } => {
             metrics.quarantine_held.inc_by(new);
         }
