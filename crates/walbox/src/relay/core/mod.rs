@@ -380,16 +380,6 @@ impl<'a> Core<'a> {
         self.outgoing.clear();
     }
 
-    /// A tick of the status timer: the status update due, if any, with
-    /// `reply_requested`.
-    fn tick(&mut self, now: Instant, reply_requested: bool) {
-        let mut update = self.progress.tick(now);
-        if let Some(u) = &mut update {
-            u.reply_requested = reply_requested;
-        }
-        self.effects.status(update);
-    }
-
     /// When the core wants [`Core::handle_timeout`] next: a status update
     /// due, or (exactly-once) the open transaction's time bound while
     /// nothing waits to be sent (it closes only then), or the end of a
@@ -411,7 +401,11 @@ impl<'a> Core<'a> {
     /// the status update asks the server for a reply). What is due in
     /// exactly-once mode follows at [`Core::upkeep`].
     pub(super) fn handle_timeout(&mut self, now: Instant, reply_requested: bool) {
-        self.tick(now, reply_requested);
+        let mut update = self.progress.tick(now);
+        if let Some(u) = &mut update {
+            u.reply_requested = reply_requested;
+        }
+        self.effects.status(update);
     }
 
     /// The last status update of a session: everything confirmable now.

@@ -122,7 +122,7 @@ where
             destination: ends.destination,
             transactions: ends.transactions,
             reports,
-            metrics: metrics.clone(),
+            metrics,
             core: Core::new(config),
             ends: false,
             commit_asked: false,
@@ -331,8 +331,8 @@ where
         let mut heard = Instant::now();
         let silence = tokio::time::sleep_until(heard + RECEIVE_TIMEOUT);
         tokio::pin!(silence);
-        // Exactly-once: the commit of the closed Kafka transaction, and the
-        // open one's time bound.
+        // Exactly-once: the commit of the closed Kafka transaction (its
+        // time bound is the core's, in `core_due`).
         let destination = self.destination;
         let transactions = self.transactions;
         let mut committing: Option<LocalBoxFuture<'_, Result<(), sink_core::TxnError>>> = None;
