@@ -139,7 +139,9 @@ async fn sigterm_while_no_broker_answers_stops_at_once_and_cleanly() {
         &TestKafka::External { bootstrap: nobody },
         &[],
     );
-    wait_log(&relay, "connected to Postgres").await;
+    // Past the slot's preparation (a signal there stops with a line of its
+    // own), into the brokers' check.
+    wait_log(&relay, "connecting to Kafka").await;
     sigterm(&relay);
     let (status, log) = wait_exit(&mut relay).await;
     assert!(status.success(), "{log}");

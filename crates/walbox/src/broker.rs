@@ -76,6 +76,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
         match settings {
             SinkSettings::Kafka(config) => {
                 let (sink, reports) = Sink::<T>::new(config)?;
+                tracing::info!(bootstrap = %config.bootstrap_servers, "connecting to Kafka");
                 let brokers = match patience {
                     Patience::Once => check_brokers(&sink, &config.bootstrap_servers).await?,
                     Patience::UntilStopped(shutdown) => {
