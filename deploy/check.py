@@ -70,7 +70,7 @@ def files_read(toml_text, c):
     """Every file walbox is told to read: (what, path)."""
     paths = []
     for line in toml_text.splitlines():
-        m = re.match(r'\s*"?([a-z.]+\.location)"?\s*=\s*"([^"]+)"', line)
+        m = re.match(r'\s*"?([a-z.]+\.location|[a-z_]+_file)"?\s*=\s*"([^"]+)"', line)
         if m:
             paths.append((m.group(1), m.group(2)))
     for e in c.get("env", []):
@@ -108,6 +108,18 @@ def check_files(where, pod, c, toml_text):
                 fail(where, f"{what} = {path}: secret volume {m['name']} has mode {mode:o}, readable by others (use 0400)")
 
 
+def self_signed(root):
+    """A throwaway self-signed certificate and its key, PEM, by openssl."""
+    d = tempfile.mkdtemp(dir=root)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=stand-in", "-keyout", f"{d}/key.pem", "-out", f"{d}/cert.pem"],
+        check=True, capture_output=True,
+    )
+    with open(f"{d}/cert.pem") as cert, open(f"{d}/key.pem") as key:
+        return {"cert": cert.read(), "key": key.read()}
+
+
 def walbox_config(where, c, toml_text, walbox):
     """`walbox config` on the rendered walbox.toml, with the mounted files
     stood in by empty ones under a temporary root. None if it refuses."""
@@ -115,10 +127,17 @@ def walbox_config(where, c, toml_text, walbox):
     try:
         def local(path):
             return os.path.join(root, path.lstrip("/"))
-        for _, path in files_read(toml_text, c):
+        pem = None
+        for what, path in files_read(toml_text, c):
             os.makedirs(os.path.dirname(local(path)), exist_ok=True)
-            with open(local(path), "w"):
-                pass
+            text = ""
+            if re.fullmatch(r"(ca|cert|key)_file", what):
+                # walbox reads these when it checks the configuration:
+                # stand-ins it can parse (a throwaway self-signed pair).
+                pem = pem or self_signed(root)
+                text = pem["key" if what == "key_file" else "cert"]
+            with open(local(path), "w") as f:
+                f.write(text)
             os.chmod(local(path), 0o400)
         text = toml_text
         for _, path in files_read(toml_text, c):

@@ -21,6 +21,7 @@
 
 mod destination;
 mod link;
+mod tls;
 mod url;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +32,7 @@ use sink_core::worker::{Answer, Answers, Worker};
 
 pub use destination::{partition_of, Confirms, Publisher, KEY_HEADER};
 pub use link::PUBLISH_HEADER;
+pub use tls::{TlsError, TlsFiles};
 pub use url::{AmqpUrl, UrlError};
 
 /// Where to publish, and how much may wait for confirms.
@@ -38,6 +40,8 @@ pub use url::{AmqpUrl, UrlError};
 pub struct AmqpConfig {
     /// The broker.
     pub url: AmqpUrl,
+    /// TLS's files and verified name, for an `amqps://` URL.
+    pub tls: TlsFiles,
     /// The exchange every message is published to.
     pub exchange: String,
     /// Declare the exchange (durable, of `exchange_type`) on each
@@ -63,6 +67,7 @@ impl std::fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpConfig")
             .field("url", &self.url)
+            .field("tls", &self.tls)
             .field("exchange", &self.exchange)
             .field("declare_exchange", &self.declare_exchange)
             .field("exchange_type", &self.exchange_type)
@@ -159,6 +164,16 @@ pub enum ConnectError {
         /// The broker, without credentials.
         url: String,
         /// What it said.
+        detail: String,
+    },
+    /// TLS failed for good: a certificate that is not trusted or not for
+    /// the host, a client certificate the broker wants and does not get or
+    /// accept, or TLS files walbox cannot use.
+    #[error("RabbitMQ at {url}: TLS: {detail}")]
+    Tls {
+        /// The broker, without credentials.
+        url: String,
+        /// What failed, and what to check.
         detail: String,
     },
     /// It did not answer, or went away.

@@ -155,7 +155,12 @@ impl Link {
         let shown = url.to_string();
         let failed = |e: amqprs::error::Error| {
             let detail = e.to_string();
-            if ["ACCESS_REFUSED", "NOT_ALLOWED", "403", "530"]
+            if let Some(why) = tls_refusal(&detail) {
+                ConnectError::Tls {
+                    url: shown.clone(),
+                    detail: format!("{detail}: {why}"),
+                }
+            } else if ["ACCESS_REFUSED", "NOT_ALLOWED", "403", "530"]
                 .iter()
                 .any(|s| detail.contains(s))
             {
@@ -170,7 +175,7 @@ impl Link {
                 // for a broker that went away at that very moment.
                 ConnectError::Refused {
                     url: shown.clone(),
-                    detail: format!("the broker closed the connection during the login ({detail}): most likely a wrong user or password"),
+                    detail: format!("the broker closed the connection during the login ({detail}): most likely a wrong user or password, or amqp:// to a TLS port (write amqps://)"),
                 }
             } else {
                 ConnectError::Unavailable {
@@ -179,11 +184,20 @@ impl Link {
                 }
             }
         };
-        let args = OpenConnectionArguments::new(&url.host, url.port, &url.user, &url.password)
-            .virtual_host(&url.vhost)
+        let mut args = OpenConnectionArguments::new(&url.host, url.port, &url.user, &url.password);
+        args.virtual_host(&url.vhost)
             .connection_name(&config.connection_name)
-            .heartbeat(HEARTBEAT_S)
-            .finish();
+            .heartbeat(HEARTBEAT_S);
+        if url.tls {
+            let adaptor = config
+                .tls
+                .adaptor(&url.host)
+                .map_err(|e| ConnectError::Tls {
+                    url: shown.clone(),
+                    detail: e.to_string(),
+                })?;
+            args.tls_adaptor(adaptor);
+        }
         let connection = Connection::open(&args).await.map_err(failed)?;
         let (tx, events) = mpsc::unbounded_channel();
         connection
@@ -564,4 +578,23 @@ fn frame(
         .mandatory(true)
         .finish();
     (properties.finish(), m.body.to_vec(), args)
+}
+
+/// What to check when `detail` (amqprs' error text, rustls' words in it)
+/// is TLS failing for good; `None` for anything else.
+fn tls_refusal(detail: &str) -> Option<&'static str> {
+    if detail.contains("invalid peer certificate") {
+        Some("the broker's certificate is not trusted or not for this host: check rabbitmq.ca_file (the CA that signed it), and that the URL's host or rabbitmq.server_name is a name the certificate carries")
+    } else if detail.contains("CertificateRequired") || detail.contains("received fatal alert") {
+        Some("the broker refused the TLS handshake: a broker with verify_peer and fail_if_no_peer_cert wants a client certificate it trusts (rabbitmq.cert_file and rabbitmq.key_file)")
+    } else if detail.contains("invalid dnsname") {
+        Some("the URL's host is not a DNS name or an IP address (rabbitmq.server_name sets the name to verify)")
+    } else if detail.contains("peer is incompatible")
+        || detail.contains("InvalidContentType")
+        || detail.contains("corrupt message")
+    {
+        Some("the broker does not speak TLS on this port: is it the TLS listener (5671 by default), or should the URL be amqp://?")
+    } else {
+        None
+    }
 }

@@ -22,6 +22,7 @@ pub struct RabbitMq {
     node: String,
     port: u16,
     dist_port: u16,
+    tls_port: Option<u16>,
 }
 
 fn bin(name: &str) -> PathBuf {
@@ -33,6 +34,17 @@ fn bin(name: &str) -> PathBuf {
 impl RabbitMq {
     /// Starts a broker and waits until it takes AMQP connections (60 s at most).
     pub fn start() -> RabbitMq {
+        RabbitMq::start_with(None)
+    }
+
+    /// Starts a broker with a TLS listener besides the plain one: its
+    /// certificate `certs.server_cert()`, and a client certificate signed by
+    /// `certs.ca()` required (`verify_peer`, `fail_if_no_peer_cert`).
+    pub fn start_with_tls(certs: &crate::tls::Certificates) -> RabbitMq {
+        RabbitMq::start_with(Some(certs))
+    }
+
+    fn start_with(tls: Option<&crate::tls::Certificates>) -> RabbitMq {
         let dir = tempfile::tempdir().expect("temp dir");
         let node = format!(
             "{}@localhost",
@@ -44,15 +56,26 @@ impl RabbitMq {
             node,
             port: crate::port::free_port(),
             dist_port: crate::port::free_port(),
+            tls_port: tls.map(|_| crate::port::free_port()),
         };
-        std::fs::write(
-            broker.dir.path().join("rabbitmq.conf"),
-            format!(
-                "listeners.tcp.default = {}\nloopback_users = none\n",
-                broker.port
-            ),
-        )
-        .expect("write rabbitmq.conf");
+        let mut conf = format!(
+            "listeners.tcp.default = {}\nloopback_users = none\n",
+            broker.port
+        );
+        if let (Some(certs), Some(port)) = (tls, broker.tls_port) {
+            conf.push_str(&format!(
+                "listeners.ssl.default = {port}\n\
+                 ssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_peer\n\
+                 ssl_options.fail_if_no_peer_cert = true\n",
+                certs.ca().display(),
+                certs.server_cert().display(),
+                certs.server_key().display(),
+            ));
+        }
+        std::fs::write(broker.dir.path().join("rabbitmq.conf"), conf).expect("write rabbitmq.conf");
         let out = broker
             .command("rabbitmq-plugins")
             .args(["enable", "--offline", "rabbitmq_consistent_hash_exchange"])
@@ -102,7 +125,8 @@ impl RabbitMq {
             .expect("start rabbitmq-server");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        while !listening(self.port) || self.tls_port.is_some_and(|p| !listening(p)) {
             if let Some(status) = self
                 .child
                 .as_mut()
@@ -132,6 +156,11 @@ impl RabbitMq {
     /// Its AMQP port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Its AMQP-over-TLS port ([`RabbitMq::start_with_tls`]).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("a broker started with TLS")
     }
 
     /// Runs `rabbitmqctl` with `args` against it.

@@ -152,4 +152,8 @@ impl Certificates {
     pub fn client_key(&self) -> PathBuf {
         self.file("client-encrypted.key")
     }
+    /// The client key, unencrypted.
+    pub fn client_key_plain(&self) -> PathBuf {
+        self.file("client.key")
+    }
 }

@@ -198,6 +198,7 @@ impl Broker {
             Broker::Rabbit(b) => {
                 let config = sink_amqp::AmqpConfig {
                     url: sink_amqp::AmqpUrl::parse(&b.url()).expect("the URL"),
+                    tls: Default::default(),
                     exchange: "walbox".into(),
                     declare_exchange: false,
                     exchange_type: "topic".into(),

@@ -168,6 +168,11 @@ pub(super) enum RawSink {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawRabbitMq {
     pub(super) url: Option<super::secret::Secret>,
+    pub(super) password: Option<super::secret::Secret>,
+    pub(super) ca_file: Option<String>,
+    pub(super) cert_file: Option<String>,
+    pub(super) key_file: Option<String>,
+    pub(super) server_name: Option<String>,
     pub(super) exchange: String,
     pub(super) exchange_type: String,
     pub(super) declare_exchange: bool,
@@ -179,6 +184,11 @@ impl Default for RawRabbitMq {
     fn default() -> Self {
         RawRabbitMq {
             url: None,
+            password: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
             exchange: "walbox".into(),
             exchange_type: "topic".into(),
             declare_exchange: true,

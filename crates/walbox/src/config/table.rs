@@ -194,8 +194,21 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         secret: true,
         ..s("rabbitmq.url", Text, Run, "—",
-            "sink = rabbitmq: the broker, amqp://user:password@host:port/vhost (the vhost percent-encoded, %2F for /; amqps:// not yet). Required with sink = rabbitmq; a secret (WALBOX_RABBITMQ_URL_FILE).")
+            "sink = rabbitmq: the broker, amqp://user:password@host:port/vhost, or amqps:// for TLS (port 5671 by default; the vhost percent-encoded, %2F for /). Required with sink = rabbitmq; a secret (WALBOX_RABBITMQ_URL_FILE).")
     },
+    Setting {
+        secret: true,
+        ..s("rabbitmq.password", Text, Run, "—",
+            "sink = rabbitmq: the password, instead of the one in rabbitmq.url (which then names only the user): keep the URL in plain configuration and the password in a secret (WALBOX_RABBITMQ_PASSWORD_FILE reads it from a file).")
+    },
+    s("rabbitmq.ca_file", Text, Run, "—",
+      "sink = rabbitmq with amqps://: PEM certificates to trust instead of the system's (a self-run broker's own CA). The broker's certificate must name the URL's host (or rabbitmq.server_name)."),
+    s("rabbitmq.cert_file", Text, Run, "—",
+      "sink = rabbitmq with amqps://: the client certificate chain (PEM) for a broker that requires one (mutual TLS, the EXTERNAL login aside); with rabbitmq.key_file. Read at each connection, so a renewed certificate is used at the next reconnect."),
+    s("rabbitmq.key_file", Text, Run, "—",
+      "sink = rabbitmq with amqps://: the client certificate's private key (unencrypted PEM: PKCS#8, PKCS#1 or SEC1)."),
+    s("rabbitmq.server_name", Text, Run, "—",
+      "sink = rabbitmq with amqps://: the name the broker's certificate is verified against (and sent as SNI) when it is not the URL's host."),
     s("rabbitmq.exchange", Text, Run, "walbox",
       "sink = rabbitmq: the exchange every event is published to, with the event's topic (mapping.topic_template) as its routing key."),
     s("rabbitmq.exchange_type", Text, Run, "topic",

@@ -1545,8 +1545,19 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
     for (extra, says) in [
         (None, "sink = \"rabbitmq\" needs rabbitmq.url"),
         (
-            Some(("WALBOX_RABBITMQ_URL", "amqps://u:hunter2@h")),
-            "amqps:// (TLS) is not supported yet",
+            Some((
+                "WALBOX_RABBITMQ_URL",
+                "amqps://u:hunter2@h?cacertfile=/ca.pem",
+            )),
+            "rabbitmq.url: no query",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_CA_FILE", "/etc/ssl/ca.pem")),
+            "are for TLS: write the URL as amqps://",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_PASSWORD", "hunter2")),
+            "rabbitmq.url has a password too",
         ),
         (
             Some(("WALBOX_RABBITMQ_URL", "u:hunter2@rabbit:5672")),
@@ -1597,7 +1608,7 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         "{warnings}"
     );
     assert!(
-        warnings.contains("RabbitMQ is reached over amqp:// (no TLS yet)"),
+        warnings.contains("RabbitMQ is reached over amqp:// (no TLS)"),
         "{warnings}"
     );
     assert!(
@@ -1610,6 +1621,76 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("kafka.brokers is required"), "{e}");
+}
+
+#[test]
+fn rabbitmq_over_tls_reads_its_files_up_front_and_takes_the_password_apart() {
+    const SINK: (&str, &str) = ("WALBOX_SINK", "rabbitmq");
+    const URL: (&str, &str) = ("WALBOX_RABBITMQ_URL", "amqps://walbox@rabbit.internal/prod");
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("ca.pem");
+    std::fs::write(&garbage, "hunter2 is no certificate\n").unwrap();
+    let garbage = garbage.to_str().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let missing = missing.to_str().unwrap();
+
+    let c = load(
+        None,
+        &[PG, SINK, URL, ("WALBOX_RABBITMQ_PASSWORD", "hunter2")],
+        &[],
+    )
+    .unwrap();
+    // No plain-text warning with amqps://.
+    let warnings = c.warnings().join("\n");
+    assert!(
+        !warnings.contains("RabbitMQ is reached over amqp://"),
+        "{warnings}"
+    );
+    match c.for_run() {
+        Ok(run) => {
+            let crate::config::SinkSettings::RabbitMq(amqp) = run.settings.sink else {
+                panic!("rabbitmq settings")
+            };
+            assert!(amqp.url.tls);
+            assert_eq!(amqp.url.port, 5671);
+            assert_eq!(amqp.url.password, "hunter2");
+            assert_eq!(
+                amqp.url.to_string(),
+                "amqps://walbox@rabbit.internal:5671/prod"
+            );
+            let shown = format!("{:?}{:?}{amqp:?}", c.effective(), c);
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        // A machine without a system trust store says so, in one line.
+        Err(e) => assert!(e.to_string().contains("rabbitmq.ca_file"), "{e}"),
+    }
+    for (extra, says) in [
+        (
+            vec![("WALBOX_RABBITMQ_CA_FILE", missing)],
+            "rabbitmq.ca_file",
+        ),
+        (
+            vec![("WALBOX_RABBITMQ_CA_FILE", garbage)],
+            "no PEM certificate",
+        ),
+        (
+            vec![("WALBOX_RABBITMQ_CERT_FILE", garbage)],
+            "rabbitmq.cert_file needs rabbitmq.key_file",
+        ),
+        (
+            vec![("WALBOX_RABBITMQ_SERVER_NAME", "not a name")],
+            "rabbitmq.server_name: not a DNS name",
+        ),
+    ] {
+        let mut vars = vec![PG, SINK, URL];
+        vars.extend(extra.iter().copied());
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
 }
 
 #[test]

@@ -51,9 +51,13 @@ impl Config {
         {
             out.push("sqs.queue_url is a standard queue (not .fifo): events arrive in no particular order and a re-sent event arrives twice; use a FIFO queue for each aggregate's order and deduplication (docs/sqs.md)".into());
         }
-        if rabbitmq {
-            // amqps:// is refused, so RabbitMQ is reached unencrypted.
-            out.push("RabbitMQ is reached over amqp:// (no TLS yet): events and the password travel unencrypted; keep the broker on a trusted network (docs/rabbitmq.md)".into());
+        let plain_amqp = self.raw.rabbitmq.url.as_ref().is_some_and(|u| {
+            u.expose()
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("amqp://"))
+        });
+        if rabbitmq && plain_amqp {
+            out.push("RabbitMQ is reached over amqp:// (no TLS): events and the password travel unencrypted; use amqps:// or keep the broker on a trusted network (docs/rabbitmq.md)".into());
         }
         let props = &self.raw.kafka.properties;
         let get = |k: &str| props.get(k).map(|v| v.to_ascii_lowercase());
