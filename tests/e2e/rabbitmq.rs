@@ -378,3 +378,161 @@ async fn walbox_streams_to_rabbitmq_over_tls_with_a_client_certificate() {
     );
     assert!(!stderr.contains(PASSWORD), "{stderr}");
 }
+
+/// `on_failure = "quarantine"` on RabbitMQ: the events of two invoice
+/// aggregates are returned (no queue is bound for `outbox.event.invoice`)
+/// and held in `walbox.quarantine`, in order, while twenty order
+/// aggregates flow and the slot passes them; a release before the fix
+/// fails and leaves them held; once a queue is bound, `walbox quarantine
+/// release` republishes each in order before its newer events, one release
+/// interrupted by kill -9 after RabbitMQ confirmed it. Read back by pika.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returned_events_are_held_while_the_rest_flow_and_released_in_order() {
+    const EVENTS: i64 = 2_000;
+    let broker = RabbitMq::start();
+    let url = broker.url();
+    let bind = |queue: &str, key: &str| {
+        let queues: HashMap<String, String> = [(queue.to_owned(), key.to_owned())].into();
+        run_tool(
+            &pika(),
+            "amqp_queues.py",
+            &["bind", &url, "walbox"],
+            &serde_json::to_string(&queues).unwrap(),
+        );
+    };
+    bind("orders", "outbox.event.order");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let flags = [
+        "run",
+        "--sink",
+        "rabbitmq",
+        "--rabbitmq-url",
+        &url,
+        "--on-failure",
+        "quarantine",
+    ];
+    let start = |pause: Option<&str>| {
+        let mut c = walbox(&db, &flags);
+        if let Some(at) = pause {
+            c.env("WALBOX_TEST_PAUSE_AT", at);
+        }
+        spawn_logged(c)
+    };
+    // Every tenth event an invoice, of inv-0 or inv-1; the rest orders.
+    let insert = |from: i64, to: i64| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT CASE WHEN n % 10 = 0 THEN 'invoice' ELSE 'order' END, \
+                            CASE WHEN n % 10 = 0 THEN 'inv-' || (n / 10 % 2) ELSE 'agg-' || (n % 20) END, \
+                            'E' || n, jsonb_build_object('n', n) \
+                     FROM generate_series($1::int8, $2::int8 - 1) n",
+                    &[&from, &to],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let mut relay = start(None);
+    wait_log(&relay, "streaming from the slot").await;
+    insert(0, EVENTS).await;
+    let written = walbox_test_harness::slot::current_wal_lsn(&client).await;
+
+    let orders = vec!["orders".to_owned()];
+    let flowing = (EVENTS - EVENTS / 10) as usize;
+    let mut got: Vec<Got> = Vec::new();
+    wait_for("the orders", Duration::from_secs(90), || {
+        got.extend(read(&broker, &orders));
+        let n = got.iter().map(n_of).collect::<HashSet<_>>().len();
+        async move {
+            match n == flowing {
+                true => Ok(()),
+                false => Err(format!("{n} of {flowing}")),
+            }
+        }
+    })
+    .await;
+    assert!(got.iter().all(|g| n_of(g) % 10 != 0), "an invoice flowed");
+    walbox_test_harness::slot::wait_confirmed_at_least(
+        &client,
+        "walbox",
+        written,
+        Duration::from_secs(60),
+    )
+    .await;
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&quarantine(&db, &["list", "--json"])).unwrap();
+    let mut keys: Vec<&str> = listed.iter().map(|l| l["key"].as_str().unwrap()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["inv-0", "inv-1"], "{listed:?}");
+    for l in &listed {
+        assert_eq!(l["events"], EVENTS / 20, "{l}");
+        let error = l["error"].as_str().unwrap();
+        assert!(error.contains("unroutable (312 NO_ROUTE)"), "{error}");
+    }
+
+    // Newer invoices join them; a release before the fix fails.
+    insert(EVENTS, EVENTS + 200).await;
+    let out = walbox(&db, &["quarantine", "release", "inv-0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("release of \"inv-0\" failed"), "{stderr}");
+
+    // The fix: a queue for the invoices. inv-0 released and waited for;
+    // inv-1's release killed -9 once RabbitMQ confirmed its batch, before
+    // its rows were deleted, then done by the next start.
+    bind("invoices", "outbox.event.invoice");
+    quarantine(&db, &["release", "inv-0"]);
+    stop(&mut relay).await;
+    relay = start(Some("quarantine.acked"));
+    quarantine(&db, &["release", "inv-1", "--wait", "0"]);
+    wait_log(&relay, "paused at test point quarantine.acked").await;
+    relay.kill9();
+    relay = start(None);
+    quarantine(&db, &["release", "inv-1"]);
+    let listed = quarantine(&db, &["list"]);
+    assert!(listed.contains("nothing held"), "{listed}");
+
+    // They flow again, after their held events.
+    insert(EVENTS + 200, EVENTS + 400).await;
+    let invoices = vec!["invoices".to_owned()];
+    let total = ((EVENTS + 400) / 10) as usize;
+    let mut inv: Vec<Got> = Vec::new();
+    wait_for("every invoice", Duration::from_secs(90), || {
+        inv.extend(read(&broker, &invoices));
+        let n = inv.iter().map(n_of).collect::<HashSet<_>>().len();
+        async move {
+            match n == total {
+                true => Ok(()),
+                false => Err(format!("{n} of {total}")),
+            }
+        }
+    })
+    .await;
+    for key in ["inv-0", "inv-1"] {
+        let mut firsts = Vec::new();
+        for g in inv.iter().filter(|g| g.headers["walbox.key"] == key) {
+            if !firsts.contains(&n_of(g)) {
+                firsts.push(n_of(g));
+            }
+        }
+        assert!(firsts.windows(2).all(|w| w[0] < w[1]), "{key}: {firsts:?}");
+        assert_eq!(firsts.len(), total / 2, "{key}");
+    }
+    let twice = inv.len() - total;
+    eprintln!("{twice} invoices twice (inv-1's release interrupted by kill -9)");
+    assert_eq!(
+        twice,
+        (EVENTS / 20 + 10) as usize,
+        "inv-1's batch (its 100 held events and the 10 behind them) twice, nothing else"
+    );
+    got.extend(read(&broker, &orders));
+    let orders_seen = got.iter().map(n_of).collect::<HashSet<_>>().len();
+    assert_eq!(orders_seen, (EVENTS + 400) as usize - total);
+    stop(&mut relay).await;
+}

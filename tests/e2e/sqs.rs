@@ -77,6 +77,14 @@ fn read(sqs: &ElasticMq, url: &str) -> Vec<Got> {
 /// `walbox run` to `queue` (dead letters to `dead`, if any), credentials
 /// and region from the environment as the AWS chain reads them.
 fn relay(db: &TestDb, sqs: &ElasticMq, queue: &str, dead: Option<&str>) -> Relay {
+    match dead {
+        Some(dead) => relay_with(db, sqs, queue, &["--sqs-dead-letter-queue-url", dead]),
+        None => relay_with(db, sqs, queue, &[]),
+    }
+}
+
+/// `walbox run` to `queue` with `extra` arguments.
+fn relay_with(db: &TestDb, sqs: &ElasticMq, queue: &str, extra: &[&str]) -> Relay {
     let endpoint = sqs.endpoint();
     let mut args = vec![
         "run",
@@ -89,9 +97,7 @@ fn relay(db: &TestDb, sqs: &ElasticMq, queue: &str, dead: Option<&str>) -> Relay
         "--metrics-addr",
         ANY_PORT,
     ];
-    if let Some(dead) = dead {
-        args.extend(["--sqs-dead-letter-queue-url", dead]);
-    }
+    args.extend(extra);
     let mut command = walbox(db, &args);
     command
         .env("AWS_ACCESS_KEY_ID", "testing")
@@ -399,4 +405,135 @@ async fn a_heal_and_a_resync_republish_to_sqs() {
     };
     let read = || read(&sqs, &queue).iter().map(Got::n).collect();
     crate::republish::heal_then_resync(&client, command, read).await;
+}
+
+/// `on_failure = "quarantine"` on a FIFO queue: five events of `agg-big`
+/// too large for the queue are held, in order, with the three small ones
+/// written behind them, while 36 other aggregates flow and the slot passes
+/// them; fixed with SQL (the held values made small), `walbox quarantine
+/// release` sends the aggregate's eight events in order, in its message
+/// group, before its newer ones. Read back by boto3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_events_are_held_in_their_group_fixed_with_sql_and_released_in_order() {
+    const FLOWING: usize = 1_000;
+    let sqs = ElasticMq::start();
+    let queue = create(&sqs, "held.fifo");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = relay_with(&db, &sqs, &queue, &["--on-failure", "quarantine"]);
+    wait_log(&relay, "streaming from the slot").await;
+    // agg-big's events n = 100_000.. are oversized, between the others.
+    let big = |n: usize| {
+        let client = &client;
+        async move {
+            let payload = format!("{{\"n\": {n}, \"pad\": \"{}\"}}", "x".repeat(300 * 1024));
+            client
+                .execute(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ('order', 'agg-big', 'Big', $1::text::jsonb)",
+                    &[&payload],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    for chunk in 0..5 {
+        insert_events(
+            &client,
+            chunk * 200,
+            chunk * 200 + 200,
+            |k| 1 + k % 20,
+            AGGREGATES - 1,
+        )
+        .await;
+        big(100_000 + chunk).await;
+    }
+    let written = walbox_test_harness::slot::current_wal_lsn(&client).await;
+    let got = read_all(&sqs, &queue, FLOWING).await;
+    assert!(
+        got.iter().all(|g| g.n() < FLOWING),
+        "an oversized event was sent"
+    );
+    walbox_test_harness::slot::wait_confirmed_at_least(
+        &client,
+        "walbox",
+        written,
+        Duration::from_secs(60),
+    )
+    .await;
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&quarantine(&db, &["list", "--json"])).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["key"], "agg-big");
+    assert_eq!(listed[0]["events"], 5);
+    let error = listed[0]["error"].as_str().unwrap();
+    assert!(error.contains("(its MaximumMessageSize)"), "{error}");
+
+    // Three small events of agg-big join them, behind.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES
+               ('order', 'agg-big', 'Small', '{\"n\": 100005}'),
+               ('order', 'agg-big', 'Small', '{\"n\": 100006}'),
+               ('order', 'agg-big', 'Small', '{\"n\": 100007}')",
+        )
+        .await
+        .unwrap();
+    wait_for("the small events held", Duration::from_secs(30), || {
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(&quarantine(&db, &["list", "--json"])).unwrap();
+        async move {
+            match listed.first().map(|l| l["events"].clone()) {
+                Some(n) if n == 8 => Ok(()),
+                other => Err(format!("{other:?} held")),
+            }
+        }
+    })
+    .await;
+    // The fix: each oversized value cut to its number.
+    let fixed = client
+        .execute(
+            "UPDATE walbox.quarantine \
+             SET value = convert_to(jsonb_build_object('n', (convert_from(value, 'UTF8')::jsonb->>'n')::int8, 'fixed', true)::text, 'UTF8') \
+             WHERE slot = 'walbox' AND length(value) > 262144",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fixed, 5);
+    quarantine(&db, &["release", "agg-big"]);
+    let listed = quarantine(&db, &["list"]);
+    assert!(listed.contains("nothing held"), "{listed}");
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES
+               ('order', 'agg-big', 'Small', '{\"n\": 100008}')",
+        )
+        .await
+        .unwrap();
+    let mut big_events: Vec<Got> = Vec::new();
+    wait_for("agg-big's nine events", Duration::from_secs(60), || {
+        big_events.extend(read(&sqs, &queue));
+        let n = big_events.len();
+        async move {
+            match n {
+                9 => Ok(()),
+                n => Err(format!("{n} of 9")),
+            }
+        }
+    })
+    .await;
+    let order: Vec<usize> = big_events.iter().map(Got::n).collect();
+    assert_eq!(
+        order,
+        (100_000..100_009).collect::<Vec<_>>(),
+        "in order, once"
+    );
+    for g in &big_events {
+        assert_eq!(g.group.as_deref(), Some("agg-big"));
+    }
+    assert!(big_events[..5]
+        .iter()
+        .all(|g| g.body.contains("\"fixed\": true")));
+    stop(&mut relay).await;
 }

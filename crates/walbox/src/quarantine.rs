@@ -12,7 +12,7 @@
 //! - Every other aggregate flows, and the slot advances past held events
 //!   once they are written: a held event counts as delivered only when the
 //!   write that holds it committed (the slot never passes an event that is
-//!   neither in Kafka nor in `walbox.quarantine`).
+//!   neither acknowledged by the broker nor in `walbox.quarantine`).
 //! - `walbox quarantine release KEY` asks the running walbox to republish
 //!   the aggregate's held events in stream order; events of it that arrive
 //!   meanwhile keep joining the quarantine, behind the ones being released,
@@ -35,7 +35,7 @@
 //! - A record refused by the broker for its own sake (its size) is learnt
 //!   of from its delivery report: later events of its aggregate already
 //!   sent by then (within the in-flight bounds) are not held back and reach
-//!   Kafka before it. Refusals of a whole topic (authorization, a missing
+//!   the broker before it. Refusals of a whole topic (authorization, a missing
 //!   topic) refuse those later events too, so they are held in order.
 //! - An unmappable event can be held only when its aggregate id and topic
 //!   can be read; one without (a NULL aggregate id) stops walbox. Its held

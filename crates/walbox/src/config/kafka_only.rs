@@ -2,7 +2,7 @@
 //! "rabbitmq"` or `"sqs"`), each with its reason.
 
 use super::raw::{Raw, RawFormat};
-use super::{ConfigError, Delivery, OnFailure};
+use super::{ConfigError, Delivery};
 
 /// The first setting `r` turns on that `sink` cannot honour.
 pub(super) fn refuse(r: &Raw, sink: &str, exactly_once_instead: &str) -> Result<(), ConfigError> {
@@ -10,10 +10,6 @@ pub(super) fn refuse(r: &Raw, sink: &str, exactly_once_instead: &str) -> Result<
         (
             r.delivery == Delivery::ExactlyOnce,
             format!("delivery = \"exactly-once\" is Kafka's (its transactions); with sink = \"{sink}\" delivery is at least once ({exactly_once_instead})"),
-        ),
-        (
-            r.on_failure == Some(OnFailure::Quarantine),
-            format!("on_failure = \"quarantine\" is not supported with sink = \"{sink}\" yet: use stop or dead-letter"),
         ),
         (
             matches!(r.format, RawFormat::Avro | RawFormat::JsonSchema | RawFormat::Protobuf),

@@ -1576,10 +1576,6 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
             "delivery = \"exactly-once\" is Kafka's",
         ),
         (
-            Some(("WALBOX_ON_FAILURE", "quarantine")),
-            "on_failure = \"quarantine\" is not supported with sink = \"rabbitmq\" yet",
-        ),
-        (
             Some(("WALBOX_RECEIPTS", "true")),
             "receipts = true is not supported with sink = \"rabbitmq\"",
         ),
@@ -1600,6 +1596,15 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         assert!(e.contains(says), "{extra:?}: {e}");
         assert!(!e.contains("hunter2"), "{e}");
     }
+    // The quarantine holds what RabbitMQ refuses for good (a nack, a return).
+    let held = load(
+        None,
+        &[PG, SINK, URL, ("WALBOX_ON_FAILURE", "quarantine")],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap();
+    assert!(held.settings.quarantine.is_some());
     // Said at startup: the Kafka settings are ignored, and no TLS.
     let c = load(None, &[PG, SINK, URL, BROKERS], &[]).unwrap();
     let warnings = c.warnings().join("\n");
@@ -1767,10 +1772,6 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
             "delivery = \"exactly-once\" is Kafka's (its transactions); with sink = \"sqs\" delivery is at least once (on a FIFO queue SQS drops a re-sent message",
         ),
         (
-            Some(("WALBOX_ON_FAILURE", "quarantine")),
-            "on_failure = \"quarantine\" is not supported with sink = \"sqs\" yet",
-        ),
-        (
             Some(("WALBOX_TOPICS_CREATE", "true")),
             "create the queues yourself (docs/sqs.md)",
         ),
@@ -1786,6 +1787,16 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
             .to_string();
         assert!(e.contains(says), "{extra:?}: {e}");
     }
+    // The quarantine holds what SQS refuses for good (a per-entry failure,
+    // a message too large for the queue).
+    let held = load(
+        None,
+        &[PG, SINK, QUEUE, ("WALBOX_ON_FAILURE", "quarantine")],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap();
+    assert!(held.settings.quarantine.is_some());
     // Said at startup: a standard queue keeps no order; Kafka's settings
     // are ignored.
     let standard = (
