@@ -20,22 +20,38 @@ const TOTAL: usize = 10_000;
 const PARTITIONS: usize = 4;
 const DEAD: &str = "walbox.dead";
 
-fn pika() -> String {
+pub(crate) fn pika() -> String {
     python_with("WALBOX_PIKA_PYTHON", "pika", "pika==1.3.2")
 }
 
 /// A message as pika read it.
 #[derive(Debug)]
-struct Got {
-    queue: String,
-    routing_key: String,
-    message_id: Option<String>,
-    headers: HashMap<String, serde_json::Value>,
-    body: String,
-    delivery_mode: Option<u8>,
+pub(crate) struct Got {
+    pub(crate) queue: String,
+    pub(crate) routing_key: String,
+    pub(crate) message_id: Option<String>,
+    pub(crate) headers: HashMap<String, serde_json::Value>,
+    /// The body as text ("" when it is not UTF-8).
+    pub(crate) body: String,
+    /// The body's bytes, hex.
+    pub(crate) body_hex: String,
+    pub(crate) delivery_mode: Option<u8>,
 }
 
-fn read(broker: &RabbitMq, queues: &[String]) -> Vec<Got> {
+/// Declares each queue (durable) and binds it to exchange `walbox` with
+/// its routing key, by pika.
+pub(crate) fn bind(broker: &RabbitMq, queues: &[(&str, &str)]) {
+    let queues: HashMap<&str, &str> = queues.iter().copied().collect();
+    run_tool(
+        &pika(),
+        "amqp_queues.py",
+        &["bind", &broker.url(), "walbox"],
+        &serde_json::to_string(&queues).unwrap(),
+    );
+}
+
+/// Every message of `queues`, taken off them by pika.
+pub(crate) fn read(broker: &RabbitMq, queues: &[String]) -> Vec<Got> {
     let out = run_tool(
         &pika(),
         "amqp_queues.py",
@@ -52,7 +68,8 @@ fn read(broker: &RabbitMq, queues: &[String]) -> Vec<Got> {
                 .as_object()
                 .map(|h| h.clone().into_iter().collect())
                 .unwrap_or_default(),
-            body: m["body"].as_str().unwrap().to_owned(),
+            body: m["body"].as_str().unwrap_or_default().to_owned(),
+            body_hex: m["body_hex"].as_str().unwrap().to_owned(),
             delivery_mode: m["delivery_mode"].as_u64().map(|d| d as u8),
         })
         .collect()

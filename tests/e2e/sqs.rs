@@ -26,10 +26,10 @@ const AGGREGATES: usize = 37;
 
 /// A message as boto3 read it.
 #[derive(Debug)]
-struct Got {
-    body: String,
-    attributes: HashMap<String, serde_json::Value>,
-    group: Option<String>,
+pub(crate) struct Got {
+    pub(crate) body: String,
+    pub(crate) attributes: HashMap<String, serde_json::Value>,
+    pub(crate) group: Option<String>,
     dedup: Option<String>,
 }
 
@@ -39,7 +39,7 @@ impl Got {
         v["n"].as_u64().unwrap() as usize
     }
 
-    fn attribute(&self, name: &str) -> &str {
+    pub(crate) fn attribute(&self, name: &str) -> &str {
         self.attributes[name].as_str().unwrap()
     }
 }
@@ -51,7 +51,7 @@ fn tool(sqs: &ElasticMq, args: &[&str]) -> String {
     run_tool(&moto_python(), "sqs_queues.py", &all, "")
 }
 
-fn create(sqs: &ElasticMq, name: &str) -> String {
+pub(crate) fn create(sqs: &ElasticMq, name: &str) -> String {
     tool(sqs, &["create", name]).trim().to_owned()
 }
 
@@ -59,7 +59,7 @@ fn count(sqs: &ElasticMq, url: &str) -> usize {
     tool(sqs, &["count", url]).trim().parse().unwrap()
 }
 
-fn read(sqs: &ElasticMq, url: &str) -> Vec<Got> {
+pub(crate) fn read(sqs: &ElasticMq, url: &str) -> Vec<Got> {
     let all: Vec<serde_json::Value> = serde_json::from_str(&tool(sqs, &["read", url])).unwrap();
     all.into_iter()
         .map(|m| Got {
@@ -84,7 +84,7 @@ fn relay(db: &TestDb, sqs: &ElasticMq, queue: &str, dead: Option<&str>) -> Relay
 }
 
 /// `walbox run` to `queue` with `extra` arguments.
-fn relay_with(db: &TestDb, sqs: &ElasticMq, queue: &str, extra: &[&str]) -> Relay {
+pub(crate) fn relay_with(db: &TestDb, sqs: &ElasticMq, queue: &str, extra: &[&str]) -> Relay {
     let endpoint = sqs.endpoint();
     let mut args = vec![
         "run",

@@ -115,6 +115,37 @@ impl<T: Send + Sync + 'static> Broker<T> {
         }
     }
 
+    /// The largest message the broker takes, where it says so at
+    /// connection: an SQS queue's MaximumMessageSize. Kafka's limit is the
+    /// topic's, and RabbitMQ's the broker's setting, neither known here.
+    pub fn message_limit(&self) -> Option<usize> {
+        match self {
+            Broker::Sqs(publisher) => Some(publisher.events_queue().max_message_bytes),
+            Broker::Kafka(_) | Broker::RabbitMq(_) => None,
+        }
+    }
+
+    /// The claim-check for this broker: its threshold under the broker's
+    /// message limit (said once, when lowered).
+    pub fn claim_check(
+        &self,
+        config: Option<&crate::claim_check::ClaimCheckConfig>,
+    ) -> Result<Option<crate::claim_check::ClaimCheck>, crate::claim_check::ClaimCheckError> {
+        let Some(config) = config else {
+            return Ok(None);
+        };
+        let configured = config.threshold;
+        let (config, lowered) = config.clone().within(self.message_limit());
+        if lowered {
+            tracing::info!(
+                configured,
+                threshold = config.threshold,
+                "claim_check.threshold_bytes lowered under the broker's largest message (the SQS queue's MaximumMessageSize, less 1 KiB for what SQS counts besides the record)"
+            );
+        }
+        crate::claim_check::ClaimCheck::new(config).map(Some)
+    }
+
     /// The broker, as `sink` names it.
     pub fn name(&self) -> &'static str {
         match self {

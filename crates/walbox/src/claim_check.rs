@@ -64,6 +64,27 @@ pub struct ClaimCheckConfig {
     pub threshold: usize,
 }
 
+/// What a message's size may reach beyond its record's (key, value and
+/// headers) on a broker that counts more (SQS: each attribute's type name).
+const BROKER_OVERHEAD: usize = 1024;
+
+impl ClaimCheckConfig {
+    /// The configuration for a broker that takes messages of at most
+    /// `limit` bytes (SQS: the queue's MaximumMessageSize, read at
+    /// connection): a threshold at or past it would let the broker refuse
+    /// what the claim-check is there to take, so it is brought under it.
+    /// Returns whether it was lowered.
+    pub fn within(mut self, limit: Option<usize>) -> (ClaimCheckConfig, bool) {
+        let Some(limit) = limit else {
+            return (self, false);
+        };
+        let most = limit.saturating_sub(BROKER_OVERHEAD).max(1);
+        let lowered = self.threshold > most;
+        self.threshold = self.threshold.min(most);
+        (self, lowered)
+    }
+}
+
 /// Why a value could not be stored.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimCheckError {
@@ -227,6 +248,18 @@ mod tests {
             threshold,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn the_threshold_is_brought_under_a_brokers_message_limit() {
+        let config = check(900_000).config;
+        assert_eq!(config.clone().within(None), (config.clone(), false));
+        let (sqs, lowered) = config.clone().within(Some(262_144));
+        assert!(lowered);
+        assert_eq!(sqs.threshold, 262_144 - 1024);
+        let (roomy, lowered) = config.within(Some(4 << 20));
+        assert!(!lowered);
+        assert_eq!(roomy.threshold, 900_000);
     }
 
     #[test]

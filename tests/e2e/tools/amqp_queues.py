@@ -6,14 +6,22 @@ AMQP client) declares the queues consumers would bind and reads them back.
       bound with its routing key
   amqp_queues.py read URL               stdin: ["queue", ...]
       stdout: [{"queue", "routing_key", "message_id", "headers", "body",
-                "delivery_mode"}, ...], every message of each queue in
-      queue order (taken off the queues)
+                "body_hex", "delivery_mode"}, ...], every message of each
+      queue in queue order (taken off the queues); "body" is the body as
+      UTF-8 (null when it is not), "body_hex" its bytes
 """
 
 import json
 import sys
 
 import pika
+
+
+def text(body):
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def main():
@@ -44,7 +52,8 @@ def main():
                         "routing_key": method.routing_key,
                         "message_id": properties.message_id,
                         "headers": headers,
-                        "body": body.decode(),
+                        "body": text(body),
+                        "body_hex": body.hex(),
                         "delivery_mode": properties.delivery_mode,
                     }
                 )

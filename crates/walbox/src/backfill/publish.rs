@@ -84,12 +84,8 @@ pub(super) async fn publish(
         spans: None,
         audit: None,
         receipts: None,
-        claim_check: plan
-            .settings
-            .claim_check
-            .clone()
-            .map(crate::claim_check::ClaimCheck::new)
-            .transpose()
+        claim_check: broker
+            .claim_check(plan.settings.claim_check.as_ref())
             .map_err(RunError::from)?,
         schema_registry: plan
             .settings

@@ -569,7 +569,7 @@ async fn stream(
         Some(eos) => Some(exactly_once_ready(&broker, settings, eos).await?),
     };
     let mut source = PostgresSource::new(c.clone(), mapping);
-    let relay = relay_config(c, mapping, settings, observers)?;
+    let relay = relay_config(c, mapping, settings, observers, &broker)?;
     let urgency = shutdown.clone();
     let ends = crate::relay::Ends {
         destination: &broker,
@@ -639,6 +639,7 @@ fn relay_config(
     mapping: &OutboxMapping,
     settings: &RunSettings,
     observers: &Observers,
+    broker: &Broker<crate::relay::Token>,
 ) -> Result<RelayConfig, RunError> {
     Ok(RelayConfig {
         stream: Arc::from(c.slot.as_str()),
@@ -657,12 +658,7 @@ fn relay_config(
         spans: observers.spans.clone(),
         audit: observers.audit.clone(),
         receipts: observers.receipts.clone(),
-        claim_check: settings
-            .claim_check
-            .clone()
-            .map(crate::claim_check::ClaimCheck::new)
-            .transpose()
-            .map_err(RunError::from)?,
+        claim_check: broker.claim_check(settings.claim_check.as_ref())?,
         schema_registry: settings
             .schema_registry
             .as_ref()

@@ -16,10 +16,10 @@
 //! bad values are errors that name the key and its source.
 
 mod args;
+mod broker_limits;
 mod connection;
 mod effective;
 mod files;
-mod kafka_only;
 mod layers;
 mod outbox_mapping;
 mod rabbitmq;

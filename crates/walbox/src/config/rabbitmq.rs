@@ -1,5 +1,5 @@
 //! `sink = "rabbitmq"`: the `[rabbitmq]` settings, and what is refused
-//! with them ([`super::kafka_only`]).
+//! with them ([`super::broker_limits`]).
 
 use sink_amqp::{AmqpConfig, AmqpUrl, TlsFiles};
 
@@ -60,11 +60,7 @@ impl Config {
                 "rabbitmq.partitions: from 1 to {MAX_PARTITIONS}"
             )));
         }
-        super::kafka_only::refuse(
-            r,
-            "rabbitmq",
-            "a message may arrive twice after a crash: deduplicate by message_id",
-        )?;
+        super::broker_limits::refuse(r)?;
         Ok(AmqpConfig {
             url,
             tls,

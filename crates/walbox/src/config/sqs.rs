@@ -1,5 +1,5 @@
 //! `sink = "sqs"`: the `[sqs]` settings, and what is refused with them
-//! ([`super::kafka_only`]).
+//! ([`super::broker_limits`]).
 
 use sink_sqs::SqsConfig;
 
@@ -61,11 +61,7 @@ impl Config {
                 "sqs.concurrency: from 1 to {MAX_CONCURRENCY}"
             )));
         }
-        super::kafka_only::refuse(
-            r,
-            "sqs",
-            "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event's place in the stream; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
-        )?;
+        super::broker_limits::refuse(r)?;
         Ok(SqsConfig {
             queue_url: queue_url.clone(),
             dead_letter_queue_url: q.dead_letter_queue_url.clone(),

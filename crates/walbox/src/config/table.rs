@@ -251,7 +251,7 @@ pub const SETTINGS: &[Setting] = &[
     s("claim_check.prefix", Text, Run, "walbox/",
       "Claim-check: prepended to each object's key (the value's SHA-256, hex)."),
     s("claim_check.threshold_bytes", Number, Run, "900000",
-      "Claim-check: records larger than this (key, value and headers) have their value stored; keep it under the topics' max.message.bytes (Kafka's default is 1048588)."),
+      "Claim-check: records larger than this (key, value and headers) have their value stored; keep it under the topics' max.message.bytes (Kafka's default is 1048588). With sink = sqs it is lowered under the queue's MaximumMessageSize, read at connection."),
     s("topics.create", Bool, Run, "false",
       "Create a missing event or dead-letter topic (with the topics.* settings below) instead of treating it as refused; needs the CreateTopics permission. Without it a missing topic is waited for 5 s before it counts as refused."),
     s("topics.partitions", Number, Run, "—",

@@ -1605,6 +1605,23 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
     .and_then(|c| c.for_run())
     .unwrap();
     assert!(held.settings.quarantine.is_some());
+    // Message bodies are bytes: the registry formats and claim-check too.
+    let run = load(
+        None,
+        &[
+            PG,
+            SINK,
+            URL,
+            ("WALBOX_FORMAT", "avro"),
+            ("WALBOX_SCHEMA_REGISTRY_URL", "http://registry:8080"),
+            ("WALBOX_CLAIM_CHECK_BUCKET", "events"),
+        ],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap();
+    assert!(run.settings.schema_registry.is_some());
+    assert!(run.settings.claim_check.is_some());
     // Said at startup: the Kafka settings are ignored, and no TLS.
     let c = load(None, &[PG, SINK, URL, BROKERS], &[]).unwrap();
     let warnings = c.warnings().join("\n");
@@ -1797,6 +1814,37 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
     .and_then(|c| c.for_run())
     .unwrap();
     assert!(held.settings.quarantine.is_some());
+    // Claim-check pointers are text; the registry's wire format is not,
+    // and a queue cannot be read without taking its messages.
+    let run = load(
+        None,
+        &[PG, SINK, QUEUE, ("WALBOX_CLAIM_CHECK_BUCKET", "events")],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap();
+    assert!(run.settings.claim_check.is_some());
+    for (extra, says) in [
+        (
+            vec![
+                ("WALBOX_FORMAT", "avro"),
+                ("WALBOX_SCHEMA_REGISTRY_URL", "http://registry:8080"),
+            ],
+            "cannot go to SQS: a message body is text",
+        ),
+        (
+            vec![("WALBOX_AUDIT_INTERVAL", "1m")],
+            "cannot be used with SQS: a queue cannot be read without taking its messages",
+        ),
+    ] {
+        let mut vars = vec![PG, SINK, QUEUE];
+        vars.extend(extra.iter().copied());
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
     // Said at startup: a standard queue keeps no order; Kafka's settings
     // are ignored.
     let standard = (

@@ -1,0 +1,55 @@
+//! What a broker other than Kafka cannot honour (`sink = "rabbitmq"` or
+//! `"sqs"`), each refusal with the broker's own limit as its reason, or
+//! said to be not built yet. Everything not listed here works with every
+//! broker.
+
+use super::raw::{Raw, RawFormat, RawSink};
+use super::{ConfigError, Delivery};
+
+/// The first setting `r` turns on that its sink cannot honour.
+pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
+    let (sink, exactly_once_instead) = match r.sink {
+        RawSink::Kafka => return Ok(()),
+        RawSink::Rabbitmq => (
+            "rabbitmq",
+            "a message may arrive twice after a crash: deduplicate by message_id",
+        ),
+        RawSink::Sqs => (
+            "sqs",
+            "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event's place in the stream; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
+        ),
+    };
+    let sqs = r.sink == RawSink::Sqs;
+    let refusals = [
+        (
+            r.delivery == Delivery::ExactlyOnce,
+            format!("delivery = \"exactly-once\" is Kafka's (its transactions); with sink = \"{sink}\" delivery is at least once ({exactly_once_instead})"),
+        ),
+        (
+            sqs && matches!(r.format, RawFormat::Avro | RawFormat::JsonSchema | RawFormat::Protobuf),
+            "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
+        ),
+        (
+            r.receipts,
+            format!("receipts = true is not supported with sink = \"{sink}\" yet (a receipt names a Kafka partition and offset)"),
+        ),
+        (
+            r.audit.interval.is_some(),
+            match sqs {
+                true => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),
+                false => format!("audit.interval (the continuous audit reads Kafka) is not supported with sink = \"{sink}\" yet"),
+            },
+        ),
+        (
+            r.topics.create,
+            format!("topics.create makes Kafka topics; with sink = \"{sink}\" {}", match sqs {
+                true => "create the queues yourself (docs/sqs.md)",
+                false => "bind queues to the exchange instead (docs/rabbitmq.md)",
+            }),
+        ),
+    ];
+    match refusals.into_iter().find(|(on, _)| *on) {
+        Some((_, why)) => Err(ConfigError(why)),
+        None => Ok(()),
+    }
+}
