@@ -32,6 +32,10 @@ async fn migrate_creates_the_outbox_schema_once() {
     assert!(stdout.contains("0003_emit.sql: applied"), "{stdout}");
     assert!(stdout.contains("0004_outbox_seq.sql: applied"), "{stdout}");
     assert!(stdout.contains("0005_receipts.sql: applied"), "{stdout}");
+    assert!(
+        stdout.contains("0006_receipts_every_broker.sql: applied"),
+        "{stdout}"
+    );
 
     let second = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&second.stdout);
@@ -56,7 +60,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     // The defaults of the mapping table: id, headers and created_at fill themselves.
     let row = client
         .query_one(

@@ -289,3 +289,267 @@ async fn receipts_refused_where_they_cannot_be_kept() {
         "{stderr}"
     );
 }
+
+/// A receipt in every broker's terms, as `walbox.await_delivery` gives it.
+#[derive(Debug)]
+struct Receipt {
+    broker: String,
+    amqp_exchange: Option<String>,
+    amqp_routing_key: Option<String>,
+    sqs_message_id: Option<String>,
+    sqs_sequence_number: Option<String>,
+    kafka_partition: Option<i32>,
+}
+
+/// 1,000 events in transactions of 1 to 20, each waited on by one of 4
+/// application connections as soon as it committed, walbox killed -9 and
+/// started again while they flow; every wait's receipt.
+async fn wait_on_each_through_a_kill_9(
+    db: &walbox_test_harness::pg::TestDb,
+    start: impl Fn() -> Relay,
+) -> (HashMap<String, Receipt>, Relay) {
+    const TOTAL: usize = 1_000;
+    let mut relay = start();
+    wait_log(&relay, "streaming from the slot").await;
+    let (ids_tx, ids_rx) = mpsc::unbounded_channel::<String>();
+    let ids_rx = Arc::new(Mutex::new(ids_rx));
+    let landed: Arc<Mutex<HashMap<String, Receipt>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let conn = db.connect().await;
+        let (ids_rx, landed) = (Arc::clone(&ids_rx), Arc::clone(&landed));
+        waiters.push(tokio::spawn(async move {
+            loop {
+                let Some(id) = ids_rx.lock().await.recv().await else {
+                    return;
+                };
+                let r = conn
+                    .query_one(
+                        "SELECT broker, amqp_exchange, amqp_routing_key, sqs_message_id,
+                                sqs_sequence_number, kafka_partition
+                           FROM walbox.await_delivery($1::text, '30 seconds')",
+                        &[&id],
+                    )
+                    .await;
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let receipts: i64 = conn
+                            .query_one("SELECT count(*) FROM walbox.receipts", &[])
+                            .await
+                            .unwrap()
+                            .get(0);
+                        panic!("await_delivery({id}): {e:?}; {receipts} receipts written")
+                    }
+                };
+                let receipt = Receipt {
+                    broker: r.get(0),
+                    amqp_exchange: r.get(1),
+                    amqp_routing_key: r.get(2),
+                    sqs_message_id: r.get(3),
+                    sqs_sequence_number: r.get(4),
+                    kafka_partition: r.get(5),
+                };
+                landed.lock().await.insert(id, receipt);
+            }
+        }));
+    }
+    let conn = db.connect().await;
+    let (mut n, mut k) = (0usize, 0usize);
+    while n < TOTAL {
+        let size = (1 + k % 20).min(TOTAL - n);
+        let values: Vec<String> = (n..n + size)
+            .map(|i| format!("('order', 'agg-{}', 'E{i}', '{{\"n\": {i}}}')", i % 50))
+            .collect();
+        let rows = conn
+            .query(
+                &format!(
+                    "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES {} RETURNING id::text",
+                    values.join(",")
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        for r in rows {
+            ids_tx.send(r.get(0)).unwrap();
+        }
+        n += size;
+        k += 1;
+        if k == 40 {
+            relay.kill9();
+            relay = start();
+        }
+    }
+    drop(ids_tx);
+    for w in waiters {
+        if let Err(e) = w.await {
+            panic!("{e:?}\nthe last walbox's log:\n{}", relay.log());
+        }
+    }
+    let landed = Arc::try_unwrap(landed).unwrap().into_inner();
+    assert_eq!(landed.len(), TOTAL);
+    (landed, relay)
+}
+
+/// Receipts with RabbitMQ: every wait returns the exchange and the routing
+/// key (with its routing partition) that pika finds a copy of the event
+/// under, through a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_wait_returns_the_exchange_and_routing_key_on_rabbitmq() {
+    let broker = walbox_test_harness::rabbitmq::RabbitMq::start();
+    let queues: Vec<(String, String)> = (0..4)
+        .map(|p| (format!("orders.{p}"), format!("outbox.event.order.{p}")))
+        .collect();
+    let pairs: Vec<(&str, &str)> = queues
+        .iter()
+        .map(|(q, k)| (q.as_str(), k.as_str()))
+        .collect();
+    crate::rabbitmq::bind(&broker, &pairs);
+    let db = fresh_db().await;
+    init(&db).await;
+    let url = broker.url();
+    let flags = [
+        "run",
+        "--sink",
+        "rabbitmq",
+        "--rabbitmq-url",
+        &url,
+        "--rabbitmq-partitions",
+        "4",
+        "--receipts",
+        "true",
+    ];
+    let (landed, mut relay) =
+        wait_on_each_through_a_kill_9(&db, || spawn_logged(walbox(&db, &flags))).await;
+    stop(&mut relay).await;
+    let names: Vec<String> = queues.iter().map(|(q, _)| q.clone()).collect();
+    let mut keys: HashMap<String, Vec<String>> = HashMap::new();
+    for g in crate::rabbitmq::read(&broker, &names) {
+        keys.entry(g.message_id.unwrap())
+            .or_default()
+            .push(g.routing_key);
+    }
+    for (id, r) in &landed {
+        assert_eq!(r.broker, "rabbitmq", "{id}: {r:?}");
+        assert_eq!(r.amqp_exchange.as_deref(), Some("walbox"), "{id}: {r:?}");
+        assert_eq!(r.kafka_partition, None, "{id}: {r:?}");
+        let key = r.amqp_routing_key.as_ref().unwrap();
+        let copies = keys.get(id).unwrap_or_else(|| panic!("{id}: no message"));
+        assert!(
+            copies.contains(key),
+            "{id}: receipt {key}, copies {copies:?}"
+        );
+    }
+}
+
+/// Receipts with SQS (ElasticMQ, a FIFO queue): every wait returns the
+/// message id boto3 reads the event with (and its sequence number, where
+/// the server gives one), through a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_wait_returns_the_message_id_on_sqs() {
+    let sqs = walbox_test_harness::elasticmq::ElasticMq::start();
+    let queue = crate::sqs::create(&sqs, "receipts.fifo");
+    let db = fresh_db().await;
+    init(&db).await;
+    let (landed, mut relay) = wait_on_each_through_a_kill_9(&db, || {
+        crate::sqs::relay_with(&db, &sqs, &queue, &["--receipts", "true"])
+    })
+    .await;
+    stop(&mut relay).await;
+    let mut copies: HashMap<String, Vec<(String, Option<String>)>> = HashMap::new();
+    for _ in 0..3 {
+        for g in crate::sqs::read(&sqs, &queue) {
+            copies
+                .entry(g.attribute("id").to_owned())
+                .or_default()
+                .push((g.message_id.clone(), g.sequence.clone()));
+        }
+    }
+    let mut sequenced = 0;
+    for (id, r) in &landed {
+        assert_eq!(r.broker, "sqs", "{id}: {r:?}");
+        assert_eq!(r.amqp_routing_key, None, "{id}: {r:?}");
+        let message_id = r.sqs_message_id.clone().unwrap();
+        let found = copies.get(id).unwrap_or_else(|| panic!("{id}: no message"));
+        let copy = found
+            .iter()
+            .find(|(m, _)| *m == message_id)
+            .unwrap_or_else(|| panic!("{id}: receipt {message_id}, copies {found:?}"));
+        // ElasticMQ leaves the sequence number out of SendMessageBatch's
+        // result (Amazon SQS gives it for a FIFO queue): where there is
+        // one, it is the message's.
+        if let Some(seq) = &r.sqs_sequence_number {
+            assert_eq!(Some(seq), copy.1.as_ref(), "{id}");
+            sequenced += 1;
+        }
+    }
+    eprintln!(
+        "{sequenced} of {} receipts with a sequence number",
+        landed.len()
+    );
+}
+
+/// A database migrated before 0006 (receipts in Kafka's terms only): a
+/// Kafka walbox keeps writing its receipts there, and a RabbitMQ one is
+/// refused at start with what to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_migrated_before_0006_keeps_kafka_receipts_and_asks_for_it_elsewhere() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    for file in walbox_test_harness::migrations::migration_files() {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if name.as_str() < "0006" {
+            walbox_test_harness::migrations::apply_sql_file(&client, &file).await;
+        }
+    }
+    succeeded(&walbox(&db, &["init-slot"]).output().unwrap());
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run(
+        &db,
+        &kafka,
+        &["--mapping-topic-template", &topic, "--receipts", "true"],
+    );
+    wait_log(&relay, "streaming from the slot").await;
+    let id: String = client
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'a', 'E', '{}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let row = client
+        .query_one(
+            "SELECT topic, kafka_offset FROM walbox.await_delivery($1::text, '30 seconds')",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), topic);
+    assert_eq!(row.get::<_, i64>(1), 0);
+    stop(&mut relay).await;
+
+    let out = walbox(
+        &db,
+        &[
+            "run",
+            "--sink",
+            "rabbitmq",
+            "--rabbitmq-url",
+            "amqp://127.0.0.1:1",
+            "--receipts",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("run `walbox migrate`; with RabbitMQ or SQS, migration 0006 too"),
+        "{stderr}"
+    );
+}

@@ -28,9 +28,11 @@ const AGGREGATES: usize = 37;
 #[derive(Debug)]
 pub(crate) struct Got {
     pub(crate) body: String,
+    pub(crate) message_id: String,
     pub(crate) attributes: HashMap<String, serde_json::Value>,
     pub(crate) group: Option<String>,
     dedup: Option<String>,
+    pub(crate) sequence: Option<String>,
 }
 
 impl Got {
@@ -64,12 +66,14 @@ pub(crate) fn read(sqs: &ElasticMq, url: &str) -> Vec<Got> {
     all.into_iter()
         .map(|m| Got {
             body: m["body"].as_str().unwrap().to_owned(),
+            message_id: m["message_id"].as_str().unwrap().to_owned(),
             attributes: m["attributes"]
                 .as_object()
                 .map(|a| a.clone().into_iter().collect())
                 .unwrap_or_default(),
             group: m["group"].as_str().map(str::to_owned),
             dedup: m["dedup"].as_str().map(str::to_owned),
+            sequence: m["sequence"].as_str().map(str::to_owned),
         })
         .collect()
 }

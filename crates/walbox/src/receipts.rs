@@ -1,10 +1,18 @@
 //! Delivery receipts (`receipts = true`): where the broker stored each
-//! event, written to `walbox.receipts` (migration 0005) so an application
-//! can wait until its event is on Kafka with `walbox.await_delivery`.
+//! event, in its own terms (a Kafka partition and offset, a RabbitMQ
+//! exchange and routing key, an SQS message id and sequence number),
+//! written to `walbox.receipts` (migrations 0005 and 0006) so an
+//! application can wait until its event is on the broker with
+//! `walbox.await_delivery`.
 //!
-//! - **Never in the slot's way.** The relay hands each acknowledged event
+//! - **Never in the events' way.** The relay hands each acknowledged event
 //!   to a [`Recorder`] without waiting (a bounded queue); a full queue or a
 //!   failed write loses receipts (counted, warned), never holds an event.
+//! - **Not lost to a crash.** The slot is confirmed past an event only once
+//!   its receipt is settled: written, or given up and counted
+//!   ([`Recorder::settled`]). A kill -9 then loses no receipt of a confirmed
+//!   event: what was not settled is sent again by the next start, and its
+//!   receipt written then. Only the confirmed position waits, not events.
 //! - **Batched**, on a connection of its own: up to [`BATCH`] receipts per
 //!   statement, as they come.
 //! - **Waking the waiters** without a polling loop: walbox holds the
@@ -17,9 +25,11 @@
 //! - One writer per database: receipts with `shards > 1` are refused by
 //!   the configuration (each shard would need its own generation).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use sink_core::Delivered;
 use slot_manager::{connect_control, Error, PgConfig};
 use tokio::sync::mpsc;
 use tokio_postgres::Client;
@@ -51,10 +61,8 @@ pub struct Receipt {
     pub event_id: Box<str>,
     /// Its topic (the dead-letter topic for a dead-lettered event).
     pub topic: Arc<str>,
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
+    /// Where the broker stored it.
+    pub at: Delivered,
     /// When walbox received the acknowledgement.
     pub acked_at: SystemTime,
     /// Published to the dead-letter topic instead of its own.
@@ -66,38 +74,131 @@ pub struct Receipt {
 pub struct Recorder {
     tx: mpsc::Sender<Receipt>,
     metrics: Arc<Metrics>,
+    counts: Arc<Counts>,
+}
+
+/// Receipts handed over, and those settled: written, or lost and counted.
+#[derive(Debug, Default)]
+struct Counts {
+    recorded: AtomicU64,
+    settled: AtomicU64,
+}
+
+impl Counts {
+    fn settle(&self, n: u64) {
+        self.settled.fetch_add(n, Ordering::Release);
+    }
+}
+
+/// What the writer reads: the receipts, and where it says they settled.
+#[derive(Debug)]
+pub struct Queue {
+    rx: mpsc::Receiver<Receipt>,
+    counts: Arc<Counts>,
+}
+
+impl Queue {
+    /// The next receipt, taken and settled as a writer would once it wrote
+    /// it; `None` when the recorders are gone and nothing waits.
+    pub async fn recv(&mut self) -> Option<Receipt> {
+        let receipt = self.rx.recv().await;
+        self.counts.settle(u64::from(receipt.is_some()));
+        receipt
+    }
 }
 
 impl Recorder {
     /// A recorder and the queue its writer reads (for [`run`], or a test).
-    pub fn new(metrics: Arc<Metrics>) -> (Recorder, mpsc::Receiver<Receipt>) {
+    pub fn new(metrics: Arc<Metrics>) -> (Recorder, Queue) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (Recorder { tx, metrics }, rx)
+        let counts = Arc::new(Counts::default());
+        let queue = Queue {
+            rx,
+            counts: Arc::clone(&counts),
+        };
+        (
+            Recorder {
+                tx,
+                metrics,
+                counts,
+            },
+            queue,
+        )
     }
 
     /// Queues a receipt; drops it (counted) when the writer is behind.
     pub fn record(&self, receipt: Receipt) {
+        self.counts.recorded.fetch_add(1, Ordering::Relaxed);
         if self.tx.try_send(receipt).is_err() {
             self.metrics.receipts_dropped.inc();
+            self.counts.settle(1);
         }
+    }
+
+    /// Receipts recorded so far.
+    pub fn recorded(&self) -> u64 {
+        self.counts.recorded.load(Ordering::Relaxed)
+    }
+
+    /// Receipts settled so far: written, or lost and counted. Once it
+    /// reaches what [`Recorder::recorded`] said, every receipt recorded
+    /// before is settled.
+    pub fn settled(&self) -> u64 {
+        self.counts.settled.load(Ordering::Acquire)
+    }
+
+    /// Waits until every receipt recorded so far is settled, or `deadline`.
+    pub async fn settle(&self, deadline: tokio::time::Instant) -> bool {
+        let target = self.recorded();
+        while self.settled() < target {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 }
 
 /// What to do when [`installed`] says no.
-pub const NOT_INSTALLED: &str = "receipts = true needs walbox.receipts and walbox.receipt_generation (run `walbox migrate`), and walbox's role may INSERT and DELETE receipts and UPDATE the generation (docs/configuration.md, \"Delivery receipts\")";
+pub const NOT_INSTALLED: &str = "receipts = true needs walbox.receipts and walbox.receipt_generation (run `walbox migrate`; with RabbitMQ or SQS, migration 0006 too), and walbox's role may INSERT and DELETE receipts and UPDATE the generation (docs/configuration.md, \"Delivery receipts\")";
 
-/// Whether `walbox migrate` installed the receipts and walbox may write
-/// them (checked at start, to fail fast).
-pub async fn installed(client: &Client) -> Result<bool, Error> {
+/// Which columns receipts are written to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Columns {
+    /// Kafka's alone (migration 0005): what a Kafka walbox writes, so a
+    /// database not migrated past 0005 keeps working.
+    Kafka,
+    /// Every broker's (migration 0006).
+    EveryBroker,
+}
+
+impl Columns {
+    /// The columns a walbox publishing to `broker` writes.
+    pub fn for_broker(broker: &str) -> Columns {
+        match broker {
+            "kafka" => Columns::Kafka,
+            _ => Columns::EveryBroker,
+        }
+    }
+}
+
+/// Whether `walbox migrate` installed the receipts (with `columns`) and
+/// walbox may write them (checked at start, to fail fast).
+pub async fn installed(client: &Client, columns: Columns) -> Result<bool, Error> {
     let row = client
         .query_one(
             // CASE, not AND: has_table_privilege fails on a missing table.
             "SELECT CASE WHEN to_regclass('walbox.receipts') IS NULL
                            OR to_regclass('walbox.receipt_generation') IS NULL THEN false
+                         WHEN $1 AND NOT EXISTS (
+                             SELECT 1 FROM pg_attribute
+                              WHERE attrelid = to_regclass('walbox.receipts')
+                                AND attname = 'broker' AND NOT attisdropped) THEN false
                          ELSE has_table_privilege('walbox.receipts', 'INSERT')
                           AND has_table_privilege('walbox.receipts', 'DELETE')
                           AND has_table_privilege('walbox.receipt_generation', 'UPDATE') END",
-            &[],
+            &[&(columns == Columns::EveryBroker)],
         )
         .await
         .map_err(Error::sql("look for walbox.receipts"))?;
@@ -112,11 +213,13 @@ pub async fn installed(client: &Client) -> Result<bool, Error> {
 /// lost the slot to another stops holding a lock the other needs). After a
 /// failure it counts what it lost and connects again.
 pub async fn run(
-    mut rx: mpsc::Receiver<Receipt>,
+    queue: Queue,
     pg: PgConfig,
+    columns: Columns,
     keep: Duration,
     metrics: Arc<Metrics>,
 ) {
+    let Queue { mut rx, counts } = queue;
     let mut backoff = Duration::from_millis(200);
     let mut warned = false;
     let mut batch = Vec::with_capacity(BATCH);
@@ -124,7 +227,7 @@ pub async fn run(
         if batch.is_empty() && rx.recv_many(&mut batch, BATCH).await == 0 {
             return;
         }
-        let mut writer = match Writer::connect(&pg).await {
+        let mut writer = match Writer::connect(&pg, columns).await {
             Ok(w) => {
                 backoff = Duration::from_millis(200);
                 w
@@ -138,6 +241,7 @@ pub async fn run(
                 let lost = batch.len() as u64 + drain(&mut rx);
                 batch.clear();
                 metrics.receipts_failed.inc_by(lost);
+                counts.settle(lost);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
@@ -150,6 +254,7 @@ pub async fn run(
                 let n = batch.len() as u64;
                 if let Err(e) = writer.write(&batch).await {
                     metrics.receipts_failed.inc_by(n);
+                    counts.settle(n);
                     if !warned {
                         tracing::warn!(error = %e, receipts = n, "writing receipts failed; events flow on, their receipts are lost until this recovers (walbox_receipts_failed_total)");
                         warned = true;
@@ -161,6 +266,7 @@ pub async fn run(
                     tracing::info!("receipts are written again");
                 }
                 metrics.receipts_written.inc_by(n);
+                counts.settle(n);
                 batch.clear();
                 last_receipt = Instant::now();
             }
@@ -198,6 +304,7 @@ fn drain(rx: &mut mpsc::Receiver<Receipt>) -> u64 {
 /// The receipts connection, holding the current generation's lock.
 struct Writer {
     client: Client,
+    columns: Columns,
     generation: i64,
     /// Whether this connection holds `generation`'s lock (not yet, right
     /// after connecting: another writer's, or nobody's).
@@ -212,7 +319,7 @@ fn key(generation: i64) -> i32 {
 impl Writer {
     /// Connects and takes the next generation: its lock first, then the
     /// generation moved to it, so a waiter that reads it blocks on it.
-    async fn connect(pg: &PgConfig) -> Result<Writer, Error> {
+    async fn connect(pg: &PgConfig, columns: Columns) -> Result<Writer, Error> {
         let client = connect_control(pg).await?;
         client
             .batch_execute(&format!(
@@ -227,6 +334,7 @@ impl Writer {
             .get(0);
         let mut writer = Writer {
             client,
+            columns,
             generation: current,
             holding: false,
         };
@@ -252,21 +360,39 @@ impl Writer {
             .await
             .map_err(Error::sql("begin writing receipts"))?;
         if let Some(receipts) = insert {
-            let ids: Vec<&str> = receipts.iter().map(|r| &*r.event_id).collect();
-            let topics: Vec<&str> = receipts.iter().map(|r| &*r.topic).collect();
-            let partitions: Vec<i32> = receipts.iter().map(|r| r.partition).collect();
-            let offsets: Vec<i64> = receipts.iter().map(|r| r.offset).collect();
-            let acked: Vec<SystemTime> = receipts.iter().map(|r| r.acked_at).collect();
-            let dead: Vec<bool> = receipts.iter().map(|r| r.dead_lettered).collect();
+            let rows = Rows::of(receipts);
             // A re-send after a reconnect adds a second receipt;
             // await_delivery returns the earliest (no unique index: see
             // migration 0005).
-            tx.execute(
-                "INSERT INTO walbox.receipts (event_id, topic, kafka_partition, kafka_offset, acked_at, dead_lettered)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[])",
-                &[&ids, &topics, &partitions, &offsets, &acked, &dead],
-            )
-            .await
+            let kafka: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+                &rows.ids,
+                &rows.topics,
+                &rows.partitions,
+                &rows.offsets,
+                &rows.acked,
+                &rows.dead,
+            ];
+            let every: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                &rows.brokers,
+                &rows.exchanges,
+                &rows.routing_keys,
+                &rows.message_ids,
+                &rows.sequence_numbers,
+            ];
+            match self.columns {
+                Columns::Kafka => tx.execute(
+                    "INSERT INTO walbox.receipts (event_id, topic, kafka_partition, kafka_offset, acked_at, dead_lettered)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[])",
+                    &kafka,
+                ).await,
+                Columns::EveryBroker => tx.execute(
+                    "INSERT INTO walbox.receipts (event_id, topic, kafka_partition, kafka_offset, acked_at, dead_lettered,
+                                                  broker, amqp_exchange, amqp_routing_key, sqs_message_id, sqs_sequence_number)
+                     SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[],
+                                          $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])",
+                    &[&kafka[..], &every[..]].concat(),
+                ).await,
+            }
             .map_err(Error::sql("write receipts"))?;
         }
         tx.execute(
@@ -320,6 +446,80 @@ impl Writer {
     }
 }
 
+/// Receipts as the columns' arrays.
+struct Rows<'a> {
+    ids: Vec<&'a str>,
+    topics: Vec<&'a str>,
+    partitions: Vec<Option<i32>>,
+    offsets: Vec<Option<i64>>,
+    acked: Vec<SystemTime>,
+    dead: Vec<bool>,
+    brokers: Vec<&'static str>,
+    exchanges: Vec<Option<&'a str>>,
+    routing_keys: Vec<Option<&'a str>>,
+    message_ids: Vec<Option<&'a str>>,
+    sequence_numbers: Vec<Option<&'a str>>,
+}
+
+impl<'a> Rows<'a> {
+    fn of(receipts: &'a [Receipt]) -> Rows<'a> {
+        let n = receipts.len();
+        let mut rows = Rows {
+            ids: Vec::with_capacity(n),
+            topics: Vec::with_capacity(n),
+            partitions: Vec::with_capacity(n),
+            offsets: Vec::with_capacity(n),
+            acked: Vec::with_capacity(n),
+            dead: Vec::with_capacity(n),
+            brokers: Vec::with_capacity(n),
+            exchanges: Vec::with_capacity(n),
+            routing_keys: Vec::with_capacity(n),
+            message_ids: Vec::with_capacity(n),
+            sequence_numbers: Vec::with_capacity(n),
+        };
+        for r in receipts {
+            rows.ids.push(&r.event_id);
+            rows.topics.push(&r.topic);
+            rows.acked.push(r.acked_at);
+            rows.dead.push(r.dead_lettered);
+            let (mut partition, mut offset, mut exchange, mut routing_key, mut id, mut seq) =
+                (None, None, None, None, None, None);
+            let broker = match &r.at {
+                Delivered::Kafka {
+                    partition: p,
+                    offset: o,
+                } => {
+                    (partition, offset) = (Some(*p), Some(*o));
+                    "kafka"
+                }
+                Delivered::Amqp {
+                    exchange: e,
+                    routing_key: k,
+                } => {
+                    (exchange, routing_key) = (Some(&**e), Some(k.as_str()));
+                    "rabbitmq"
+                }
+                Delivered::Sqs {
+                    message_id,
+                    sequence_number,
+                } => {
+                    (id, seq) = (Some(message_id.as_str()), sequence_number.as_deref());
+                    "sqs"
+                }
+                _ => "other",
+            };
+            rows.partitions.push(partition);
+            rows.offsets.push(offset);
+            rows.brokers.push(broker);
+            rows.exchanges.push(exchange);
+            rows.routing_keys.push(routing_key);
+            rows.message_ids.push(id);
+            rows.sequence_numbers.push(seq);
+        }
+        rows
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,8 +539,10 @@ mod tests {
         let receipt = Receipt {
             event_id: "e".into(),
             topic: Arc::from("t"),
-            partition: 0,
-            offset: 1,
+            at: Delivered::Kafka {
+                partition: 0,
+                offset: 1,
+            },
             acked_at: SystemTime::UNIX_EPOCH,
             dead_lettered: false,
         };
@@ -348,6 +550,11 @@ mod tests {
             recorder.record(receipt.clone());
         }
         assert_eq!(metrics.receipts_dropped.get(), 3);
-        assert_eq!(drain(&mut rx), QUEUE as u64);
+        // The dropped ones are settled (lost, counted); the queued are not.
+        assert_eq!(
+            (recorder.recorded(), recorder.settled()),
+            (QUEUE as u64 + 3, 3)
+        );
+        assert_eq!(drain(&mut rx.rx), QUEUE as u64);
     }
 }

@@ -7,7 +7,7 @@ server in the tests; any SQS works).
   sqs_queues.py count ENDPOINT URL
       stdout: the queue's ApproximateNumberOfMessages (nothing taken off)
   sqs_queues.py read ENDPOINT URL
-      stdout: [{"body", "attributes", "group", "dedup", "sequence"}, ...],
+      stdout: [{"body", "message_id", "attributes", "group", "dedup", "sequence"}, ...],
       every message of the queue in the order SQS hands them out (taken
       off the queue: each received batch is deleted); string attributes as
       text, binary ones as {"binary": base64}
@@ -66,6 +66,7 @@ def main():
                 out.append(
                     {
                         "body": m["Body"],
+                        "message_id": m["MessageId"],
                         "attributes": attributes,
                         "group": system.get("MessageGroupId"),
                         "dedup": system.get("MessageDeduplicationId"),

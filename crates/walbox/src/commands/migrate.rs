@@ -32,6 +32,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0005_receipts.sql",
         include_str!("../../../../migrations/0005_receipts.sql"),
     ),
+    (
+        6,
+        "0006_receipts_every_broker.sql",
+        include_str!("../../../../migrations/0006_receipts_every_broker.sql"),
+    ),
 ];
 
 /// Arguments of `walbox migrate`.

@@ -225,7 +225,8 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     });
     let receipts = if settings.receipts {
         let client = slot_manager::connect_control(&c.pg).await?;
-        if !crate::receipts::installed(&client).await? {
+        let columns = crate::receipts::Columns::for_broker(settings.sink.name());
+        if !crate::receipts::installed(&client, columns).await? {
             return Err(crate::config::ConfigError(crate::receipts::NOT_INSTALLED.into()).into());
         }
         let (recorder, queue) = crate::receipts::Recorder::new(Arc::clone(&metrics));
@@ -234,6 +235,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         let task = tokio::spawn(crate::receipts::run(
             queue,
             c.pg.clone(),
+            columns,
             keep,
             Arc::clone(&metrics),
         ));

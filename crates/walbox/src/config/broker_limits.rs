@@ -30,10 +30,6 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
         ),
         (
-            r.receipts,
-            format!("receipts = true is not supported with sink = \"{sink}\" yet (a receipt names a Kafka partition and offset)"),
-        ),
-        (
             r.audit.interval.is_some(),
             match sqs {
                 true => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),

@@ -1576,10 +1576,6 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
             "delivery = \"exactly-once\" is Kafka's",
         ),
         (
-            Some(("WALBOX_RECEIPTS", "true")),
-            "receipts = true is not supported with sink = \"rabbitmq\"",
-        ),
-        (
             Some(("WALBOX_TOPICS_CREATE", "true")),
             "topics.create makes Kafka topics",
         ),
@@ -1622,6 +1618,11 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
     .unwrap();
     assert!(run.settings.schema_registry.is_some());
     assert!(run.settings.claim_check.is_some());
+    // A receipt names the exchange and routing key.
+    let run = load(None, &[PG, SINK, URL, ("WALBOX_RECEIPTS", "true")], &[])
+        .and_then(|c| c.for_run())
+        .unwrap();
+    assert!(run.settings.receipts);
     // Said at startup: the Kafka settings are ignored, and no TLS.
     let c = load(None, &[PG, SINK, URL, BROKERS], &[]).unwrap();
     let warnings = c.warnings().join("\n");

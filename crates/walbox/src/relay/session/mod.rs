@@ -23,6 +23,7 @@ mod coverage;
 mod ending;
 pub(in crate::relay) mod observe;
 mod reading;
+mod receipt_gate;
 mod sending;
 mod upkeep;
 
@@ -61,6 +62,10 @@ const EXHAUSTED_DRAIN: Duration = Duration::from_secs(3600);
 /// had sent (see [`Session::settle`]).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the last status update waits for the receipts of what it
+/// confirms to be written; past it, it confirms only what they allow.
+const RECEIPTS_SETTLE: Duration = Duration::from_secs(5);
+
 /// How long starting a session (connections, checks, START_REPLICATION) may
 /// take before it is retried.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,6 +95,8 @@ pub(super) struct Session<'a, D, X, R> {
     ends: bool,
     /// The core asked for the closed Kafka transaction's commit.
     commit_asked: bool,
+    /// The confirmed position held behind the receipts' writes.
+    receipt_gate: receipt_gate::ReceiptGate,
 }
 
 /// Resolves when `shutdown` asks for at least `level`; never if its sender
@@ -126,6 +133,7 @@ where
             core: Core::new(config),
             ends: false,
             commit_asked: false,
+            receipt_gate: receipt_gate::ReceiptGate::default(),
         }
     }
 
@@ -242,7 +250,7 @@ where
                     self.drain(&mut stream, shutdown, deadline).await?;
                     self.verify_coverage_now(&mut stream).await?;
                 }
-                let update = self.core.final_update(Instant::now());
+                let update = self.final_update().await;
                 match stream.send_status(update).await {
                     Ok(()) if self.ends => {}
                     Ok(()) => tracing::info!(lsn = %update.flush, "confirmed on shutdown"),
@@ -261,9 +269,8 @@ where
                 if !matches!(e, RunError::Drift(_)) {
                     let _ = self.verify_coverage_now(&mut stream).await;
                 }
-                let _ = stream
-                    .send_status(self.core.final_update(Instant::now()))
-                    .await;
+                let update = self.final_update().await;
+                let _ = stream.send_status(update).await;
                 Err(e)
             }
         }
@@ -281,7 +288,22 @@ where
                 Effect::Observe(o) => observe::observe(self.config, &self.metrics, o),
             }
         }
-        status
+        let receipts = self.config.receipts.as_ref();
+        match status {
+            Some(update) => Some(self.receipt_gate.pass(receipts, update)),
+            None => self.receipt_gate.release(receipts),
+        }
+    }
+
+    /// The core's last status update, once what it confirms has its
+    /// receipts settled (waiting for them up to [`RECEIPTS_SETTLE`]).
+    async fn final_update(&mut self) -> pgoutput_decoder::StandbyStatusUpdate {
+        if let Some(recorder) = &self.config.receipts {
+            recorder.settle(Instant::now() + RECEIPTS_SETTLE).await;
+        }
+        let update = self.core.final_update(Instant::now());
+        self.receipt_gate
+            .pass(self.config.receipts.as_ref(), update)
     }
 
     /// [`Session::carry_out`], and the status update sent.

@@ -220,14 +220,11 @@ fn transaction(metrics: &Metrics, note: TransactionNote) {
     }
 }
 
-/// An acknowledged event's receipt (at least once; exactly-once refuses
-/// receipts: an acknowledged record may still be aborted).
+/// An acknowledged event's receipt, where the broker says it landed (at
+/// least once; exactly-once refuses receipts: an acknowledged record may
+/// still be aborted).
 fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
-    // A receipt names a Kafka partition and offset (the configuration
-    // refuses receipts elsewhere).
-    let (Some(recorder), Some(id), Some((partition, offset))) =
-        (&config.receipts, &token.event_id, at.kafka())
-    else {
+    let (Some(recorder), Some(id)) = (&config.receipts, &token.event_id) else {
         return;
     };
     // A dead-lettered copy landed on the dead-letter topic.
@@ -238,8 +235,7 @@ fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
     recorder.record(Receipt {
         event_id: id.clone(),
         topic,
-        partition,
-        offset,
+        at: at.clone(),
         acked_at: SystemTime::now(),
         dead_lettered: token.dead_letter().is_some(),
     });

@@ -319,6 +319,16 @@ async fn a_released_event_gets_its_receipt() {
     let mut fx = quarantined(100);
     let (recorder, mut receipts) = crate::receipts::Recorder::new(Arc::clone(&fx.metrics));
     fx.config.receipts = Some(recorder);
+    // The writer: takes each receipt (settled), as walbox's writes them.
+    let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let written = Arc::clone(&written);
+        tokio::spawn(async move {
+            while let Some(r) = receipts.recv().await {
+                written.lock().unwrap().push(r.event_id.to_string());
+            }
+        })
+    };
     let server = fx.source.session(10);
     let b = fx.broker.clone();
     let db = fx.source.database();
@@ -339,9 +349,8 @@ async fn a_released_event_gets_its_receipt() {
         })
         .await;
     result.unwrap();
-    let mut ids = Vec::new();
-    while let Ok(r) = receipts.try_recv() {
-        ids.push(r.event_id.to_string());
-    }
+    drop(fx);
+    writer.await.unwrap();
+    let ids = written.lock().unwrap().clone();
     assert_eq!(ids, ["b1", "a1"]);
 }
