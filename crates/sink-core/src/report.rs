@@ -22,6 +22,16 @@ pub enum Delivered {
         /// The routing key.
         routing_key: String,
     },
+    /// A message a NATS JetStream stream stored.
+    Nats {
+        /// The stream.
+        stream: String,
+        /// Its sequence number in the stream.
+        sequence: u64,
+        /// The stream had it already (the same `Nats-Msg-Id` within its
+        /// duplicate window): this copy was dropped.
+        duplicate: bool,
+    },
     /// An SQS message.
     Sqs {
         /// The message id SQS gave it.

@@ -35,6 +35,7 @@ pub mod generated_doc;
 pub mod http;
 pub mod kafka;
 pub mod migrations;
+pub mod nats;
 pub mod pg;
 pub mod port;
 pub mod proc_stat;

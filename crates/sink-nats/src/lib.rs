@@ -1,0 +1,366 @@
+//! NATS JetStream as sink-core's [`Destination`]: each record published to
+//! the subject its topic names, reported delivered once a stream stored it.
+//!
+//! - **Stored, then reported.** A record is a JetStream publish: its report
+//!   comes with the stream's ack (the stream and sequence it was stored
+//!   at). Acks are read in publish order, so reports come in order.
+//! - **Re-sends dropped by the stream.** Every message carries its place
+//!   in the source stream ([`sink_core::Origin::id`]) as `Nats-Msg-Id`:
+//!   within the stream's duplicate window (2 minutes by default) a re-sent
+//!   event is stored once, and its ack says `duplicate`.
+//! - **Refusals.** No stream taking the subject, a message over the
+//!   server's `max_payload`, a header NATS cannot carry: for good
+//!   ([`DeliveryErrorKind::Permanent`], the record returned for a
+//!   dead-letter copy or the quarantine). An ack that does not come (the
+//!   server gone, a stream leader changing) is
+//!   [`DeliveryErrorKind::RetriableExhausted`]: the caller starts again
+//!   from what it confirmed, and the re-sends are deduplicated.
+//! - The record's key is the `walbox.key` header; its headers are headers
+//!   (text only); its value the payload.
+
+mod url;
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use sink_core::{
+    Admission, Delivered, Deliveries, DeliveryErrorKind, Destination, Permit, Record, Report,
+};
+use tokio::sync::mpsc;
+
+pub use url::{NatsUrl, UrlError};
+
+/// The header that carries the record key.
+pub const KEY_HEADER: &str = "walbox.key";
+/// JetStream's deduplication header.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Where to publish, and how much may wait for acks.
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    /// The server, and the credentials in its URL.
+    pub url: NatsUrl,
+    /// PEM certificates to trust for `tls://` instead of the system's.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Most records without an ack.
+    pub max_in_flight: usize,
+    /// Most bytes without an ack.
+    pub max_in_flight_bytes: usize,
+    /// How long an ack may take before the record counts as not delivered.
+    pub ack_timeout: Duration,
+    /// The connection's name, as the server's monitoring shows it.
+    pub connection_name: String,
+}
+
+/// Why the server cannot be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// It refused walbox (credentials, authorization, TLS): no retry helps.
+    #[error("NATS at {url} refused the connection: {detail}")]
+    Refused {
+        /// The server, without credentials.
+        url: String,
+        /// What happened.
+        detail: String,
+    },
+    /// It did not answer.
+    #[error("NATS at {url} did not answer: {detail}")]
+    Unavailable {
+        /// The server, without credentials.
+        url: String,
+        /// What happened.
+        detail: String,
+    },
+}
+
+impl ConnectError {
+    /// True when trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ConnectError::Unavailable { .. })
+    }
+}
+
+/// A publish on its way: its ack (or why it was not sent), and what the
+/// report gives back.
+struct Pending<T> {
+    ack: Result<AckFuture, (DeliveryErrorKind, String)>,
+    subject: Arc<str>,
+    token: T,
+    record: Record<()>,
+    _permit: Permit,
+}
+
+type AckResult = Result<PublishAck, async_nats::jetstream::context::PublishError>;
+type AckFuture = Pin<Box<dyn Future<Output = AckResult> + Send>>;
+
+/// Publishes records to JetStream; their reports arrive on [`Acks`].
+pub struct Publisher<T> {
+    client: async_nats::Client,
+    jetstream: async_nats::jetstream::Context,
+    admission: Admission,
+    pending: mpsc::UnboundedSender<Pending<T>>,
+    max_payload: usize,
+    shown: String,
+}
+
+/// Each published record's report, once, in publish order.
+pub struct Acks<T> {
+    pending: mpsc::UnboundedReceiver<Pending<T>>,
+    current: Option<Pending<T>>,
+}
+
+impl<T> std::fmt::Debug for Publisher<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("url", &self.shown)
+            .field("in_flight", &self.admission.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Publisher<T> {
+    /// Connects (a server that refuses walbox fails now, in one line) and
+    /// checks that JetStream is on.
+    pub async fn connect(config: NatsConfig) -> Result<(Publisher<T>, Acks<T>), ConnectError> {
+        let shown = config.url.to_string();
+        let mut options = async_nats::ConnectOptions::new()
+            .name(&config.connection_name)
+            .connection_timeout(Duration::from_secs(10));
+        options = match &config.url.auth {
+            url::Auth::None => options,
+            url::Auth::Token(token) => options.token(token.clone()),
+            url::Auth::UserPassword(user, password) => {
+                options.user_and_password(user.clone(), password.clone())
+            }
+        };
+        if config.url.tls {
+            options = options.require_tls(true);
+            if let Some(ca) = &config.ca_file {
+                options = options.add_root_certificates(ca.clone());
+            }
+        }
+        let client = options
+            .connect(config.url.server_addr())
+            .await
+            .map_err(|e| {
+                use async_nats::ConnectErrorKind as K;
+                let detail = e.to_string();
+                match e.kind() {
+                    K::Authentication | K::AuthorizationViolation | K::Tls => {
+                        ConnectError::Refused {
+                            url: shown.clone(),
+                            detail,
+                        }
+                    }
+                    _ => ConnectError::Unavailable {
+                        url: shown.clone(),
+                        detail,
+                    },
+                }
+            })?;
+        let mut jetstream = async_nats::jetstream::new(client.clone());
+        jetstream.set_timeout(config.ack_timeout);
+        jetstream
+            .query_account()
+            .await
+            .map_err(|e| ConnectError::Refused {
+                url: shown.clone(),
+                detail: format!("JetStream is not available to this account ({e}): start the server with JetStream on (nats-server -js) and give the account JetStream limits"),
+            })?;
+        let max_payload = client.server_info().max_payload;
+        let (tx, rx) = mpsc::unbounded_channel();
+        Ok((
+            Publisher {
+                client,
+                jetstream,
+                admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
+                pending: tx,
+                max_payload,
+                shown,
+            },
+            Acks {
+                pending: rx,
+                current: None,
+            },
+        ))
+    }
+
+    /// The server, without credentials.
+    pub fn url(&self) -> &str {
+        &self.shown
+    }
+
+    /// Waits up to `within` for the acks of what is in flight (their
+    /// reports arrive meanwhile); returns how many did not come.
+    pub async fn close(self, within: Duration) -> usize {
+        let _ = tokio::time::timeout(within, self.client.flush()).await;
+        let deadline = tokio::time::Instant::now() + within;
+        while self.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.admission.in_flight()
+    }
+
+    /// The message for `record`, or why NATS cannot carry it.
+    fn message(&self, record: &Record<()>) -> Result<(HeaderMap, Bytes), String> {
+        let mut headers = HeaderMap::new();
+        let text = |what: &str, name: &str, v: &[u8]| {
+            std::str::from_utf8(v)
+                .ok()
+                .filter(|s| !s.contains(['\r', '\n']))
+                .map(str::to_owned)
+                .ok_or_else(|| format!("{what} {name:?}: NATS headers are one line of UTF-8 text"))
+        };
+        for h in &record.headers {
+            if h.name.is_empty() || h.name.contains([':', ' ', '\r', '\n']) {
+                return Err(format!(
+                    "header name {:?}: NATS takes no empty name and no ':', space or line break",
+                    h.name
+                ));
+            }
+            headers.append(h.name.as_ref(), text("header", &h.name, &h.value)?.as_str());
+        }
+        if let Some(key) = &record.key {
+            headers.insert(KEY_HEADER, text("key", KEY_HEADER, key)?.as_str());
+        }
+        if let Some(origin) = &record.origin {
+            headers.insert(MSG_ID_HEADER, origin.id().as_str());
+        }
+        let payload = record.value.clone().unwrap_or_default();
+        // The server counts headers and payload against max_payload.
+        let size = record.size() + MSG_ID_HEADER.len() + KEY_HEADER.len();
+        if size > self.max_payload {
+            return Err(format!(
+                "message of {size} bytes: the server takes at most {} (its max_payload)",
+                self.max_payload
+            ));
+        }
+        Ok((headers, payload))
+    }
+}
+
+/// Whether `subject` is one NATS publishes to: dot-separated tokens, no
+/// wildcard, no whitespace.
+fn valid_subject(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject
+            .split('.')
+            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
+}
+
+impl<T: Send + 'static> Destination<T> for Publisher<T> {
+    fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    async fn send(&self, permit: Permit, record: Record<T>) {
+        let (record, token) = record.split_token();
+        let subject = Arc::clone(&record.topic);
+        let ack = match self.message(&record) {
+            Err(why) => Err((DeliveryErrorKind::Permanent, why)),
+            Ok(_) if !valid_subject(&subject) => Err((
+                DeliveryErrorKind::Permanent,
+                format!("subject {subject:?}: NATS publishes to dot-separated tokens without wildcards or spaces"),
+            )),
+            Ok((headers, payload)) => {
+                let publish = async_nats::jetstream::context::Publish::build()
+                    .payload(payload)
+                    .headers(headers);
+                match self
+                    .jetstream
+                    .send_publish(subject.to_string(), publish)
+                    .await
+                {
+                    Ok(ack) => Ok(Box::pin(IntoFuture::into_future(ack)) as AckFuture),
+                    Err(e) => Err((
+                        DeliveryErrorKind::RetriableExhausted,
+                        format!("publishing to NATS at {} failed: {e}", self.shown),
+                    )),
+                }
+            }
+        };
+        let _ = self.pending.send(Pending {
+            ack,
+            subject,
+            token,
+            record,
+            _permit: permit,
+        });
+    }
+}
+
+impl<T: Send + 'static> Deliveries<T> for Acks<T> {
+    async fn next(&mut self) -> Option<Report<T>> {
+        if self.current.is_none() {
+            self.current = Some(self.pending.recv().await?);
+        }
+        // The ack in progress stays in `current` if this is cancelled.
+        let current = self.current.as_mut().expect("set above");
+        let result = match &mut current.ack {
+            Err(failure) => Err(failure.clone()),
+            Ok(ack) => ack
+                .as_mut()
+                .await
+                .map_err(|e| classify(&current.subject, &e)),
+        };
+        let Pending { token, record, .. } = self.current.take().expect("set above");
+        Some(match result {
+            Ok(ack) => Report::delivered(
+                token,
+                Delivered::Nats {
+                    stream: ack.stream,
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                },
+            ),
+            Err((kind, why)) => Report::failed(token, kind, why, record),
+        })
+    }
+}
+
+/// What a failed publish means for the record.
+fn classify(
+    subject: &str,
+    e: &async_nats::jetstream::context::PublishError,
+) -> (DeliveryErrorKind, String) {
+    match e.kind() {
+        PublishErrorKind::StreamNotFound => (
+            DeliveryErrorKind::Permanent,
+            format!("no JetStream stream takes subject {subject:?}: add it to a stream's subjects"),
+        ),
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => (
+            DeliveryErrorKind::RetriableExhausted,
+            format!("no ack from JetStream for subject {subject:?} ({e}): sent again after a restart, the stream drops the copy it has"),
+        ),
+        _ => {
+            let text = e.to_string();
+            let passing = ["unavailable", "not ready", "timeout", "insufficient resources"];
+            let kind = if passing.iter().any(|p| text.to_lowercase().contains(p)) {
+                DeliveryErrorKind::RetriableExhausted
+            } else {
+                DeliveryErrorKind::Permanent
+            };
+            (kind, format!("JetStream refused the message for subject {subject:?}: {text}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_tokens_without_wildcards() {
+        assert!(valid_subject("outbox.event.order"));
+        assert!(valid_subject("orders"));
+        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b", "a.\tb"] {
+            assert!(!valid_subject(bad), "{bad:?}");
+        }
+    }
+}

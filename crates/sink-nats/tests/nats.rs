@@ -1,0 +1,174 @@
+//! sink-nats against a real nats-server with JetStream (the harness's),
+//! read back by the NATS project's client: every record stored once in
+//! order, re-sends dropped by `Nats-Msg-Id`, what no stream takes and
+//! what is too large refused for good, a server gone a retriable failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sink_core::{Delivered, Deliveries, DeliveryErrorKind, Destination, Origin, Record};
+use sink_nats::{Acks, NatsConfig, NatsUrl, Publisher};
+use walbox_test_harness::nats::NatsServer;
+
+fn config(server: &NatsServer) -> NatsConfig {
+    NatsConfig {
+        url: NatsUrl::parse(&server.url()).unwrap(),
+        ca_file: None,
+        max_in_flight: 10_000,
+        max_in_flight_bytes: 64 << 20,
+        ack_timeout: Duration::from_secs(5),
+        connection_name: "walbox-test".into(),
+    }
+}
+
+fn record(n: u64, subject: &str) -> Record<u64> {
+    Record::new(
+        subject,
+        Some(Bytes::from(format!("agg-{}", n % 7))),
+        Some(Bytes::from(format!("{{\"n\":{n}}}"))),
+        n,
+    )
+    .with_header("id", Bytes::from(format!("e-{n}")))
+    .with_origin(Origin {
+        stream: Arc::from("walbox"),
+        position: 0x100 + n / 10,
+        index: n % 10,
+    })
+}
+
+async fn send(p: &Publisher<u64>, r: Record<u64>) {
+    let permit = p.reserve(r.size()).await;
+    p.send(permit, r).await;
+}
+
+async fn reports(acks: &mut Acks<u64>, n: usize) -> Vec<sink_core::Report<u64>> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(30), acks.next())
+                .await
+                .expect("a report within 30 s")
+                .expect("open"),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_once_in_order_resends_dropped_refusals_for_good() {
+    let mut server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let mut stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (publisher, mut acks) = Publisher::<u64>::connect(config(&server)).await.unwrap();
+
+    for n in 0..1_000 {
+        send(&publisher, record(n, "orders.placed")).await;
+    }
+    let got = reports(&mut acks, 1_000).await;
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.token, i as u64, "reports in publish order");
+        match &r.result {
+            Ok(Delivered::Nats {
+                stream,
+                sequence,
+                duplicate,
+            }) => {
+                assert_eq!(
+                    (stream.as_str(), *sequence, *duplicate),
+                    ("ORDERS", i as u64 + 1, false)
+                );
+            }
+            other => panic!("{i}: {other:?}"),
+        }
+    }
+    // Re-sent (the same origins): acknowledged as duplicates, not stored.
+    for n in 900..1_000 {
+        send(&publisher, record(n, "orders.placed")).await;
+    }
+    for r in reports(&mut acks, 100).await {
+        assert!(
+            matches!(
+                r.result,
+                Ok(Delivered::Nats {
+                    duplicate: true,
+                    ..
+                })
+            ),
+            "{:?}",
+            r.result
+        );
+    }
+    assert_eq!(stream.info().await.unwrap().state.messages, 1_000);
+
+    // Read back by the NATS client: order, headers, key, message id.
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("check".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer
+        .fetch()
+        .max_messages(1_000)
+        .messages()
+        .await
+        .unwrap();
+    let mut n = 0u64;
+    while let Some(m) = messages.next().await {
+        let m = m.unwrap();
+        let headers = m.headers.clone().unwrap();
+        assert_eq!(m.payload, Bytes::from(format!("{{\"n\":{n}}}")));
+        assert_eq!(headers.get("id").unwrap().as_str(), format!("e-{n}"));
+        assert_eq!(
+            headers.get("walbox.key").unwrap().as_str(),
+            format!("agg-{}", n % 7)
+        );
+        assert_eq!(
+            headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .unwrap()
+                .as_str(),
+            format!("walbox/0/{:X}/{}", 0x100 + n / 10, n % 10)
+        );
+        n += 1;
+    }
+    assert_eq!(n, 1_000);
+
+    // No stream takes the subject; too large for the server: for good.
+    send(&publisher, record(2_000, "invoices.placed")).await;
+    let mut big = record(2_001, "orders.big");
+    big.value = Some(Bytes::from(vec![b'x'; 2 << 20]));
+    send(&publisher, big).await;
+    let refused = reports(&mut acks, 2).await;
+    let why = |r: &sink_core::Report<u64>| match &r.result {
+        Err(f) => (f.kind, f.message.clone()),
+        ok => panic!("{ok:?}"),
+    };
+    let (kind, text) = why(&refused[0]);
+    assert_eq!(kind, DeliveryErrorKind::Permanent);
+    assert!(
+        text.contains("no JetStream stream takes subject \"invoices.placed\""),
+        "{text}"
+    );
+    let (kind, text) = why(&refused[1]);
+    assert_eq!(kind, DeliveryErrorKind::Permanent);
+    assert!(text.contains("its max_payload"), "{text}");
+
+    // The server gone: a retriable failure, reported, not a hang.
+    server.kill9();
+    send(&publisher, record(3_000, "orders.placed")).await;
+    let (kind, _) = why(&reports(&mut acks, 1).await[0]);
+    assert_eq!(kind, DeliveryErrorKind::RetriableExhausted);
+    server.restart();
+}
