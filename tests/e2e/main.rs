@@ -19,6 +19,7 @@ mod many_tables;
 mod messages;
 mod migrate;
 mod msk_iam;
+mod nats;
 mod privileges;
 mod prometheus;
 mod quarantine;

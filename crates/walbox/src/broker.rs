@@ -30,6 +30,8 @@ pub enum Broker<T: Send + Sync + 'static> {
     RabbitMq(sink_amqp::Publisher<T>),
     /// `sink = "sqs"`.
     Sqs(sink_sqs::Publisher<T>),
+    /// `sink = "nats"` (boxed: the client is large beside the others).
+    Nats(Box<sink_nats::Publisher<T>>),
 }
 
 /// Its reports.
@@ -40,6 +42,8 @@ pub enum BrokerReports<T: Send + Sync + 'static> {
     RabbitMq(sink_amqp::Confirms<T>),
     /// SQS's answers.
     Sqs(sink_sqs::Outcomes<T>),
+    /// JetStream's acks (boxed: it holds the ack being awaited).
+    Nats(Box<sink_nats::Acks<T>>),
 }
 
 impl<T: Send + Sync + 'static> std::fmt::Debug for Broker<T> {
@@ -112,6 +116,14 @@ impl<T: Send + Sync + 'static> Broker<T> {
                 }
                 Ok(Some((Broker::Sqs(publisher), BrokerReports::Sqs(outcomes))))
             }
+            SinkSettings::Nats(config) => {
+                let (publisher, acks) = sink_nats::Publisher::connect(config.clone()).await?;
+                tracing::info!(url = %publisher.url(), "connected to NATS (JetStream)");
+                Ok(Some((
+                    Broker::Nats(Box::new(publisher)),
+                    BrokerReports::Nats(Box::new(acks)),
+                )))
+            }
         }
     }
 
@@ -121,7 +133,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
     pub fn message_limit(&self) -> Option<usize> {
         match self {
             Broker::Sqs(publisher) => Some(publisher.events_queue().max_message_bytes),
-            Broker::Kafka(_) | Broker::RabbitMq(_) => None,
+            Broker::Kafka(_) | Broker::RabbitMq(_) | Broker::Nats(_) => None,
         }
     }
 
@@ -152,6 +164,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
             Broker::Kafka(_) => "kafka",
             Broker::RabbitMq(_) => "rabbitmq",
             Broker::Sqs(_) => "sqs",
+            Broker::Nats(_) => "nats",
         }
     }
 
@@ -160,7 +173,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
     pub fn transactional(&self) -> Option<&Sink<T>> {
         match self {
             Broker::Kafka(sink) => Some(sink),
-            Broker::RabbitMq(_) | Broker::Sqs(_) => None,
+            Broker::RabbitMq(_) | Broker::Sqs(_) | Broker::Nats(_) => None,
         }
     }
 
@@ -193,6 +206,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
             }
             (Broker::RabbitMq(publisher), _) => publisher.close(within).await,
             (Broker::Sqs(publisher), _) => publisher.close(within).await,
+            (Broker::Nats(publisher), _) => (*publisher).close(within).await,
         }
     }
 }
@@ -203,6 +217,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::Kafka(d) => Destination::admission(d),
             Broker::RabbitMq(d) => d.admission(),
             Broker::Sqs(d) => d.admission(),
+            Broker::Nats(d) => d.admission(),
         }
     }
 
@@ -211,6 +226,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::Kafka(d) => Destination::send(d, permit, record).await,
             Broker::RabbitMq(d) => d.send(permit, record).await,
             Broker::Sqs(d) => d.send(permit, record).await,
+            Broker::Nats(d) => d.send(permit, record).await,
         }
     }
 
@@ -219,6 +235,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::Kafka(d) => Destination::stalled_for(d),
             Broker::RabbitMq(d) => d.stalled_for(),
             Broker::Sqs(d) => d.stalled_for(),
+            Broker::Nats(d) => d.stalled_for(),
         }
     }
 
@@ -227,6 +244,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::Kafka(d) => Destination::problem(d),
             Broker::RabbitMq(d) => d.problem(),
             Broker::Sqs(d) => d.problem(),
+            Broker::Nats(d) => d.problem(),
         }
     }
 }
@@ -237,6 +255,7 @@ impl<T: Send + Sync + 'static> Deliveries<T> for BrokerReports<T> {
             BrokerReports::Kafka(r) => Deliveries::next(r).await,
             BrokerReports::RabbitMq(r) => r.next().await,
             BrokerReports::Sqs(r) => r.next().await,
+            BrokerReports::Nats(r) => r.next().await,
         }
     }
 }

@@ -95,8 +95,13 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         table: c.table("walbox audit")?,
         mapping: &mapping,
         sink: settings.sink.kafka().ok_or_else(|| {
+            let why = match settings.sink.name() {
+                "sqs" => "it cannot: a queue cannot be read without taking its messages from the consumers",
+                "rabbitmq" => "not yet: a classic queue is consumed by reading it (a stream queue bound to the exchange could be read; not built)",
+                _ => "not yet: a JetStream stream can be read without consuming it (an ephemeral consumer), not built",
+            };
             ConfigError(format!(
-                "walbox audit reads the events back from Kafka; with sink = \"{}\" it cannot (a queue is consumed by reading it)",
+                "walbox audit reads the events back from Kafka; with sink = \"{}\" {why}",
                 settings.sink.name()
             ))
         })?,

@@ -14,12 +14,17 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "rabbitmq",
             "a message may arrive twice after a crash: deduplicate by message_id",
         ),
+        RawSink::Nats => (
+            "nats",
+            "a re-sent message within the stream's duplicate window is dropped by its Nats-Msg-Id, the event's place in the stream; after it, it arrives twice: deduplicate by the id header",
+        ),
         RawSink::Sqs => (
             "sqs",
             "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event's place in the stream; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
         ),
     };
     let sqs = r.sink == RawSink::Sqs;
+    let nats = r.sink == RawSink::Nats;
     let refusals = [
         (
             r.delivery == Delivery::ExactlyOnce,
@@ -30,6 +35,10 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
         ),
         (
+            nats && r.receipts,
+            "receipts = true is not supported with sink = \"nats\" yet (walbox.receipts has no columns for a stream and sequence)".into(),
+        ),
+        (
             r.audit.interval.is_some(),
             match sqs {
                 true => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),
@@ -38,9 +47,10 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
         ),
         (
             r.topics.create,
-            format!("topics.create makes Kafka topics; with sink = \"{sink}\" {}", match sqs {
-                true => "create the queues yourself (docs/sqs.md)",
-                false => "bind queues to the exchange instead (docs/rabbitmq.md)",
+            format!("topics.create makes Kafka topics; with sink = \"{sink}\" {}", match r.sink {
+                RawSink::Sqs => "create the queues yourself (docs/sqs.md)",
+                RawSink::Nats => "create a stream whose subjects take the topics (docs/nats.md)",
+                _ => "bind queues to the exchange instead (docs/rabbitmq.md)",
             }),
         ),
     ];

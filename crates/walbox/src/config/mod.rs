@@ -21,6 +21,7 @@ mod connection;
 mod effective;
 mod files;
 mod layers;
+mod nats;
 mod outbox_mapping;
 mod rabbitmq;
 mod raw;

@@ -43,6 +43,7 @@ pub(super) struct Raw {
     pub(super) sink: RawSink,
     pub(super) kafka: RawKafka,
     pub(super) rabbitmq: RawRabbitMq,
+    pub(super) nats: RawNats,
     pub(super) sqs: RawSqs,
     pub(super) topics: RawTopics,
     pub(super) delivery: Delivery,
@@ -89,6 +90,7 @@ impl Default for Raw {
             sink: RawSink::Kafka,
             kafka: RawKafka::default(),
             rabbitmq: RawRabbitMq::default(),
+            nats: RawNats::default(),
             sqs: RawSqs::default(),
             topics: RawTopics::default(),
             delivery: Delivery::AtLeastOnce,
@@ -161,6 +163,7 @@ pub(super) enum RawSink {
     Kafka,
     Rabbitmq,
     Sqs,
+    Nats,
 }
 
 /// `[rabbitmq]`.
@@ -193,6 +196,26 @@ impl Default for RawRabbitMq {
             exchange_type: "topic".into(),
             declare_exchange: true,
             partitions: 1,
+        }
+    }
+}
+
+/// `[nats]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawNats {
+    pub(super) url: Option<super::secret::Secret>,
+    pub(super) ca_file: Option<String>,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) ack_timeout_ms: u64,
+}
+
+impl Default for RawNats {
+    fn default() -> Self {
+        RawNats {
+            url: None,
+            ca_file: None,
+            ack_timeout_ms: 10_000,
         }
     }
 }

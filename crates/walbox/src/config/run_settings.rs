@@ -71,6 +71,8 @@ pub enum SinkSettings {
     RabbitMq(sink_amqp::AmqpConfig),
     /// `sink = "sqs"`.
     Sqs(sink_sqs::SqsConfig),
+    /// `sink = "nats"`.
+    Nats(sink_nats::NatsConfig),
 }
 
 impl SinkSettings {
@@ -80,6 +82,7 @@ impl SinkSettings {
             SinkSettings::Kafka(_) => "kafka",
             SinkSettings::RabbitMq(_) => "rabbitmq",
             SinkSettings::Sqs(_) => "sqs",
+            SinkSettings::Nats(_) => "nats",
         }
     }
 
@@ -344,6 +347,9 @@ impl Config {
             super::raw::RawSink::Kafka => SinkSettings::Kafka(sink),
             super::raw::RawSink::Rabbitmq => {
                 SinkSettings::RabbitMq(self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?)
+            }
+            super::raw::RawSink::Nats => {
+                SinkSettings::Nats(self.nats(sink.max_in_flight, sink.max_in_flight_bytes)?)
             }
             super::raw::RawSink::Sqs => SinkSettings::Sqs(self.sqs(
                 sink.max_in_flight,

@@ -188,8 +188,8 @@ pub const SETTINGS: &[Setting] = &[
       "format = avro or json-schema: use each subject's latest schema, registered by the team; or derive it from the JSON payloads and register it (opt-in): every field optional and nullable, widened as payloads bring new fields or kinds, a new version only then; walbox continues a schema it derived before and refuses a subject whose schema someone else registered (docs/configuration.md, \"Derived schemas\")."),
     s("schema_registry.key", Choice(&["string", "schema"]), Run, "string",
       "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema; registered by walbox when schemas = derived), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
-    s("sink", Choice(&["kafka", "rabbitmq", "sqs"]), Run, "kafka",
-      "The broker events go to: Apache Kafka (kafka.*), RabbitMQ (rabbitmq.*: AMQP 0-9-1 with publisher confirms; docs/rabbitmq.md), or Amazon SQS (sqs.*: SendMessageBatch, FIFO message groups per aggregate; docs/sqs.md)."),
+    s("sink", Choice(&["kafka", "rabbitmq", "sqs", "nats"]), Run, "kafka",
+      "The broker events go to: Apache Kafka (kafka.*), RabbitMQ (rabbitmq.*: AMQP 0-9-1 with publisher confirms; docs/rabbitmq.md), Amazon SQS (sqs.*: SendMessageBatch, FIFO message groups per aggregate; docs/sqs.md), or NATS JetStream (nats.*: publish acks, Nats-Msg-Id deduplication; docs/nats.md)."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run with sink = kafka."),
     Setting {
         secret: true,
@@ -217,6 +217,15 @@ pub const SETTINGS: &[Setting] = &[
       "sink = rabbitmq: declare the exchange (durable) at each connection; false: it must exist."),
     s("rabbitmq.partitions", Number, Run, "1",
       "sink = rabbitmq: above 1, the routing key is <topic>.<n>, n a hash of the aggregate id below this number: bind one queue per n, each with one consumer (single active consumer), for per-aggregate order (docs/rabbitmq.md)."),
+    Setting {
+        secret: true,
+        ..s("nats.url", Text, Run, "—",
+            "sink = nats: the server, nats://[user:password@|token@]host:port, or tls:// for TLS (port 4222 by default). Each event is published to the subject its topic names (mapping.topic_template), which a JetStream stream must take. Required with sink = nats; a secret (WALBOX_NATS_URL_FILE).")
+    },
+    s("nats.ca_file", Text, Run, "—",
+      "sink = nats with tls://: PEM certificates to trust instead of the system's."),
+    s("nats.ack_timeout_ms", Number, Run, "10000",
+      "sink = nats: how long a stream's ack may take; past it the session starts again from what was confirmed, and the stream drops the re-sends it has (Nats-Msg-Id)."),
     s("sqs.queue_url", Text, Run, "—",
       "sink = sqs: the events' queue, https://sqs.<region>.amazonaws.com/<account>/<name>. A FIFO queue (.fifo) keeps each aggregate's order (message group = aggregate id) and drops re-sends within 5 minutes (deduplication id = event id); a standard queue keeps no order. Required with sink = sqs."),
     s("sqs.dead_letter_queue_url", Text, Run, "—",

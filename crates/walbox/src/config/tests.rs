@@ -1717,6 +1717,70 @@ fn rabbitmq_over_tls_reads_its_files_up_front_and_takes_the_password_apart() {
 }
 
 #[test]
+fn nats_is_a_sink_of_its_own() {
+    const SINK: (&str, &str) = ("WALBOX_SINK", "nats");
+    const URL: (&str, &str) = (
+        "WALBOX_NATS_URL",
+        "nats://walbox:hunter2@nats.internal:4223",
+    );
+    let c = load(
+        None,
+        &[PG, SINK, URL, ("WALBOX_ON_FAILURE", "quarantine")],
+        &[],
+    )
+    .unwrap();
+    let run = c.for_run().unwrap().settings;
+    let crate::config::SinkSettings::Nats(nats) = &run.sink else {
+        panic!("nats settings")
+    };
+    assert_eq!(nats.url.to_string(), "nats://walbox@nats.internal:4223");
+    assert_eq!(nats.ack_timeout, std::time::Duration::from_secs(10));
+    assert!(run.quarantine.is_some());
+    let shown = format!("{:?}{:?}{run:?}", c.effective(), c);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    let warnings = c.warnings().join("\n");
+    assert!(
+        warnings.contains("NATS is reached over nats:// (no TLS)"),
+        "{warnings}"
+    );
+    for (extra, says) in [
+        (None, "sink = \"nats\" needs nats.url"),
+        (
+            Some(("WALBOX_NATS_URL", "nats//walbox:hunter2@nats:4222")),
+            "nats.url: expected nats://",
+        ),
+        (
+            Some(("WALBOX_NATS_CA_FILE", "/etc/ssl/ca.pem")),
+            "nats.ca_file is for TLS",
+        ),
+        (
+            Some(("WALBOX_DELIVERY", "exactly-once")),
+            "delivery = \"exactly-once\" is Kafka's",
+        ),
+        (
+            Some(("WALBOX_RECEIPTS", "true")),
+            "receipts = true is not supported with sink = \"nats\" yet",
+        ),
+        (
+            Some(("WALBOX_TOPICS_CREATE", "true")),
+            "create a stream whose subjects take the topics",
+        ),
+    ] {
+        let mut vars = vec![PG, SINK];
+        if extra.is_some_and(|(k, _)| k != "WALBOX_NATS_URL") {
+            vars.push(URL);
+        }
+        vars.extend(extra);
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}
+
+#[test]
 fn sqs_is_a_sink_of_its_own_with_its_queues() {
     const QUEUE: (&str, &str) = (
         "WALBOX_SQS_QUEUE_URL",

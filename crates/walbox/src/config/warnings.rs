@@ -34,9 +34,16 @@ impl Config {
         }
         let rabbitmq = self.raw.sink == super::raw::RawSink::Rabbitmq;
         let sqs = self.raw.sink == super::raw::RawSink::Sqs;
+        let nats = self.raw.sink == super::raw::RawSink::Nats;
         let kafka_set = self.raw.kafka.brokers.is_some() || !self.raw.kafka.properties.is_empty();
-        if kafka_set && (rabbitmq || sqs) {
-            let sink = if rabbitmq { "rabbitmq" } else { "sqs" };
+        if kafka_set && (rabbitmq || sqs || nats) {
+            let sink = if rabbitmq {
+                "rabbitmq"
+            } else if sqs {
+                "sqs"
+            } else {
+                "nats"
+            };
             out.push(format!(
                 "sink = \"{sink}\": the kafka.* settings are ignored"
             ));
@@ -56,6 +63,14 @@ impl Config {
                 .get(..7)
                 .is_some_and(|s| s.eq_ignore_ascii_case("amqp://"))
         });
+        let plain_nats = self.raw.nats.url.as_ref().is_some_and(|u| {
+            u.expose()
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("nats://"))
+        });
+        if nats && plain_nats {
+            out.push("NATS is reached over nats:// (no TLS): events and the credentials travel unencrypted; use tls:// or keep the server on a trusted network (docs/nats.md)".into());
+        }
         if rabbitmq && plain_amqp {
             out.push("RabbitMQ is reached over amqp:// (no TLS): events and the password travel unencrypted; use amqps:// or keep the broker on a trusted network (docs/rabbitmq.md)".into());
         }

@@ -36,6 +36,9 @@ pub enum RunError {
     /// `sink = "sqs"`: SQS did not answer, or refused walbox.
     #[error(transparent)]
     Sqs(#[from] sink_sqs::ConnectError),
+    /// `sink = "nats"`: the server did not answer, or refused walbox.
+    #[error(transparent)]
+    Nats(#[from] sink_nats::ConnectError),
     /// The brokers did not answer at startup.
     #[error("Kafka brokers {brokers} did not answer within 10 s")]
     Broker {
@@ -175,6 +178,7 @@ impl RunError {
             RunError::Schema(_) => "schema_registry",
             RunError::RabbitMq(_) => "rabbitmq",
             RunError::Sqs(_) => "sqs",
+            RunError::Nats(_) => "nats",
             RunError::Map(_)
             | RunError::Delivery(_)
             | RunError::DeadLetter(_)
@@ -217,6 +221,7 @@ impl RunError {
             RunError::Schema(e) => e.is_transient(),
             RunError::RabbitMq(e) => e.is_transient(),
             RunError::Sqs(e) => e.is_transient(),
+            RunError::Nats(e) => e.is_transient(),
             // Definite: the same input fails the same way again; each says
             // what to change.
             RunError::Map(_)

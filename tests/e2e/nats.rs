@@ -1,0 +1,194 @@
+//! `sink = "nats"` against a real nats-server with JetStream (the NATS
+//! project's Go server, which scripts/test installs with `go install`),
+//! read back by the NATS project's own client (async-nats' pull consumer),
+//! not by walbox's sink: 3,000 events in transactions of 1 to 50 through
+//! three kill -9s of walbox and a kill -9 of the server: every event in
+//! the stream, the duplicates a consumer sees (the stream drops re-sends
+//! by `Nats-Msg-Id` within its duplicate window), each aggregate's first
+//! arrivals in commit order; an event whose subject no stream takes
+//! dead-lettered with the reason.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use walbox_test_harness::nats::NatsServer;
+use walbox_test_harness::pg::fresh_db;
+use walbox_test_harness::wait::wait_for;
+
+use crate::support::*;
+
+const TOTAL: usize = 3_000;
+const AGGREGATES: usize = 37;
+
+/// A stored message: its subject, headers and payload's `n`.
+#[derive(Debug)]
+struct Got {
+    subject: String,
+    headers: HashMap<String, String>,
+    n: usize,
+}
+
+/// Every message of `stream`, in stream order, read by a fresh ordered
+/// consumer (reading consumes nothing).
+async fn read_stream(url: &str, stream: &str) -> Vec<Got> {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream(stream).await.unwrap();
+    let count = stream.info().await.unwrap().state.messages as usize;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("a message within 10 s")
+            .unwrap()
+            .unwrap();
+        let headers: HashMap<String, String> = m
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.first().map(|v| v.to_string()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        out.push(Got {
+            subject: m.subject.to_string(),
+            headers,
+            n: v["n"].as_u64().unwrap_or(u64::MAX) as usize,
+        });
+    }
+    out
+}
+
+async fn create_stream(url: &str, name: &str, subjects: &[&str]) {
+    let client = async_nats::connect(url).await.unwrap();
+    async_nats::jetstream::new(client)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: name.into(),
+            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_reaches_a_jetstream_stream_in_order_through_kills() {
+    let mut server = NatsServer::start();
+    let url = server.url();
+    create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
+    create_stream(&url, "DEAD", &["walbox.dead"]).await;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let start = || {
+        spawn_logged(walbox(
+            &db,
+            &[
+                "run",
+                "--sink",
+                "nats",
+                "--nats-url",
+                &url,
+                "--dead-letter-topic",
+                "walbox.dead",
+            ],
+        ))
+    };
+    let mut relay = start();
+    wait_log(&relay, "connected to NATS").await;
+    let writer = spawn_writer(
+        db.connect().await,
+        20,
+        TOTAL / 20 - 50,
+        Duration::from_millis(150),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 50,
+        AGGREGATES,
+    );
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        relay.kill9();
+        relay = start();
+    }
+    writer.await.unwrap();
+    // The server killed while events come: what it did not ack comes
+    // again, and what it stored is dropped as a duplicate.
+    server.kill9();
+    let written = TOTAL - 20 * 50;
+    insert_events(&client, written, TOTAL, |k| 1 + k % 50, AGGREGATES).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.restart();
+
+    let got = wait_for(
+        "every event in the stream",
+        Duration::from_secs(120),
+        || {
+            let url = url.clone();
+            async move {
+                let all = read_stream(&url, "OUTBOX").await;
+                let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
+                match distinct == TOTAL {
+                    true => Ok(all),
+                    false => Err(format!("{distinct} of {TOTAL} distinct events")),
+                }
+            }
+        },
+    )
+    .await;
+    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut seen = HashSet::new();
+    for g in &got {
+        assert_eq!(g.subject, "outbox.event.order");
+        let key = &g.headers["walbox.key"];
+        assert_eq!(key, &format!("agg-{}", g.n % AGGREGATES));
+        assert_eq!(g.headers["event_type"], format!("E{}", g.n));
+        assert!(g.headers["Nats-Msg-Id"].starts_with("walbox/"), "{g:?}");
+        if seen.insert(g.n) {
+            let prev = last.insert(key.clone(), g.n);
+            assert!(
+                prev.is_none_or(|p| p < g.n),
+                "{key}: {} after {prev:?}",
+                g.n
+            );
+        }
+    }
+    let duplicates = got.len() - TOTAL;
+    eprintln!("{duplicates} duplicates in the stream after three kill -9s of walbox and one of the server");
+    assert_eq!(
+        duplicates, 0,
+        "re-sends within the duplicate window are dropped"
+    );
+
+    // No stream takes this subject: dead-lettered with the reason.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('nobody', 'agg-x', 'Lost', '{\"n\": 99999}')",
+        )
+        .await
+        .unwrap();
+    let why = wait_for("the dead-letter copy", Duration::from_secs(60), || {
+        let url = url.clone();
+        async move {
+            let dead = read_stream(&url, "DEAD").await;
+            match dead.first() {
+                Some(d) => Ok(d.headers["walbox.error"].clone()),
+                None => Err("none yet".to_owned()),
+            }
+        }
+    })
+    .await;
+    assert!(
+        why.contains("no JetStream stream takes subject \"outbox.event.nobody\""),
+        "{why}"
+    );
+    stop(&mut relay).await;
+}
