@@ -172,3 +172,51 @@ async fn stored_once_in_order_resends_dropped_refusals_for_good() {
     assert_eq!(kind, DeliveryErrorKind::RetriableExhausted);
     server.restart();
 }
+
+/// A wrong password and a server without JetStream are refused for good,
+/// in one line, without the password; the right one connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_definite_and_shows_no_secret() {
+    let server = NatsServer::start_with(&["-js", "--user", "walbox", "--pass", "Zq9-nats-pass"]);
+    let at = |creds: &str| {
+        let mut c = config(&server);
+        c.url =
+            NatsUrl::parse(&server.url().replace("nats://", &format!("nats://{creds}@"))).unwrap();
+        c
+    };
+    let wrong = Publisher::<u64>::connect(at("walbox:Zq9-wrong-pass"))
+        .await
+        .err()
+        .expect("refused");
+    let text = wrong.to_string();
+    assert!(!wrong.is_transient(), "{text}");
+    assert!(text.contains("refused the connection"), "{text}");
+    assert!(!text.contains("Zq9"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let (p, _acks) = Publisher::<u64>::connect(at("walbox:Zq9-nats-pass"))
+        .await
+        .unwrap();
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    assert_eq!(p.url(), format!("nats://walbox@127.0.0.1:{port}"));
+
+    let plain = NatsServer::start_with(&[]);
+    let e = Publisher::<u64>::connect(config(&plain))
+        .await
+        .err()
+        .expect("refused");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.to_string().contains("JetStream is not available"), "{e}");
+
+    // Nobody listening: an outage, tried again by the caller.
+    let mut gone = config(&plain);
+    gone.url = NatsUrl::parse(&format!(
+        "nats://127.0.0.1:{}",
+        walbox_test_harness::port::free_port()
+    ))
+    .unwrap();
+    let e = Publisher::<u64>::connect(gone)
+        .await
+        .err()
+        .expect("no server");
+    assert!(e.is_transient(), "{e}");
+}

@@ -16,6 +16,7 @@ pub struct NatsServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     port: u16,
+    args: Vec<String>,
 }
 
 fn binary() -> PathBuf {
@@ -33,10 +34,17 @@ fn binary() -> PathBuf {
 impl NatsServer {
     /// Starts a server with JetStream and waits until it takes connections.
     pub fn start() -> NatsServer {
+        NatsServer::start_with(&["-js"])
+    }
+
+    /// Starts a server with `args` (`-js` for JetStream, `--user`,
+    /// `--pass`, …) besides its address, port and store.
+    pub fn start_with(args: &[&str]) -> NatsServer {
         let mut server = NatsServer {
             child: None,
             dir: tempfile::tempdir().expect("temp dir"),
             port: crate::port::free_port(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         server.boot();
         server
@@ -45,14 +53,8 @@ impl NatsServer {
     fn boot(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("server.log")).expect("log file");
         let child = Command::new(binary())
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
+            .args(&self.args)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
             .arg(self.dir.path().join("store"))
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log))
