@@ -35,3 +35,4 @@ mod spans;
 mod sqs;
 mod support;
 mod topics;
+mod webhook;

@@ -32,6 +32,11 @@ pub enum Delivered {
         /// duplicate window): this copy was dropped.
         duplicate: bool,
     },
+    /// An HTTP endpoint that answered 2xx.
+    Http {
+        /// The status it answered with.
+        status: u16,
+    },
     /// An SQS message.
     Sqs {
         /// The message id SQS gave it.

@@ -32,6 +32,8 @@ pub enum Broker<T: Send + Sync + 'static> {
     Sqs(sink_sqs::Publisher<T>),
     /// `sink = "nats"` (boxed: the client is large beside the others).
     Nats(Box<sink_nats::Publisher<T>>),
+    /// `sink = "webhook"`.
+    Webhook(sink_webhook::Publisher<T>),
 }
 
 /// Its reports.
@@ -44,6 +46,8 @@ pub enum BrokerReports<T: Send + Sync + 'static> {
     Sqs(sink_sqs::Outcomes<T>),
     /// JetStream's acks (boxed: it holds the ack being awaited).
     Nats(Box<sink_nats::Acks<T>>),
+    /// The endpoint's answers.
+    Webhook(sink_webhook::Answers<T>),
 }
 
 impl<T: Send + Sync + 'static> std::fmt::Debug for Broker<T> {
@@ -116,6 +120,14 @@ impl<T: Send + Sync + 'static> Broker<T> {
                 }
                 Ok(Some((Broker::Sqs(publisher), BrokerReports::Sqs(outcomes))))
             }
+            SinkSettings::Webhook(config) => {
+                let (publisher, answers) = sink_webhook::Publisher::new(config.clone())?;
+                tracing::info!(url = %publisher.url(), signed = config.secret.is_some(), "POSTing events to a webhook");
+                Ok(Some((
+                    Broker::Webhook(publisher),
+                    BrokerReports::Webhook(answers),
+                )))
+            }
             SinkSettings::Nats(config) => {
                 let (publisher, acks) = sink_nats::Publisher::connect(config.clone()).await?;
                 tracing::info!(url = %publisher.url(), "connected to NATS (JetStream)");
@@ -133,7 +145,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
     pub fn message_limit(&self) -> Option<usize> {
         match self {
             Broker::Sqs(publisher) => Some(publisher.events_queue().max_message_bytes),
-            Broker::Kafka(_) | Broker::RabbitMq(_) | Broker::Nats(_) => None,
+            Broker::Kafka(_) | Broker::RabbitMq(_) | Broker::Nats(_) | Broker::Webhook(_) => None,
         }
     }
 
@@ -165,6 +177,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
             Broker::RabbitMq(_) => "rabbitmq",
             Broker::Sqs(_) => "sqs",
             Broker::Nats(_) => "nats",
+            Broker::Webhook(_) => "webhook",
         }
     }
 
@@ -173,7 +186,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
     pub fn transactional(&self) -> Option<&Sink<T>> {
         match self {
             Broker::Kafka(sink) => Some(sink),
-            Broker::RabbitMq(_) | Broker::Sqs(_) | Broker::Nats(_) => None,
+            Broker::RabbitMq(_) | Broker::Sqs(_) | Broker::Nats(_) | Broker::Webhook(_) => None,
         }
     }
 
@@ -207,6 +220,7 @@ impl<T: Send + Sync + 'static> Broker<T> {
             (Broker::RabbitMq(publisher), _) => publisher.close(within).await,
             (Broker::Sqs(publisher), _) => publisher.close(within).await,
             (Broker::Nats(publisher), _) => (*publisher).close(within).await,
+            (Broker::Webhook(publisher), _) => publisher.close(within).await,
         }
     }
 }
@@ -218,6 +232,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::RabbitMq(d) => d.admission(),
             Broker::Sqs(d) => d.admission(),
             Broker::Nats(d) => d.admission(),
+            Broker::Webhook(d) => d.admission(),
         }
     }
 
@@ -227,6 +242,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::RabbitMq(d) => d.send(permit, record).await,
             Broker::Sqs(d) => d.send(permit, record).await,
             Broker::Nats(d) => d.send(permit, record).await,
+            Broker::Webhook(d) => d.send(permit, record).await,
         }
     }
 
@@ -236,6 +252,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::RabbitMq(d) => d.stalled_for(),
             Broker::Sqs(d) => d.stalled_for(),
             Broker::Nats(d) => d.stalled_for(),
+            Broker::Webhook(d) => d.stalled_for(),
         }
     }
 
@@ -245,6 +262,7 @@ impl<T: Send + Sync + 'static> Destination<T> for Broker<T> {
             Broker::RabbitMq(d) => d.problem(),
             Broker::Sqs(d) => d.problem(),
             Broker::Nats(d) => d.problem(),
+            Broker::Webhook(d) => d.problem(),
         }
     }
 }
@@ -256,6 +274,7 @@ impl<T: Send + Sync + 'static> Deliveries<T> for BrokerReports<T> {
             BrokerReports::RabbitMq(r) => r.next().await,
             BrokerReports::Sqs(r) => r.next().await,
             BrokerReports::Nats(r) => r.next().await,
+            BrokerReports::Webhook(r) => r.next().await,
         }
     }
 }

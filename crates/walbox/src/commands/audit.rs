@@ -97,6 +97,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         sink: settings.sink.kafka().ok_or_else(|| {
             let why = match settings.sink.name() {
                 "sqs" => "it cannot: a queue cannot be read without taking its messages from the consumers",
+                "webhook" => "it cannot: what an endpoint did with a request cannot be read back",
                 "rabbitmq" => "not yet: a classic queue is consumed by reading it (a stream queue bound to the exchange could be read; not built)",
                 _ => "not yet: a JetStream stream can be read without consuming it (an ephemeral consumer), not built",
             };

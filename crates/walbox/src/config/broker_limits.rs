@@ -18,6 +18,10 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "nats",
             "a re-sent message within the stream's duplicate window is dropped by its Nats-Msg-Id, the event's place in the stream; after it, it arrives twice: deduplicate by the id header",
         ),
+        RawSink::Webhook => (
+            "webhook",
+            "a re-sent event carries the same Idempotency-Key header: the endpoint deduplicates by it",
+        ),
         RawSink::Sqs => (
             "sqs",
             "on a FIFO queue SQS drops a re-sent message within five minutes by its deduplication id, the event's place in the stream; a re-send after that, or on a standard queue, arrives twice: deduplicate by the id attribute",
@@ -25,6 +29,7 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
     };
     let sqs = r.sink == RawSink::Sqs;
     let nats = r.sink == RawSink::Nats;
+    let webhook = r.sink == RawSink::Webhook;
     let refusals = [
         (
             r.delivery == Delivery::ExactlyOnce,
@@ -35,14 +40,15 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
         ),
         (
-            nats && r.receipts,
-            "receipts = true is not supported with sink = \"nats\" yet (walbox.receipts has no columns for a stream and sequence)".into(),
+            (nats || webhook) && r.receipts,
+            format!("receipts = true is not supported with sink = \"{sink}\" yet (walbox.receipts has no columns for where it landed)"),
         ),
         (
             r.audit.interval.is_some(),
-            match sqs {
-                true => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),
-                false => format!("audit.interval (the continuous audit reads Kafka) is not supported with sink = \"{sink}\" yet"),
+            match r.sink {
+                RawSink::Sqs => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),
+                RawSink::Webhook => "audit.interval cannot be used with a webhook: what an endpoint did with a request cannot be read back".into(),
+                _ => format!("audit.interval (the continuous audit reads Kafka) is not supported with sink = \"{sink}\" yet"),
             },
         ),
         (
@@ -50,6 +56,7 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             format!("topics.create makes Kafka topics; with sink = \"{sink}\" {}", match r.sink {
                 RawSink::Sqs => "create the queues yourself (docs/sqs.md)",
                 RawSink::Nats => "create a stream whose subjects take the topics (docs/nats.md)",
+                RawSink::Webhook => "the topic is the Walbox-Topic header of the POST (docs/webhooks.md)",
                 _ => "bind queues to the exchange instead (docs/rabbitmq.md)",
             }),
         ),

@@ -30,6 +30,7 @@ mod secret;
 mod sqs;
 pub mod table;
 mod warnings;
+mod webhook;
 mod whole;
 
 use std::path::Path;

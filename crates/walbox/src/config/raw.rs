@@ -44,6 +44,7 @@ pub(super) struct Raw {
     pub(super) kafka: RawKafka,
     pub(super) rabbitmq: RawRabbitMq,
     pub(super) nats: RawNats,
+    pub(super) webhook: RawWebhook,
     pub(super) sqs: RawSqs,
     pub(super) topics: RawTopics,
     pub(super) delivery: Delivery,
@@ -91,6 +92,7 @@ impl Default for Raw {
             kafka: RawKafka::default(),
             rabbitmq: RawRabbitMq::default(),
             nats: RawNats::default(),
+            webhook: RawWebhook::default(),
             sqs: RawSqs::default(),
             topics: RawTopics::default(),
             delivery: Delivery::AtLeastOnce,
@@ -164,6 +166,7 @@ pub(super) enum RawSink {
     Rabbitmq,
     Sqs,
     Nats,
+    Webhook,
 }
 
 /// `[rabbitmq]`.
@@ -216,6 +219,31 @@ impl Default for RawNats {
             url: None,
             ca_file: None,
             ack_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `[webhook]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawWebhook {
+    pub(super) url: Option<super::secret::Secret>,
+    pub(super) secret: Option<super::secret::Secret>,
+    pub(super) ca_file: Option<String>,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) timeout_ms: u64,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) concurrency: u64,
+}
+
+impl Default for RawWebhook {
+    fn default() -> Self {
+        RawWebhook {
+            url: None,
+            secret: None,
+            ca_file: None,
+            timeout_ms: 10_000,
+            concurrency: 16,
         }
     }
 }

@@ -73,6 +73,8 @@ pub enum SinkSettings {
     Sqs(sink_sqs::SqsConfig),
     /// `sink = "nats"`.
     Nats(sink_nats::NatsConfig),
+    /// `sink = "webhook"`.
+    Webhook(sink_webhook::WebhookConfig),
 }
 
 impl SinkSettings {
@@ -83,6 +85,7 @@ impl SinkSettings {
             SinkSettings::RabbitMq(_) => "rabbitmq",
             SinkSettings::Sqs(_) => "sqs",
             SinkSettings::Nats(_) => "nats",
+            SinkSettings::Webhook(_) => "webhook",
         }
     }
 
@@ -347,6 +350,9 @@ impl Config {
             super::raw::RawSink::Kafka => SinkSettings::Kafka(sink),
             super::raw::RawSink::Rabbitmq => {
                 SinkSettings::RabbitMq(self.rabbitmq(sink.max_in_flight, sink.max_in_flight_bytes)?)
+            }
+            super::raw::RawSink::Webhook => {
+                SinkSettings::Webhook(self.webhook(sink.max_in_flight, sink.max_in_flight_bytes)?)
             }
             super::raw::RawSink::Nats => {
                 SinkSettings::Nats(self.nats(sink.max_in_flight, sink.max_in_flight_bytes)?)

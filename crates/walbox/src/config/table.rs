@@ -188,8 +188,8 @@ pub const SETTINGS: &[Setting] = &[
       "format = avro or json-schema: use each subject's latest schema, registered by the team; or derive it from the JSON payloads and register it (opt-in): every field optional and nullable, widened as payloads bring new fields or kinds, a new version only then; walbox continues a schema it derived before and refuses a subject whose schema someone else registered (docs/configuration.md, \"Derived schemas\")."),
     s("schema_registry.key", Choice(&["string", "schema"]), Run, "string",
       "format = avro or json-schema: the record key (the aggregate id) as its text, or serialized in the wire format with the latest schema of subject <topic>-key (a string schema; registered by walbox when schemas = derived), as Confluent's key serializers write it: the key bytes, and so the partitions, of a producer that serialized its keys (Debezium with an AvroConverter key converter). Not with format = protobuf or on_failure = quarantine."),
-    s("sink", Choice(&["kafka", "rabbitmq", "sqs", "nats"]), Run, "kafka",
-      "The broker events go to: Apache Kafka (kafka.*), RabbitMQ (rabbitmq.*: AMQP 0-9-1 with publisher confirms; docs/rabbitmq.md), Amazon SQS (sqs.*: SendMessageBatch, FIFO message groups per aggregate; docs/sqs.md), or NATS JetStream (nats.*: publish acks, Nats-Msg-Id deduplication; docs/nats.md)."),
+    s("sink", Choice(&["kafka", "rabbitmq", "sqs", "nats", "webhook"]), Run, "kafka",
+      "The broker events go to: Apache Kafka (kafka.*), RabbitMQ (rabbitmq.*: AMQP 0-9-1 with publisher confirms; docs/rabbitmq.md), Amazon SQS (sqs.*: SendMessageBatch, FIFO message groups per aggregate; docs/sqs.md), NATS JetStream (nats.*: publish acks, Nats-Msg-Id deduplication; docs/nats.md), or an HTTP endpoint (webhook.*: a signed POST per event, one in flight per aggregate; docs/webhooks.md)."),
     s("kafka.brokers", Text, Run, "—", "Kafka bootstrap servers, host:port,… Required by run with sink = kafka."),
     Setting {
         secret: true,
@@ -226,6 +226,22 @@ pub const SETTINGS: &[Setting] = &[
       "sink = nats with tls://: PEM certificates to trust instead of the system's."),
     s("nats.ack_timeout_ms", Number, Run, "10000",
       "sink = nats: how long a stream's ack may take; past it the session starts again from what was confirmed, and the stream drops the re-sends it has (Nats-Msg-Id)."),
+    Setting {
+        secret: true,
+        ..s("webhook.url", Text, Run, "—",
+            "sink = webhook: the endpoint each event is POSTed to, http:// or https:// (a secret: a token in it is never shown; WALBOX_WEBHOOK_URL_FILE). 2xx delivers; 4xx (but 408, 425, 429) refuses for good; 5xx and timeouts are tried again. Required with sink = webhook.")
+    },
+    Setting {
+        secret: true,
+        ..s("webhook.secret", Text, Run, "—",
+            "sink = webhook: the HMAC-SHA256 key of the Walbox-Signature header (t=<unix seconds>,v1=<hex HMAC of \"<t>.<body>\">); without it requests are unsigned (WALBOX_WEBHOOK_SECRET_FILE).")
+    },
+    s("webhook.ca_file", Text, Run, "—",
+      "sink = webhook with https://: PEM certificates to trust instead of the system's."),
+    s("webhook.timeout_ms", Number, Run, "10000",
+      "sink = webhook: how long one request may take before it is tried again."),
+    s("webhook.concurrency", Number, Run, "16",
+      "sink = webhook: aggregates with a request out at once (1 to 256); each aggregate's events go one after another."),
     s("sqs.queue_url", Text, Run, "—",
       "sink = sqs: the events' queue, https://sqs.<region>.amazonaws.com/<account>/<name>. A FIFO queue (.fifo) keeps each aggregate's order (message group = aggregate id) and drops re-sends within 5 minutes (deduplication id = event id); a standard queue keeps no order. Required with sink = sqs."),
     s("sqs.dead_letter_queue_url", Text, Run, "—",

@@ -1781,6 +1781,61 @@ fn nats_is_a_sink_of_its_own() {
 }
 
 #[test]
+fn a_webhook_is_a_sink_of_its_own() {
+    const SINK: (&str, &str) = ("WALBOX_SINK", "webhook");
+    const URL: (&str, &str) = (
+        "WALBOX_WEBHOOK_URL",
+        "https://hooks.example/outbox?token=hunter2",
+    );
+    const SECRET: (&str, &str) = ("WALBOX_WEBHOOK_SECRET", "hunter2-signing");
+    let c = load(None, &[PG, SINK, URL, SECRET], &[]).unwrap();
+    let run = c.for_run().unwrap().settings;
+    let crate::config::SinkSettings::Webhook(hook) = &run.sink else {
+        panic!("webhook settings")
+    };
+    assert_eq!(hook.concurrency, 16);
+    assert_eq!(hook.secret.as_deref(), Some("hunter2-signing"));
+    let shown = format!("{:?}{:?}{run:?}", c.effective(), c);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    for (extra, says) in [
+        (None, "sink = \"webhook\" needs webhook.url"),
+        (
+            Some(("WALBOX_WEBHOOK_URL", "ftp://hunter2@hooks.example/")),
+            "webhook.url: expected http:// or https://",
+        ),
+        (
+            Some(("WALBOX_WEBHOOK_URL", "hooks.example/hunter2")),
+            "webhook.url: relative URL without a base",
+        ),
+        (
+            Some(("WALBOX_WEBHOOK_CONCURRENCY", "0")),
+            "webhook.concurrency: from 1 to 256",
+        ),
+        (
+            Some(("WALBOX_RECEIPTS", "true")),
+            "receipts = true is not supported with sink = \"webhook\" yet",
+        ),
+        (
+            Some(("WALBOX_AUDIT_INTERVAL", "1m")),
+            "cannot be used with a webhook",
+        ),
+        (Some(("WALBOX_DELIVERY", "exactly-once")), "Idempotency-Key"),
+    ] {
+        let mut vars = vec![PG, SINK];
+        if extra.is_some_and(|(k, _)| k != "WALBOX_WEBHOOK_URL") {
+            vars.push(URL);
+        }
+        vars.extend(extra);
+        let e = load(None, &vars, &[])
+            .and_then(|c| c.for_run())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}
+
+#[test]
 fn sqs_is_a_sink_of_its_own_with_its_queues() {
     const QUEUE: (&str, &str) = (
         "WALBOX_SQS_QUEUE_URL",

@@ -35,14 +35,14 @@ impl Config {
         let rabbitmq = self.raw.sink == super::raw::RawSink::Rabbitmq;
         let sqs = self.raw.sink == super::raw::RawSink::Sqs;
         let nats = self.raw.sink == super::raw::RawSink::Nats;
+        let webhook = self.raw.sink == super::raw::RawSink::Webhook;
         let kafka_set = self.raw.kafka.brokers.is_some() || !self.raw.kafka.properties.is_empty();
-        if kafka_set && (rabbitmq || sqs || nats) {
-            let sink = if rabbitmq {
-                "rabbitmq"
-            } else if sqs {
-                "sqs"
-            } else {
-                "nats"
+        if kafka_set && self.raw.sink != super::raw::RawSink::Kafka {
+            let sink = match self.raw.sink {
+                super::raw::RawSink::Rabbitmq => "rabbitmq",
+                super::raw::RawSink::Sqs => "sqs",
+                super::raw::RawSink::Nats => "nats",
+                _ => "webhook",
             };
             out.push(format!(
                 "sink = \"{sink}\": the kafka.* settings are ignored"
@@ -68,6 +68,14 @@ impl Config {
                 .get(..7)
                 .is_some_and(|s| s.eq_ignore_ascii_case("nats://"))
         });
+        let plain_http = self.raw.webhook.url.as_ref().is_some_and(|u| {
+            u.expose()
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+        });
+        if webhook && plain_http {
+            out.push("the webhook is reached over http:// (no TLS): events and their signatures travel unencrypted; use https:// (docs/webhooks.md)".into());
+        }
         if nats && plain_nats {
             out.push("NATS is reached over nats:// (no TLS): events and the credentials travel unencrypted; use tls:// or keep the server on a trusted network (docs/nats.md)".into());
         }

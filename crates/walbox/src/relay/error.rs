@@ -39,6 +39,9 @@ pub enum RunError {
     /// `sink = "nats"`: the server did not answer, or refused walbox.
     #[error(transparent)]
     Nats(#[from] sink_nats::ConnectError),
+    /// `sink = "webhook"`: the HTTP client cannot be set up.
+    #[error(transparent)]
+    Webhook(#[from] sink_webhook::SetupError),
     /// The brokers did not answer at startup.
     #[error("Kafka brokers {brokers} did not answer within 10 s")]
     Broker {
@@ -179,6 +182,7 @@ impl RunError {
             RunError::RabbitMq(_) => "rabbitmq",
             RunError::Sqs(_) => "sqs",
             RunError::Nats(_) => "nats",
+            RunError::Webhook(_) => "other",
             RunError::Map(_)
             | RunError::Delivery(_)
             | RunError::DeadLetter(_)
@@ -222,6 +226,8 @@ impl RunError {
             RunError::RabbitMq(e) => e.is_transient(),
             RunError::Sqs(e) => e.is_transient(),
             RunError::Nats(e) => e.is_transient(),
+            // Its CA file: the same file fails the same way again.
+            RunError::Webhook(_) => false,
             // Definite: the same input fails the same way again; each says
             // what to change.
             RunError::Map(_)
