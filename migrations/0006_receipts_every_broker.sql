@@ -2,9 +2,11 @@
 --
 -- A receipt says where the broker stored the event, in the broker's own
 -- terms: a Kafka partition and offset (as before), a RabbitMQ exchange and
--- routing key (confirmed by the broker, at acked_at), or an SQS message id
--- and, on a FIFO queue, its sequence number. `broker` says which; the
--- other brokers' columns are NULL. walbox.await_delivery returns them all:
+-- routing key (confirmed by the broker, at acked_at), an SQS message id
+-- and, on a FIFO queue, its sequence number, a NATS JetStream stream and
+-- sequence, or the HTTP status a webhook answered. `broker` says which;
+-- the other brokers' columns are NULL. walbox.await_delivery returns them
+-- all:
 --
 --   SELECT broker, amqp_routing_key, sqs_message_id
 --     FROM walbox.await_delivery('a1b2…', '5 seconds');
@@ -18,19 +20,24 @@ ALTER TABLE walbox.receipts
     ADD COLUMN IF NOT EXISTS amqp_exchange text,
     ADD COLUMN IF NOT EXISTS amqp_routing_key text,
     ADD COLUMN IF NOT EXISTS sqs_message_id text,
-    ADD COLUMN IF NOT EXISTS sqs_sequence_number text;
+    ADD COLUMN IF NOT EXISTS sqs_sequence_number text,
+    ADD COLUMN IF NOT EXISTS nats_stream text,
+    ADD COLUMN IF NOT EXISTS nats_sequence bigint,
+    ADD COLUMN IF NOT EXISTS http_status integer;
 
 DO $$
 DECLARE
     a record;
 BEGIN
-    FOR a IN SELECT * FROM (VALUES ('broker'), ('amqp_exchange'), ('amqp_routing_key'),
-                                   ('sqs_message_id'), ('sqs_sequence_number')) v(name)
+    FOR a IN SELECT * FROM (VALUES ('broker', 'text'), ('amqp_exchange', 'text'),
+                                   ('amqp_routing_key', 'text'), ('sqs_message_id', 'text'),
+                                   ('sqs_sequence_number', 'text'), ('nats_stream', 'text'),
+                                   ('nats_sequence', 'bigint'), ('http_status', 'integer')) v(name, type)
     LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_attribute
                         WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'walbox.receipt'::regtype)
                           AND attname = a.name AND NOT attisdropped) THEN
-            EXECUTE format('ALTER TYPE walbox.receipt ADD ATTRIBUTE %I text', a.name);
+            EXECUTE format('ALTER TYPE walbox.receipt ADD ATTRIBUTE %I %s', a.name, a.type);
         END IF;
     END LOOP;
 END $$;
@@ -56,7 +63,8 @@ BEGIN
     END IF;
     LOOP
         SELECT r.event_id, r.topic, r.kafka_partition, r.kafka_offset, r.acked_at, r.dead_lettered,
-               r.broker, r.amqp_exchange, r.amqp_routing_key, r.sqs_message_id, r.sqs_sequence_number
+               r.broker, r.amqp_exchange, r.amqp_routing_key, r.sqs_message_id, r.sqs_sequence_number,
+               r.nats_stream, r.nats_sequence, r.http_status
           INTO found_r
           FROM walbox.receipts r
          WHERE r.event_id = await_delivery.event_id

@@ -299,6 +299,9 @@ struct Receipt {
     sqs_message_id: Option<String>,
     sqs_sequence_number: Option<String>,
     kafka_partition: Option<i32>,
+    nats_stream: Option<String>,
+    nats_sequence: Option<i64>,
+    http_status: Option<i32>,
 }
 
 /// 1,000 events in transactions of 1 to 20, each waited on by one of 4
@@ -326,7 +329,8 @@ async fn wait_on_each_through_a_kill_9(
                 let r = conn
                     .query_one(
                         "SELECT broker, amqp_exchange, amqp_routing_key, sqs_message_id,
-                                sqs_sequence_number, kafka_partition
+                                sqs_sequence_number, kafka_partition, nats_stream,
+                                nats_sequence, http_status
                            FROM walbox.await_delivery($1::text, '30 seconds')",
                         &[&id],
                     )
@@ -349,6 +353,9 @@ async fn wait_on_each_through_a_kill_9(
                     sqs_message_id: r.get(3),
                     sqs_sequence_number: r.get(4),
                     kafka_partition: r.get(5),
+                    nats_stream: r.get(6),
+                    nats_sequence: r.get(7),
+                    http_status: r.get(8),
                 };
                 landed.lock().await.insert(id, receipt);
             }
@@ -552,4 +559,75 @@ async fn a_database_migrated_before_0006_keeps_kafka_receipts_and_asks_for_it_el
         stderr.contains("run `walbox migrate`; with RabbitMQ or SQS, migration 0006 too"),
         "{stderr}"
     );
+}
+
+/// Receipts with NATS JetStream: every wait returns the stream and the
+/// sequence at which the stream holds the event, through a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_wait_returns_the_stream_sequence_on_nats() {
+    let server = walbox_test_harness::nats::NatsServer::start();
+    let url = server.url();
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    let stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "OUTBOX".into(),
+            subjects: vec!["outbox.event.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let db = fresh_db().await;
+    init(&db).await;
+    let flags = [
+        "run",
+        "--sink",
+        "nats",
+        "--nats-url",
+        &url,
+        "--receipts",
+        "true",
+    ];
+    let (landed, mut relay) =
+        wait_on_each_through_a_kill_9(&db, || spawn_logged(walbox(&db, &flags))).await;
+    stop(&mut relay).await;
+    for (id, r) in &landed {
+        assert_eq!(r.broker, "nats", "{id}: {r:?}");
+        assert_eq!(r.nats_stream.as_deref(), Some("OUTBOX"), "{id}: {r:?}");
+        let seq = r.nats_sequence.unwrap() as u64;
+        let m = stream.get_raw_message(seq).await.unwrap();
+        assert_eq!(
+            m.headers.get("id").map(|v| v.to_string()).as_deref(),
+            Some(id.as_str()),
+            "{id}: the receipt's sequence {seq} holds another event"
+        );
+    }
+}
+
+/// Receipts with a webhook: every wait returns the status the endpoint
+/// answered, through a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_wait_returns_the_status_on_a_webhook() {
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async { axum::http::StatusCode::ACCEPTED }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let db = fresh_db().await;
+    init(&db).await;
+    let start = || {
+        let mut c = walbox(&db, &["run", "--sink", "webhook", "--receipts", "true"]);
+        c.env("WALBOX_WEBHOOK_URL", &url);
+        spawn_logged(c)
+    };
+    let (landed, mut relay) = wait_on_each_through_a_kill_9(&db, start).await;
+    stop(&mut relay).await;
+    for (id, r) in &landed {
+        assert_eq!(
+            (r.broker.as_str(), r.http_status),
+            ("webhook", Some(202)),
+            "{id}: {r:?}"
+        );
+    }
 }

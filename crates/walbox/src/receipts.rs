@@ -372,12 +372,15 @@ impl Writer {
                 &rows.acked,
                 &rows.dead,
             ];
-            let every: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            let every: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
                 &rows.brokers,
                 &rows.exchanges,
                 &rows.routing_keys,
                 &rows.message_ids,
                 &rows.sequence_numbers,
+                &rows.nats_streams,
+                &rows.nats_sequences,
+                &rows.http_statuses,
             ];
             match self.columns {
                 Columns::Kafka => tx.execute(
@@ -387,9 +390,11 @@ impl Writer {
                 ).await,
                 Columns::EveryBroker => tx.execute(
                     "INSERT INTO walbox.receipts (event_id, topic, kafka_partition, kafka_offset, acked_at, dead_lettered,
-                                                  broker, amqp_exchange, amqp_routing_key, sqs_message_id, sqs_sequence_number)
+                                                  broker, amqp_exchange, amqp_routing_key, sqs_message_id, sqs_sequence_number,
+                                                  nats_stream, nats_sequence, http_status)
                      SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[], $5::timestamptz[], $6::bool[],
-                                          $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])",
+                                          $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                          $12::text[], $13::int8[], $14::int4[])",
                     &[&kafka[..], &every[..]].concat(),
                 ).await,
             }
@@ -459,6 +464,9 @@ struct Rows<'a> {
     routing_keys: Vec<Option<&'a str>>,
     message_ids: Vec<Option<&'a str>>,
     sequence_numbers: Vec<Option<&'a str>>,
+    nats_streams: Vec<Option<&'a str>>,
+    nats_sequences: Vec<Option<i64>>,
+    http_statuses: Vec<Option<i32>>,
 }
 
 impl<'a> Rows<'a> {
@@ -476,6 +484,9 @@ impl<'a> Rows<'a> {
             routing_keys: Vec::with_capacity(n),
             message_ids: Vec::with_capacity(n),
             sequence_numbers: Vec::with_capacity(n),
+            nats_streams: Vec::with_capacity(n),
+            nats_sequences: Vec::with_capacity(n),
+            http_statuses: Vec::with_capacity(n),
         };
         for r in receipts {
             rows.ids.push(&r.event_id);
@@ -484,6 +495,7 @@ impl<'a> Rows<'a> {
             rows.dead.push(r.dead_lettered);
             let (mut partition, mut offset, mut exchange, mut routing_key, mut id, mut seq) =
                 (None, None, None, None, None, None);
+            let (mut nats_stream, mut nats_sequence, mut http_status) = (None, None, None);
             let broker = match &r.at {
                 Delivered::Kafka {
                     partition: p,
@@ -506,6 +518,17 @@ impl<'a> Rows<'a> {
                     (id, seq) = (Some(message_id.as_str()), sequence_number.as_deref());
                     "sqs"
                 }
+                Delivered::Nats {
+                    stream, sequence, ..
+                } => {
+                    nats_stream = Some(stream.as_str());
+                    nats_sequence = i64::try_from(*sequence).ok();
+                    "nats"
+                }
+                Delivered::Http { status } => {
+                    http_status = Some(i32::from(*status));
+                    "webhook"
+                }
                 _ => "other",
             };
             rows.partitions.push(partition);
@@ -515,6 +538,9 @@ impl<'a> Rows<'a> {
             rows.routing_keys.push(routing_key);
             rows.message_ids.push(id);
             rows.sequence_numbers.push(seq);
+            rows.nats_streams.push(nats_stream);
+            rows.nats_sequences.push(nats_sequence);
+            rows.http_statuses.push(http_status);
         }
         rows
     }

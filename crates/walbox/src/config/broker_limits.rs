@@ -28,8 +28,6 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
         ),
     };
     let sqs = r.sink == RawSink::Sqs;
-    let nats = r.sink == RawSink::Nats;
-    let webhook = r.sink == RawSink::Webhook;
     let refusals = [
         (
             r.delivery == Delivery::ExactlyOnce,
@@ -38,10 +36,6 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
         (
             sqs && matches!(r.format, RawFormat::Avro | RawFormat::JsonSchema | RawFormat::Protobuf),
             "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
-        ),
-        (
-            (nats || webhook) && r.receipts,
-            format!("receipts = true is not supported with sink = \"{sink}\" yet (walbox.receipts has no columns for where it landed)"),
         ),
         (
             r.audit.interval.is_some(),

@@ -1758,10 +1758,6 @@ fn nats_is_a_sink_of_its_own() {
             "delivery = \"exactly-once\" is Kafka's",
         ),
         (
-            Some(("WALBOX_RECEIPTS", "true")),
-            "receipts = true is not supported with sink = \"nats\" yet",
-        ),
-        (
             Some(("WALBOX_TOPICS_CREATE", "true")),
             "create a stream whose subjects take the topics",
         ),
@@ -1810,10 +1806,6 @@ fn a_webhook_is_a_sink_of_its_own() {
         (
             Some(("WALBOX_WEBHOOK_CONCURRENCY", "0")),
             "webhook.concurrency: from 1 to 256",
-        ),
-        (
-            Some(("WALBOX_RECEIPTS", "true")),
-            "receipts = true is not supported with sink = \"webhook\" yet",
         ),
         (
             Some(("WALBOX_AUDIT_INTERVAL", "1m")),
