@@ -168,6 +168,18 @@ impl Link {
                     url: shown.clone(),
                     detail,
                 }
+            } else if detail.contains("Connection reset by peer")
+                && url.tls
+                && config.tls.cert_file.is_none()
+            {
+                // Over TLS 1.3 a broker that wants a client certificate
+                // says so in an alert after the handshake, which the reset
+                // that follows may overtake: then it reads as a login the
+                // broker ended.
+                ConnectError::Tls {
+                    url: shown.clone(),
+                    detail: format!("the broker closed the connection during the login ({detail}): it wants a client certificate it trusts (rabbitmq.cert_file and rabbitmq.key_file), or the user or password is wrong"),
+                }
             } else if detail.contains("Connection reset by peer") {
                 // RabbitMQ ends a failed login by closing the socket, with
                 // no reason, for clients (such as this one) that do not
