@@ -331,14 +331,16 @@ struct Dispatcher<T> {
 }
 
 impl<T: Send + 'static> Dispatcher<T> {
+    /// Until the publisher is gone: then the requests still out (an
+    /// endpoint being retried) are dropped with it, not left retrying.
     async fn run(self, mut jobs: mpsc::UnboundedReceiver<Job<T>>) {
-        // Each key's waiting jobs; `active` the keys with a request out,
-        // `ready` those with jobs waiting and none out, in arrival order.
+        // Each key's waiting jobs; `out` the requests out, each giving back
+        // its key; `ready` the keys with jobs waiting and none out, in
+        // arrival order.
         let mut waiting: HashMap<Bytes, VecDeque<Job<T>>> = HashMap::new();
         let mut active: HashSet<Bytes> = HashSet::new();
         let mut ready: VecDeque<Bytes> = VecDeque::new();
-        let (done_tx, mut done) = mpsc::unbounded_channel::<Bytes>();
-        let mut open = true;
+        let mut out: tokio::task::JoinSet<Bytes> = tokio::task::JoinSet::new();
         loop {
             while active.len() < self.concurrency {
                 let Some(key) = ready.pop_front() else { break };
@@ -347,12 +349,8 @@ impl<T: Send + 'static> Dispatcher<T> {
                     .and_then(VecDeque::pop_front)
                     .expect("a ready key has a job");
                 active.insert(key.clone());
-                let (sender, reports, done) = (
-                    Arc::clone(&self.sender),
-                    self.reports.clone(),
-                    done_tx.clone(),
-                );
-                tokio::spawn(async move {
+                let (sender, reports) = (Arc::clone(&self.sender), self.reports.clone());
+                out.spawn(async move {
                     let result = sender.deliver(&job.record).await;
                     let report = match result {
                         Ok(status) => Report::delivered(job.token, Delivered::Http { status }),
@@ -362,11 +360,11 @@ impl<T: Send + 'static> Dispatcher<T> {
                     };
                     drop(job.permit);
                     let _ = reports.send(report);
-                    let _ = done.send(key);
+                    key
                 });
             }
             tokio::select! {
-                job = jobs.recv(), if open => match job {
+                job = jobs.recv() => match job {
                     Some(job) => {
                         let key = job.record.key.clone().unwrap_or_default();
                         let queue = waiting.entry(key.clone()).or_default();
@@ -377,9 +375,11 @@ impl<T: Send + 'static> Dispatcher<T> {
                             ready.push_back(key);
                         }
                     }
-                    None => open = false,
+                    // The publisher is gone: `out` aborts what is left.
+                    None => return,
                 },
-                Some(key) = done.recv() => {
+                Some(done) = out.join_next(), if !out.is_empty() => {
+                    let Ok(key) = done else { continue };
                     active.remove(&key);
                     if waiting.get(&key).is_some_and(|q| !q.is_empty()) {
                         ready.push_back(key);
@@ -387,7 +387,6 @@ impl<T: Send + 'static> Dispatcher<T> {
                         waiting.remove(&key);
                     }
                 }
-                else => return,
             }
         }
     }
@@ -406,6 +405,77 @@ mod tests {
             "t=1700000000,v1=c6ef4734033cee2367414a0939385eca0397754aa7a59716da7463a9298b5146"
         );
         assert_ne!(signature("k", 1, b"{}"), signature("k", 2, b"{}"));
+    }
+
+    /// An endpoint that answers every request 503 and counts them.
+    async fn always_busy() -> (url::Url, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url =
+            url::Url::parse(&format!("http://{}/hook", listener.local_addr().unwrap())).unwrap();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&count);
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let counted = Arc::clone(&counted);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let reply =
+                            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+                        if socket.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, count)
+    }
+
+    #[tokio::test]
+    async fn a_busy_endpoint_is_retried_until_the_publisher_is_gone() {
+        let (url, count) = always_busy().await;
+        let config = WebhookConfig {
+            url,
+            secret: None,
+            ca_file: None,
+            timeout: Duration::from_secs(5),
+            concurrency: 4,
+            max_in_flight: 10,
+            max_in_flight_bytes: 1 << 20,
+        };
+        let (publisher, answers) = Publisher::<u32>::new(config).unwrap();
+        let permit = publisher.reserve(10).await;
+        publisher
+            .send(
+                permit,
+                Record::new("t", None, Some(Bytes::from_static(b"{}")), 1),
+            )
+            .await;
+        let seen = || count.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..100 {
+            if seen() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(seen() >= 2, "retried: {} requests", seen());
+        assert_eq!(
+            publisher.close(Duration::from_millis(10)).await,
+            1,
+            "not answered"
+        );
+        drop(answers);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let then = seen();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(seen(), then, "still retrying after the publisher is gone");
     }
 
     #[test]
