@@ -105,6 +105,15 @@ impl Admission {
         (self.inner.units_total as usize - self.inner.units.available_permits()) * UNIT
     }
 
+    /// Waits until no record holds room (every report received and
+    /// dropped), or `deadline`; returns how many still do.
+    pub async fn drained(&self, deadline: tokio::time::Instant) -> usize {
+        while self.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.in_flight()
+    }
+
     /// How long records have waited without any report: zero when none
     /// waits.
     pub fn stalled_for(&self) -> Duration {
@@ -159,6 +168,22 @@ mod tests {
         assert_eq!(a.in_flight(), 2);
         drop((p2, p3));
         assert_eq!((a.in_flight(), a.in_flight_bytes()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drained_waits_for_the_room_held_up_to_its_deadline() {
+        let a = Admission::new(2, 4096);
+        let held = a.reserve(10).await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(100);
+        assert_eq!(a.drained(until).await, 1, "still held at the deadline");
+        assert!(tokio::time::Instant::now() >= until);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            drop(held);
+        });
+        let later = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert_eq!(a.drained(later).await, 0);
+        assert!(tokio::time::Instant::now() < later, "returned once drained");
     }
 
     #[tokio::test]

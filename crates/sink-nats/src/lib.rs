@@ -199,12 +199,9 @@ impl<T: Send + 'static> Publisher<T> {
     /// Waits up to `within` for the acks of what is in flight (their
     /// reports arrive meanwhile); returns how many did not come.
     pub async fn close(self, within: Duration) -> usize {
-        let _ = tokio::time::timeout(within, self.client.flush()).await;
         let deadline = tokio::time::Instant::now() + within;
-        while self.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.admission.in_flight()
+        let _ = tokio::time::timeout_at(deadline, self.client.flush()).await;
+        self.admission.drained(deadline).await
     }
 
     /// The message for `record`, or why NATS cannot carry it.

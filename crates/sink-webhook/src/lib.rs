@@ -159,11 +159,9 @@ impl<T: Send + 'static> Publisher<T> {
     /// Waits up to `within` for what is in flight to be answered; returns
     /// how many were not.
     pub async fn close(self, within: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + within;
-        while self.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.admission.in_flight()
+        self.admission
+            .drained(tokio::time::Instant::now() + within)
+            .await
     }
 }
 
