@@ -5,7 +5,8 @@
 //! host are percent-decoded; no path is the default virtual host `/`
 //! (written `%2F` in a path). The password is never shown.
 
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use sink_core::percent::decode;
 
 /// Bytes a virtual host keeps unencoded when shown: RFC 3986's unreserved.
 const VHOST_SHOWN: &AsciiSet = &NON_ALPHANUMERIC
@@ -142,25 +143,6 @@ impl std::fmt::Debug for AmqpUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{self}")
     }
-}
-
-/// Percent-decoded UTF-8; `None` for a malformed escape or bytes that are
-/// not UTF-8 (the `url` crate leaves a stray `%` as it is).
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let malformed = bytes.iter().enumerate().any(|(i, &b)| {
-        b == b'%'
-            && !bytes
-                .get(i + 1..i + 3)
-                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-    });
-    if malformed {
-        return None;
-    }
-    percent_decode_str(s)
-        .decode_utf8()
-        .ok()
-        .map(|c| c.into_owned())
 }
 
 #[cfg(test)]

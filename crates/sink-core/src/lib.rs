@@ -26,6 +26,7 @@
 
 mod admission;
 mod destination;
+pub mod percent;
 mod record;
 mod report;
 pub mod worker;

@@ -65,7 +65,8 @@ impl NatsUrl {
             None => 4222,
         };
         let decode = |s: &str, what: &str| {
-            percent_decode(s).ok_or_else(|| UrlError(format!("bad percent-encoding in the {what}")))
+            sink_core::percent::decode(s)
+                .ok_or_else(|| UrlError(format!("bad percent-encoding in the {what}")))
         };
         let auth = match (url.username(), url.password()) {
             ("", None) => Auth::None,
@@ -111,23 +112,6 @@ impl std::fmt::Debug for NatsUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{self}")
     }
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
