@@ -452,13 +452,14 @@ impl Writer {
 }
 
 /// Receipts as the columns' arrays.
+#[derive(Default)]
 struct Rows<'a> {
     ids: Vec<&'a str>,
     topics: Vec<&'a str>,
-    partitions: Vec<Option<i32>>,
-    offsets: Vec<Option<i64>>,
     acked: Vec<SystemTime>,
     dead: Vec<bool>,
+    partitions: Vec<Option<i32>>,
+    offsets: Vec<Option<i64>>,
     brokers: Vec<&'static str>,
     exchanges: Vec<Option<&'a str>>,
     routing_keys: Vec<Option<&'a str>>,
@@ -469,78 +470,89 @@ struct Rows<'a> {
     http_statuses: Vec<Option<i32>>,
 }
 
+/// Where one receipt's event landed, as its columns: the broker's own
+/// set, the others' NULL.
+#[derive(Default)]
+struct Landed<'a> {
+    broker: &'static str,
+    partition: Option<i32>,
+    offset: Option<i64>,
+    exchange: Option<&'a str>,
+    routing_key: Option<&'a str>,
+    message_id: Option<&'a str>,
+    sequence_number: Option<&'a str>,
+    nats_stream: Option<&'a str>,
+    nats_sequence: Option<i64>,
+    http_status: Option<i32>,
+}
+
+impl<'a> Landed<'a> {
+    fn of(at: &'a Delivered) -> Landed<'a> {
+        match at {
+            Delivered::Kafka { partition, offset } => Landed {
+                broker: "kafka",
+                partition: Some(*partition),
+                offset: Some(*offset),
+                ..Landed::default()
+            },
+            Delivered::Amqp {
+                exchange,
+                routing_key,
+            } => Landed {
+                broker: "rabbitmq",
+                exchange: Some(exchange),
+                routing_key: Some(routing_key),
+                ..Landed::default()
+            },
+            Delivered::Sqs {
+                message_id,
+                sequence_number,
+            } => Landed {
+                broker: "sqs",
+                message_id: Some(message_id),
+                sequence_number: sequence_number.as_deref(),
+                ..Landed::default()
+            },
+            Delivered::Nats {
+                stream, sequence, ..
+            } => Landed {
+                broker: "nats",
+                nats_stream: Some(stream),
+                nats_sequence: i64::try_from(*sequence).ok(),
+                ..Landed::default()
+            },
+            Delivered::Http { status } => Landed {
+                broker: "webhook",
+                http_status: Some(i32::from(*status)),
+                ..Landed::default()
+            },
+            _ => Landed {
+                broker: "other",
+                ..Landed::default()
+            },
+        }
+    }
+}
+
 impl<'a> Rows<'a> {
     fn of(receipts: &'a [Receipt]) -> Rows<'a> {
-        let n = receipts.len();
-        let mut rows = Rows {
-            ids: Vec::with_capacity(n),
-            topics: Vec::with_capacity(n),
-            partitions: Vec::with_capacity(n),
-            offsets: Vec::with_capacity(n),
-            acked: Vec::with_capacity(n),
-            dead: Vec::with_capacity(n),
-            brokers: Vec::with_capacity(n),
-            exchanges: Vec::with_capacity(n),
-            routing_keys: Vec::with_capacity(n),
-            message_ids: Vec::with_capacity(n),
-            sequence_numbers: Vec::with_capacity(n),
-            nats_streams: Vec::with_capacity(n),
-            nats_sequences: Vec::with_capacity(n),
-            http_statuses: Vec::with_capacity(n),
-        };
+        let mut rows = Rows::default();
         for r in receipts {
+            let at = Landed::of(&r.at);
             rows.ids.push(&r.event_id);
             rows.topics.push(&r.topic);
             rows.acked.push(r.acked_at);
             rows.dead.push(r.dead_lettered);
-            let (mut partition, mut offset, mut exchange, mut routing_key, mut id, mut seq) =
-                (None, None, None, None, None, None);
-            let (mut nats_stream, mut nats_sequence, mut http_status) = (None, None, None);
-            let broker = match &r.at {
-                Delivered::Kafka {
-                    partition: p,
-                    offset: o,
-                } => {
-                    (partition, offset) = (Some(*p), Some(*o));
-                    "kafka"
-                }
-                Delivered::Amqp {
-                    exchange: e,
-                    routing_key: k,
-                } => {
-                    (exchange, routing_key) = (Some(&**e), Some(k.as_str()));
-                    "rabbitmq"
-                }
-                Delivered::Sqs {
-                    message_id,
-                    sequence_number,
-                } => {
-                    (id, seq) = (Some(message_id.as_str()), sequence_number.as_deref());
-                    "sqs"
-                }
-                Delivered::Nats {
-                    stream, sequence, ..
-                } => {
-                    nats_stream = Some(stream.as_str());
-                    nats_sequence = i64::try_from(*sequence).ok();
-                    "nats"
-                }
-                Delivered::Http { status } => {
-                    http_status = Some(i32::from(*status));
-                    "webhook"
-                }
-                _ => "other",
-            };
-            rows.partitions.push(partition);
-            rows.offsets.push(offset);
-            rows.brokers.push(broker);
-            rows.exchanges.push(exchange);
-            rows.routing_keys.push(routing_key);
-            rows.message_ids.push(id);
-            rows.sequence_numbers.push(seq);
-            rows.nats_streams.push(nats_stream);
-            rows.nats_sequences.push(nats_sequence);
-            rows.http_statuses.push(http_status);
+            rows.partitions.push(at.partition);
+            rows.offsets.push(at.offset);
+            rows.brokers.push(at.broker);
+            rows.exchanges.push(at.exchange);
+            rows.routing_keys.push(at.routing_key);
+            rows.message_ids.push(at.message_id);
+            rows.sequence_numbers.push(at.sequence_number);
+            rows.nats_streams.push(at.nats_stream);
+            rows.nats_sequences.push(at.nats_sequence);
+            rows.http_statuses.push(at.http_status);
         }
         rows
     }
