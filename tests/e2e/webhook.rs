@@ -72,6 +72,18 @@ fn signed(h: &HeaderMap, body: &[u8]) -> bool {
     want == v1
 }
 
+/// A request of `key` in the handler; dropped, it is not any more.
+struct Out {
+    shared: Shared,
+    key: String,
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        self.shared.lock().unwrap().in_flight.remove(&self.key);
+    }
+}
+
 async fn hook(
     State(s): State<Shared>,
     h: HeaderMap,
@@ -90,10 +102,16 @@ async fn hook(
             e.overlaps += 1;
         }
     }
-    // A little time in flight, so that overlaps would show.
+    // A little time in flight, so that overlaps would show. The key is
+    // out again when the handler ends, or when the server drops it (the
+    // client gone: a walbox killed mid-request), never left behind.
+    let out = Out {
+        shared: Arc::clone(&s),
+        key: key.clone(),
+    };
     tokio::time::sleep(Duration::from_millis(2)).await;
+    drop(out);
     let mut e = s.lock().unwrap();
-    e.in_flight.remove(&key);
     if key == "agg-bad" && topic != "walbox.dead" {
         return (
             StatusCode::UNPROCESSABLE_ENTITY,
