@@ -21,6 +21,7 @@
 
 mod destination;
 mod link;
+mod stream;
 mod tls;
 mod url;
 
@@ -32,6 +33,7 @@ use sink_core::worker::{Answer, Answers, Worker};
 
 pub use destination::{partition_of, Confirms, Publisher, KEY_HEADER};
 pub use link::PUBLISH_HEADER;
+pub use stream::{read_stream, AuditStream, MARKER_HEADER};
 pub use tls::{TlsError, TlsFiles};
 pub use url::{AmqpUrl, UrlError};
 
@@ -61,6 +63,10 @@ pub struct AmqpConfig {
     /// The record header whose value becomes the `message_id` property
     /// ([`Publisher`]).
     pub message_id_header: String,
+    /// A stream queue bound to the exchange for `walbox audit` to read
+    /// back ([`read_stream`]): declared when missing, bound on each
+    /// connection.
+    pub audit_stream: Option<AuditStream>,
 }
 
 impl std::fmt::Debug for AmqpConfig {
@@ -74,6 +80,7 @@ impl std::fmt::Debug for AmqpConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("partitions", &self.partitions)
+            .field("audit_stream", &self.audit_stream)
             .finish_non_exhaustive()
     }
 }

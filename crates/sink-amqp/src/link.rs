@@ -149,68 +149,12 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Connects, opens a channel in confirm mode, declares the exchange.
+    /// Connects, opens a channel in confirm mode, declares the exchange
+    /// (and the audit stream, bound to it).
     pub(crate) async fn open(config: &AmqpConfig, id: u64) -> Result<Link, ConnectError> {
-        let url = &config.url;
-        let shown = url.to_string();
-        let failed = |e: amqprs::error::Error| {
-            let detail = e.to_string();
-            if let Some(why) = tls_refusal(&detail) {
-                ConnectError::Tls {
-                    url: shown.clone(),
-                    detail: format!("{detail}: {why}"),
-                }
-            } else if ["ACCESS_REFUSED", "NOT_ALLOWED", "403", "530"]
-                .iter()
-                .any(|s| detail.contains(s))
-            {
-                ConnectError::Refused {
-                    url: shown.clone(),
-                    detail,
-                }
-            } else if detail.contains("Connection reset by peer")
-                && url.tls
-                && config.tls.cert_file.is_none()
-            {
-                // Over TLS 1.3 a broker that wants a client certificate
-                // says so in an alert after the handshake, which the reset
-                // that follows may overtake: then it reads as a login the
-                // broker ended.
-                ConnectError::Tls {
-                    url: shown.clone(),
-                    detail: format!("the broker closed the connection during the login ({detail}): it wants a client certificate it trusts (rabbitmq.cert_file and rabbitmq.key_file), or the user or password is wrong"),
-                }
-            } else if detail.contains("Connection reset by peer") {
-                // RabbitMQ ends a failed login by closing the socket, with
-                // no reason, for clients (such as this one) that do not
-                // ask for one: a reset during the handshake is that, but
-                // for a broker that went away at that very moment.
-                ConnectError::Refused {
-                    url: shown.clone(),
-                    detail: format!("the broker closed the connection during the login ({detail}): most likely a wrong user or password, or amqp:// to a TLS port (write amqps://)"),
-                }
-            } else {
-                ConnectError::Unavailable {
-                    url: shown.clone(),
-                    detail,
-                }
-            }
-        };
-        let mut args = OpenConnectionArguments::new(&url.host, url.port, &url.user, &url.password);
-        args.virtual_host(&url.vhost)
-            .connection_name(&config.connection_name)
-            .heartbeat(HEARTBEAT_S);
-        if url.tls {
-            let adaptor = config
-                .tls
-                .adaptor(&url.host)
-                .map_err(|e| ConnectError::Tls {
-                    url: shown.clone(),
-                    detail: e.to_string(),
-                })?;
-            args.tls_adaptor(adaptor);
-        }
-        let connection = Connection::open(&args).await.map_err(failed)?;
+        let shown = config.url.to_string();
+        let failed = |e: amqprs::error::Error| classify(config, e);
+        let connection = connect(config).await?;
         let (tx, events) = mpsc::unbounded_channel();
         connection
             .register_callback(Events {
@@ -245,6 +189,12 @@ impl Link {
                 },
             });
         }
+        if let Some(stream) = &config.audit_stream {
+            if let Err(e) = crate::stream::declare(&connection, config, stream).await {
+                let _ = connection.close().await;
+                return Err(e);
+            }
+        }
         channel
             .confirm_select(ConfirmSelectArguments::default())
             .await
@@ -264,6 +214,76 @@ impl Link {
             events,
         })
     }
+}
+
+/// What a failure to connect (or to set up the connection) means.
+pub(crate) fn classify(config: &AmqpConfig, e: amqprs::error::Error) -> ConnectError {
+    let url = &config.url;
+    let shown = url.to_string();
+        let detail = e.to_string();
+        if let Some(why) = tls_refusal(&detail) {
+            ConnectError::Tls {
+                url: shown.clone(),
+                detail: format!("{detail}: {why}"),
+            }
+        } else if ["ACCESS_REFUSED", "NOT_ALLOWED", "403", "530"]
+            .iter()
+            .any(|s| detail.contains(s))
+        {
+            ConnectError::Refused {
+                url: shown.clone(),
+                detail,
+            }
+        } else if detail.contains("Connection reset by peer")
+            && url.tls
+            && config.tls.cert_file.is_none()
+        {
+            // Over TLS 1.3 a broker that wants a client certificate
+            // says so in an alert after the handshake, which the reset
+            // that follows may overtake: then it reads as a login the
+            // broker ended.
+            ConnectError::Tls {
+                url: shown.clone(),
+                detail: format!("the broker closed the connection during the login ({detail}): it wants a client certificate it trusts (rabbitmq.cert_file and rabbitmq.key_file), or the user or password is wrong"),
+            }
+        } else if detail.contains("Connection reset by peer") {
+            // RabbitMQ ends a failed login by closing the socket, with
+            // no reason, for clients (such as this one) that do not
+            // ask for one: a reset during the handshake is that, but
+            // for a broker that went away at that very moment.
+            ConnectError::Refused {
+                url: shown.clone(),
+                detail: format!("the broker closed the connection during the login ({detail}): most likely a wrong user or password, or amqp:// to a TLS port (write amqps://)"),
+            }
+        } else {
+            ConnectError::Unavailable {
+                url: shown.clone(),
+                detail,
+            }
+        }
+}
+
+/// A connection to the broker (over TLS for `amqps://`).
+pub(crate) async fn connect(config: &AmqpConfig) -> Result<Connection, ConnectError> {
+    let url = &config.url;
+    let shown = url.to_string();
+    let mut args = OpenConnectionArguments::new(&url.host, url.port, &url.user, &url.password);
+    args.virtual_host(&url.vhost)
+        .connection_name(&config.connection_name)
+        .heartbeat(HEARTBEAT_S);
+    if url.tls {
+        let adaptor = config
+            .tls
+            .adaptor(&url.host)
+            .map_err(|e| ConnectError::Tls {
+                url: shown.clone(),
+                detail: e.to_string(),
+            })?;
+        args.tls_adaptor(adaptor);
+    }
+    Connection::open(&args)
+        .await
+        .map_err(|e| classify(config, e))
 }
 
 /// What the sink reads of the task's state.

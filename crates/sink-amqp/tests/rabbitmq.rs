@@ -27,6 +27,7 @@ fn config(broker: &RabbitMq) -> AmqpConfig {
         connection_name: "walbox-test".into(),
         partitions: 1,
         message_id_header: "id".into(),
+        audit_stream: None,
     }
 }
 
@@ -411,4 +412,85 @@ async fn amqps_verifies_the_broker_and_presents_the_client_certificate() {
         assert!(e.to_string().contains(says), "{e}");
         assert!(!e.is_transient(), "{e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_stream_is_read_back_to_its_end_in_order_without_taking_anything() {
+    use sink_amqp::{read_stream, AuditStream};
+    use sink_core::readback::ReadFrom;
+    let broker = RabbitMq::start();
+    let stream = AuditStream {
+        name: "walbox.audit".into(),
+        max_age: "7D".into(),
+    };
+    let mut config = config(&broker);
+    config.partitions = 2;
+    config.audit_stream = Some(stream.clone());
+    let stall = Duration::from_secs(10);
+    // Missing before walbox declared it: refused, by name.
+    let err = read_stream(&config, &stream, ReadFrom::Beginning, stall, |_| Ok(()))
+        .await
+        .unwrap_err();
+    assert!(err.contains("walbox.audit") && err.contains("not there"), "{err}");
+
+    let (sink, mut confirms) = AmqpSink::<usize>::connect(config.clone()).await.unwrap();
+    let (_c, ch) = channel(&broker).await;
+    queue(&ch, "orders", "orders.#", FieldTable::new()).await;
+    for n in 0..=300 {
+        // A routing partition, as walbox's publisher appends it; the last
+        // one no queue of the user's is bound for: the stream takes it.
+        let routing_key = match n {
+            300 => "nobody.listens".to_owned(),
+            _ => format!("orders.placed.{}", n % 2),
+        };
+        let mut m = message(n, &routing_key);
+        m.headers.push(("id".into(), Bytes::from(format!("m-{n}"))));
+        let permit = sink.worker().reserve(m.size()).await;
+        sink.worker().publish(permit, m, n);
+    }
+    let got = reports(&mut confirms, 301).await;
+    assert!(got.iter().all(|(_, r)| r.is_ok()), "{got:?}");
+
+    let read = || async {
+        let mut seen = Vec::new();
+        let summary = read_stream(&config, &stream, ReadFrom::Beginning, stall, |r| {
+            let id = String::from_utf8_lossy(r.header("id").unwrap_or_default()).into_owned();
+            seen.push((r.topic().to_owned(), r.offset(), id));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        (summary, seen)
+    };
+    for round in 0..2 {
+        let (summary, seen) = read().await;
+        assert_eq!(summary.records, 301, "round {round}");
+        assert!(summary.truncated.is_empty());
+        let ids: Vec<&str> = seen.iter().map(|s| s.2.as_str()).collect();
+        let want: Vec<String> = (0..=300).map(|n| format!("m-{n}")).collect();
+        assert_eq!(ids, want, "round {round}: every message, in publish order");
+        assert!(seen[..300].iter().all(|s| s.0 == "orders.placed"), "{:?}", &seen[..3]);
+        assert_eq!(seen[300].0, "nobody.listens");
+        assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "offsets rise");
+    }
+    // The user's queue still has every message: reading took none.
+    assert_eq!(drain(&ch, "orders").await.len(), 300);
+
+    // From a time after every message: the read still ends, at its marker
+    // (it starts a minute before now at the latest, for the broker's
+    // clock, so what came in that minute is read too).
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 5_000;
+    let mut after = 0;
+    read_stream(&config, &stream, ReadFrom::Time(later), stall, |_| {
+        after += 1;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(after <= 301, "{after}");
+    sink.close(Duration::from_secs(5)).await;
 }

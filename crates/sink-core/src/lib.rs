@@ -27,6 +27,7 @@
 mod admission;
 mod destination;
 pub mod percent;
+pub mod readback;
 mod record;
 mod report;
 pub mod worker;

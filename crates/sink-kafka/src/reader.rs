@@ -29,18 +29,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{redact_values, SinkConfig};
-
-/// A record's timestamp, as the broker keeps it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordTime {
-    /// Set by the producer (walbox: the event's timestamp column).
-    Create(i64),
-    /// Set by the broker when it appended the record
-    /// (`message.timestamp.type = LogAppendTime`).
-    LogAppend(i64),
-    /// None.
-    None,
-}
+pub use sink_core::readback::{RangeRead, ReadFrom, ReadSummary, RecordTime, Truncated};
+use sink_core::readback::ReadBack;
 
 /// One record read back, borrowed for the callback's duration.
 pub struct ReadRecord<'a> {
@@ -80,37 +70,25 @@ impl<'a> ReadRecord<'a> {
     }
 }
 
-/// A partition whose first record is newer than the point read from:
-/// records were deleted before it (retention, `DeleteRecords`), and some
-/// of them may have been from the time read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Truncated {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// Its first offset (the low watermark).
-    pub first_offset: i64,
-}
-
-/// Where a read starts in each partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadFrom {
-    /// The first record with a timestamp at or after this (Unix ms).
-    Time(i64),
-    /// The first record.
-    Beginning,
-}
-
-/// What a read covered.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReadSummary {
-    /// Records handed to the callback.
-    pub records: u64,
-    /// Topics the broker does not know.
-    pub absent_topics: Vec<String>,
-    /// Partitions that begin after records from the time read were deleted.
-    pub truncated: Vec<Truncated>,
+impl ReadBack for ReadRecord<'_> {
+    fn topic(&self) -> &str {
+        self.topic
+    }
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+    fn offset(&self) -> i64 {
+        self.offset
+    }
+    fn key(&self) -> Option<&[u8]> {
+        self.key
+    }
+    fn time(&self) -> RecordTime {
+        self.time
+    }
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        ReadRecord::header(self, name)
+    }
 }
 
 /// The readers' prefetch queue, in KiB: what they hold besides the record
@@ -359,18 +337,6 @@ impl rdkafka::ClientContext for Quiet {
 }
 
 impl ConsumerContext for Quiet {}
-
-/// What [`read_range`] found of a partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RangeRead {
-    /// The partition's first offset (records before it were deleted).
-    pub low: i64,
-    /// Where the reading got: `to` (clamped to the partition's high
-    /// watermark when the read started), or less when what
-    /// follows is not readable yet (a transaction still open) within
-    /// `stall`.
-    pub read_to: i64,
-}
 
 /// Reads offsets `from..to` of one partition (clamped to what it holds)
 /// with a `read_committed` consumer that joins no group, handing each

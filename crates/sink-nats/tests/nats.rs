@@ -220,3 +220,116 @@ async fn a_refusal_is_definite_and_shows_no_secret() {
         .expect("no server");
     assert!(e.is_transient(), "{e}");
 }
+
+/// What one read handed over: (subject, sequence, key, id).
+type Seen = Vec<(String, i64, String, String)>;
+
+fn seen(r: &dyn sink_core::readback::ReadBack, into: &mut Seen) {
+    let text = |v: Option<&[u8]>| String::from_utf8_lossy(v.unwrap_or_default()).into_owned();
+    into.push((
+        r.topic().to_owned(),
+        r.offset(),
+        text(r.key()),
+        text(r.header("id")),
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_back_without_consuming_in_stream_order_only_the_subjects_asked() {
+    use sink_core::readback::ReadFrom;
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "JOBS".into(),
+        subjects: vec!["jobs".into()],
+        retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (publisher, mut acks) = Publisher::<u64>::connect(config(&server)).await.unwrap();
+    for n in 0..300 {
+        let subject = if n % 3 == 0 { "orders.paid" } else { "orders.placed" };
+        send(&publisher, record(n, subject)).await;
+    }
+    reports(&mut acks, 300).await;
+    let stall = Duration::from_secs(10);
+    let subjects = vec!["orders.placed".to_owned(), "nowhere".to_owned()];
+
+    // Twice: the first read took nothing away.
+    for _ in 0..2 {
+        let mut got = Seen::new();
+        let summary = sink_nats::read_streams(
+            &config(&server),
+            &subjects,
+            ReadFrom::Beginning,
+            stall,
+            |r| {
+                seen(r, &mut got);
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(summary.absent_topics, vec!["nowhere".to_owned()]);
+        assert!(summary.truncated.is_empty());
+        assert_eq!(summary.records, 200);
+        let want: Seen = (0..300u64)
+            .filter(|n| n % 3 != 0)
+            .map(|n| {
+                (
+                    "orders.placed".to_owned(),
+                    n as i64 + 1,
+                    format!("agg-{}", n % 7),
+                    format!("e-{n}"),
+                )
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+    // From a time after every message: nothing.
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 60_000;
+    let mut got = Seen::new();
+    sink_nats::read_streams(&config(&server), &subjects, ReadFrom::Time(later), stall, |r| {
+        seen(r, &mut got);
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(got.is_empty(), "{got:?}");
+
+    // A range of sequences, every subject, clamped to the stream's end.
+    let mut got = Seen::new();
+    let range = sink_nats::read_range(&config(&server), "ORDERS", (295, 400), stall, |r| {
+        seen(r, &mut got)
+    })
+    .await
+    .unwrap();
+    assert_eq!((range.low, range.read_to), (1, 301));
+    let sequences: Vec<i64> = got.iter().map(|s| s.1).collect();
+    assert_eq!(sequences, vec![295, 296, 297, 298, 299, 300]);
+
+    // A work queue forgets what was consumed: refused, by name.
+    let err = sink_nats::read_streams(
+        &config(&server),
+        &["jobs".to_owned()],
+        ReadFrom::Beginning,
+        stall,
+        |_| Ok(()),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("JOBS") && err.contains("workqueue"), "{err}");
+}

@@ -207,6 +207,7 @@ impl Broker {
                     connection_name: "walbox-bench flood".into(),
                     partitions: 1,
                     message_id_header: "id".into(),
+                    audit_stream: None,
                 };
                 let (sink, mut reports) = sink_amqp::AmqpSink::<()>::connect(config)
                     .await
