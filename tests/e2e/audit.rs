@@ -26,11 +26,23 @@ use crate::support::*;
 
 /// `walbox audit --last 1h --json` (and `extra`) over `topic`.
 fn audit(db: &TestDb, kafka: &TestKafka, topic: &str, extra: &[&str]) -> (Output, Value) {
+    let brokers = kafka.bootstrap();
+    let mut flags = vec![
+        "--kafka-brokers",
+        &brokers,
+        "--mapping-topic-template",
+        topic,
+    ];
+    flags.extend(extra);
+    audit_report(db, &flags)
+}
+
+/// `walbox audit --last 1h --json` with `flags` (the broker's): its exit
+/// and report.
+pub(crate) fn audit_report(db: &TestDb, flags: &[&str]) -> (Output, Value) {
     let out = walbox(db, &["audit"])
-        .args(["--kafka-brokers", &kafka.bootstrap()])
-        .args(["--mapping-topic-template", topic])
+        .args(flags)
         .args(["--last", "1h", "--json"])
-        .args(extra)
         .output()
         .unwrap();
     let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -43,14 +55,14 @@ fn audit(db: &TestDb, kafka: &TestKafka, topic: &str, extra: &[&str]) -> (Output
     (out, report)
 }
 
-fn count(report: &Value, what: &str) -> u64 {
+pub(crate) fn count(report: &Value, what: &str) -> u64 {
     report["total"][what]
         .as_u64()
         .unwrap_or_else(|| panic!("no total.{what} in {report:#}"))
 }
 
 /// Waits until the slot is confirmed up to the WAL written so far.
-async fn wait_caught_up(client: &Client) {
+pub(crate) async fn wait_caught_up(client: &Client) {
     let head = current_wal_lsn(client).await;
     wait_confirmed_at_least(client, "walbox", head, Duration::from_secs(60)).await;
 }
@@ -382,7 +394,7 @@ async fn bad_windows_exit_2_and_an_unreachable_broker_exits_3() {
 }
 
 /// A counter's value in a `/metrics` text.
-fn counter(metrics: &str, name: &str) -> f64 {
+pub(crate) fn counter(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
@@ -391,7 +403,7 @@ fn counter(metrics: &str, name: &str) -> f64 {
 
 /// Waits until the counter `name` on `/metrics` is at least `least`;
 /// returns that `/metrics`.
-async fn wait_counter(addr: &str, name: &str, least: f64) -> String {
+pub(crate) async fn wait_counter(addr: &str, name: &str, least: f64) -> String {
     wait_for(
         &format!("{name} >= {least}"),
         Duration::from_secs(60),

@@ -192,3 +192,105 @@ async fn every_event_reaches_a_jetstream_stream_in_order_through_kills() {
     );
     stop(&mut relay).await;
 }
+
+/// `walbox audit` and the continuous audit on JetStream, the stream read
+/// without consuming: 600 events sampled while they stream (nothing
+/// missing, no copies), the audit clean over all of them; then, behind
+/// walbox's back, one message deleted from the stream and another copied
+/// into it by the NATS client: the audit finds exactly those two, by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_reads_the_stream_back_and_finds_what_was_taken_and_copied() {
+    use crate::audit::{audit_report, count, counter, wait_caught_up, wait_counter};
+    const N: usize = 600;
+    let server = NatsServer::start();
+    let url = server.url();
+    create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let mut relay = spawn_logged(walbox(
+        &db,
+        &[
+            "run",
+            "--sink",
+            "nats",
+            "--nats-url",
+            &url,
+            "--audit-interval",
+            "1s",
+            "--metrics-addr",
+            ANY_PORT,
+        ],
+    ));
+    let addr = metrics_addr(&relay).await;
+    let writer = spawn_writer(
+        db.connect().await,
+        30,
+        N / 30,
+        Duration::from_millis(200),
+        |_, k| 1 + k % 7,
+        13,
+    );
+    let metrics = wait_counter(&addr, "walbox_audit_checked_total", 2.0).await;
+    writer.await.unwrap();
+    assert_eq!(
+        counter(&metrics, "walbox_audit_missing_total"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(counter(&metrics, "walbox_audit_duplicates_total"), 0.0);
+    wait_caught_up(&client).await;
+    stop(&mut relay).await;
+
+    let flags = ["--sink", "nats", "--nats-url", url.as_str()];
+    let (out, report) = audit_report(&db, &flags);
+    assert_eq!(count(&report, "rows"), N as u64, "{report:#}");
+    assert_eq!(count(&report, "delivered"), N as u64);
+    for clean in [
+        "missing",
+        "duplicates",
+        "out_of_order",
+        "misrouted",
+        "unconfirmed",
+    ] {
+        assert_eq!(count(&report, clean), 0, "{clean}: {report:#}");
+    }
+    assert_eq!(out.status.code(), Some(0));
+    // Twice: the first read took nothing.
+    let (_, again) = audit_report(&db, &flags);
+    assert_eq!(count(&again, "delivered"), N as u64, "{again:#}");
+
+    // Behind walbox's back: message 10 deleted, message 20 stored again
+    // (another Nats-Msg-Id, so the stream keeps both).
+    let nats = async_nats::connect(&url).await.unwrap();
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream = js.get_stream("OUTBOX").await.unwrap();
+    let deleted = stream.get_raw_message(10).await.unwrap();
+    let deleted_id = deleted.headers.get("id").unwrap().to_string();
+    assert!(stream.delete_message(10).await.unwrap());
+    let copied = stream.get_raw_message(20).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    for (name, values) in copied.headers.iter() {
+        if name.to_string() != "Nats-Msg-Id" {
+            for v in values {
+                headers.append(name.to_string().as_str(), v.as_str());
+            }
+        }
+    }
+    headers.insert("Nats-Msg-Id", "a-copy");
+    let ack = js
+        .publish_with_headers(copied.subject.to_string(), headers, copied.payload.clone())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(!ack.duplicate, "the copy is stored");
+    let (out, report) = audit_report(&db, &flags);
+    assert_eq!(count(&report, "missing"), 1, "{report:#}");
+    assert_eq!(count(&report, "duplicates"), 1, "{report:#}");
+    assert_eq!(count(&report, "delivered"), N as u64 - 1);
+    assert!(
+        report.to_string().contains(&deleted_id),
+        "the missing event named: {report:#}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+}

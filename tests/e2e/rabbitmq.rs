@@ -553,3 +553,103 @@ async fn returned_events_are_held_while_the_rest_flow_and_released_in_order() {
     assert_eq!(orders_seen, (EVENTS + 400) as usize - total);
     stop(&mut relay).await;
 }
+
+/// `walbox audit` on RabbitMQ, through the audit stream walbox declares
+/// and binds (`rabbitmq.audit_stream`): 2,000 events in transactions of 1
+/// to 30 through a kill -9 of walbox, read back by pika off the user's
+/// queue; the audit, reading the stream without consuming, counts every
+/// row delivered, nothing missing or out of order, and exactly the
+/// duplicates pika saw, plus one copy the test publishes by pika.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_reads_the_audit_stream_and_counts_what_pika_counts() {
+    use crate::audit::{audit_report, count, wait_caught_up};
+    const N: usize = 2_000;
+    let broker = RabbitMq::start();
+    bind(&broker, &[("orders", "outbox.event.order")]);
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let url = broker.url();
+    let flags = [
+        "--sink",
+        "rabbitmq",
+        "--rabbitmq-url",
+        url.as_str(),
+        "--rabbitmq-audit-stream",
+        "walbox.audit",
+    ];
+    // Before walbox declared the stream: said in one line, exit 3.
+    let out = walbox(&db, &["audit", "--last", "1h"])
+        .args(flags)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("\"walbox.audit\" is not there"), "{stderr}");
+    assert!(!stderr.contains("guest:guest"), "{stderr}");
+
+    let start = || spawn_logged(walbox(&db, &[&["run"][..], &flags[..]].concat()));
+    let mut relay = start();
+    wait_log(&relay, "connected to RabbitMQ").await;
+    let writer = spawn_writer(
+        db.connect().await,
+        20,
+        N / 20,
+        Duration::from_millis(100),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 30,
+        23,
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    relay.kill9();
+    relay = start();
+    writer.await.unwrap();
+    let queue = vec!["orders".to_owned()];
+    let mut got: Vec<Got> = Vec::new();
+    wait_for("every event in the queue", Duration::from_secs(120), || {
+        got.extend(read(&broker, &queue));
+        let n = got.iter().map(n_of).collect::<HashSet<_>>().len();
+        async move {
+            match n {
+                N => Ok(()),
+                n => Err(format!("{n} of {N} distinct events")),
+            }
+        }
+    })
+    .await;
+    wait_caught_up(&client).await;
+    stop(&mut relay).await;
+    got.extend(read(&broker, &queue));
+    let seen_twice = got.len() - N;
+
+    // A copy of one event, published by pika as a consumer's bug would.
+    let copied = &got[100];
+    run_tool(
+        &pika(),
+        "amqp_queues.py",
+        &["publish", &url, "walbox"],
+        &serde_json::json!({
+            "routing_key": "outbox.event.order",
+            "headers": copied.headers,
+            "body": copied.body,
+        })
+        .to_string(),
+    );
+
+    let (out, report) = audit_report(&db, &flags);
+    assert_eq!(count(&report, "rows"), N as u64, "{report:#}");
+    assert_eq!(count(&report, "delivered"), N as u64, "{report:#}");
+    for clean in ["missing", "out_of_order", "misrouted", "unconfirmed"] {
+        assert_eq!(count(&report, clean), 0, "{clean}: {report:#}");
+    }
+    assert_eq!(
+        count(&report, "duplicates"),
+        seen_twice as u64 + 1,
+        "pika saw {seen_twice} twice: {report:#}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    // The stream still holds everything, and the user's queue got nothing
+    // from the audit's reads but the test's copy.
+    let (_, again) = audit_report(&db, &flags);
+    assert_eq!(count(&again, "delivered"), N as u64, "{again:#}");
+    assert_eq!(read(&broker, &queue).len(), 1);
+    eprintln!("audit on RabbitMQ: {seen_twice} duplicates after a kill -9, as pika counted");
+}

@@ -19,6 +19,7 @@
 //! One task owns the connection ([`link`]); the sink and its reports talk
 //! to it through channels.
 
+mod connection;
 mod destination;
 mod link;
 mod stream;

@@ -26,7 +26,7 @@ use amqprs::connection::Connection;
 use amqprs::{BasicProperties, FieldTable, FieldValue};
 use sink_core::readback::{ReadBack, ReadFrom, ReadSummary, RecordTime, Truncated};
 
-use crate::link::{classify, connect};
+use crate::connection::{classify, connect};
 use crate::{AmqpConfig, ConnectError, KEY_HEADER};
 
 /// The header that marks the end of a read.
@@ -68,11 +68,7 @@ pub(crate) async fn declare(
         let channel = connection.open_channel(None).await.map_err(failed)?;
         let mut arguments = FieldTable::new();
         insert(&mut arguments, "x-queue-type", text("stream"));
-        insert(
-            &mut arguments,
-            "x-max-age",
-            text(&stream.max_age),
-        );
+        insert(&mut arguments, "x-max-age", text(&stream.max_age));
         let create = QueueDeclareArguments::new(&stream.name)
             .durable(true)
             .arguments(arguments)
@@ -161,7 +157,9 @@ pub async fn read_stream(
 ) -> Result<ReadSummary, String> {
     let shown = config.url.to_string();
     let name = &stream.name;
-    let fail = |what: &str, e: amqprs::error::Error| format!("RabbitMQ at {shown}: the audit stream {name:?}: {what}: {e}");
+    let fail = |what: &str, e: amqprs::error::Error| {
+        format!("RabbitMQ at {shown}: the audit stream {name:?}: {what}: {e}")
+    };
     let connection = connect(config).await.map_err(|e| e.to_string())?;
     let probe = connection
         .open_channel(None)
@@ -222,9 +220,7 @@ pub async fn read_stream(
         let offset = headers.and_then(stream_offset).unwrap_or(-1);
         let tag = deliver.delivery_tag();
         if tag % u64::from(PREFETCH / 2) == 0 {
-            let _ = channel
-                .basic_ack(BasicAckArguments::new(tag, true))
-                .await;
+            let _ = channel.basic_ack(BasicAckArguments::new(tag, true)).await;
         }
         if headers.and_then(|h| header(h, MARKER_HEADER)).is_some() {
             if headers.and_then(|h| header(h, MARKER_HEADER)) == Some(marker.as_bytes()) {
@@ -235,9 +231,9 @@ pub async fn read_stream(
         if std::mem::take(&mut first) && offset > 0 {
             let deleted_before = match from {
                 ReadFrom::Beginning => true,
-                ReadFrom::Time(ms) => properties
-                    .timestamp()
-                    .is_some_and(|s| i64::try_from(s).unwrap_or(i64::MAX).saturating_mul(1000) > ms),
+                ReadFrom::Time(ms) => properties.timestamp().is_some_and(|s| {
+                    i64::try_from(s).unwrap_or(i64::MAX).saturating_mul(1000) > ms
+                }),
             };
             if deleted_before {
                 summary.truncated.push(Truncated {
@@ -289,11 +285,7 @@ async fn publish_marker(
     marker: &str,
 ) -> Result<(), amqprs::error::Error> {
     let mut headers = FieldTable::new();
-    insert(
-        &mut headers,
-        MARKER_HEADER,
-        text(marker),
-    );
+    insert(&mut headers, MARKER_HEADER, text(marker));
     let mut properties = BasicProperties::default();
     properties.with_delivery_mode(2).with_headers(headers);
     // The default exchange routes by queue name: only the stream sees it.

@@ -431,7 +431,10 @@ async fn the_audit_stream_is_read_back_to_its_end_in_order_without_taking_anythi
     let err = read_stream(&config, &stream, ReadFrom::Beginning, stall, |_| Ok(()))
         .await
         .unwrap_err();
-    assert!(err.contains("walbox.audit") && err.contains("not there"), "{err}");
+    assert!(
+        err.contains("walbox.audit") && err.contains("not there"),
+        "{err}"
+    );
 
     let (sink, mut confirms) = AmqpSink::<usize>::connect(config.clone()).await.unwrap();
     let (_c, ch) = channel(&broker).await;
@@ -469,7 +472,11 @@ async fn the_audit_stream_is_read_back_to_its_end_in_order_without_taking_anythi
         let ids: Vec<&str> = seen.iter().map(|s| s.2.as_str()).collect();
         let want: Vec<String> = (0..=300).map(|n| format!("m-{n}")).collect();
         assert_eq!(ids, want, "round {round}: every message, in publish order");
-        assert!(seen[..300].iter().all(|s| s.0 == "orders.placed"), "{:?}", &seen[..3]);
+        assert!(
+            seen[..300].iter().all(|s| s.0 == "orders.placed"),
+            "{:?}",
+            &seen[..3]
+        );
         assert_eq!(seen[300].0, "nobody.listens");
         assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "offsets rise");
     }

@@ -29,8 +29,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{redact_values, SinkConfig};
-pub use sink_core::readback::{RangeRead, ReadFrom, ReadSummary, RecordTime, Truncated};
 use sink_core::readback::ReadBack;
+pub use sink_core::readback::{RangeRead, ReadFrom, ReadSummary, RecordTime, Truncated};
 
 /// One record read back, borrowed for the callback's duration.
 pub struct ReadRecord<'a> {

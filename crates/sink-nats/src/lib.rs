@@ -204,60 +204,51 @@ impl<T: Send + 'static> Publisher<T> {
 /// without credentials.
 async fn connect(
     config: &NatsConfig,
-) -> Result<
-    (
-        async_nats::Client,
-        async_nats::jetstream::Context,
-        String,
-    ),
-    ConnectError,
-> {
-        let shown = config.url.to_string();
-        let mut options = async_nats::ConnectOptions::new()
-            .name(&config.connection_name)
-            .connection_timeout(Duration::from_secs(10));
-        options = match &config.url.auth {
-            url::Auth::None => options,
-            url::Auth::Token(token) => options.token(token.clone()),
-            url::Auth::UserPassword(user, password) => {
-                options.user_and_password(user.clone(), password.clone())
-            }
-        };
-        if config.url.tls {
-            options = options.require_tls(true);
-            if let Some(ca) = &config.ca_file {
-                options = options.add_root_certificates(ca.clone());
-            }
+) -> Result<(async_nats::Client, async_nats::jetstream::Context, String), ConnectError> {
+    let shown = config.url.to_string();
+    let mut options = async_nats::ConnectOptions::new()
+        .name(&config.connection_name)
+        .connection_timeout(Duration::from_secs(10));
+    options = match &config.url.auth {
+        url::Auth::None => options,
+        url::Auth::Token(token) => options.token(token.clone()),
+        url::Auth::UserPassword(user, password) => {
+            options.user_and_password(user.clone(), password.clone())
         }
-        let client = options
-            .connect(config.url.server_addr())
-            .await
-            .map_err(|e| {
-                use async_nats::ConnectErrorKind as K;
-                let detail = e.to_string();
-                match e.kind() {
-                    K::Authentication | K::AuthorizationViolation | K::Tls => {
-                        ConnectError::Refused {
-                            url: shown.clone(),
-                            detail,
-                        }
-                    }
-                    _ => ConnectError::Unavailable {
-                        url: shown.clone(),
-                        detail,
-                    },
-                }
-            })?;
-        let mut jetstream = async_nats::jetstream::new(client.clone());
-        jetstream.set_timeout(config.ack_timeout);
-        jetstream
+    };
+    if config.url.tls {
+        options = options.require_tls(true);
+        if let Some(ca) = &config.ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+    }
+    let client = options
+        .connect(config.url.server_addr())
+        .await
+        .map_err(|e| {
+            use async_nats::ConnectErrorKind as K;
+            let detail = e.to_string();
+            match e.kind() {
+                K::Authentication | K::AuthorizationViolation | K::Tls => ConnectError::Refused {
+                    url: shown.clone(),
+                    detail,
+                },
+                _ => ConnectError::Unavailable {
+                    url: shown.clone(),
+                    detail,
+                },
+            }
+        })?;
+    let mut jetstream = async_nats::jetstream::new(client.clone());
+    jetstream.set_timeout(config.ack_timeout);
+    jetstream
             .query_account()
             .await
             .map_err(|e| ConnectError::Refused {
                 url: shown.clone(),
                 detail: format!("JetStream is not available to this account ({e}): start the server with JetStream on (nats-server -js) and give the account JetStream limits"),
             })?;
-        Ok((client, jetstream, shown))
+    Ok((client, jetstream, shown))
 }
 
 /// Whether `subject` is one NATS publishes to: dot-separated tokens, no

@@ -18,8 +18,8 @@ use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::context::GetStreamByNameErrorKind;
 use async_nats::jetstream::stream::{RetentionPolicy, Stream};
 use async_nats::jetstream::Message;
-use sink_core::readback::{RangeRead, ReadBack, ReadFrom, ReadSummary, RecordTime, Truncated};
 use futures_util::StreamExt;
+use sink_core::readback::{RangeRead, ReadBack, ReadFrom, ReadSummary, RecordTime, Truncated};
 
 use crate::{connect, NatsConfig, KEY_HEADER};
 
@@ -240,8 +240,8 @@ async fn read(
         if sequence > last {
             return Ok(());
         }
-        let time_ms = i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
-            .unwrap_or(i64::MAX);
+        let time_ms =
+            i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
         each(&Stored {
             message: &message,
             sequence,

@@ -257,7 +257,11 @@ async fn read_back_without_consuming_in_stream_order_only_the_subjects_asked() {
     .unwrap();
     let (publisher, mut acks) = Publisher::<u64>::connect(config(&server)).await.unwrap();
     for n in 0..300 {
-        let subject = if n % 3 == 0 { "orders.paid" } else { "orders.placed" };
+        let subject = if n % 3 == 0 {
+            "orders.paid"
+        } else {
+            "orders.placed"
+        };
         send(&publisher, record(n, subject)).await;
     }
     reports(&mut acks, 300).await;
@@ -302,10 +306,16 @@ async fn read_back_without_consuming_in_stream_order_only_the_subjects_asked() {
         .as_millis() as i64
         + 60_000;
     let mut got = Seen::new();
-    sink_nats::read_streams(&config(&server), &subjects, ReadFrom::Time(later), stall, |r| {
-        seen(r, &mut got);
-        Ok(())
-    })
+    sink_nats::read_streams(
+        &config(&server),
+        &subjects,
+        ReadFrom::Time(later),
+        stall,
+        |r| {
+            seen(r, &mut got);
+            Ok(())
+        },
+    )
     .await
     .unwrap();
     assert!(got.is_empty(), "{got:?}");

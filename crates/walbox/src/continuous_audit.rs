@@ -1,6 +1,8 @@
 //! The continuous audit inside `walbox run` (`audit.interval`): every
 //! interval, one event the broker acknowledged is read back from its
-//! partition, with the records around it, on a consumer of its own. It
+//! partition (Kafka) or stream (NATS JetStream: partition 0, offset the
+//! stream sequence), with the records around it, on a reader of its own
+//! ([`Readback::read_range`]). It
 //! proves what an acknowledgement alone cannot: that the broker still holds
 //! the event (retention, `DeleteRecords`, an unclean leader election or a
 //! compaction can take an acknowledged record away), and how many copies
@@ -27,7 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sink_kafka::{read_range, Delivered, SinkConfig};
+use sink_core::Delivered;
+
+use crate::readback::Readback;
 
 use crate::mapping::ID_HEADER;
 use crate::metrics::Metrics;
@@ -46,7 +50,7 @@ const STALL: Duration = Duration::from_secs(10);
 pub struct Sample {
     /// Its id.
     pub id: Box<str>,
-    /// Where it landed.
+    /// Where it landed: the Kafka topic, or the JetStream stream.
     pub topic: Arc<str>,
     /// Partition.
     pub partition: i32,
@@ -80,15 +84,26 @@ impl Tap {
 
     /// A sampled event's acknowledgement.
     pub fn delivered(&self, id: &str, topic: &Arc<str>, at: &Delivered) {
-        // It reads Kafka (the configuration refuses it elsewhere).
-        let Some((partition, offset)) = at.kafka() else {
-            return;
+        // Brokers whose acknowledgement says where the event is (the
+        // configuration refuses the others).
+        let (topic, partition, offset) = match at {
+            Delivered::Kafka { partition, offset } => (Arc::clone(topic), *partition, *offset),
+            Delivered::Nats {
+                stream,
+                sequence,
+                duplicate: false,
+            } => (
+                Arc::from(stream.as_str()),
+                0,
+                i64::try_from(*sequence).unwrap_or(i64::MAX),
+            ),
+            _ => return,
         };
         if let Ok(mut pending) = self.pending.lock() {
             if pending.len() < MAX_PENDING {
                 pending.push_back(Sample {
                     id: id.into(),
-                    topic: Arc::clone(topic),
+                    topic,
                     partition,
                     offset,
                     tries: 0,
@@ -158,27 +173,37 @@ pub fn judge(
     }
 }
 
-/// Reads `sample` back (blocking).
-fn verify(config: &SinkConfig, sample: &Sample, exactly_once: bool) -> Result<Verdict, String> {
-    let mut at_offset = None;
-    let mut copies = 0u64;
-    let read = read_range(
-        config,
-        &sample.topic,
-        sample.partition,
-        (
-            sample.offset.saturating_sub(NEIGHBOURS),
-            sample.offset.saturating_add(NEIGHBOURS + 1),
-        ),
-        STALL,
-        |r| {
-            let same = r.header(ID_HEADER) == Some(sample.id.as_bytes());
-            copies += u64::from(same);
-            if r.offset == sample.offset {
-                at_offset = Some(same);
-            }
-        },
-    )?;
+/// Reads `sample` back.
+async fn verify(
+    readback: &Readback,
+    sample: &Sample,
+    exactly_once: bool,
+) -> Result<Verdict, String> {
+    // What the reader saw: (the record at the offset carries the id, copies).
+    let seen = Arc::new(Mutex::new((None::<bool>, 0u64)));
+    let (id, offset) = (sample.id.clone(), sample.offset);
+    let into = Arc::clone(&seen);
+    let read = readback
+        .read_range(
+            &sample.topic,
+            sample.partition,
+            (
+                sample.offset.saturating_sub(NEIGHBOURS),
+                sample.offset.saturating_add(NEIGHBOURS + 1),
+            ),
+            STALL,
+            move |r| {
+                let same = r.header(ID_HEADER) == Some(id.as_bytes());
+                if let Ok(mut seen) = into.lock() {
+                    seen.1 += u64::from(same);
+                    if r.offset() == offset {
+                        seen.0 = Some(same);
+                    }
+                }
+            },
+        )
+        .await?;
+    let (at_offset, copies) = *seen.lock().map_err(|e| e.to_string())?;
     Ok(judge(
         sample.offset,
         read.low,
@@ -193,21 +218,16 @@ fn verify(config: &SinkConfig, sample: &Sample, exactly_once: bool) -> Result<Ve
 /// samples taken, then asks for the next.
 pub async fn run(
     tap: Arc<Tap>,
-    config: SinkConfig,
+    readback: Readback,
     interval: Duration,
     exactly_once: bool,
     metrics: Arc<Metrics>,
 ) {
-    let config = Arc::new(config);
     tap.ask();
     loop {
         tokio::time::sleep(interval).await;
         for mut sample in tap.drain() {
-            let (c, s) = (Arc::clone(&config), sample.clone());
-            let verdict = tokio::task::spawn_blocking(move || verify(&c, &s, exactly_once))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|v| v);
+            let verdict = verify(&readback, &sample, exactly_once).await;
             match verdict {
                 Ok(Verdict::Held { duplicates }) => {
                     metrics.audit_checked.inc();

@@ -22,6 +22,7 @@ pub mod mapping;
 pub mod metrics;
 pub mod progress;
 pub mod quarantine;
+pub mod readback;
 pub mod receipts;
 pub mod relay;
 pub mod retention;

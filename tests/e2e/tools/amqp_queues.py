@@ -9,6 +9,8 @@ AMQP client) declares the queues consumers would bind and reads them back.
                 "body_hex", "delivery_mode"}, ...], every message of each
       queue in queue order (taken off the queues); "body" is the body as
       UTF-8 (null when it is not), "body_hex" its bytes
+  amqp_queues.py publish URL EXCHANGE   stdin: {"routing_key", "headers", "body"}
+      publishes one persistent message, confirmed
 """
 
 import json
@@ -58,6 +60,16 @@ def main():
                     }
                 )
         json.dump(out, sys.stdout)
+    elif action == "publish":
+        m = json.load(sys.stdin)
+        channel.confirm_delivery()
+        channel.basic_publish(
+            exchange=sys.argv[3],
+            routing_key=m["routing_key"],
+            body=m["body"].encode(),
+            properties=pika.BasicProperties(headers=m["headers"], delivery_mode=2),
+        )
+        json.dump({}, sys.stdout)
     else:
         sys.exit(f"unknown action {action}")
     connection.close()

@@ -15,9 +15,11 @@
 //!    topics again; if it does not get there, those rows are counted as
 //!    *unconfirmed* (maybe in flight), not missing, and the report says so.
 //!    A clean audit never waits.
-//! 3. The broker's side ([`sink_kafka::read_topics`]): the topics the rows
-//!    map to and the dead-letter topic, from the window's start (the
-//!    brokers' time index) to their end, `read_committed`.
+//! 3. The broker's side ([`Readback::read_topics`]): the topics the rows
+//!    map to and the dead-letter topic, from the window's start to their
+//!    end when the read starts: Kafka's partitions (by the brokers' time
+//!    index, `read_committed`), JetStream's streams, or RabbitMQ's audit
+//!    stream.
 //! 4. Both sides go through an external sort by event id ([`spill`]): the
 //!    rows, sorted once, merged with each read of the topics; then the
 //!    rows' first copies through a third sort by topic and key: the
@@ -39,13 +41,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pgoutput_decoder::Lsn;
 use serde::Serialize;
-use sink_kafka::{read_topics, ReadFrom, RecordTime, SinkConfig};
+use sink_core::readback::{ReadBack, ReadFrom, ReadSummary, RecordTime};
 use slot_manager::{connect_control, slot_status, PgConfig, TableName};
 
 use crate::backfill::order::Follows;
 use crate::dead_letter::headers as dead_letter_headers;
 use crate::mapping::timestamp::rfc3339_ms;
 use crate::mapping::OutboxMapping;
+use crate::readback::Readback;
 use findings::{Arrival, ById, Findings, Place, Sighting, NO_TYPE};
 use spill::Spill;
 pub use table::WindowSpec;
@@ -66,9 +69,9 @@ pub enum AuditError {
     /// Postgres.
     #[error(transparent)]
     Postgres(#[from] slot_manager::Error),
-    /// Reading the topics.
-    #[error("kafka: {0}")]
-    Kafka(String),
+    /// Reading the broker (the message names it).
+    #[error("{0}")]
+    Broker(String),
     /// The sort's temporary files.
     #[error("the audit's temporary files: {0}")]
     Io(#[from] std::io::Error),
@@ -87,8 +90,8 @@ pub struct AuditPlan<'a> {
     pub table: &'a TableName,
     /// How rows map to records.
     pub mapping: &'a OutboxMapping,
-    /// The brokers (the producer's connection settings are used).
-    pub sink: &'a SinkConfig,
+    /// The broker, read back with the producer's connection settings.
+    pub readback: &'a Readback,
     /// The dead-letter topic, if one is configured.
     pub dead_letter_topic: Option<&'a str>,
     /// The window.
@@ -315,7 +318,7 @@ async fn read_copies(
     side: &table::TableSide,
     topics: &[String],
     memory: usize,
-) -> Result<(Spill<Sighting>, sink_kafka::ReadSummary, u64), AuditError> {
+) -> Result<(Spill<Sighting>, ReadSummary, u64), AuditError> {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -329,62 +332,88 @@ async fn read_copies(
     } else {
         ReadFrom::Time(window.since_ms)
     };
-    let check_unknown = plan.check_unknown;
-    let sink = plan.sink.clone();
-    let dead_letters = plan.dead_letter_topic.map(str::to_owned);
-    let to_read = topics.to_vec();
-    let progress = Arc::clone(&plan.progress);
-    tokio::task::spawn_blocking(move || {
-        let mut copies: Spill<Sighting> = Spill::new(memory);
-        let mut without_id = 0u64;
-        let summary = read_topics(&sink, &to_read, from, READ_STALL, |r| {
-            progress.records.fetch_add(1, Ordering::Relaxed);
-            if dead_letters.as_deref() == Some(r.topic) {
-                let Some(id) = r.header(dead_letter_headers::EVENT_ID) else {
-                    return Ok(());
-                };
-                let id = String::from_utf8_lossy(id).into_owned();
-                return copies
-                    .push(Sighting {
-                        id,
-                        place: Place::DeadLetter {
-                            partition: r.partition,
-                            offset: r.offset,
-                        },
-                    })
-                    .map_err(|e| e.to_string());
-            }
-            let in_window = match r.time {
-                RecordTime::Create(t) if !window.holds(t) => return Ok(()),
-                RecordTime::Create(t) => check_unknown && t >= horizon,
-                RecordTime::LogAppend(_) | RecordTime::None => false,
-            };
-            let Some(id) = r.header(crate::mapping::ID_HEADER) else {
-                without_id += 1;
+    let collect = Collect {
+        check_unknown: plan.check_unknown,
+        horizon,
+        window,
+        dead_letters: plan.dead_letter_topic.map(str::to_owned),
+        wanted: topics.iter().cloned().collect(),
+        progress: Arc::clone(&plan.progress),
+        copies: Spill::new(memory),
+        without_id: 0,
+    };
+    let (summary, collect) = plan
+        .readback
+        .read_topics(topics.to_vec(), from, READ_STALL, collect)
+        .await
+        .map_err(AuditError::Broker)?;
+    Ok((collect.copies, summary, collect.without_id))
+}
+
+/// Takes the records read as sightings of their event ids.
+struct Collect {
+    check_unknown: bool,
+    /// Records older than this have no row (retention).
+    horizon: i64,
+    window: table::Window,
+    dead_letters: Option<String>,
+    /// The topics the rows map to (a RabbitMQ audit stream holds every
+    /// routing key).
+    wanted: std::collections::HashSet<String>,
+    progress: Arc<Progress>,
+    copies: Spill<Sighting>,
+    /// Records without an `id` header.
+    without_id: u64,
+}
+
+impl crate::readback::Each for Collect {
+    fn each(&mut self, r: &dyn ReadBack) -> Result<(), String> {
+        self.progress.records.fetch_add(1, Ordering::Relaxed);
+        if self.dead_letters.as_deref() == Some(r.topic()) {
+            let Some(id) = r.header(dead_letter_headers::EVENT_ID) else {
                 return Ok(());
             };
-            copies
+            let id = String::from_utf8_lossy(id).into_owned();
+            return self
+                .copies
                 .push(Sighting {
-                    id: String::from_utf8_lossy(id).into_owned(),
-                    place: Place::Copy {
-                        topic: r.topic.to_owned(),
-                        partition: r.partition,
-                        offset: r.offset,
-                        key: r.key.unwrap_or_default().to_vec(),
-                        event_type: r.header(crate::mapping::EVENT_TYPE_HEADER).map_or_else(
-                            || NO_TYPE.to_owned(),
-                            |t| String::from_utf8_lossy(t).into_owned(),
-                        ),
-                        in_window,
+                    id,
+                    place: Place::DeadLetter {
+                        partition: r.partition(),
+                        offset: r.offset(),
                     },
                 })
-                .map_err(|e| e.to_string())
-        });
-        summary.map(|s| (copies, s, without_id))
-    })
-    .await
-    .map_err(|e| AuditError::Kafka(e.to_string()))?
-    .map_err(AuditError::Kafka)
+                .map_err(|e| e.to_string());
+        }
+        if !self.wanted.contains(r.topic()) {
+            return Ok(());
+        }
+        let in_window = match r.time() {
+            RecordTime::Create(t) if !self.window.holds(t) => return Ok(()),
+            RecordTime::Create(t) => self.check_unknown && t >= self.horizon,
+            RecordTime::LogAppend(_) | RecordTime::None => false,
+        };
+        let Some(id) = r.header(crate::mapping::ID_HEADER) else {
+            self.without_id += 1;
+            return Ok(());
+        };
+        self.copies
+            .push(Sighting {
+                id: String::from_utf8_lossy(id).into_owned(),
+                place: Place::Copy {
+                    topic: r.topic().to_owned(),
+                    partition: r.partition(),
+                    offset: r.offset(),
+                    key: r.key().unwrap_or_default().to_vec(),
+                    event_type: r.header(crate::mapping::EVENT_TYPE_HEADER).map_or_else(
+                        || NO_TYPE.to_owned(),
+                        |t| String::from_utf8_lossy(t).into_owned(),
+                    ),
+                    in_window,
+                },
+            })
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Counts the candidates whose ids the table does not hold now as unknown.

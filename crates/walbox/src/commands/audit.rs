@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::{loaded, CliError};
 use crate::audit::findings::Counts;
 use crate::audit::{audit, AuditError, AuditPlan, Progress, Report, WindowSpec};
+use crate::readback::Readback;
 
 /// Event types listed in the text report (the JSON one lists them all).
 const TYPES_SHOWN: usize = 20;
@@ -85,6 +86,12 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
             )
         }
     };
+    let readback = Readback::of(&settings.sink).map_err(|why| {
+        ConfigError(format!(
+            "walbox audit reads the events back from the broker; with sink = \"{}\" it cannot: {why}",
+            settings.sink.name()
+        ))
+    })?;
     let progress = Arc::new(Progress::default());
     let shown = (std::io::stderr().is_terminal() && !args.json)
         .then(|| tokio::spawn(show_progress(Arc::clone(&progress))));
@@ -94,18 +101,7 @@ pub async fn run(args: AuditArgs) -> Result<(), CliError> {
         slots,
         table: c.table("walbox audit")?,
         mapping: &mapping,
-        sink: settings.sink.kafka().ok_or_else(|| {
-            let why = match settings.sink.name() {
-                "sqs" => "it cannot: a queue cannot be read without taking its messages from the consumers",
-                "webhook" => "it cannot: what an endpoint did with a request cannot be read back",
-                "rabbitmq" => "not yet: a classic queue is consumed by reading it (a stream queue bound to the exchange could be read; not built)",
-                _ => "not yet: a JetStream stream can be read without consuming it (an ephemeral consumer), not built",
-            };
-            ConfigError(format!(
-                "walbox audit reads the events back from Kafka; with sink = \"{}\" {why}",
-                settings.sink.name()
-            ))
-        })?,
+        readback: &readback,
         dead_letter_topic: settings.dead_letters.topic(),
         window,
         wait: args.wait,

@@ -207,8 +207,10 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
             Some(spans)
         }
     };
-    let audited = settings.audit_interval.zip(settings.sink.kafka());
-    let audit = audited.map(|(interval, kafka)| {
+    // The configuration refuses audit.interval where it cannot be read.
+    let readback = crate::readback::Readback::of(&settings.sink).ok();
+    let audited = settings.audit_interval.zip(readback);
+    let audit = audited.map(|(interval, readback)| {
         let tap = crate::continuous_audit::Tap::new();
         tracing::info!(
             ?interval,
@@ -216,7 +218,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
         );
         let task = tokio::spawn(crate::continuous_audit::run(
             Arc::clone(&tap),
-            kafka.clone(),
+            readback,
             interval,
             settings.exactly_once.is_some(),
             Arc::clone(&metrics),

@@ -1,6 +1,5 @@
-//! What a broker other than Kafka cannot honour (`sink = "rabbitmq"` or
-//! `"sqs"`), each refusal with the broker's own limit as its reason, or
-//! said to be not built yet. Everything not listed here works with every
+//! What a broker other than Kafka cannot honour, each refusal with the
+//! broker's own limit as its reason. Everything not listed here works with every
 //! broker.
 
 use super::raw::{Raw, RawFormat, RawSink};
@@ -38,12 +37,15 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
             "the schema-registry formats cannot go to SQS: a message body is text (UTF-8 without control characters), and Confluent's wire format is binary (a zero byte, the schema id, then the serialized value); use as-stored, cloudevents-* or debezium".into(),
         ),
         (
-            r.audit.interval.is_some(),
-            match r.sink {
-                RawSink::Sqs => "audit.interval cannot be used with SQS: a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)".into(),
-                RawSink::Webhook => "audit.interval cannot be used with a webhook: what an endpoint did with a request cannot be read back".into(),
-                _ => format!("audit.interval (the continuous audit reads Kafka) is not supported with sink = \"{sink}\" yet"),
-            },
+            r.audit.interval.is_some() && r.sink != RawSink::Nats,
+            format!(
+                "audit.interval cannot be used with sink = \"{sink}\": {}",
+                match r.sink {
+                    RawSink::Sqs => unreadable::SQS,
+                    RawSink::Webhook => unreadable::WEBHOOK,
+                    _ => unreadable::CONFIRM_HAS_NO_OFFSET,
+                }
+            ),
         ),
         (
             r.topics.create,
@@ -59,4 +61,16 @@ pub(super) fn refuse(r: &Raw) -> Result<(), ConfigError> {
         Some((_, why)) => Err(ConfigError(why)),
         None => Ok(()),
     }
+}
+
+/// Why a broker cannot be read back (`walbox audit`, `audit.interval`).
+pub mod unreadable {
+    /// Why RabbitMQ without an audit stream cannot be read back.
+    pub const NO_AUDIT_STREAM: &str = "RabbitMQ's queues are consumed by reading them: set rabbitmq.audit_stream, a stream queue walbox binds to the exchange and reads without consuming (it holds what was published since it was declared)";
+    /// Why SQS cannot be read back.
+    pub const SQS: &str = "a queue cannot be read without taking its messages from the consumers (a receive hides them for the visibility timeout)";
+    /// Why webhooks cannot be read back.
+    pub const WEBHOOK: &str = "what an endpoint did with a request cannot be read back";
+    /// Why the continuous audit does not sample RabbitMQ.
+    pub const CONFIRM_HAS_NO_OFFSET: &str = "a RabbitMQ publisher confirm does not say where in the audit stream the message landed, so one acknowledged event cannot be found and read back with its neighbours; run walbox audit (with rabbitmq.audit_stream) instead";
 }

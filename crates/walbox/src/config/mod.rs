@@ -72,6 +72,7 @@ pub enum MappingPreset {
     Debezium,
 }
 
+pub use broker_limits::unreadable;
 pub use layers::renamed_flag;
 pub use secret::{redact_userinfo, Endpoint};
 

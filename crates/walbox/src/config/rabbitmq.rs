@@ -1,7 +1,7 @@
 //! `sink = "rabbitmq"`: the `[rabbitmq]` settings, and what is refused
 //! with them ([`super::broker_limits`]).
 
-use sink_amqp::{AmqpConfig, AmqpUrl, TlsFiles};
+use sink_amqp::{AmqpConfig, AmqpUrl, AuditStream, TlsFiles};
 
 use super::{Config, ConfigError};
 
@@ -60,6 +60,14 @@ impl Config {
                 "rabbitmq.partitions: from 1 to {MAX_PARTITIONS}"
             )));
         }
+        let audit_stream = match &q.audit_stream {
+            None => None,
+            Some(name) => Some(audit_stream(
+                name,
+                &q.audit_stream_max_age,
+                &q.exchange_type,
+            )?),
+        };
         super::broker_limits::refuse(r)?;
         Ok(AmqpConfig {
             url,
@@ -72,6 +80,40 @@ impl Config {
             connection_name: format!("walbox {}", r.slot),
             partitions: q.partitions as u32,
             message_id_header: crate::mapping::ID_HEADER.to_owned(),
+            audit_stream,
         })
     }
+}
+
+/// `rabbitmq.audit_stream` and its `audit_stream_max_age`, checked.
+fn audit_stream(
+    name: &str,
+    max_age: &str,
+    exchange_type: &str,
+) -> Result<AuditStream, ConfigError> {
+    if name.is_empty() || name.len() > 255 || name.starts_with("amq.") {
+        return Err(ConfigError(
+            "rabbitmq.audit_stream: a queue name of 1 to 255 bytes, not starting with amq. (the broker's own)".into(),
+        ));
+    }
+    if !matches!(exchange_type, "topic" | "fanout") {
+        return Err(ConfigError(format!(
+            "rabbitmq.audit_stream needs a topic or fanout exchange: it is bound for every routing key (#), which a {exchange_type} exchange does not route"
+        )));
+    }
+    // RabbitMQ's x-max-age: a whole number and one unit.
+    let last = max_age.char_indices().last().map_or(0, |(i, _)| i);
+    let (digits, unit) = max_age.split_at(last);
+    if !matches!(unit, "Y" | "M" | "D" | "h" | "m" | "s")
+        || digits.is_empty()
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(ConfigError(format!(
+            "rabbitmq.audit_stream_max_age: {max_age:?} is not a number and one of Y, M, D, h, m, s (RabbitMQ's x-max-age, e.g. 7D or 12h)"
+        )));
+    }
+    Ok(AuditStream {
+        name: name.to_owned(),
+        max_age: max_age.to_owned(),
+    })
 }

@@ -184,6 +184,8 @@ pub(super) struct RawRabbitMq {
     pub(super) declare_exchange: bool,
     #[serde(deserialize_with = "whole::u64")]
     pub(super) partitions: u64,
+    pub(super) audit_stream: Option<String>,
+    pub(super) audit_stream_max_age: String,
 }
 
 impl Default for RawRabbitMq {
@@ -199,6 +201,8 @@ impl Default for RawRabbitMq {
             exchange_type: "topic".into(),
             declare_exchange: true,
             partitions: 1,
+            audit_stream: None,
+            audit_stream_max_age: "7D".into(),
         }
     }
 }

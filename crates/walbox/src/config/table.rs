@@ -217,6 +217,10 @@ pub const SETTINGS: &[Setting] = &[
       "sink = rabbitmq: declare the exchange (durable) at each connection; false: it must exist."),
     s("rabbitmq.partitions", Number, Run, "1",
       "sink = rabbitmq: above 1, the routing key is <topic>.<n>, n a hash of the aggregate id below this number: bind one queue per n, each with one consumer (single active consumer), for per-aggregate order (docs/rabbitmq.md)."),
+    s("rabbitmq.audit_stream", Text, Run, "—",
+      "sink = rabbitmq: a stream queue walbox declares (when missing) and binds to the exchange for every routing key (#; a topic or fanout exchange), so that walbox audit can read back what was published without consuming it. It holds what was published since it was declared. Every message then reaches a queue: one no queue of yours is bound for is delivered to the stream, not returned (docs/rabbitmq.md, \"Auditing\")."),
+    s("rabbitmq.audit_stream_max_age", Text, Run, "7D",
+      "sink = rabbitmq: how long the audit stream keeps messages (its x-max-age when walbox declares it: a number and Y, M, D, h, m or s). A stream that exists is used as it is."),
     Setting {
         secret: true,
         ..s("nats.url", Text, Run, "—",

@@ -1523,7 +1523,7 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
     )
     .unwrap();
     let run = c.for_run().unwrap().settings;
-    let crate::config::SinkSettings::RabbitMq(amqp) = run.sink else {
+    let crate::config::SinkSettings::RabbitMq(amqp) = &run.sink else {
         panic!("rabbitmq settings")
     };
     assert_eq!(amqp.partitions, 4);
@@ -1579,8 +1579,30 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
             Some(("WALBOX_TOPICS_CREATE", "true")),
             "topics.create makes Kafka topics",
         ),
+        (
+            Some(("WALBOX_AUDIT_INTERVAL", "1m")),
+            "audit.interval cannot be used with sink = \"rabbitmq\": a RabbitMQ publisher confirm does not say where in the audit stream",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_AUDIT_STREAM", "")),
+            "rabbitmq.audit_stream: a queue name of 1 to 255 bytes",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_AUDIT_STREAM_MAX_AGE", "7 days")),
+            "rabbitmq.audit_stream_max_age: \"7 days\" is not a number and one of Y, M, D, h, m, s",
+        ),
+        (
+            Some(("WALBOX_RABBITMQ_EXCHANGE_TYPE", "direct")),
+            "rabbitmq.audit_stream needs a topic or fanout exchange",
+        ),
     ] {
         let mut vars = vec![PG, SINK];
+        let stream_setting = extra.is_some_and(|(k, _)| {
+            k.starts_with("WALBOX_RABBITMQ_AUDIT_STREAM_") || k == "WALBOX_RABBITMQ_EXCHANGE_TYPE"
+        });
+        if stream_setting {
+            vars.push(("WALBOX_RABBITMQ_AUDIT_STREAM", "walbox.audit"));
+        }
         if extra.is_some_and(|(k, _)| k != "WALBOX_RABBITMQ_URL") {
             vars.push(URL);
         }
@@ -1592,6 +1614,34 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         assert!(e.contains(says), "{extra:?}: {e}");
         assert!(!e.contains("hunter2"), "{e}");
     }
+    // The audit stream: its name and the retention walbox declares it with.
+    let audited = load(
+        None,
+        &[
+            PG,
+            SINK,
+            URL,
+            ("WALBOX_RABBITMQ_AUDIT_STREAM", "walbox.audit"),
+        ],
+        &[],
+    )
+    .and_then(|c| c.for_run())
+    .unwrap()
+    .settings;
+    let crate::config::SinkSettings::RabbitMq(amqp) = &audited.sink else {
+        panic!("rabbitmq settings")
+    };
+    assert_eq!(
+        amqp.audit_stream,
+        Some(sink_amqp::AuditStream {
+            name: "walbox.audit".into(),
+            max_age: "7D".into()
+        })
+    );
+    assert!(crate::readback::Readback::of(&audited.sink).is_ok());
+    assert!(crate::readback::Readback::of(&run.sink)
+        .unwrap_err()
+        .contains("set rabbitmq.audit_stream"));
     // The quarantine holds what RabbitMQ refuses for good (a nack, a return).
     let held = load(
         None,
@@ -1723,13 +1773,22 @@ fn nats_is_a_sink_of_its_own() {
         "WALBOX_NATS_URL",
         "nats://walbox:hunter2@nats.internal:4223",
     );
+    // A stream is read without consuming: the continuous audit samples it.
     let c = load(
         None,
-        &[PG, SINK, URL, ("WALBOX_ON_FAILURE", "quarantine")],
+        &[
+            PG,
+            SINK,
+            URL,
+            ("WALBOX_ON_FAILURE", "quarantine"),
+            ("WALBOX_AUDIT_INTERVAL", "1m"),
+        ],
         &[],
     )
     .unwrap();
     let run = c.for_run().unwrap().settings;
+    assert_eq!(run.audit_interval, Some(std::time::Duration::from_secs(60)));
+    assert!(crate::readback::Readback::of(&run.sink).is_ok());
     let crate::config::SinkSettings::Nats(nats) = &run.sink else {
         panic!("nats settings")
     };
@@ -1809,7 +1868,7 @@ fn a_webhook_is_a_sink_of_its_own() {
         ),
         (
             Some(("WALBOX_AUDIT_INTERVAL", "1m")),
-            "cannot be used with a webhook",
+            "audit.interval cannot be used with sink = \"webhook\": what an endpoint did with a request cannot be read back",
         ),
         (Some(("WALBOX_DELIVERY", "exactly-once")), "Idempotency-Key"),
     ] {
@@ -1946,7 +2005,7 @@ fn sqs_is_a_sink_of_its_own_with_its_queues() {
         ),
         (
             vec![("WALBOX_AUDIT_INTERVAL", "1m")],
-            "cannot be used with SQS: a queue cannot be read without taking its messages",
+            "audit.interval cannot be used with sink = \"sqs\": a queue cannot be read without taking its messages",
         ),
     ] {
         let mut vars = vec![PG, SINK, QUEUE];
