@@ -58,10 +58,12 @@ enum Command {
     /// carries out a release or drop; the command waits for it.
     Quarantine(commands::quarantine::QuarantineArgs),
     /// Checks delivery: compares a window of the outbox table (--since and
-    /// --until, or --last) with what the topics hold, and reports per event
-    /// type events missing from the broker, duplicates, a key's events out
-    /// of order, and events on the broker that are not in the table. Reads
-    /// the topics with its own consumer (no group, nothing committed).
+    /// --until, or --last) with what the broker holds, and reports per
+    /// event type events missing from the broker, duplicates, a key's events
+    /// out of order, and events on the broker that are not in the table.
+    /// Reads without consuming: Kafka's topics (no group, nothing
+    /// committed), JetStream's streams (an ordered consumer) or RabbitMQ's
+    /// rabbitmq.audit_stream; SQS and webhooks cannot be read back.
     /// Exit status: 0 clean, 1 findings, 2 a configuration error, 3 the
     /// audit could not be made.
     Audit(commands::audit::AuditArgs),

@@ -1,7 +1,8 @@
 //! `walbox audit`: compares a window of the outbox table with what the
-//! topics hold (see [`crate::audit`]) and prints what it found. Exit
+//! broker holds (see [`crate::audit`]) and prints what it found. Exit
 //! status: 0 clean, 1 findings, 2 a configuration or usage error, 3 the
-//! audit could not be made (Postgres or Kafka unreachable, a slot gone).
+//! audit could not be made (Postgres or the broker unreachable, a slot
+//! gone).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -45,7 +46,8 @@ pub struct AuditArgs {
     wait: Duration,
     /// Memory for the audit's sorts, in MiB, all three together; beyond it
     /// they spill to temporary files (about 100 bytes per row and per
-    /// record). The process adds the Kafka consumer's buffers (16 MiB).
+    /// record). The process adds the Kafka consumer's buffers (16 MiB) on
+    /// Kafka.
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     memory: u64,
     /// Findings listed per kind.
