@@ -1639,6 +1639,23 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         })
     );
     assert!(crate::readback::Readback::of(&audited.sink).is_ok());
+    let warned = load(
+        None,
+        &[
+            PG,
+            SINK,
+            URL,
+            ("WALBOX_RABBITMQ_AUDIT_STREAM", "walbox.audit"),
+        ],
+        &[],
+    )
+    .unwrap()
+    .warnings()
+    .join("\n");
+    assert!(
+        warned.contains("confirmed, not returned, so it is neither dead-lettered nor held"),
+        "{warned}"
+    );
     assert!(crate::readback::Readback::of(&run.sink)
         .unwrap_err()
         .contains("set rabbitmq.audit_stream"));

@@ -79,6 +79,9 @@ impl Config {
         if nats && plain_nats {
             out.push("NATS is reached over nats:// (no TLS): events and the credentials travel unencrypted; use tls:// or keep the server on a trusted network (docs/nats.md)".into());
         }
+        if rabbitmq && self.raw.rabbitmq.audit_stream.is_some() {
+            out.push("rabbitmq.audit_stream is bound to the exchange for every routing key: a message no queue of yours is bound for reaches the stream and is confirmed, not returned, so it is neither dead-lettered nor held by the quarantine (docs/rabbitmq.md, \"Auditing\")".into());
+        }
         if rabbitmq && plain_amqp {
             out.push("RabbitMQ is reached over amqp:// (no TLS): events and the password travel unencrypted; use amqps:// or keep the broker on a trusted network (docs/rabbitmq.md)".into());
         }
