@@ -46,9 +46,10 @@ Phases (all but retention by default):
              then walbox audit over every event (default memory, and 8 MiB:
              spilling), its time, peak RSS and the primary's CPU
   brokers    100,000 events of ~200 B drained by walbox to Apache Kafka, RabbitMQ,
-             an SQS FIFO and a standard queue (ElasticMQ), beside pg_recvlogical;
-             and each broker alone: as many messages from walbox's client for it
-             (needs WALBOX_ELASTICMQ_LIBS, rabbitmq-server)
+             an SQS FIFO and a standard queue (ElasticMQ), a NATS JetStream stream
+             and a webhook endpoint, beside pg_recvlogical; and each broker alone:
+             as many messages from walbox's client for it (needs
+             WALBOX_ELASTICMQ_LIBS, WALBOX_NATS_SERVER, rabbitmq-server)
   retention  5,000 events/s for 10 minutes with retention off, on, and on a
              partitioned outbox (30 minutes a run)
 

@@ -1,9 +1,10 @@
 //! `brokers`: the small backlog drained by walbox to each broker it sends
 //! to (Apache Kafka, RabbitMQ, an SQS FIFO and a standard queue on
-//! ElasticMQ), beside pg_recvlogical (the slot's own limit); and each
-//! broker's own limit on this machine: the same number of messages of the
-//! same size sent by walbox's client for it alone (no Postgres, no
-//! decoding), with the same bounds on what is in flight.
+//! ElasticMQ, a NATS JetStream stream, a webhook endpoint), beside
+//! pg_recvlogical (the slot's own limit); and each broker's own limit on
+//! this machine: the same number of messages of the same size sent by
+//! walbox's client for it alone (no Postgres, no decoding), with the same
+//! bounds on what is in flight.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use crate::results::Results;
 use crate::world::World;
 
 /// The brokers, as the report names them.
-pub(crate) const BROKERS: [(&str, &str); 4] = [
+pub(crate) const BROKERS: [(&str, &str); 6] = [
     ("kafka", "Apache Kafka 4.1.2 (KRaft, one node; acks=all)"),
     (
         "rabbitmq",
@@ -31,7 +32,18 @@ pub(crate) const BROKERS: [(&str, &str); 4] = [
         "SQS FIFO queue (ElasticMQ 1.7.1; groups = aggregates)",
     ),
     ("sqs_standard", "SQS standard queue (ElasticMQ 1.7.1)"),
+    (
+        "nats",
+        "NATS JetStream (nats-server 2.15.2, one node; file storage, publish acks)",
+    ),
+    (
+        "webhook",
+        "HTTP webhook (an axum endpoint in the harness answering 200; signed, 16 aggregates at a time)",
+    ),
 ];
+
+/// The webhook's signing key (walbox signs every request).
+const WEBHOOK_SECRET: &str = "bench-signing-key";
 
 /// walbox's in-flight bounds (its defaults), for the clients alone too.
 const IN_FLIGHT: usize = 10_000;
@@ -48,6 +60,57 @@ enum Broker {
         /// down as a queue grows: the same queue would not compare).
         flood: String,
     },
+    Nats(walbox_test_harness::nats::NatsServer),
+    Webhook(Endpoint),
+}
+
+/// A webhook endpoint answering 200 to every POST, counting them.
+struct Endpoint {
+    addr: std::net::SocketAddr,
+    posts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoint {
+    async fn start() -> Endpoint {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let posts = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&posts);
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |_body: Bytes| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                async { "" }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port for the endpoint");
+        let addr = listener.local_addr().expect("its address");
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Endpoint {
+            addr,
+            posts,
+            server,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    fn posts(&self) -> u64 {
+        self.posts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
 }
 
 impl Broker {
@@ -80,6 +143,22 @@ impl Broker {
                 let _ = connection.close().await;
                 Broker::Rabbit(broker)
             }
+            "nats" => {
+                let server = walbox_test_harness::nats::NatsServer::start();
+                let client = async_nats::connect(server.url()).await.expect("NATS");
+                let js = async_nats::jetstream::new(client);
+                for (stream, subject) in [("BENCH", "walbox.order"), ("FLOOD", "walbox.flood")] {
+                    js.create_stream(async_nats::jetstream::stream::Config {
+                        name: stream.into(),
+                        subjects: vec![subject.into()],
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("create the stream");
+                }
+                Broker::Nats(server)
+            }
+            "webhook" => Broker::Webhook(Endpoint::start().await),
             _ => {
                 let server = ElasticMq::start();
                 let name = if name == "sqs_fifo" {
@@ -119,6 +198,20 @@ impl Broker {
                 "--sqs-region".into(),
                 "us-east-1".into(),
             ],
+            Broker::Nats(server) => vec![
+                "--sink".into(),
+                "nats".into(),
+                "--nats-url".into(),
+                server.url(),
+            ],
+            Broker::Webhook(endpoint) => vec![
+                "--sink".into(),
+                "webhook".into(),
+                "--webhook-url".into(),
+                endpoint.url(),
+                "--webhook-secret".into(),
+                WEBHOOK_SECRET.into(),
+            ],
         }
     }
 
@@ -157,6 +250,16 @@ impl Broker {
                     .and_then(|v| v.parse().ok())
                     .expect("ApproximateNumberOfMessages")
             }
+            Broker::Nats(server) => {
+                let client = async_nats::connect(server.url()).await.expect("NATS");
+                let mut stream = async_nats::jetstream::new(client)
+                    .get_stream("BENCH")
+                    .await
+                    .expect("the stream");
+                let info = stream.info().await.expect("its state");
+                info.state.messages as i64
+            }
+            Broker::Webhook(endpoint) => endpoint.posts() as i64,
         }
     }
 
@@ -269,9 +372,77 @@ impl Broker {
                 tokio::join!(feed, drain);
                 sink.close(Duration::from_secs(5)).await;
             }
+            Broker::Nats(server) => {
+                let config = sink_nats::NatsConfig {
+                    url: sink_nats::NatsUrl::parse(&server.url()).expect("the URL"),
+                    ca_file: None,
+                    max_in_flight: IN_FLIGHT,
+                    max_in_flight_bytes: IN_FLIGHT_BYTES,
+                    ack_timeout: Duration::from_secs(10),
+                    connection_name: "walbox-bench flood".into(),
+                };
+                let (sink, mut acks) = sink_nats::Publisher::<()>::connect(config)
+                    .await
+                    .expect("NATS");
+                flood_through(&sink, &mut acks, "walbox.flood", events, &body).await;
+                sink.close(Duration::from_secs(5)).await;
+            }
+            Broker::Webhook(endpoint) => {
+                let config = sink_webhook::WebhookConfig {
+                    url: endpoint.url().parse().expect("the URL"),
+                    secret: Some(WEBHOOK_SECRET.into()),
+                    ca_file: None,
+                    timeout: Duration::from_secs(10),
+                    concurrency: 16,
+                    max_in_flight: IN_FLIGHT,
+                    max_in_flight_bytes: IN_FLIGHT_BYTES,
+                };
+                let (sink, mut answers) =
+                    sink_webhook::Publisher::<()>::new(config).expect("a client");
+                flood_through(&sink, &mut answers, "walbox.flood", events, &body).await;
+            }
         }
         t0.elapsed().as_secs_f64()
     }
+}
+
+/// `events` records like walbox's (key one of 1,000 aggregates, id and
+/// type headers, the place in the stream walbox gives each) through a
+/// sink-core destination, waiting for every report.
+async fn flood_through<D, R>(sink: &D, reports: &mut R, topic: &str, events: usize, body: &Bytes)
+where
+    D: sink_core::Destination<()>,
+    R: sink_core::Deliveries<()>,
+{
+    let feed = async {
+        for i in 0..events {
+            let mut record = sink_core::Record::new(
+                topic,
+                Some(Bytes::from(format!("order-{}", i % 1000))),
+                Some(body.clone()),
+                (),
+            )
+            .with_origin(sink_core::Origin {
+                stream: std::sync::Arc::from("bench"),
+                position: 0x100 + (i / 100) as u64,
+                index: (i % 100) as u64,
+            });
+            for (name, value) in headers(i) {
+                if name != "walbox.key" {
+                    record = record.with_header(name, value);
+                }
+            }
+            let permit = sink.reserve(record.size()).await;
+            sink.send(permit, record).await;
+        }
+    };
+    let drain = async {
+        for _ in 0..events {
+            let r = reports.next().await.expect("a report");
+            assert!(r.result.is_ok(), "refused: {:?}", r.result);
+        }
+    };
+    tokio::join!(feed, drain);
 }
 
 fn headers(i: usize) -> Vec<(String, Bytes)> {
