@@ -294,3 +294,55 @@ async fn the_audit_reads_the_stream_back_and_finds_what_was_taken_and_copied() {
     );
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// SIGTERM while the server is gone and events keep coming (the NATS
+/// client buffering publishes it cannot send): walbox exits within its
+/// drain bound, and the next start, with the server back, delivers every
+/// event, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_server_is_gone_exits_and_loses_nothing() {
+    const N: usize = 4_000;
+    let mut server = NatsServer::start();
+    let url = server.url();
+    create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let start = || {
+        spawn_logged(walbox(
+            &db,
+            &["run", "--sink", "nats", "--nats-url", &url],
+        ))
+    };
+    let mut relay = start();
+    wait_log(&relay, "connected to NATS").await;
+    insert_events(&client, 0, 500, |k| 1 + k % 20, AGGREGATES).await;
+    server.kill9();
+    // More than the client buffers, while the server is gone.
+    insert_events(&client, 500, N, |k| 1 + k % 20, AGGREGATES).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    sigterm(&relay);
+    let (status, log) = wait_exit(&mut relay).await;
+    let took = asked.elapsed();
+    eprintln!("exited {took:?} after SIGTERM with the server gone: {status}");
+    assert!(
+        took < Duration::from_secs(20),
+        "exit took {took:?}: {log}"
+    );
+    server.restart();
+    let mut relay = start();
+    let got = wait_for("every event in the stream", Duration::from_secs(120), || {
+        let url = url.clone();
+        async move {
+            let all = read_stream(&url, "OUTBOX").await;
+            let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
+            match distinct == N {
+                true => Ok(all),
+                false => Err(format!("{distinct} of {N} distinct events")),
+            }
+        }
+    })
+    .await;
+    assert!(got.len() >= N);
+    stop(&mut relay).await;
+}

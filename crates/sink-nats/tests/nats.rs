@@ -343,3 +343,68 @@ async fn read_back_without_consuming_in_stream_order_only_the_subjects_asked() {
     .unwrap_err();
     assert!(err.contains("JOBS") && err.contains("workqueue"), "{err}");
 }
+
+/// tls:// to a server with a certificate from a CA the test makes: trusted
+/// through `ca_file`, stored; another CA, or the system's roots, refused
+/// for good in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verifies_the_server_by_the_ca_file() {
+    let certs = walbox_test_harness::tls::Certificates::generate();
+    let cert = certs.server_cert().display().to_string();
+    let key = certs.server_key().display().to_string();
+    let server = NatsServer::start_with(&["-js", "--tls", "--tlscert", &cert, "--tlskey", &key]);
+    let at = |host: &str, ca: Option<std::path::PathBuf>| {
+        let mut c = config(&server);
+        let port = server.url().rsplit(':').next().unwrap().to_owned();
+        c.url = NatsUrl::parse(&format!("tls://{host}:{port}")).unwrap();
+        c.ca_file = ca;
+        c
+    };
+    client_stream(&server, &certs).await;
+    for host in ["localhost", "127.0.0.1"] {
+        let (p, mut acks) = Publisher::<u64>::connect(at(host, Some(certs.ca())))
+            .await
+            .unwrap();
+        send(&p, record(1, "secure.orders")).await;
+        let got = reports(&mut acks, 1).await;
+        assert!(
+            matches!(got[0].result, Ok(Delivered::Nats { .. })),
+            "{host}: {:?}",
+            got[0].result
+        );
+    }
+    for ca in [Some(certs.other_ca()), None] {
+        let e = Publisher::<u64>::connect(at("localhost", ca.clone()))
+            .await
+            .err()
+            .expect("refused");
+        let text = e.to_string();
+        assert!(!e.is_transient(), "{ca:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+    }
+    // A plain nats:// client to a server that requires TLS: refused.
+    let e = Publisher::<u64>::connect(config(&server))
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.to_string().to_lowercase().contains("tls"), "{e}");
+}
+
+/// The stream `SECURE` for `secure.>`, created over TLS by the NATS client.
+async fn client_stream(server: &NatsServer, certs: &walbox_test_harness::tls::Certificates) {
+    let url = server.url().replace("nats://", "tls://");
+    let client = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(certs.ca())
+        .connect(url.replace("127.0.0.1", "localhost"))
+        .await
+        .unwrap();
+    async_nats::jetstream::new(client)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "SECURE".into(),
+            subjects: vec!["secure.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}

@@ -9,7 +9,10 @@
 //!   dead-letter copy or the quarantine). A 5xx, 408, 425, 429, a timeout
 //!   or a connection that fails is tried again, with a backoff of 0.5 s
 //!   doubling to 30 s, as long as it takes (the endpoint down stalls the
-//!   relay, as a broker down does; nothing is skipped).
+//!   relay, as a broker down does; nothing is skipped). An `https://`
+//!   endpoint whose certificate cannot be verified (not trusted, not for
+//!   its host) or that does not speak TLS fails every event the same way:
+//!   [`DeliveryErrorKind::Fatal`], walbox stops in one line.
 //! - **The request.** The record's value is the body (`Content-Type:
 //!   application/json`); headers say the rest: `Walbox-Topic`, `Walbox-Key`,
 //!   `Idempotency-Key` (the event's place in the source stream, the same on
@@ -197,19 +200,23 @@ struct Sender {
 /// What one POST came to.
 enum Outcome {
     Delivered(u16),
+    /// This event, for good: the failure policy's.
     Refused(String),
+    /// Every event, for good (TLS cannot verify the endpoint): stop.
+    Broken(String),
     Again(String),
 }
 
 impl Sender {
     /// POSTs `record` until it is answered 2xx or refused for good.
-    async fn deliver(&self, record: &Record<()>) -> Result<u16, String> {
+    async fn deliver(&self, record: &Record<()>) -> Result<u16, (DeliveryErrorKind, String)> {
         let mut backoff = FIRST_BACKOFF;
         let mut warned = false;
         loop {
             match self.post(record).await {
                 Outcome::Delivered(status) => return Ok(status),
-                Outcome::Refused(why) => return Err(why),
+                Outcome::Refused(why) => return Err((DeliveryErrorKind::Permanent, why)),
+                Outcome::Broken(why) => return Err((DeliveryErrorKind::Fatal, why)),
                 Outcome::Again(why) => {
                     if !warned {
                         tracing::warn!(url = %self.shown, error = %why, "webhook not answered; trying again until it is");
@@ -267,7 +274,16 @@ impl Sender {
             request = request.header("walbox-signature", signature(secret, now_s(), &body));
         }
         match request.body(body).send().await {
-            Err(e) => Outcome::Again(without_url(&e)),
+            Err(e) => {
+                let why = without_url(&e);
+                match tls_refusal(&why) {
+                    Some(fix) => Outcome::Broken(format!(
+                        "the webhook at {}: TLS: {why}: {fix}",
+                        self.shown
+                    )),
+                    None => Outcome::Again(why),
+                }
+            }
             Ok(response) => {
                 let status = response.status().as_u16();
                 match status {
@@ -288,9 +304,33 @@ impl Sender {
     }
 }
 
-/// reqwest's error without the URL it names (its query may hold a token).
+/// What to check when a request failed because TLS cannot verify the
+/// endpoint (rustls' words in `detail`); `None` for anything else.
+fn tls_refusal(detail: &str) -> Option<&'static str> {
+    if detail.contains("invalid peer certificate") {
+        Some("the endpoint's certificate is not trusted or not for its host: check webhook.ca_file (the CA that signed it) and that the URL's host is a name the certificate carries")
+    } else if detail.contains("InvalidContentType") || detail.contains("corrupt message") {
+        Some("the endpoint does not speak TLS on this port: should the URL be http://?")
+    } else {
+        None
+    }
+}
+
+/// reqwest's error with its causes (reqwest shows only "error sending
+/// request"), without the URL it names (its query may hold a token).
 fn without_url(e: &reqwest::Error) -> String {
-    let mut e = e.to_string();
+    let mut e = {
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            let shown = c.to_string();
+            if !text.contains(&shown) {
+                text = format!("{text}: {shown}");
+            }
+            cause = c.source();
+        }
+        text
+    };
     if let Some(start) = e.find(" for url (") {
         if let Some(end) = e[start..].find(')') {
             e.replace_range(start..start + end + 1, "");
@@ -352,9 +392,7 @@ impl<T: Send + 'static> Dispatcher<T> {
                     let result = sender.deliver(&job.record).await;
                     let report = match result {
                         Ok(status) => Report::delivered(job.token, Delivered::Http { status }),
-                        Err(why) => {
-                            Report::failed(job.token, DeliveryErrorKind::Permanent, why, job.record)
-                        }
+                        Err((kind, why)) => Report::failed(job.token, kind, why, job.record),
                     };
                     drop(job.permit);
                     let _ = reports.send(report);
