@@ -307,12 +307,7 @@ async fn sigterm_while_the_server_is_gone_exits_and_loses_nothing() {
     create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
     let db = fresh_db().await;
     let client = init(&db).await;
-    let start = || {
-        spawn_logged(walbox(
-            &db,
-            &["run", "--sink", "nats", "--nats-url", &url],
-        ))
-    };
+    let start = || spawn_logged(walbox(&db, &["run", "--sink", "nats", "--nats-url", &url]));
     let mut relay = start();
     wait_log(&relay, "connected to NATS").await;
     insert_events(&client, 0, 500, |k| 1 + k % 20, AGGREGATES).await;
@@ -325,23 +320,24 @@ async fn sigterm_while_the_server_is_gone_exits_and_loses_nothing() {
     let (status, log) = wait_exit(&mut relay).await;
     let took = asked.elapsed();
     eprintln!("exited {took:?} after SIGTERM with the server gone: {status}");
-    assert!(
-        took < Duration::from_secs(20),
-        "exit took {took:?}: {log}"
-    );
+    assert!(took < Duration::from_secs(20), "exit took {took:?}: {log}");
     server.restart();
     let mut relay = start();
-    let got = wait_for("every event in the stream", Duration::from_secs(120), || {
-        let url = url.clone();
-        async move {
-            let all = read_stream(&url, "OUTBOX").await;
-            let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
-            match distinct == N {
-                true => Ok(all),
-                false => Err(format!("{distinct} of {N} distinct events")),
+    let got = wait_for(
+        "every event in the stream",
+        Duration::from_secs(120),
+        || {
+            let url = url.clone();
+            async move {
+                let all = read_stream(&url, "OUTBOX").await;
+                let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
+                match distinct == N {
+                    true => Ok(all),
+                    false => Err(format!("{distinct} of {N} distinct events")),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     assert!(got.len() >= N);
     stop(&mut relay).await;

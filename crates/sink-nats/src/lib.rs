@@ -101,12 +101,27 @@ struct Pending<T> {
 type AckResult = Result<PublishAck, async_nats::jetstream::context::PublishError>;
 type AckFuture = Pin<Box<dyn Future<Output = AckResult> + Send>>;
 
+/// A record handed to the publishing task: its message, or why NATS
+/// cannot carry it.
+struct Job<T> {
+    message: Result<(HeaderMap, Bytes), (DeliveryErrorKind, String)>,
+    subject: Arc<str>,
+    token: T,
+    record: Record<()>,
+    permit: Permit,
+}
+
 /// Publishes records to JetStream; their reports arrive on [`Acks`].
+///
+/// [`Destination::send`] never waits on the server: it hands the record
+/// to a task of the publisher's, which publishes in order. While the
+/// server is gone, the client's buffer fills and that task waits, not the
+/// caller (a shutdown's drain ends on its deadline); the admission bounds
+/// what waits.
 pub struct Publisher<T> {
     client: async_nats::Client,
-    jetstream: async_nats::jetstream::Context,
     admission: Admission,
-    pending: mpsc::UnboundedSender<Pending<T>>,
+    jobs: mpsc::UnboundedSender<Job<T>>,
     max_payload: usize,
     shown: String,
 }
@@ -133,12 +148,13 @@ impl<T: Send + 'static> Publisher<T> {
         let (client, jetstream, shown) = connect(&config).await?;
         let max_payload = client.server_info().max_payload;
         let (tx, rx) = mpsc::unbounded_channel();
+        let (jobs, queued) = mpsc::unbounded_channel();
+        tokio::spawn(publishing(jetstream, shown.clone(), queued, tx));
         Ok((
             Publisher {
                 client,
-                jetstream,
                 admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
-                pending: tx,
+                jobs,
                 max_payload,
                 shown,
             },
@@ -216,18 +232,28 @@ async fn connect(
             options.user_and_password(user.clone(), password.clone())
         }
     };
-    if config.url.tls {
-        options = options.require_tls(true);
-        if let Some(ca) = &config.ca_file {
-            options = options.add_root_certificates(ca.clone());
+    // Given for nats:// too: a server that requires TLS upgrades the
+    // connection anyway, and async-nats would otherwise build its own.
+    let tls = tls_config(config.ca_file.as_deref(), config.url.tls).map_err(|detail| {
+        ConnectError::Refused {
+            url: shown.clone(),
+            detail,
         }
-    }
+    })?;
+    options = options.tls_client_config(tls).require_tls(config.url.tls);
     let client = options
         .connect(config.url.server_addr())
         .await
         .map_err(|e| {
             use async_nats::ConnectErrorKind as K;
             let detail = e.to_string();
+            if detail.contains("invalid peer certificate") {
+                // rustls' verdict, reported by async-nats as I/O.
+                return ConnectError::Refused {
+                    url: shown.clone(),
+                    detail: format!("TLS: {detail}: the server's certificate is not trusted or not for this host: check nats.ca_file (the CA that signed it) and that the URL's host is a name the certificate carries"),
+                };
+            }
             match e.kind() {
                 K::Authentication | K::AuthorizationViolation | K::Tls => ConnectError::Refused {
                     url: shown.clone(),
@@ -251,6 +277,51 @@ async fn connect(
     Ok((client, jetstream, shown))
 }
 
+/// TLS with the ring provider (as for Postgres and RabbitMQ), named rather
+/// than left to rustls' process default, which the other TLS stacks in
+/// walbox (the AWS SDK's aws-lc-rs beside ring) make ambiguous: async-nats
+/// would panic choosing one. Trusts `ca_file`'s certificates, else the
+/// system's; with none there, an error when TLS is `required`.
+fn tls_config(
+    ca_file: Option<&std::path::Path>,
+    required: bool,
+) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    format!(
+                        "nats.ca_file {}: not PEM certificates ({e})",
+                        path.display()
+                    )
+                })?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(format!(
+                    "nats.ca_file {}: no certificate in it",
+                    path.display()
+                ));
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            if roots.is_empty() && required {
+                return Err("tls://: no trusted certificate in the system's store; install the ca-certificates package or set nats.ca_file".into());
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// Whether `subject` is one NATS publishes to: dot-separated tokens, no
 /// wildcard, no whitespace.
 fn valid_subject(subject: &str) -> bool {
@@ -268,36 +339,62 @@ impl<T: Send + 'static> Destination<T> for Publisher<T> {
     async fn send(&self, permit: Permit, record: Record<T>) {
         let (record, token) = record.split_token();
         let subject = Arc::clone(&record.topic);
-        let ack = match self.message(&record) {
+        let message = match self.message(&record) {
             Err(why) => Err((DeliveryErrorKind::Permanent, why)),
             Ok(_) if !valid_subject(&subject) => Err((
                 DeliveryErrorKind::Permanent,
                 format!("subject {subject:?}: NATS publishes to dot-separated tokens without wildcards or spaces"),
             )),
+            Ok(message) => Ok(message),
+        };
+        let _ = self.jobs.send(Job {
+            message,
+            subject,
+            token,
+            record,
+            permit,
+        });
+    }
+}
+
+/// The publishing task: each job published in order, its ack (or why it
+/// was not sent) handed to [`Acks`]; ends with the publisher, or when
+/// nobody reads the acks any more.
+async fn publishing<T>(
+    jetstream: async_nats::jetstream::Context,
+    shown: String,
+    mut jobs: mpsc::UnboundedReceiver<Job<T>>,
+    pending: mpsc::UnboundedSender<Pending<T>>,
+) {
+    while let Some(job) = jobs.recv().await {
+        let ack = match job.message {
+            Err(failure) => Err(failure),
             Ok((headers, payload)) => {
                 let publish = async_nats::jetstream::context::Publish::build()
                     .payload(payload)
                     .headers(headers);
-                match self
-                    .jetstream
-                    .send_publish(subject.to_string(), publish)
-                    .await
-                {
-                    Ok(ack) => Ok(Box::pin(IntoFuture::into_future(ack)) as AckFuture),
-                    Err(e) => Err((
-                        DeliveryErrorKind::RetriableExhausted,
-                        format!("publishing to NATS at {} failed: {e}", self.shown),
-                    )),
+                tokio::select! {
+                    sent = jetstream.send_publish(job.subject.to_string(), publish) => match sent {
+                        Ok(ack) => Ok(Box::pin(IntoFuture::into_future(ack)) as AckFuture),
+                        Err(e) => Err((
+                            DeliveryErrorKind::RetriableExhausted,
+                            format!("publishing to NATS at {shown} failed: {e}"),
+                        )),
+                    },
+                    () = pending.closed() => return,
                 }
             }
         };
-        let _ = self.pending.send(Pending {
+        let sent = pending.send(Pending {
             ack,
-            subject,
-            token,
-            record,
-            _permit: permit,
+            subject: job.subject,
+            token: job.token,
+            record: job.record,
+            _permit: job.permit,
         });
+        if sent.is_err() {
+            return;
+        }
     }
 }
 

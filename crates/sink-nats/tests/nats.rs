@@ -393,9 +393,23 @@ async fn tls_verifies_the_server_by_the_ca_file() {
 /// The stream `SECURE` for `secure.>`, created over TLS by the NATS client.
 async fn client_stream(server: &NatsServer, certs: &walbox_test_harness::tls::Certificates) {
     let url = server.url().replace("nats://", "tls://");
+    // async-nats' own TLS setup asks rustls for a process default, which
+    // two providers in the tree make it panic on: ring, named.
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(certs.ca()).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let client = async_nats::ConnectOptions::new()
         .require_tls(true)
-        .add_root_certificates(certs.ca())
+        .tls_client_config(tls)
         .connect(url.replace("127.0.0.1", "localhost"))
         .await
         .unwrap();

@@ -277,10 +277,9 @@ impl Sender {
             Err(e) => {
                 let why = without_url(&e);
                 match tls_refusal(&why) {
-                    Some(fix) => Outcome::Broken(format!(
-                        "the webhook at {}: TLS: {why}: {fix}",
-                        self.shown
-                    )),
+                    Some(fix) => {
+                        Outcome::Broken(format!("the webhook at {}: TLS: {why}: {fix}", self.shown))
+                    }
                     None => Outcome::Again(why),
                 }
             }

@@ -49,13 +49,20 @@ fn endpoint(certs: &Certificates) -> (Endpoint, u16) {
         .expect("python3 (Debian's) for the HTTPS endpoint");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the HTTPS endpoint did not start");
+        assert!(
+            Instant::now() < deadline,
+            "the HTTPS endpoint did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     (Endpoint(child), port)
 }
 
-async fn post_one(port: u16, host: &str, ca_file: Option<std::path::PathBuf>) -> sink_core::Report<u32> {
+async fn post_one(
+    port: u16,
+    host: &str,
+    ca_file: Option<std::path::PathBuf>,
+) -> sink_core::Report<u32> {
     let config = WebhookConfig {
         url: format!("https://{host}:{port}/hook?token=s3cret-token")
             .parse()
@@ -69,7 +76,12 @@ async fn post_one(port: u16, host: &str, ca_file: Option<std::path::PathBuf>) ->
     };
     let (publisher, mut answers) = Publisher::<u32>::new(config).unwrap();
     let permit = publisher.reserve(16).await;
-    let record = Record::new("orders", Some(Bytes::from_static(b"k")), Some(Bytes::from_static(b"{}")), 7);
+    let record = Record::new(
+        "orders",
+        Some(Bytes::from_static(b"k")),
+        Some(Bytes::from_static(b"{}")),
+        7,
+    );
     publisher.send(permit, record).await;
     tokio::time::timeout(Duration::from_secs(15), answers.next())
         .await

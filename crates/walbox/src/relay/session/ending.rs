@@ -3,6 +3,7 @@
 //! left open.
 
 use pgoutput_decoder::PgTimestamp;
+use sink_core::DeliveryErrorKind;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -44,6 +45,19 @@ where
                 biased;
                 report = self.reports.next() => {
                     let report = report.expect("the destination outlives the relay");
+                    // Not answered in time (the broker gone): stopping is
+                    // what was asked, and what is unconfirmed is sent again
+                    // after the restart, as at the drain's deadline.
+                    if let Err(e) = &report.result {
+                        if e.kind == DeliveryErrorKind::RetriableExhausted {
+                            tracing::warn!(
+                                unacked = self.core.unacked_events(),
+                                error = %e,
+                                "the broker did not answer while shutting down: leaving events unconfirmed (they are resent after restart)"
+                            );
+                            return Ok(());
+                        }
+                    }
                     let handled = self.core.handle_report(report, Instant::now(), PgTimestamp::now());
                     // Best effort: the final update follows anyway.
                     if let Some(update) = self.carry_out() {

@@ -688,6 +688,32 @@ impl Broker {
         true
     }
 
+    /// Reports the oldest pending record with `key` as not answered in
+    /// time ([`DeliveryErrorKind::RetriableExhausted`]); false if there is
+    /// none.
+    pub(super) fn time_out_key(&self, key: &str) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let Some(i) = state
+            .in_flight
+            .iter()
+            .position(|f| key_of(&f.record) == key)
+        else {
+            return false;
+        };
+        let f = state.in_flight.remove(i).expect("found");
+        let (returned, token) = f.record.split_token();
+        let report = Report {
+            token,
+            result: Err(DeliveryError::new(
+                DeliveryErrorKind::RetriableExhausted,
+                "no ack in time",
+            )),
+            returned: Some(returned),
+        };
+        let _ = f.reports.send((report, f.permits));
+        true
+    }
+
     /// Acknowledges everything pending.
     pub(super) fn ack_all(&self) {
         while self.ack_oldest() {}

@@ -518,6 +518,32 @@ async fn sigterm_mid_transaction_drains_and_confirms_only_complete_transactions(
     assert_eq!(fx.broker.delivered().len(), 3);
 }
 
+/// A broker that stops answering during the shutdown drain (a NATS ack
+/// timing out): the drain ends there, cleanly, the slot confirmed only up
+/// to what was acknowledged; the rest is sent again after the restart.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_delivery_during_the_drain_ends_it_cleanly_without_confirming_it() {
+    let mut fx = Fixture::new(DeadLetters::halt(), 100, 1024);
+    let server = fx.source.session(10);
+    let b = fx.broker.clone();
+    let status = server.status_handle();
+    fx.run(|stop| async move {
+        server.send(relation());
+        server.transaction(190, &[("e1", Some("a"))]);
+        server.transaction(290, &[("e2", Some("b"))]);
+        until("2 in flight", || b.pending() == 2).await;
+        assert!(b.ack_key("a"));
+        stop.send(Stop::Graceful).unwrap();
+        idle(100).await;
+        assert!(b.time_out_key("b"));
+        until("a clean close", || server.closed()).await;
+    })
+    .await
+    .unwrap();
+    let last = status.lock().unwrap().last().copied().unwrap();
+    assert_eq!(last.flush.as_u64(), 200, "confirmed up to e1, not past e2");
+}
+
 /// `on_slot_invalidated = "recreate"` republishes from the saved commit
 /// time: it must never be past a transaction whose events wait for acks.
 #[tokio::test(start_paused = true)]
