@@ -2088,3 +2088,116 @@ fn republishing_rows_is_taken_with_every_sink() {
         }
     }
 }
+
+/// Every broker-independent feature on every broker: accepted, or refused
+/// in one line whose reason names the broker's own limit. The table is the
+/// promise of docs/rabbitmq.md, docs/sqs.md, docs/nats.md and
+/// docs/webhooks.md ("Not with …").
+#[test]
+fn each_feature_on_each_broker_is_taken_or_refused_for_the_brokers_own_reason() {
+    let brokers: [(&str, &[(&str, &str)]); 5] = [
+        ("kafka", &[("WALBOX_KAFKA_BROKERS", "k:9092")]),
+        (
+            "rabbitmq",
+            &[
+                ("WALBOX_SINK", "rabbitmq"),
+                ("WALBOX_RABBITMQ_URL", "amqp://u:hunter2@rabbit:5672/"),
+            ],
+        ),
+        (
+            "sqs",
+            &[
+                ("WALBOX_SINK", "sqs"),
+                (
+                    "WALBOX_SQS_QUEUE_URL",
+                    "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+                ),
+            ],
+        ),
+        (
+            "nats",
+            &[
+                ("WALBOX_SINK", "nats"),
+                ("WALBOX_NATS_URL", "nats://u:hunter2@nats:4222"),
+            ],
+        ),
+        (
+            "webhook",
+            &[
+                ("WALBOX_SINK", "webhook"),
+                (
+                    "WALBOX_WEBHOOK_URL",
+                    "https://hooks.example/in?token=hunter2",
+                ),
+            ],
+        ),
+    ];
+    type Feature = (&'static str, &'static [(&'static str, &'static str)]);
+    let features: [Feature; 8] = [
+        ("quarantine", &[("WALBOX_ON_FAILURE", "quarantine")]),
+        (
+            "claim-check",
+            &[
+                ("WALBOX_CLAIM_CHECK_BUCKET", "events"),
+                ("WALBOX_CLAIM_CHECK_ENDPOINT", "http://127.0.0.1:9000"),
+            ],
+        ),
+        (
+            "avro",
+            &[
+                ("WALBOX_FORMAT", "avro"),
+                ("WALBOX_SCHEMA_REGISTRY_URL", "http://registry:8081"),
+            ],
+        ),
+        ("receipts", &[("WALBOX_RECEIPTS", "true")]),
+        ("audit.interval", &[("WALBOX_AUDIT_INTERVAL", "1m")]),
+        ("exactly-once", &[("WALBOX_DELIVERY", "exactly-once")]),
+        ("topics.create", &[("WALBOX_TOPICS_CREATE", "true")]),
+        (
+            "audit stream",
+            &[("WALBOX_RABBITMQ_AUDIT_STREAM", "walbox.audit")],
+        ),
+    ];
+    // (broker, feature) → the refusal's words; absent: accepted.
+    let refused = |broker: &str, feature: &str| -> Option<&str> {
+        Some(match (broker, feature) {
+            ("sqs", "avro") => "a message body is text",
+            ("sqs", "audit.interval") => "a queue cannot be read without taking its messages",
+            ("webhook", "audit.interval") => {
+                "what an endpoint did with a request cannot be read back"
+            }
+            ("rabbitmq", "audit.interval") => {
+                "a RabbitMQ publisher confirm does not say where in the audit stream"
+            }
+            (b, "exactly-once") if b != "kafka" => "is Kafka's (its transactions)",
+            (b, "topics.create") if b != "kafka" => "topics.create makes Kafka topics",
+            _ => return None,
+        })
+    };
+    let mut checked = 0;
+    for (broker, env) in &brokers {
+        for (feature, with) in &features {
+            // rabbitmq.* settings are RabbitMQ's (ignored elsewhere).
+            if *feature == "audit stream" && *broker != "rabbitmq" {
+                continue;
+            }
+            let mut vars = vec![PG];
+            vars.extend_from_slice(env);
+            vars.extend_from_slice(with);
+            let got = load(None, &vars, &[]).and_then(|c| c.for_run());
+            match (refused(broker, feature), got) {
+                (None, Ok(_)) => {}
+                (None, Err(e)) => panic!("{feature} on {broker}: refused: {e}"),
+                (Some(_), Ok(_)) => panic!("{feature} on {broker}: accepted"),
+                (Some(says), Err(e)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(says), "{feature} on {broker}: {e}");
+                    assert_eq!(e.lines().count(), 1, "{e}");
+                    assert!(!e.contains("hunter2"), "{e}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 5 * 7 + 1);
+}
