@@ -69,6 +69,24 @@ async fn read_stream(url: &str, stream: &str) -> Vec<Got> {
     out
 }
 
+/// Every message of `stream` once it holds `n` distinct events (2 minutes
+/// at most).
+async fn wait_all(url: &str, stream: &str, n: usize) -> Vec<Got> {
+    wait_for(
+        "every event in the stream",
+        Duration::from_secs(120),
+        || async move {
+            let all = read_stream(url, stream).await;
+            let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
+            match distinct == n {
+                true => Ok(all),
+                false => Err(format!("{distinct} of {n} distinct events")),
+            }
+        },
+    )
+    .await
+}
+
 async fn create_stream(url: &str, name: &str, subjects: &[&str]) {
     let client = async_nats::connect(url).await.unwrap();
     async_nats::jetstream::new(client)
@@ -127,22 +145,7 @@ async fn every_event_reaches_a_jetstream_stream_in_order_through_kills() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     server.restart();
 
-    let got = wait_for(
-        "every event in the stream",
-        Duration::from_secs(120),
-        || {
-            let url = url.clone();
-            async move {
-                let all = read_stream(&url, "OUTBOX").await;
-                let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
-                match distinct == TOTAL {
-                    true => Ok(all),
-                    false => Err(format!("{distinct} of {TOTAL} distinct events")),
-                }
-            }
-        },
-    )
-    .await;
+    let got = wait_all(&url, "OUTBOX", TOTAL).await;
     let mut last: HashMap<String, usize> = HashMap::new();
     let mut seen = HashSet::new();
     for g in &got {
@@ -321,24 +324,10 @@ async fn sigterm_while_the_server_is_gone_exits_and_loses_nothing() {
     let took = asked.elapsed();
     eprintln!("exited {took:?} after SIGTERM with the server gone: {status}");
     assert!(took < Duration::from_secs(20), "exit took {took:?}: {log}");
+    assert!(status.success(), "a clean stop: {log}");
     server.restart();
     let mut relay = start();
-    let got = wait_for(
-        "every event in the stream",
-        Duration::from_secs(120),
-        || {
-            let url = url.clone();
-            async move {
-                let all = read_stream(&url, "OUTBOX").await;
-                let distinct = all.iter().map(|g| g.n).collect::<HashSet<_>>().len();
-                match distinct == N {
-                    true => Ok(all),
-                    false => Err(format!("{distinct} of {N} distinct events")),
-                }
-            }
-        },
-    )
-    .await;
+    let got = wait_all(&url, "OUTBOX", N).await;
     assert!(got.len() >= N);
     stop(&mut relay).await;
 }

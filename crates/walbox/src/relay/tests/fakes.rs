@@ -675,6 +675,12 @@ impl Broker {
     /// Refuses the oldest pending record with `key` for good, handing it
     /// back (as the sink does); false if there is none.
     pub(super) fn refuse_key(&self, key: &str) -> bool {
+        self.fail_key(key, refused)
+    }
+
+    /// Reports the oldest pending record with `key` by `report`; false if
+    /// there is none.
+    fn fail_key(&self, key: &str, report: impl FnOnce(Record<Token>) -> Report<Token>) -> bool {
         let mut state = self.state.lock().unwrap();
         let Some(i) = state
             .in_flight
@@ -684,7 +690,7 @@ impl Broker {
             return false;
         };
         let f = state.in_flight.remove(i).expect("found");
-        let _ = f.reports.send((refused(f.record), f.permits));
+        let _ = f.reports.send((report(f.record), f.permits));
         true
     }
 
@@ -692,26 +698,17 @@ impl Broker {
     /// time ([`DeliveryErrorKind::RetriableExhausted`]); false if there is
     /// none.
     pub(super) fn time_out_key(&self, key: &str) -> bool {
-        let mut state = self.state.lock().unwrap();
-        let Some(i) = state
-            .in_flight
-            .iter()
-            .position(|f| key_of(&f.record) == key)
-        else {
-            return false;
-        };
-        let f = state.in_flight.remove(i).expect("found");
-        let (returned, token) = f.record.split_token();
-        let report = Report {
-            token,
-            result: Err(DeliveryError::new(
-                DeliveryErrorKind::RetriableExhausted,
-                "no ack in time",
-            )),
-            returned: Some(returned),
-        };
-        let _ = f.reports.send((report, f.permits));
-        true
+        self.fail_key(key, |record| {
+            let (returned, token) = record.split_token();
+            Report {
+                token,
+                result: Err(DeliveryError::new(
+                    DeliveryErrorKind::RetriableExhausted,
+                    "no ack in time",
+                )),
+                returned: Some(returned),
+            }
+        })
     }
 
     /// Acknowledges everything pending.
