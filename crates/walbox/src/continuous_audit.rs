@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sink_core::readback::ReadBack;
 use sink_core::Delivered;
 
 use crate::readback::Readback;
@@ -173,17 +174,39 @@ pub fn judge(
     }
 }
 
+/// What reading around a sample saw: whether the record at its offset
+/// carries its id (`None`: no record there), and the copies of the id.
+struct Around {
+    id: Box<str>,
+    offset: i64,
+    at_offset: Option<bool>,
+    copies: u64,
+}
+
+impl crate::readback::Each for Around {
+    fn each(&mut self, r: &dyn ReadBack) -> Result<(), String> {
+        let same = r.header(ID_HEADER) == Some(self.id.as_bytes());
+        self.copies += u64::from(same);
+        if r.offset() == self.offset {
+            self.at_offset = Some(same);
+        }
+        Ok(())
+    }
+}
+
 /// Reads `sample` back.
 async fn verify(
     readback: &Readback,
     sample: &Sample,
     exactly_once: bool,
 ) -> Result<Verdict, String> {
-    // What the reader saw: (the record at the offset carries the id, copies).
-    let seen = Arc::new(Mutex::new((None::<bool>, 0u64)));
-    let (id, offset) = (sample.id.clone(), sample.offset);
-    let into = Arc::clone(&seen);
-    let read = readback
+    let around = Around {
+        id: sample.id.clone(),
+        offset: sample.offset,
+        at_offset: None,
+        copies: 0,
+    };
+    let (read, around) = readback
         .read_range(
             &sample.topic,
             sample.partition,
@@ -192,24 +215,15 @@ async fn verify(
                 sample.offset.saturating_add(NEIGHBOURS + 1),
             ),
             STALL,
-            move |r| {
-                let same = r.header(ID_HEADER) == Some(id.as_bytes());
-                if let Ok(mut seen) = into.lock() {
-                    seen.1 += u64::from(same);
-                    if r.offset() == offset {
-                        seen.0 = Some(same);
-                    }
-                }
-            },
+            around,
         )
         .await?;
-    let (at_offset, copies) = *seen.lock().map_err(|e| e.to_string())?;
     Ok(judge(
         sample.offset,
         read.low,
         read.read_to,
-        at_offset,
-        copies,
+        around.at_offset,
+        around.copies,
         exactly_once,
     ))
 }

@@ -90,30 +90,49 @@ impl Readback {
 
     /// Reads offsets `from..to` of one partition (a Kafka topic's, or a
     /// JetStream stream's) for the continuous audit.
-    pub async fn read_range<F>(
+    pub async fn read_range<E: Each>(
         &self,
         place: &str,
         partition: i32,
         range: (i64, i64),
         stall: Duration,
-        mut each: F,
-    ) -> Result<RangeRead, String>
-    where
-        F: FnMut(&dyn ReadBack) + Send + 'static,
-    {
-        match self {
+        mut each: E,
+    ) -> Result<(RangeRead, E), String> {
+        // The range readers take every record; the first refusal of
+        // `each` is the read's error.
+        let mut refused = None;
+        let read = match self {
             Readback::Kafka(config) => {
                 let (config, topic) = (config.clone(), place.to_owned());
-                tokio::task::spawn_blocking(move || {
-                    sink_kafka::read_range(&config, &topic, partition, range, stall, |r| each(r))
+                // librdkafka's consumer blocks.
+                let (read, back, why) = tokio::task::spawn_blocking(move || {
+                    let mut refused = None;
+                    let read =
+                        sink_kafka::read_range(&config, &topic, partition, range, stall, |r| {
+                            if let Err(e) = each.each(r) {
+                                refused.get_or_insert(e);
+                            }
+                        });
+                    (read, each, refused)
                 })
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+                (each, refused) = (back, why);
+                read?
             }
             Readback::Nats(config) => {
-                sink_nats::read_range(config, place, range, stall, &mut each).await
+                sink_nats::read_range(config, place, range, stall, |r| {
+                    if let Err(e) = each.each(r) {
+                        refused.get_or_insert(e);
+                    }
+                })
+                .await?
             }
-            Readback::RabbitMq(..) => Err(unreadable::CONFIRM_HAS_NO_OFFSET.into()),
+            Readback::RabbitMq(..) => return Err(unreadable::CONFIRM_HAS_NO_OFFSET.into()),
+        };
+        match refused {
+            Some(e) => Err(e),
+            None => Ok((read, each)),
         }
     }
 }

@@ -1615,7 +1615,7 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         assert!(!e.contains("hunter2"), "{e}");
     }
     // The audit stream: its name and the retention walbox declares it with.
-    let audited = load(
+    let with_stream = load(
         None,
         &[
             PG,
@@ -1625,9 +1625,8 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         ],
         &[],
     )
-    .and_then(|c| c.for_run())
-    .unwrap()
-    .settings;
+    .unwrap();
+    let audited = with_stream.for_run().unwrap().settings;
     let crate::config::SinkSettings::RabbitMq(amqp) = &audited.sink else {
         panic!("rabbitmq settings")
     };
@@ -1639,19 +1638,7 @@ fn rabbitmq_is_a_sink_of_its_own_and_refuses_what_lives_in_kafka() {
         })
     );
     assert!(crate::readback::Readback::of(&audited.sink).is_ok());
-    let warned = load(
-        None,
-        &[
-            PG,
-            SINK,
-            URL,
-            ("WALBOX_RABBITMQ_AUDIT_STREAM", "walbox.audit"),
-        ],
-        &[],
-    )
-    .unwrap()
-    .warnings()
-    .join("\n");
+    let warned = with_stream.warnings().join("\n");
     assert!(
         warned.contains("confirmed, not returned, so it is neither dead-lettered nor held"),
         "{warned}"
