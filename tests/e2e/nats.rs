@@ -69,6 +69,14 @@ async fn read_stream(url: &str, stream: &str) -> Vec<Got> {
     out
 }
 
+/// `walbox run` to the NATS server at `url`, with `extra` flags.
+fn run_nats(db: &walbox_test_harness::pg::TestDb, url: &str, extra: &[&str]) -> Relay {
+    spawn_logged(walbox(
+        db,
+        &[&["run", "--sink", "nats", "--nats-url", url][..], extra].concat(),
+    ))
+}
+
 /// Every message of `stream` once it holds `n` distinct events (2 minutes
 /// at most).
 async fn wait_all(url: &str, stream: &str, n: usize) -> Vec<Got> {
@@ -107,20 +115,7 @@ async fn every_event_reaches_a_jetstream_stream_in_order_through_kills() {
     create_stream(&url, "DEAD", &["walbox.dead"]).await;
     let db = fresh_db().await;
     let client = init(&db).await;
-    let start = || {
-        spawn_logged(walbox(
-            &db,
-            &[
-                "run",
-                "--sink",
-                "nats",
-                "--nats-url",
-                &url,
-                "--dead-letter-topic",
-                "walbox.dead",
-            ],
-        ))
-    };
+    let start = || run_nats(&db, &url, &["--dead-letter-topic", "walbox.dead"]);
     let mut relay = start();
     wait_log(&relay, "connected to NATS").await;
     let writer = spawn_writer(
@@ -210,20 +205,11 @@ async fn the_audit_reads_the_stream_back_and_finds_what_was_taken_and_copied() {
     create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
     let db = fresh_db().await;
     let client = init(&db).await;
-    let mut relay = spawn_logged(walbox(
+    let mut relay = run_nats(
         &db,
-        &[
-            "run",
-            "--sink",
-            "nats",
-            "--nats-url",
-            &url,
-            "--audit-interval",
-            "1s",
-            "--metrics-addr",
-            ANY_PORT,
-        ],
-    ));
+        &url,
+        &["--audit-interval", "1s", "--metrics-addr", ANY_PORT],
+    );
     let addr = metrics_addr(&relay).await;
     let writer = spawn_writer(
         db.connect().await,
@@ -310,7 +296,7 @@ async fn sigterm_while_the_server_is_gone_exits_and_loses_nothing() {
     create_stream(&url, "OUTBOX", &["outbox.event.order"]).await;
     let db = fresh_db().await;
     let client = init(&db).await;
-    let start = || spawn_logged(walbox(&db, &["run", "--sink", "nats", "--nats-url", &url]));
+    let start = || run_nats(&db, &url, &[]);
     let mut relay = start();
     wait_log(&relay, "connected to NATS").await;
     insert_events(&client, 0, 500, |k| 1 + k % 20, AGGREGATES).await;
