@@ -222,11 +222,11 @@ pub async fn read_stream(
         if tag % u64::from(PREFETCH / 2) == 0 {
             let _ = channel.basic_ack(BasicAckArguments::new(tag, true)).await;
         }
-        if headers.and_then(|h| header(h, MARKER_HEADER)).is_some() {
-            if headers.and_then(|h| header(h, MARKER_HEADER)) == Some(marker.as_bytes()) {
-                break Ok(());
-            }
-            continue;
+        // A marker: this read's ends it, an earlier read's is passed over.
+        match headers.and_then(|h| header(h, MARKER_HEADER)) {
+            Some(m) if m == marker.as_bytes() => break Ok(()),
+            Some(_) => continue,
+            None => {}
         }
         if std::mem::take(&mut first) && offset > 0 {
             let deleted_before = match from {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::context::GetStreamByNameErrorKind;
-use async_nats::jetstream::stream::{RetentionPolicy, Stream};
+use async_nats::jetstream::stream::{RetentionPolicy, State, Stream};
 use async_nats::jetstream::Message;
 use futures_util::StreamExt;
 use sink_core::readback::{RangeRead, ReadBack, ReadFrom, ReadSummary, RecordTime, Truncated};
@@ -77,13 +77,7 @@ pub async fn read_streams(
         }
     }
     for (name, subjects) in streams {
-        let mut stream = readable(&jetstream, &name, &shown).await?;
-        let state = stream
-            .info()
-            .await
-            .map_err(|e| format!("NATS at {shown}: stream {name}: {e}"))?
-            .state
-            .clone();
+        let (stream, state) = readable(&jetstream, &name, &shown).await?;
         if state.messages == 0 {
             continue;
         }
@@ -136,13 +130,7 @@ pub async fn read_range(
     mut each: impl FnMut(&dyn ReadBack),
 ) -> Result<RangeRead, String> {
     let (_client, jetstream, shown) = connect(config).await.map_err(|e| e.to_string())?;
-    let mut handle = readable(&jetstream, stream, &shown).await?;
-    let state = handle
-        .info()
-        .await
-        .map_err(|e| format!("NATS at {shown}: stream {stream}: {e}"))?
-        .state
-        .clone();
+    let (handle, state) = readable(&jetstream, stream, &shown).await?;
     let low = i64::try_from(state.first_sequence).unwrap_or(i64::MAX);
     let high = i64::try_from(state.last_sequence)
         .unwrap_or(i64::MAX)
@@ -174,24 +162,24 @@ pub async fn read_range(
     Ok(RangeRead { low, read_to: end })
 }
 
-/// The stream `name`, if its messages stay when consumed.
+/// The stream `name` and its state when the read starts (one request),
+/// if its messages stay when consumed.
 async fn readable(
     jetstream: &async_nats::jetstream::Context,
     name: &str,
     shown: &str,
-) -> Result<Stream, String> {
-    let mut stream = jetstream
+) -> Result<(Stream, State), String> {
+    let stream = jetstream
         .get_stream(name)
         .await
         .map_err(|e| format!("NATS at {shown}: stream {name}: {e}"))?;
-    let retention = stream
-        .info()
-        .await
-        .map_err(|e| format!("NATS at {shown}: stream {name}: {e}"))?
-        .config
-        .retention;
+    let info = stream.cached_info();
+    let retention = info.config.retention;
     match retention {
-        RetentionPolicy::Limits => Ok(stream),
+        RetentionPolicy::Limits => {
+            let state = info.state.clone();
+            Ok((stream, state))
+        }
         RetentionPolicy::WorkQueue | RetentionPolicy::Interest => Err(format!(
             "NATS stream {name} keeps messages only until they are consumed (retention {}): what a consumer took cannot be read back; audit a stream with retention limits",
             if retention == RetentionPolicy::WorkQueue { "workqueue" } else { "interest" }
