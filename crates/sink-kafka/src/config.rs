@@ -2,6 +2,8 @@
 //! operator's own, passed through to librdkafka.
 
 use std::collections::BTreeMap;
+
+use rdkafka::producer::BaseProducer;
 use std::fmt;
 
 /// Settings walbox applies to every producer unless the operator overrides
@@ -147,14 +149,50 @@ impl SinkConfig {
 
     /// Checks everything the producer would be created with, without
     /// connecting: walbox's own rules ([`CONTRACT_PINNED`] and the
-    /// properties it sets itself), then librdkafka's (each property known,
-    /// each value of its type and range), on a configuration made in
-    /// memory. Secret values are redacted from the error.
+    /// properties it sets itself), then librdkafka's: each property known,
+    /// each value of its type and range, on a configuration made in memory;
+    /// then the checks librdkafka makes only as a client is made
+    /// (idempotence against `max.in.flight…`, a SASL mechanism this build
+    /// lacks, PLAIN without its password), on a producer made with no
+    /// broker to connect to and dropped. `walbox config` and `walbox run`
+    /// refuse the same configurations with the same words.
     pub fn validate(&self) -> Result<(), crate::SinkError> {
-        self.client_config()?
-            .create_native_config()
+        let mut c = self.client_config()?;
+        c.create_native_config()
             .map(drop)
-            .map_err(|e| crate::SinkError::Config(self.redact(&e.to_string())))
+            .map_err(|e| crate::SinkError::Config(self.refusal(&e)))?;
+        c.set("bootstrap.servers", "");
+        let made = if self.msk_iam() {
+            c.create_with_context::<_, BaseProducer<Offline<true>>>(Offline)
+                .map(drop)
+        } else {
+            c.create_with_context::<_, BaseProducer<Offline<false>>>(Offline)
+                .map(drop)
+        };
+        made.map_err(|e| crate::SinkError::Config(self.refusal(&e)))
+    }
+
+    /// librdkafka's refusal of this configuration, naming the property but
+    /// never its value (rdkafka's own text ends with the value), secrets
+    /// redacted from the rest.
+    pub(crate) fn refusal(&self, error: &rdkafka::error::KafkaError) -> String {
+        let text = match error {
+            rdkafka::error::KafkaError::ClientConfig(_, description, key, _value) => {
+                let description = description.replace(&format!(" {key}"), "");
+                format!("{description} (property {key})")
+            }
+            rdkafka::error::KafkaError::ClientCreation(text) => text.clone(),
+            other => {
+                let text = other.to_string();
+                // OpenSSL's words for a key it could not decrypt.
+                if text.contains("ssl.key.location") && text.contains("PEM lib") {
+                    format!("{text} (a wrong ssl.key.password, or a key file that is not PEM)")
+                } else {
+                    text
+                }
+            }
+        };
+        self.redact(&text)
     }
 
     /// The librdkafka properties walbox sets itself, as the producer gets
@@ -201,6 +239,7 @@ impl SinkConfig {
                 "{TRANSACTIONAL_ID} is set by walbox from its transactions settings"
             )));
         }
+        self.check_sasl_credentials()?;
         if self.max_in_flight == 0 || self.max_in_flight_bytes == 0 {
             return Err(crate::SinkError::Config(
                 "max in-flight records and bytes must be above 0".into(),
@@ -310,6 +349,32 @@ impl SinkConfig {
         }
     }
 
+    /// PLAIN and SCRAM need a user name and a password: librdkafka finds
+    /// one missing only as it connects, where it would be a crash loop
+    /// rather than a refusal.
+    fn check_sasl_credentials(&self) -> Result<(), crate::SinkError> {
+        let get = |k: &str| self.properties.get(k).filter(|v| !v.is_empty());
+        let sasl =
+            get(SECURITY_PROTOCOL).is_some_and(|p| p.to_ascii_uppercase().starts_with("SASL_"));
+        let mechanism = get(SASL_MECHANISM)
+            .or_else(|| get("sasl.mechanisms"))
+            .map_or("GSSAPI".to_owned(), |m| m.to_ascii_uppercase());
+        if !sasl || !(mechanism == "PLAIN" || mechanism.starts_with("SCRAM-")) {
+            return Ok(());
+        }
+        let missing: Vec<&str> = ["sasl.username", "sasl.password"]
+            .into_iter()
+            .filter(|k| get(k).is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(crate::SinkError::Config(format!(
+            "sasl.mechanism={mechanism} needs {} (a password is best kept in a file: WALBOX_KAFKA_PROPERTY_SASL_PASSWORD_FILE)",
+            missing.join(" and ")
+        )))
+    }
+
     /// The token maker of `AWS_MSK_IAM`, if that is the mechanism.
     pub(crate) fn tokens(
         &self,
@@ -331,19 +396,63 @@ impl SinkConfig {
     }
 }
 
+/// The context of a producer made only to be checked: its log lines (the
+/// missing brokers) are not walbox's to show. `TOKENS`: it answers token
+/// refreshes, as the real producer does with `AWS_MSK_IAM`.
+struct Offline<const TOKENS: bool>;
+
+impl<const TOKENS: bool> rdkafka::ClientContext for Offline<TOKENS> {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = TOKENS;
+
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, _: &str, _: &str) {}
+
+    fn generate_oauth_token(
+        &self,
+        _: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        Err("not connecting".into())
+    }
+}
+
+impl<const TOKENS: bool> rdkafka::producer::ProducerContext for Offline<TOKENS> {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+}
+
 const SASL_MECHANISM: &str = "sasl.mechanism";
 const SECURITY_PROTOCOL: &str = "security.protocol";
 
 /// True for librdkafka property names whose values are secrets (passwords,
-/// client secrets, key material, SASL/JAAS and OAUTHBEARER configuration):
-/// never shown.
+/// client secrets, tokens, key material, SASL/JAAS and OAUTHBEARER
+/// configuration): never shown. A name mistyped is judged by what it looks
+/// like (`sasl.passwd`, `sasl.pwd`), and every `sasl.*` property but the
+/// ones known to hold no secret is one.
 pub fn is_secret_property(key: &str) -> bool {
+    /// `sasl.*` properties known to hold no secret.
+    const PUBLIC_SASL: [&str; 12] = [
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.username",
+        "sasl.kerberos.service.name",
+        "sasl.kerberos.principal",
+        "sasl.kerberos.kinit.cmd",
+        "sasl.kerberos.min.time.before.relogin",
+        "sasl.oauthbearer.method",
+        "sasl.oauthbearer.client.id",
+        "sasl.oauthbearer.scope",
+        "sasl.oauthbearer.token.endpoint.url",
+        "sasl.oauthbearer.sub.claim.name",
+    ];
     let k = key.to_ascii_lowercase();
-    k.contains("password")
+    k.contains("pass")
+        || k.contains("pwd")
         || k.contains("secret")
-        || k.contains("sasl.jaas")
-        || k.starts_with("sasl.oauthbearer.")
-            && (k.ends_with(".config") || k.ends_with(".extensions"))
+        || k.contains("token") && k != "sasl.oauthbearer.token.endpoint.url"
+        || k.contains("credential")
+        || k.contains("jaas")
+        || k.starts_with("sasl.") && !PUBLIC_SASL.contains(&k.as_str())
+        || k.starts_with("ssl.key.") && k != "ssl.key.location"
         || k.ends_with("key.pem")
         || k.ends_with(".key")
         || k.contains("keystore")
@@ -645,6 +754,12 @@ mod secret_tests {
             "sasl.jaas.config",
             "ssl.key.pem",
             "SASL.PASSWORD",
+            // Mistyped names, judged by what they look like.
+            "sasl.passwd",
+            "sasl.pass",
+            "sasl.pwd",
+            "sasl.secret",
+            "ssl.key.passphrase",
         ] {
             assert!(is_secret_property(k), "{k}");
         }

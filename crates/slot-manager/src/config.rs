@@ -134,12 +134,7 @@ impl PgConfig {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PgConfig, Error> {
         let env = |name: &str| env(name).filter(|v| !v.is_empty());
-        let (rest, mut tls) =
-            if input.starts_with("postgres://") || input.starts_with("postgresql://") {
-                take_url_ssl_params(input)?
-            } else {
-                take_keyword_ssl_params(input)?
-            };
+        let (rest, mut tls) = take_walbox_params(crate::conninfo::parse(input)?)?;
         tls.mode = tls.mode.or_else(|| env("PGSSLMODE"));
         tls.root = tls.root.or_else(|| env("PGSSLROOTCERT"));
         if tls.cert.is_none() && tls.key.is_none() {
@@ -159,9 +154,16 @@ impl PgConfig {
                 ))
             }
         };
-        // tokio-postgres' messages never include the password.
-        let mut inner: tokio_postgres::Config =
-            rest.parse().map_err(|e| Error::Config(format!("{e}")))?;
+        // Every keyword and value was checked by conninfo; tokio-postgres'
+        // messages never include the password either.
+        let mut inner: tokio_postgres::Config = crate::conninfo::keyword_string(&rest)
+            .parse()
+            .map_err(|e| {
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                Error::Config(format!("{e}{cause}"))
+            })?;
         let tls_mode_given = ssl_mode.is_some();
         let mut ssl_mode = match ssl_mode {
             Some(m) => m.parse()?,
@@ -239,12 +241,16 @@ impl PgConfig {
             }
         }
         if inner.get_application_name().is_none() {
-            inner.application_name(env("PGAPPNAME").as_deref().unwrap_or("walbox"));
+            let fallback = tls.fallback_application_name.as_deref().unwrap_or("walbox");
+            inner.application_name(env("PGAPPNAME").as_deref().unwrap_or(fallback));
         }
         if inner.get_password().is_none() {
             if let Some(password) = env("PGPASSWORD") {
                 inner.password(password);
-            } else if let Some(file) = env("PGPASSFILE")
+            } else if let Some(file) = tls
+                .passfile
+                .clone()
+                .or_else(|| env("PGPASSFILE"))
                 .map(PathBuf::from)
                 .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".pgpass")))
             {
@@ -455,9 +461,9 @@ impl fmt::Debug for PgConfig {
     }
 }
 
-/// The connection string without the TLS parameters walbox handles itself,
+/// The connection's keywords without the parameters walbox handles itself,
 /// and those parameters.
-type SslParams = (String, TlsParams);
+type SslParams = (Vec<(String, String)>, TlsParams);
 
 /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` and `target_session_attrs`
 /// as given (tokio-postgres knows fewer values of each than libpq).
@@ -470,11 +476,16 @@ struct TlsParams {
     session: Option<String>,
     /// Milliseconds, as in libpq (tokio-postgres reads seconds).
     user_timeout: Option<String>,
+    /// `~/.pgpass`'s stand-in.
+    passfile: Option<String>,
+    /// The application name when neither the string nor `PGAPPNAME` give one.
+    fallback_application_name: Option<String>,
 }
 
 impl TlsParams {
-    /// Takes `key` if it is one of ours; false otherwise.
-    fn take(&mut self, key: &str, value: String) -> bool {
+    /// Takes `key`'s value if the key is one of ours; gives it back
+    /// otherwise.
+    fn take(&mut self, key: &str, value: String) -> Option<String> {
         let slot = match key {
             "sslmode" => &mut self.mode,
             "sslrootcert" => &mut self.root,
@@ -482,103 +493,40 @@ impl TlsParams {
             "sslkey" => &mut self.key,
             "target_session_attrs" => &mut self.session,
             "tcp_user_timeout" => &mut self.user_timeout,
-            _ => return false,
+            "passfile" => &mut self.passfile,
+            "fallback_application_name" => &mut self.fallback_application_name,
+            _ => return Some(value),
         };
         *slot = Some(value);
-        true
+        None
     }
 }
 
-fn percent_decode(s: &str) -> Result<String, Error> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .ok_or_else(|| Error::Config("bad percent-encoding in URL".into()))?;
-            out.push(
-                u8::from_str_radix(hex, 16)
-                    .map_err(|_| Error::Config("bad percent-encoding in URL".into()))?,
-            );
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| Error::Config("URL parameter is not UTF-8".into()))
-}
-
-/// Takes `sslmode` and `sslrootcert` out of a URL's query string.
-fn take_url_ssl_params(url: &str) -> Result<SslParams, Error> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), TlsParams::default()));
-    };
+/// Takes out of `pairs` what walbox handles itself ([`TlsParams`]) and
+/// what tokio-postgres does not know but libpq accepts with no effect here
+/// (`gssencmode`, `sslcompression`, `sslsni`, `client_encoding`), turns
+/// libpq's spellings into tokio-postgres' (`keepalives_count`,
+/// `requiressl`), and keeps the rest for tokio-postgres.
+fn take_walbox_params(pairs: Vec<(String, String)>) -> Result<SslParams, Error> {
     let mut tls = TlsParams::default();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if !tls.take(k, percent_decode(v)?) {
-            kept.push(pair);
-        }
-    }
-    let rest = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((rest, tls))
-}
-
-/// Takes `sslmode` and `sslrootcert` out of a `key=value …` string, keeping
-/// the rest byte for byte (quoting included).
-fn take_keyword_ssl_params(input: &str) -> Result<SslParams, Error> {
-    let mut tls = TlsParams::default();
-    let mut rest = String::with_capacity(input.len());
-    let mut chars = input.char_indices().peekable();
-    loop {
-        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
-        let Some(&(start, _)) = chars.peek() else {
-            break;
-        };
-        let mut key = String::new();
-        while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
-            key.push(c);
-        }
-        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
-        if chars.next_if(|(_, c)| *c == '=').is_none() {
-            return Err(Error::Config(format!(
-                "expected `=` after {key:?} in the connection string"
-            )));
-        }
-        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
-        let mut value = String::new();
-        if chars.next_if(|(_, c)| *c == '\'').is_some() {
-            loop {
-                match chars.next() {
-                    Some((_, '\\')) => match chars.next() {
-                        Some((_, c)) => value.push(c),
-                        None => return Err(Error::Config("unterminated quoted value".into())),
-                    },
-                    Some((_, '\'')) => break,
-                    Some((_, c)) => value.push(c),
-                    None => return Err(Error::Config("unterminated quoted value".into())),
+    let mut rest = Vec::with_capacity(pairs.len());
+    for (key, value) in pairs {
+        match key.as_str() {
+            "gssencmode" | "sslcompression" | "sslsni" | "client_encoding" => {}
+            "requiressl" => {
+                if value == "1" && tls.mode.is_none() {
+                    tls.mode = Some("require".to_owned());
                 }
             }
-        } else {
-            while let Some((_, c)) = chars.next_if(|(_, c)| !c.is_whitespace()) {
-                value.push(c);
+            "keepalives_count" => rest.push(("keepalives_retries".to_owned(), value)),
+            _ => {
+                if let Some(value) = tls.take(&key, value) {
+                    rest.push((key, value));
+                }
             }
         }
-        let end = chars.peek().map_or(input.len(), |(i, _)| *i);
-        if !tls.take(&key, value) {
-            rest.push_str(&input[start..end]);
-            rest.push(' ');
-        }
     }
-    Ok((rest.trim_end().to_owned(), tls))
+    Ok((rest, tls))
 }
 
 #[cfg(test)]

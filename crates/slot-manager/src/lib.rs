@@ -32,6 +32,7 @@
 mod binding;
 mod client;
 mod config;
+mod conninfo;
 mod control;
 mod coverage;
 mod error;

@@ -24,6 +24,7 @@ pub mod progress;
 pub mod quarantine;
 pub mod readback;
 pub mod receipts;
+pub mod redaction;
 pub mod relay;
 pub mod retention;
 pub mod schema_registry;

@@ -48,7 +48,7 @@ pub fn init(format: LogFormat) {
             .or_else(|_| EnvFilter::try_from_default_env())
             .unwrap_or_else(|_| EnvFilter::new("info"));
         let fmt = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(crate::redaction::Stderr)
             .with_ansi(colour());
         let registry = tracing_subscriber::registry().with(filter).with(RateLimit);
         let _ = match format {
@@ -68,6 +68,7 @@ fn colour() -> bool {
 /// used when `WALBOX_LOG_FORMAT=json` or `--log-format json` asked for it.
 pub fn fatal(line: &str) {
     report_repeats_now();
+    let line: &str = &crate::redaction::redact(line);
     let json = match FORMAT.get() {
         Some(f) => *f == LogFormat::Json,
         None => asked_for_json(),

@@ -116,6 +116,11 @@ fn main() -> ExitCode {
             walbox::logging::fatal(&format!("walbox: {line}"));
             return ExitCode::from(2);
         }
+        // A usage error may quote an argument: redacted like every line.
+        Err(e) if e.use_stderr() => {
+            eprint!("{}", walbox::redaction::redact(&e.render().to_string()));
+            return ExitCode::from(2);
+        }
         Err(e) => e.exit(),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -48,26 +48,6 @@ pub use topics::CompactedTopicError;
 
 use context::{Gap, Movement, Pending, Raw, SinkContext};
 
-/// librdkafka's refusal of a configuration, naming the property but never
-/// its value (its own message ends with the value).
-fn describe_create_error(error: &KafkaError, config: &SinkConfig) -> String {
-    let text = match error {
-        KafkaError::ClientConfig(_, description, key, _value) => {
-            format!("{description} (property {key})")
-        }
-        other => {
-            let text = other.to_string();
-            // OpenSSL's words for a key it could not decrypt.
-            if text.contains("ssl.key.location") && text.contains("PEM lib") {
-                format!("{text} (a wrong ssl.key.password, or a key file that is not PEM)")
-            } else {
-                text
-            }
-        }
-    };
-    config.redact(&text)
-}
-
 /// librdkafka's transactional calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TxnCall {
@@ -167,7 +147,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         };
         let producer: ThreadedProducer<SinkContext<T>> = client_config
             .create_with_context(context)
-            .map_err(|e| SinkError::Create(describe_create_error(&e, config)))?;
+            .map_err(|e| SinkError::Create(config.refusal(&e)))?;
         if let Some(tokens) = &tokens {
             tokens.prime(producer.client());
         }

@@ -22,7 +22,8 @@ pub fn run(args: ConfigArgs) -> Result<(), CliError> {
     let rows = config.effective();
     let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
     for (key, value, source) in rows {
-        println!("{key:width$} = {value}  ({source})");
+        let line = format!("{key:width$} = {value}  ({source})");
+        println!("{}", crate::redaction::redact(&line));
     }
     Ok(())
 }

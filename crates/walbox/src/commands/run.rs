@@ -462,7 +462,12 @@ async fn prepare_slot(
 ) -> Result<Prepared, CliError> {
     let mut control = match connect_control(&c.pg).await {
         Ok(control) => control,
-        Err(e) if e.is_transient() => return Ok(Prepared::Ready),
+        Err(e) if e.is_transient() => {
+            // Said now: the broker's check comes next and may wait long,
+            // and both being down is worth knowing at once.
+            tracing::warn!(error = %crate::error_text::chain(&e), "Postgres unreachable; streaming starts when it answers");
+            return Ok(Prepared::Ready);
+        }
         Err(e) => return Err(e.into()),
     };
     if let Ok(row) = control

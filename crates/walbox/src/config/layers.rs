@@ -93,13 +93,45 @@ pub(crate) fn file(path: &std::path::Path) -> Result<Layer, ConfigError> {
         })
     };
     let document = toml::de::DeTable::parse(&text).map_err(at_line)?;
-    super::Raw::deserialize(toml::de::Deserializer::from(document.clone())).map_err(at_line)?;
-    let dict = Dict::deserialize(toml::de::Deserializer::from(document)).map_err(at_line)?;
+    let dict =
+        Dict::deserialize(toml::de::Deserializer::from(document.clone())).map_err(at_line)?;
+    // Known before the values are checked: a refusal may quote one.
+    register_secrets(&dict);
+    super::Raw::deserialize(toml::de::Deserializer::from(document)).map_err(at_line)?;
     Ok(Layer {
         name: "file",
         file: Some(path.to_owned()),
         dict,
     })
+}
+
+/// Registers the secrets a layer holds with [`crate::redaction`]: each
+/// secret setting's value, each secret Kafka property's, and the passwords
+/// any value carries.
+pub(crate) fn register_secrets(dict: &Dict) {
+    fn walk(prefix: &str, value: &Value) {
+        match value {
+            Value::Dict(_, dict) => {
+                for (k, v) in dict {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v);
+                }
+            }
+            Value::Array(_, values) => values.iter().for_each(|v| walk(prefix, v)),
+            Value::String(_, text) => {
+                let secret = setting(prefix).is_some_and(|s| s.secret);
+                crate::redaction::register_setting(prefix, text, secret);
+            }
+            _ => {}
+        }
+    }
+    for (k, v) in dict {
+        walk(k, v);
+    }
 }
 
 /// Puts `value` at `key` (`section.key`) in `dict`.

@@ -132,9 +132,12 @@ impl Config {
             .filter(|(k, _)| k.starts_with("PG") || k == "HOME")
             .cloned()
             .collect();
-        figment = figment
-            .merge(layers::environment(sources.env)?)
-            .merge(layers::flags(sources.flags)?);
+        crate::redaction::register_environment(&sources.env);
+        let environment = layers::environment(sources.env)?;
+        layers::register_secrets(&environment.dict);
+        let flags = layers::flags(sources.flags)?;
+        layers::register_secrets(&flags.dict);
+        figment = figment.merge(environment).merge(flags);
         let raw: Raw = figment.extract().map_err(|e| {
             let source = e
                 .metadata
