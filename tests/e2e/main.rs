@@ -29,6 +29,7 @@ mod republish;
 mod retention;
 mod run;
 mod schema_registry;
+mod secrets;
 mod secured_kafka;
 mod shards;
 mod spans;

@@ -349,17 +349,35 @@ impl SinkConfig {
         }
     }
 
-    /// PLAIN and SCRAM need a user name and a password: librdkafka finds
-    /// one missing only as it connects, where it would be a crash loop
-    /// rather than a refusal.
+    /// The SASL mechanism is one librdkafka has (else it is found only as
+    /// it connects), and PLAIN and SCRAM have a user name and a password
+    /// (the same): refusals, rather than a crash loop.
     fn check_sasl_credentials(&self) -> Result<(), crate::SinkError> {
+        /// What this build speaks (librdkafka compares them as written).
+        const MECHANISMS: [&str; 5] = [
+            "GSSAPI",
+            "PLAIN",
+            "SCRAM-SHA-256",
+            "SCRAM-SHA-512",
+            "OAUTHBEARER",
+        ];
         let get = |k: &str| self.properties.get(k).filter(|v| !v.is_empty());
         let sasl =
             get(SECURITY_PROTOCOL).is_some_and(|p| p.to_ascii_uppercase().starts_with("SASL_"));
+        if !sasl || self.msk_iam() {
+            return Ok(());
+        }
         let mechanism = get(SASL_MECHANISM)
             .or_else(|| get("sasl.mechanisms"))
-            .map_or("GSSAPI".to_owned(), |m| m.to_ascii_uppercase());
-        if !sasl || !(mechanism == "PLAIN" || mechanism.starts_with("SCRAM-")) {
+            .map_or("GSSAPI", |m| m.as_str());
+        if !MECHANISMS.contains(&mechanism) {
+            return Err(crate::SinkError::Config(format!(
+                "sasl.mechanism={mechanism} is not one of {}, {} (written in capitals)",
+                MECHANISMS.join(", "),
+                crate::msk_iam::MECHANISM
+            )));
+        }
+        if !(mechanism == "PLAIN" || mechanism.starts_with("SCRAM-")) {
             return Ok(());
         }
         let missing: Vec<&str> = ["sasl.username", "sasl.password"]

@@ -337,9 +337,11 @@ fn keywords(input: &str) -> Result<Vec<(String, String)>, Error> {
                     Some('\\') => value.extend(chars.next()),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => return Err(config(&format!(
+                    None => {
+                        return Err(config(&format!(
                         "unterminated quoted string in connection info string (the value of {key})"
-                    ))),
+                    )))
+                    }
                 }
             }
         } else {

@@ -40,6 +40,10 @@ const SHORTEST: usize = 2;
 /// replaced whole).
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
+/// The setting whose URL may carry a token alone as its user information
+/// (`nats://token@host`); elsewhere that is a user's name.
+const TOKEN_URL: &str = "nats.url";
+
 /// Variables outside `WALBOX_*` whose values are secrets.
 const SECRET_VARIABLES: [&str; 4] = [
     "PGPASSWORD",
@@ -80,7 +84,7 @@ pub fn register_setting(key: &str, value: &str, secret: bool) {
     if secret || property_secret {
         register(value.trim());
     }
-    for candidate in passwords_in(value, secret) {
+    for candidate in passwords_in(value, secret, key == TOKEN_URL) {
         register(&candidate);
     }
 }
@@ -108,20 +112,51 @@ pub fn redact(text: &str) -> Cow<'_, str> {
         }
     }
     if out.contains("://") {
-        out = Cow::Owned(sink_kafka::redact_userinfo(&out));
+        out = Cow::Owned(passwords_in_urls_redacted(&out));
     }
     let lower = out.to_ascii_lowercase();
-    if lower.contains("password=") || lower.contains("password =") {
+    if out.contains('=')
+        && ["password", "secret", "token"]
+            .iter()
+            .any(|k| lower.contains(k))
+    {
         out = Cow::Owned(keyword_values_redacted(&out));
     }
     out
 }
 
+/// `text` with the user information of each URL that holds a password
+/// (`scheme://user:password@`) replaced: a user's name alone is shown
+/// (`amqps://walbox@rmq`), a NATS token is a registered secret.
+fn passwords_in_urls_redacted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) if authority[..at].contains(':') => {
+                out.push_str(REDACTED);
+                out.push_str(&authority[at..]);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Where a value keeps passwords, found without parsing it (it may be
 /// malformed): the user information of a URL-like authority, and
-/// `password=` keywords. `whole_userinfo`: a user information without `:`
-/// is a token (`nats://token@host`), for a secret setting.
-fn passwords_in(value: &str, whole_userinfo: bool) -> Vec<String> {
+/// `password=` keywords. `secret`: the value is a secret setting's, where
+/// `u:pw:host` is taken for `u:pw@host`. `token`: a user information
+/// without `:` is a token (`nats://token@host`).
+fn passwords_in(value: &str, secret: bool, token: bool) -> Vec<String> {
     let mut found = Vec::new();
     // The authority: after `scheme://` (or a scheme missing its colon,
     // `amqp//`), else from the start, up to the path, query or fragment.
@@ -143,20 +178,22 @@ fn passwords_in(value: &str, whole_userinfo: bool) -> Vec<String> {
                         found.push(last.to_owned());
                     }
                 }
-                None if whole_userinfo => found.push(userinfo.to_owned()),
+                None if token => found.push(userinfo.to_owned()),
                 None => {}
             }
         }
-        None => {
-            // `u:pw:host`: `@` typed as `:`. What lies between the first
-            // and the last colon may be a password.
+        // `u:pw:host`: `@` typed as `:`. What lies between the first and
+        // the last colon may be a password (not in `[::1]:5432` nor in a
+        // list of hosts).
+        None if secret && !authority.contains(['[', ',']) => {
             let parts: Vec<&str> = authority.split(':').collect();
-            if whole_userinfo && parts.len() > 2 {
+            if parts.len() > 2 {
                 found.extend(parts[1..parts.len() - 1].iter().map(|p| (*p).to_owned()));
             }
         }
+        None => {}
     }
-    found.extend(keyword_values(value).into_iter().map(|(_, v)| v));
+    found.extend(keyword_values(value, false).into_iter().map(|(_, v)| v));
     found.retain(|v| v.chars().count() >= SHORTEST);
     found
 }
@@ -169,14 +206,19 @@ fn secret_keyword(key: &str) -> bool {
 
 /// The secret `key=value` pairs of a libpq keyword string or a URL query,
 /// each with the byte range of its value: `password=x`, `password = 'a b'`,
-/// `?sslpassword=x&…`.
-fn keyword_values(text: &str) -> Vec<(std::ops::Range<usize>, String)> {
+/// `?sslpassword=x&…`. `strict`: no space around `=` (in output, where
+/// `walbox config`'s `key = value` rows are not keywords).
+fn keyword_values(text: &str, strict: bool) -> Vec<(std::ops::Range<usize>, String)> {
     let mut found = Vec::new();
     let bytes = text.as_bytes();
     let mut search = 0;
     while let Some(eq) = text[search..].find('=').map(|i| i + search) {
         search = eq + 1;
         // The keyword: the word before `=` (spaces allowed around it).
+        let spaced = |b: Option<&u8>| b.is_some_and(u8::is_ascii_whitespace);
+        if strict && (spaced(bytes.get(eq + 1)) || eq > 0 && spaced(bytes.get(eq - 1))) {
+            continue;
+        }
         let before = text[..eq].trim_end();
         let key_start = before
             .rfind(|c: char| c.is_whitespace() || matches!(c, '?' | '&' | ';'))
@@ -227,7 +269,7 @@ fn keyword_values(text: &str) -> Vec<(std::ops::Range<usize>, String)> {
 fn keyword_values_redacted(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
-    for (range, _) in keyword_values(text) {
+    for (range, _) in keyword_values(text, true) {
         if range.start >= last && range.end > range.start {
             out.push_str(&text[last..range.start]);
             out.push_str(REDACTED);
@@ -310,7 +352,7 @@ mod tests {
     use super::*;
 
     fn registered(key: &str, value: &str, secret: bool) -> Vec<String> {
-        let mut found = passwords_in(value, secret);
+        let mut found = passwords_in(value, secret, key == TOKEN_URL);
         if secret
             || key
                 .strip_prefix("kafka.properties.")
@@ -331,7 +373,6 @@ mod tests {
             ("amqp//user:RabbitPW9@rmq:5672/%2F", "RabbitPW9"),
             ("u:pwd1@host:5672", "pwd1"),
             ("amqp://u:pwd2:host", "pwd2"),
-            ("nats://Tok3n@host:4222", "Tok3n"),
             ("host=h user=u password=xyzzy port=abc", "xyzzy"),
             ("host=h user=u password = 'a b c'", "a b c"),
             ("jdbc:postgresql://h/db?user=u&password=Jdbc9&x=1", "Jdbc9"),
@@ -340,9 +381,16 @@ mod tests {
             let found = registered("pg_url", value, true);
             assert!(found.iter().any(|f| f == password), "{value}: {found:?}");
         }
-        // Not a secret setting: a user information without a password is
-        // the user's name, not a token.
-        assert!(passwords_in("mailto://ops@example.com", false).is_empty());
+        assert!(registered("nats.url", "nats://Tok3n@host:4222", true).contains(&"Tok3n".into()));
+        // Elsewhere a user information without a password is the user's
+        // name, not a token; and hosts are not passwords.
+        for value in [
+            "postgres://walbox@127.0.0.1:1/app",
+            "postgres://[::1]:5432,h2:5433/app",
+            "mailto://ops@example.com",
+        ] {
+            assert!(passwords_in(value, true, false).is_empty(), "{value}");
+        }
     }
 
     #[test]
@@ -363,6 +411,20 @@ mod tests {
         assert_eq!(
             redact("host=h password='x y' user=u and ?password=z&a=1"),
             "host=h password=<redacted> user=u and ?password=<redacted>&a=1"
+        );
+        // A user's name is not a secret; `walbox config`'s rows are not
+        // keywords.
+        assert_eq!(
+            redact("amqps://walbox@rmq:5671/"),
+            "amqps://walbox@rmq:5671/"
+        );
+        assert_eq!(
+            redact("webhook.secret = (none)  (default)"),
+            "webhook.secret = (none)  (default)"
+        );
+        assert_eq!(
+            redact("POST https://hook.example/x?token=T0k3n&v=1 failed"),
+            "POST https://hook.example/x?token=<redacted>&v=1 failed"
         );
         assert_eq!(redact("nothing secret"), "nothing secret");
     }

@@ -308,9 +308,21 @@ impl Config {
         }
         let otlp_endpoint = match &r.otlp_endpoint {
             None => None,
-            Some(e) if e.starts_with("http://") && e.len() > "http://".len() => {
-                Some(super::secret::Endpoint(e.clone()))
-            }
+            Some(e) if e.starts_with("http://") => match url::Url::parse(e) {
+                Ok(u) if u.host().is_some() => Some(super::secret::Endpoint(e.clone())),
+                Ok(_) => {
+                    return Err(ConfigError(format!(
+                        "otlp_endpoint {:?}: no host (http://127.0.0.1:4318)",
+                        super::redact_userinfo(e)
+                    )))
+                }
+                // The parser's reason never quotes the URL.
+                Err(why) => {
+                    return Err(ConfigError(format!(
+                        "otlp_endpoint: not a URL ({why}); expected one such as http://127.0.0.1:4318"
+                    )))
+                }
+            },
             Some(e) if e.starts_with("https://") => {
                 return Err(ConfigError(format!(
                     "otlp_endpoint {:?}: this build exports over plain HTTP only; point it at a local collector agent or sidecar (http://…:4318)",
