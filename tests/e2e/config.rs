@@ -382,3 +382,121 @@ fn an_old_flag_name_gets_the_rename() {
         assert_eq!(stderr.trim_end(), want);
     }
 }
+
+/// Each configuration `run` refuses, `config` refuses too, with the same
+/// one line and exit status 2: what `config` passes, `run` starts with.
+#[test]
+fn config_and_run_refuse_the_same_configurations_with_the_same_line() {
+    let pg = ("WALBOX_PG_URL", "postgres://walbox@127.0.0.1:1/app");
+    let kafka = ("WALBOX_KAFKA_BROKERS", "127.0.0.1:1");
+    let sasl = |mechanism: &'static str| {
+        vec![
+            pg,
+            kafka,
+            ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SASL_SSL"),
+            ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISM", mechanism),
+            ("WALBOX_KAFKA_PROPERTY_SASL_USERNAME", "walbox"),
+        ]
+    };
+    let with = |mut base: Vec<(&'static str, &'static str)>,
+                extra: &[(&'static str, &'static str)]| {
+        base.extend_from_slice(extra);
+        base
+    };
+    // The environment, and what the line must say.
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (sasl("PLAIN"), "sasl.mechanism=PLAIN needs sasl.password"),
+        (
+            with(
+                sasl("GSSAPI"),
+                &[("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "x")],
+            ),
+            "No provider for SASL mechanism GSSAPI",
+        ),
+        (
+            with(
+                sasl("SCRAM-SHA-999"),
+                &[("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", "x")],
+            ),
+            "sasl.mechanism=SCRAM-SHA-999 is not one of",
+        ),
+        (
+            vec![
+                pg,
+                kafka,
+                (
+                    "WALBOX_KAFKA_PROPERTY_MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION",
+                    "20",
+                ),
+            ],
+            "`max.in.flight` must be set <= 5 when `enable.idempotence` is true",
+        ),
+        (
+            vec![
+                pg,
+                kafka,
+                ("WALBOX_KAFKA_PROPERTY_BOOTSTRAP_SERVERS", "other:9092"),
+            ],
+            "bootstrap.servers is kafka.brokers",
+        ),
+        (
+            vec![pg, kafka, ("WALBOX_KAFKA_PROPERTY_ACKS", "1")],
+            "acks=1 would break walbox's delivery guarantees",
+        ),
+        (
+            vec![pg, kafka, ("WALBOX_KAFKA_PROPERTY_SASL_PASSWD", "x")],
+            "No such configuration property: \"sasl.passwd\" (property sasl.passwd)",
+        ),
+        (
+            vec![
+                pg,
+                kafka,
+                ("WALBOX_OTLP_ENDPOINT", "http://collector:notaport"),
+            ],
+            "otlp_endpoint: not a URL (invalid port number)",
+        ),
+        (
+            vec![
+                ("WALBOX_PG_URL", "host=127.0.0.1 user=walbox sslpassword=x"),
+                kafka,
+            ],
+            "sslpassword: encrypted client keys are not supported",
+        ),
+        (
+            vec![
+                ("WALBOX_PG_URL", "host=127.0.0.1 user=walbox port=abc"),
+                kafka,
+            ],
+            "invalid integer value for connection option \"port\"",
+        ),
+        (
+            vec![pg, kafka, ("WALBOX_SHARDS", "4")],
+            "shards = 4: say which shard this process streams",
+        ),
+        (
+            vec![
+                pg,
+                ("WALBOX_SINK", "rabbitmq"),
+                ("WALBOX_RABBITMQ_URL", "amqp://walbox@127.0.0.1:1/%2F"),
+                ("WALBOX_RABBITMQ_EXCHANGE", "events"),
+                ("WALBOX_DELIVERY", "exactly-once"),
+            ],
+            "exactly-once",
+        ),
+    ];
+    for (env, want) in cases {
+        let config = walbox(&["config"], &env);
+        let run = walbox(&["run"], &env);
+        let line = |out: &Output| String::from_utf8_lossy(&out.stderr).trim_end().to_owned();
+        let (config_line, run_line) = (line(&config), line(&run));
+        assert_eq!(
+            config.status.code(),
+            Some(2),
+            "config {env:?}: {config_line}"
+        );
+        assert_eq!(run.status.code(), Some(2), "run {env:?}: {run_line}");
+        assert_eq!(config_line.lines().count(), 1, "{env:?}: {config_line}");
+        assert_eq!(config_line, run_line, "{env:?}");
+        assert!(config_line.contains(want), "{env:?}: {config_line}");
+    }
+}

@@ -234,6 +234,11 @@ impl SinkConfig {
                 "{GAPLESS} is set by walbox: on without a dead-letter topic, off with one"
             )));
         }
+        if self.properties.contains_key("bootstrap.servers") {
+            return Err(crate::SinkError::Config(
+                "bootstrap.servers is kafka.brokers (WALBOX_KAFKA_BROKERS, --kafka-brokers): give the brokers there, not as a property (which would override it)".into(),
+            ));
+        }
         if self.properties.contains_key(TRANSACTIONAL_ID) {
             return Err(crate::SinkError::Config(format!(
                 "{TRANSACTIONAL_ID} is set by walbox from its transactions settings"

@@ -82,13 +82,31 @@ impl Config {
                     _ => "(none)".into(),
                 }
             } else {
+                // Unset: what it takes from others, else the default
+                // `--help` and the docs give.
                 lookup(s.key)
                     .map(|v| redact_userinfo(&text(&v)))
                     .filter(|v| v != "(none)")
                     .or_else(|| self.derived_default(s.key))
+                    .or_else(|| (s.default != "—").then(|| s.default.to_owned()))
                     .unwrap_or_else(|| "(none)".into())
             };
-            let source = given.as_ref().map_or_else(|| "default".into(), source_of);
+            let shown = if shown.is_empty() {
+                "(none)".into()
+            } else {
+                shown
+            };
+            let preset = self.figment.find_value("mapping.preset").ok();
+            let source = match (&given, &preset) {
+                (Some(v), _) => source_of(v),
+                // A column the preset chose, not walbox's default.
+                (None, Some(p))
+                    if s.key.starts_with("mapping.") && s.scope == table::Scope::Mapping =>
+                {
+                    format!("mapping.preset = {}, {}", text(p), source_of(p))
+                }
+                (None, _) => "default".into(),
+            };
             out.push((s.key.to_owned(), shown, source));
         }
         // Each table's own mapping, as it applies (file only).
@@ -142,6 +160,14 @@ impl Config {
                 Some(super::run_settings::DEFAULT_PROGRESS_TOPIC.to_owned())
             }
             "cloudevents_source" => Some(self.default_cloudevents_source()),
+            "on_failure" => Some(
+                if self.raw.dead_letter_topic.is_some() {
+                    "dead-letter"
+                } else {
+                    "stop"
+                }
+                .to_owned(),
+            ),
             _ => None,
         }
     }

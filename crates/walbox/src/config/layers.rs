@@ -64,6 +64,8 @@ pub(crate) struct Layer {
     name: &'static str,
     file: Option<PathBuf>,
     pub(crate) dict: Dict,
+    /// Variables read as no setting though they look like one: warned of.
+    pub(crate) ignored: Vec<String>,
 }
 
 impl Provider for Layer {
@@ -102,6 +104,7 @@ pub(crate) fn file(path: &std::path::Path) -> Result<Layer, ConfigError> {
         name: "file",
         file: Some(path.to_owned()),
         dict,
+        ignored: Vec::new(),
     })
 }
 
@@ -260,10 +263,12 @@ pub(crate) fn environment(
         merged.extend(properties);
         insert(&mut dict, "kafka.properties", Value::from(merged));
     }
+    let ignored = vars.keys().filter_map(|name| unread(name)).collect();
     Ok(Layer {
         name: "environment",
         file: None,
         dict,
+        ignored,
     })
 }
 
@@ -279,6 +284,31 @@ const NOT_SETTINGS: &[&str] = &["WALBOX_LOG", "WALBOX_CONFIG", "WALBOX_BIN"];
 /// (another slot, another broker). Variables further away (a script's own,
 /// such as `WALBOX_TEST_PG_URL`) are not walbox's business.
 const TYPO_DISTANCE: usize = 2;
+
+/// The warning for `name` when it is no setting's variable, too far from
+/// any to be refused as a typo, but in a setting's family
+/// (`WALBOX_METRICS_PORT` beside `WALBOX_METRICS_ADDR`): read as nothing,
+/// it would be silently ignored.
+fn unread(name: &str) -> Option<String> {
+    let known = |n: &str| is_setting_variable(n) || NOT_SETTINGS.contains(&n);
+    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name);
+    if known(name) || known(stem) || stem.starts_with(KAFKA_PROPERTY_PREFIX) {
+        return None;
+    }
+    let family = &stem[..stem.rfind('_')?];
+    if family == "WALBOX" {
+        return None;
+    }
+    let (_, nearest) = SETTINGS
+        .iter()
+        .map(|s| s.env())
+        .filter(|env| env.starts_with(&format!("{family}_")))
+        .map(|env| (edit_distance(stem, &env), env))
+        .min()?;
+    Some(format!(
+        "{name} is not a walbox setting and is ignored: did you mean {nearest}? (docs/configuration.md lists them all)"
+    ))
+}
 
 /// The refusal of `name` when it is no setting's variable but one edit or
 /// two away from one.
@@ -339,5 +369,6 @@ pub(crate) fn flags<'a>(
         name: "command line",
         file: None,
         dict,
+        ignored: Vec::new(),
     })
 }

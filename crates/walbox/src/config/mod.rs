@@ -84,6 +84,8 @@ pub struct Config {
     figment: Figment,
     /// `PG*` variables (and `HOME`, for `~/.pgpass`) from the environment.
     pg_env: Vec<(String, String)>,
+    /// Variables that look like settings but are none, warned of.
+    ignored: Vec<String>,
 }
 
 impl std::fmt::Debug for Config {
@@ -137,6 +139,7 @@ impl Config {
         layers::register_secrets(&environment.dict);
         let flags = layers::flags(sources.flags)?;
         layers::register_secrets(&flags.dict);
+        let ignored = environment.ignored.clone();
         figment = figment.merge(environment).merge(flags);
         let raw: Raw = figment.extract().map_err(|e| {
             let source = e
@@ -155,6 +158,7 @@ impl Config {
             raw,
             figment,
             pg_env,
+            ignored,
         })
     }
 

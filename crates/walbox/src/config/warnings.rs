@@ -17,7 +17,7 @@ use super::Config;
 impl Config {
     /// The warnings, each one line saying what to change.
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.ignored.clone();
         let connection = self.connection().ok();
         if let Some(c) = &connection {
             let tcp =
