@@ -131,11 +131,14 @@ def walbox_config(where, c, toml_text, walbox):
         for what, path in files_read(toml_text, c):
             os.makedirs(os.path.dirname(local(path)), exist_ok=True)
             text = ""
-            if re.fullmatch(r"(ca|cert|key)_file", what):
-                # walbox reads these when it checks the configuration:
-                # stand-ins it can parse (a throwaway self-signed pair).
+            kafka_pem = re.search(r"ssl\.(ca|certificate|key)\.location$", what)
+            if re.fullmatch(r"(ca|cert|key)_file", what) or kafka_pem:
+                # walbox reads these when it checks the configuration (and
+                # librdkafka loads its own): stand-ins it can parse (a
+                # throwaway self-signed pair).
                 pem = pem or self_signed(root)
-                text = pem["key" if what == "key_file" else "cert"]
+                key = what == "key_file" or what.endswith("ssl.key.location")
+                text = pem["key" if key else "cert"]
             with open(local(path), "w") as f:
                 f.write(text)
             os.chmod(local(path), 0o400)

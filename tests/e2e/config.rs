@@ -342,15 +342,25 @@ fn help_groups_the_flags_and_shows_each_command_its_own() {
             "Options:",
             "Postgres and the outbox:",
             "Records (mapping and format):",
-            "Kafka and delivery:",
+            "Brokers and delivery:",
             "Running (limits, recovery, observability):"
         ],
         "{run}"
     );
-    let kafka = run.find("Kafka and delivery:").unwrap();
+    let section = run.find("Brokers and delivery:").unwrap();
     let running = run.find("Running (limits").unwrap();
-    let brokers = run.find("--kafka-brokers").unwrap();
-    assert!(kafka < brokers && brokers < running, "{run}");
+    // Every broker's settings in that section, none under Running.
+    for flag in [
+        "--sink ",
+        "--kafka-brokers",
+        "--rabbitmq-url",
+        "--sqs-queue-url",
+        "--nats-url",
+        "--webhook-url",
+    ] {
+        let at = run.find(flag).unwrap_or_else(|| panic!("{flag}: {run}"));
+        assert!(section < at && at < running, "{flag}: {run}");
+    }
     for command in ["migrate", "status", "drop-slot"] {
         let text = help(command);
         assert!(!text.contains("--kafka-brokers"), "{command}: {text}");

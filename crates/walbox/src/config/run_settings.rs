@@ -162,6 +162,12 @@ impl Config {
                 "retention needs the timestamp column (mapping.timestamp) to tell old rows".into(),
             ));
         }
+        // Refused now rather than when a slot is lost, when it would fail.
+        if settings.recreate_margin.is_some() && mapping.timestamp.is_none() {
+            return Err(ConfigError(
+                "on_slot_invalidated = \"recreate\" republishes the rows written since the slot was lost, by the timestamp column (mapping.timestamp), and the mapping has none: set it (a Debezium outbox table has none: add one, Quarkus's extension calls it timestamp), or use fail".into(),
+            ));
+        }
         Ok(RunPlan {
             connection,
             mapping,

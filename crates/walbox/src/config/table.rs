@@ -82,7 +82,10 @@ impl Setting {
             || k.starts_with("schema_registry.")
         {
             "Records (mapping and format)"
-        } else if k.starts_with("kafka.")
+        } else if k == "sink"
+            || ["kafka.", "rabbitmq.", "sqs.", "nats.", "webhook."]
+                .iter()
+                .any(|p| k.starts_with(p))
             || k.starts_with("topics.")
             || k.starts_with("transactions.")
             || k == "dead_letter_topic"
@@ -91,7 +94,7 @@ impl Setting {
             || k.starts_with("claim_check.")
             || k == "delivery"
         {
-            "Kafka and delivery"
+            "Brokers and delivery"
         } else {
             RUNNING
         }

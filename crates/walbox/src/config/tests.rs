@@ -829,6 +829,24 @@ fn config_refuses_what_run_refuses() {
     .unwrap();
     let e = retention.for_run().unwrap_err().to_string();
     assert!(e.contains("retention needs the timestamp column"), "{e}");
+    // A Debezium table has no timestamp column: a lost slot could not be
+    // recreated, so recreate is refused at start, not when it is lost.
+    let debezium = load(
+        None,
+        &[
+            PG,
+            BROKERS,
+            ("WALBOX_MAPPING_PRESET", "debezium"),
+            ("WALBOX_ON_SLOT_INVALIDATED", "recreate"),
+        ],
+        &[],
+    )
+    .unwrap();
+    let e = debezium.for_run().unwrap_err().to_string();
+    assert!(
+        e.contains("on_slot_invalidated = \"recreate\" republishes the rows written since the slot was lost, by the timestamp column (mapping.timestamp), and the mapping has none"),
+        "{e}"
+    );
     let with_column = load(
         None,
         &[

@@ -91,7 +91,7 @@ impl Config {
         if self.raw.kafka.brokers.is_some() && !rabbitmq && !sqs {
             if protocol.ends_with("plaintext") {
                 out.push(format!(
-                    "Kafka is reached over plaintext (security.protocol={protocol}): events{} travel unencrypted; use SSL or SASL_SSL (docs/configuration.md, \"Kafka security\")",
+                    "Kafka is reached over plaintext (security.protocol={protocol}): events{} travel unencrypted; use SSL or SASL_SSL (docs/configuration.md, \"Secured clusters\")",
                     if protocol.starts_with("sasl") { " and the SASL credentials" } else { "" }
                 ));
             } else if get("enable.ssl.certificate.verification").as_deref() == Some("false") {
