@@ -20,6 +20,7 @@ mod broker_limits;
 mod connection;
 mod effective;
 mod files;
+mod json_schema;
 mod layers;
 mod nats;
 mod outbox_mapping;
@@ -73,6 +74,7 @@ pub enum MappingPreset {
 }
 
 pub use broker_limits::unreadable;
+pub use json_schema::json_schema;
 pub use layers::renamed_flag;
 pub use secret::{redact_userinfo, Endpoint};
 
