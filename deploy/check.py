@@ -330,8 +330,16 @@ def main():
                 deployment = next((x for x in docs if x["kind"] == "Deployment"), None)
                 check_job(where, d, walbox, docs, deployment)
             if d["kind"] == "PodDisruptionBudget":
-                if d["spec"].get("maxUnavailable") != 1:
-                    fail(where, "the budget must let a drain take one pod of the pair")
+                # A drain may take one pod at a time, never every pod.
+                deployment = next((x for x in docs if x["kind"] == "Deployment"), {})
+                replicas = deployment.get("spec", {}).get("replicas", 1)
+                spec = d["spec"]
+                if "minAvailable" in spec:
+                    allowed = replicas - int(spec["minAvailable"])
+                else:
+                    allowed = spec.get("maxUnavailable")
+                if allowed is None or not 1 <= allowed < max(replicas, 2):
+                    fail(where, f"the budget must let a drain take one pod of the {replicas}, and not all of them")
         print(f"{name}: {len(docs)} objects ({', '.join(sorted(set(kinds)))}) valid for Kubernetes {', '.join(VERSIONS)}")
     if failures:
         print("\n".join(failures), file=sys.stderr)

@@ -25,19 +25,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "walbox.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "walbox.secretName" -}}
 {{- if .Values.secret.name -}}
 {{- .Values.secret.name -}}
+{{- else if .Values.existingSecret -}}
+{{- .Values.existingSecret -}}
 {{- else if .Values.secret.create -}}
 {{- include "walbox.fullname" . -}}
 {{- else -}}
-{{- fail "secret.name (an existing Secret with pg_url) or secret.create is required" -}}
+{{- fail "secret.name (or existingSecret: an existing Secret with pg_url) or secret.create is required" -}}
 {{- end -}}
 {{- end -}}
 
