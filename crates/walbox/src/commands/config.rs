@@ -19,7 +19,10 @@ pub struct ConfigArgs {
 pub fn run(args: ConfigArgs) -> Result<(), CliError> {
     if args.json_schema {
         let schema = crate::config::json_schema();
-        println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&schema).unwrap_or_default()
+        );
         return Ok(());
     }
     let config = loaded(args.settings.load())?;

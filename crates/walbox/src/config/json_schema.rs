@@ -136,7 +136,10 @@ mod tests {
             "object"
         );
         assert_eq!(section("pg_url")["not"], json!({}));
-        assert_eq!(section("rabbitmq")["properties"]["password"]["not"], json!({}));
+        assert_eq!(
+            section("rabbitmq")["properties"]["password"]["not"],
+            json!({})
+        );
         assert_eq!(section("rabbitmq")["properties"]["url"]["type"], "string");
         assert_eq!(section("table")["type"], json!(["string", "array"]));
         assert_eq!(
@@ -144,15 +147,23 @@ mod tests {
             json!(["stop", "dead-letter", "quarantine"])
         );
         let tables = &section("mapping")["properties"]["tables"];
-        assert_eq!(tables["additionalProperties"]["additionalProperties"], false);
+        assert_eq!(
+            tables["additionalProperties"]["additionalProperties"],
+            false
+        );
         // Every key of the file walbox reads (its settings, serialized) is
         // in the schema...
         fn walk(prefix: &str, value: &Value, schema: &Value) {
-            let Some(object) = value.as_object() else { return };
+            let Some(object) = value.as_object() else {
+                return;
+            };
             for (k, v) in object {
                 let at = &schema["properties"][k];
                 let key = format!("{prefix}{k}");
-                assert!(at.is_object(), "{key} is read from the file but not in the schema");
+                assert!(
+                    at.is_object(),
+                    "{key} is read from the file but not in the schema"
+                );
                 if at["additionalProperties"] == false {
                     walk(&format!("{key}."), v, at);
                 }

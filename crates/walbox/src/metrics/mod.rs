@@ -11,6 +11,7 @@
 //! | `walbox_slot_safe_wal_size_bytes` | gauge | WAL that may still be written before the slot risks invalidation; absent when `max_slot_wal_keep_size` is unlimited |
 //! | `walbox_build_info{version,librdkafka}` | gauge | 1 |
 //! | `walbox_streaming` | gauge | 1 while streaming from the slot, else 0 |
+//! | `walbox_standby` | gauge | 1 while waiting as a standby for the slot another instance streams from (the normal state of the pair's second pod), else 0 |
 //! | `walbox_drift_unhealed` | gauge | 1 while a stop for publication drift is recorded and not healed (rows the stream did not carry are only in the table: `walbox resync --drift`, or `on_drift = "heal"` waiting for the fix), else 0 |
 //! | `walbox_quarantined_aggregates` | gauge | `on_failure = "quarantine"`: aggregates held (their events wait in `walbox.quarantine` for `walbox quarantine release`) |
 //! | `walbox_quarantined_events` | gauge | `on_failure = "quarantine"`: events held |
@@ -209,7 +210,8 @@ pub struct Metrics {
     pub receipts_dropped: Counter,
     /// Receipts lost to a failed write.
     pub receipts_failed: Counter,
-    standby: AtomicBool,
+    /// `walbox_standby`, also what `/readyz?standby=ready` reads.
+    standby: Gauge,
     stalled: AtomicBool,
     /// Topics that have their own label value (see [`Metrics::topic_label`]).
     labelled_topics: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -291,6 +293,12 @@ impl Metrics {
             "walbox_streaming",
             "1 while streaming from the slot, 0 otherwise (connecting, retrying, waiting for a slot another instance holds)",
             streaming.clone(),
+        );
+        let standby = Gauge::default();
+        registry.register(
+            "walbox_standby",
+            "1 while waiting as a standby for the slot another instance streams from, else 0",
+            standby.clone(),
         );
         let drift_unhealed = Gauge::default();
         registry.register(
@@ -509,7 +517,7 @@ impl Metrics {
             commit_to_ack_exact: latency::ExactLatency::default(),
             commit_to_read_exact: latency::ExactLatency::default(),
             delivery_stalled_seconds,
-            standby: AtomicBool::new(false),
+            standby,
             stalled: AtomicBool::new(false),
             registry,
         })
@@ -540,7 +548,7 @@ impl Metrics {
     /// Marks whether this instance is a standby: the slot is held by
     /// another process, and this one waits to take it over.
     pub fn set_standby(&self, standby: bool) {
-        self.standby.store(standby, Ordering::Relaxed);
+        self.standby.set(i64::from(standby));
     }
 
     /// Notes the commit times the lag gauges are computed from at scrape:
@@ -606,6 +614,11 @@ impl Metrics {
             .inc();
     }
 
+    /// True while waiting as a standby.
+    pub fn is_standby(&self) -> bool {
+        self.standby.get() == 1
+    }
+
     /// True while streaming.
     pub fn is_streaming(&self) -> bool {
         self.streaming.get() == 1
@@ -655,7 +668,7 @@ fn readiness(m: &Metrics, standby_ready: bool) -> (StatusCode, &'static str) {
         )
     } else if m.is_streaming() {
         (StatusCode::OK, "streaming\n")
-    } else if m.standby.load(Ordering::Relaxed) {
+    } else if m.is_standby() {
         let status = if standby_ready {
             StatusCode::OK
         } else {

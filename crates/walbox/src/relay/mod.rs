@@ -341,6 +341,7 @@ pub async fn wait_to_retry(
     shutdown: &watch::Receiver<Stop>,
 ) -> bool {
     metrics.count_reconnect(e.reason());
+    let was_standby = metrics.is_standby();
     metrics.set_standby(e.slot_busy());
     let delay = if e.slot_busy() {
         backoff.delay().min(STANDBY_POLL)
@@ -348,7 +349,15 @@ pub async fn wait_to_retry(
         backoff.delay()
     };
     let error = crate::logging::chain(e);
-    tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
+    if e.slot_busy() {
+        // The normal state of the pair's second pod: said once, at INFO,
+        // as it becomes one (walbox_standby says it meanwhile).
+        if !was_standby {
+            tracing::info!(%error, "another instance streams from the slot; waiting as a standby to take over");
+        }
+    } else {
+        tracing::warn!(%error, retry_in = ?delay, "not streaming; will retry");
+    }
     let mut shutdown = shutdown.clone();
     tokio::select! {
         () = tokio::time::sleep(delay) => false,
