@@ -510,3 +510,26 @@ fn config_and_run_refuse_the_same_configurations_with_the_same_line() {
         assert!(config_line.contains(want), "{env:?}: {config_line}");
     }
 }
+
+/// With Postgres and Kafka both down at start, both are reported, Postgres
+/// first (it is tried first), while walbox waits for them; SIGTERM then
+/// stops it with 0.
+#[test]
+fn with_postgres_and_kafka_both_down_both_are_reported() {
+    let (status, text) = run_until_it_waits_or_exits(
+        &["run", "--kafka-brokers", "127.0.0.1:1"],
+        &[("WALBOX_PG_URL", "postgres://walbox@127.0.0.1:1/app")],
+    );
+    assert!(status.success(), "{text}");
+    let postgres = text
+        .find("Postgres unreachable")
+        .unwrap_or_else(|| panic!("{text}"));
+    let kafka = text
+        .find("Kafka unreachable")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(postgres < kafka, "{text}");
+    assert!(
+        text.contains("127.0.0.1 port=1") || text.contains("127.0.0.1:1"),
+        "{text}"
+    );
+}
