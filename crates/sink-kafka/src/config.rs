@@ -486,22 +486,37 @@ pub fn is_secret_property(key: &str) -> bool {
 /// `http://walbox:s3cret@collector:4318` is shown as
 /// `http://<redacted>@collector:4318`.
 pub fn redact_userinfo(text: &str) -> String {
+    redact_authorities(text, |_| true)
+}
+
+/// [`redact_userinfo`] for the user information that holds a password
+/// only: a user's name alone stays (`amqps://walbox@rmq`). What walbox's
+/// output passes through, where secrets without a colon (a NATS token) are
+/// known by value.
+pub fn redact_url_passwords(text: &str) -> String {
+    redact_authorities(text, |userinfo| userinfo.contains(':'))
+}
+
+/// `text` with the user information of each URL for which `secret` holds
+/// replaced by `<redacted>`.
+fn redact_authorities(text: &str, secret: impl Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
-        // The authority ends at the path, query, fragment or the text's end.
+        // The authority ends at the path, query, fragment, a quote or the
+        // text's end.
         let end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'') || c.is_whitespace())
             .unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rfind('@') {
-            Some(at) => {
+            Some(at) if secret(&authority[..at]) => {
                 out.push_str("<redacted>");
                 out.push_str(&authority[at..]);
             }
-            None => out.push_str(authority),
+            _ => out.push_str(authority),
         }
         rest = &tail[end..];
     }

@@ -39,7 +39,8 @@ mod stats;
 mod transaction;
 
 pub use config::{
-    contract_defaults, is_secret_property, redact_userinfo, SinkConfig, TopicSpec, CONTRACT_PINNED,
+    contract_defaults, is_secret_property, redact_url_passwords, redact_userinfo, SinkConfig,
+    TopicSpec, CONTRACT_PINNED,
 };
 pub use error::SinkError;
 pub use problem::{BrokerProblem, ProblemKind};

@@ -112,7 +112,7 @@ pub fn redact(text: &str) -> Cow<'_, str> {
         }
     }
     if out.contains("://") {
-        out = Cow::Owned(passwords_in_urls_redacted(&out));
+        out = Cow::Owned(sink_kafka::redact_url_passwords(&out));
     }
     let lower = out.to_ascii_lowercase();
     if out.contains('=')
@@ -122,32 +122,6 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     {
         out = Cow::Owned(keyword_values_redacted(&out));
     }
-    out
-}
-
-/// `text` with the user information of each URL that holds a password
-/// (`scheme://user:password@`) replaced: a user's name alone is shown
-/// (`amqps://walbox@rmq`), a NATS token is a registered secret.
-fn passwords_in_urls_redacted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find("://") {
-        let (head, tail) = rest.split_at(i + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'') || c.is_whitespace())
-            .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        match authority.rfind('@') {
-            Some(at) if authority[..at].contains(':') => {
-                out.push_str(REDACTED);
-                out.push_str(&authority[at..]);
-            }
-            _ => out.push_str(authority),
-        }
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
     out
 }
 
@@ -280,35 +254,24 @@ fn keyword_values_redacted(text: &str) -> String {
     out
 }
 
-/// `value` with every byte but RFC 3986's unreserved ones percent-encoded.
+/// Every byte but RFC 3986's unreserved ones.
+const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `value` percent-encoded as a URL's user information or query has it.
 fn percent_encoded(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(value, RESERVED).to_string()
 }
 
 /// `value` percent-decoded, when it is well-formed UTF-8 once decoded.
 fn percent_decoded(value: &str) -> Result<String, ()> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = value.get(i + 1..i + 3).ok_or(())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8()
+        .map(|d| d.into_owned())
+        .map_err(|_| ())
 }
 
 /// Standard error, each line redacted: what logging writes to. The
