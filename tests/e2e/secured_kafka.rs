@@ -497,3 +497,54 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         eprintln!("{r}");
     }
 }
+
+/// Certificates are read at start (docs/operations.md, "Rotating
+/// certificates"): a running walbox streams on while its CA file is
+/// replaced, and only a restart reads the new one: refused in one line when
+/// the rotation went wrong, streaming when it is right, nothing lost or
+/// repeated across either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_read_at_start_and_a_restart_takes_the_rotated_ones() {
+    let certs = Certificates::generate();
+    let broker = secured_broker(tls_only(&certs), &[]);
+    let kafka = &broker.kafka;
+    wait_broker(kafka).await;
+    let topic = kafka.create_topic(2).await;
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::copy(certs.ca(), &ca).unwrap();
+    let mut flags = property_flags(&[
+        ("security.protocol", "SSL"),
+        ("ssl.ca.location", &path(&ca)),
+    ]);
+    flags.extend(["--mapping-topic-template".to_owned(), topic.clone()]);
+    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut relay = spawn_run_with(walbox(&db, &[]), kafka, &flag_refs);
+    insert_events(&client, 0, 100, |k| 1 + k % 5, 7).await;
+    assert_eq!(expect_all(kafka, &topic, 100).await, 0);
+
+    // A rotation gone wrong: the file now holds a CA that did not sign the
+    // broker's certificate. The running walbox does not read it again.
+    std::fs::copy(certs.other_ca(), &ca).unwrap();
+    insert_events(&client, 100, 200, |k| 1 + k % 5, 7).await;
+    assert_eq!(expect_all(kafka, &topic, 200).await, 0);
+    stop(&mut relay).await;
+
+    // A restart reads it: one line naming the setting.
+    let (status, log) = run_until_exit(&db, kafka, &flags, &[]).await;
+    let line = error_line(status, &log);
+    assert!(line.contains("ssl.ca.location"), "{line}");
+
+    // The right CA back, and the restart a renewal's hook makes.
+    std::fs::copy(certs.ca(), &ca).unwrap();
+    let mut relay = spawn_run_with(walbox(&db, &[]), kafka, &flag_refs);
+    insert_events(&client, 200, 300, |k| 1 + k % 5, 7).await;
+    assert_eq!(
+        expect_all(kafka, &topic, 300).await,
+        0,
+        "nothing repeated across the restarts"
+    );
+    stop(&mut relay).await;
+}
