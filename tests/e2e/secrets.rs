@@ -367,6 +367,16 @@ fn cases(dir: &std::path::Path) -> Vec<Case> {
     ]
 }
 
+/// A child killed when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs `args` with `env` (and no other `WALBOX_*`) until it exits, or
 /// [`RUN_FOR`] and then SIGTERM: its exit code and all it printed.
 fn output(args: &[&str], env: &[(&'static str, String)]) -> (Option<i32>, String) {
@@ -380,13 +390,16 @@ fn output(args: &[&str], env: &[(&'static str, String)]) -> (Option<i32>, String
     {
         c.env_remove(k);
     }
-    let mut child = c
+    let child = c
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
         .spawn()
         .unwrap();
+    // Killed if this thread panics: no walbox outlives the test.
+    let mut child = Reaped(child);
+    let child = &mut child.0;
     let started = Instant::now();
     let mut signalled = false;
     loop {
@@ -394,7 +407,7 @@ fn output(args: &[&str], env: &[(&'static str, String)]) -> (Option<i32>, String
             return (status.code(), std::fs::read_to_string(&log).unwrap());
         }
         if !signalled && started.elapsed() > RUN_FOR {
-            crate::support::signal_child(&child, "-TERM");
+            crate::support::signal_child(child, "-TERM");
             signalled = true;
         }
         assert!(
