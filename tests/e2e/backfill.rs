@@ -359,3 +359,31 @@ async fn a_bad_condition_is_one_clear_line_and_the_corrected_rerun_backfills() {
     let expected: HashSet<i64> = (0..100).collect();
     assert_eq!(expect_exactly(&kafka, &topic, &expected).await, 0);
 }
+
+/// A new slot streams what commits after it: rows already in the table are
+/// said not to be streamed (a Debezium connector with
+/// `slot.drop.on.stop=true` leaves exactly this), with the backfill that
+/// publishes them; an empty table, or a slot already there, says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_slot_over_rows_already_in_the_table_says_they_are_not_streamed() {
+    let warning = "already holds rows; the new slot streams only what commits from now on";
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    apply_migrations(&client).await;
+    let out = walbox(&db, &["init-slot"]).output().unwrap();
+    succeeded(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(warning));
+    let out = walbox(&db, &["drop-slot"]).output().unwrap();
+    succeeded(&out);
+
+    insert_events(&client, 0, 3, |_| 1, 1).await;
+    let out = walbox(&db, &["init-slot"]).output().unwrap();
+    succeeded(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(warning), "{stderr}");
+    assert!(stderr.contains("init-slot --backfill"), "{stderr}");
+    // Run again: the slot is there, nothing new to say.
+    let out = walbox(&db, &["init-slot"]).output().unwrap();
+    succeeded(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(warning));
+}

@@ -65,6 +65,23 @@ async fn record_published(
     }
 }
 
+/// A new slot streams what commits after it, not the rows already in the
+/// table. Usually they were published by whatever ran before (or are
+/// meant to be skipped); if not — a Debezium connector with
+/// `slot.drop.on.stop=true` dropped its slot as it stopped, a slot was lost —
+/// they never will be. Said, with the fix, as a warning; one cheap look per
+/// table (`EXISTS`), never a count.
+async fn warn_rows_before(client: &tokio_postgres::Client, tables: &[slot_manager::TableName]) {
+    for table in tables {
+        let sql = format!("SELECT EXISTS (SELECT 1 FROM {})", table.quoted());
+        if let Ok(row) = client.query_one(&sql, &[]).await {
+            if row.get::<_, bool>(0) {
+                tracing::warn!(%table, "the table already holds rows; the new slot streams only what commits from now on. If some were never published (a Debezium connector with slot.drop.on.stop=true, a dropped or lost slot), publish them: walbox drop-slot, then walbox init-slot --backfill \"<condition>\" (docs/migrating-from-a-polling-relay.md)");
+            }
+        }
+    }
+}
+
 /// Checks the server and table, then ensures the publication and the slot
 /// (and backfills, when asked).
 pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
@@ -115,6 +132,9 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
             say("publication", &s.publication, publication);
             let slot = ensure_slot(&client, &s.slot, args.failover).await?;
             say("slot", &s.slot, slot);
+            if slot == Ensured::Created && s.source.table() {
+                warn_rows_before(&client, &tables).await;
+            }
             if slot == Ensured::Created && s.source.table() && s.tables.single().is_none() {
                 record_published(&client, &s.slot, &s.publication, &tables).await;
             }
