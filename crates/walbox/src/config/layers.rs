@@ -272,11 +272,21 @@ pub(crate) fn environment(
     })
 }
 
-/// `WALBOX_*` variables walbox reads that are not settings, and
-/// `WALBOX_BIN`, which walbox's own scripts, tests and benchmarks set to
-/// name the binary (two edits from `WALBOX_SINK`: without it here, every
-/// walbox they start would refuse it as a typo).
-const NOT_SETTINGS: &[&str] = &["WALBOX_LOG", "WALBOX_CONFIG", "WALBOX_BIN"];
+/// `WALBOX_*` variables walbox reads that are not settings, and those
+/// walbox's own scripts, tests and benchmarks set for the walbox they start:
+/// `WALBOX_BIN` names the binary (two edits from `WALBOX_SINK`: without it
+/// here, every walbox they start would refuse it as a typo), the others
+/// the real brokers they run (in a setting's family: each walbox would warn
+/// of them as ignored).
+const NOT_SETTINGS: &[&str] = &[
+    "WALBOX_LOG",
+    "WALBOX_CONFIG",
+    "WALBOX_BIN",
+    "WALBOX_KAFKA_LIBS",
+    "WALBOX_KAFKA_HEAP",
+    "WALBOX_RABBITMQ_BIN",
+    "WALBOX_NATS_SERVER",
+];
 
 /// How many edits away from a setting's variable an unknown `WALBOX_*`
 /// variable is taken for a typo of it (`WALBOX_SLOTT`, `WALBOX_KAFKA_BROKER`)

@@ -2206,3 +2206,27 @@ fn each_feature_on_each_broker_is_taken_or_refused_for_the_brokers_own_reason() 
     }
     assert_eq!(checked, 5 * 7 + 1);
 }
+
+#[test]
+fn a_variable_in_a_settings_family_that_is_none_is_warned_of() {
+    let warnings = |var: (&str, &str)| {
+        load(None, &[PG, BROKERS, var], &[])
+            .unwrap()
+            .warnings()
+            .join("\n")
+    };
+    let w = warnings(("WALBOX_METRICS_PORT", "9000"));
+    assert!(
+        w.contains("WALBOX_METRICS_PORT is not a walbox setting and is ignored: did you mean WALBOX_METRICS_ADDR?"),
+        "{w}"
+    );
+    // The test tooling's own, and a script's variable outside any family.
+    for quiet in [
+        "WALBOX_KAFKA_LIBS",
+        "WALBOX_NATS_SERVER",
+        "WALBOX_TEST_PG_URL",
+        "WALBOX_MY_SCRIPT",
+    ] {
+        assert!(!warnings((quiet, "x")).contains(quiet), "{quiet}");
+    }
+}
