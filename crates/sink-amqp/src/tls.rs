@@ -6,12 +6,12 @@
 //! on disk (cert-manager, Vault) is the one the next reconnect presents.
 //! No error quotes a file's content, only its path.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use amqprs::tls::TlsAdaptor;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 
 /// Where the TLS material is, for `amqps://`.
@@ -39,20 +39,17 @@ impl TlsFiles {
     /// Reads the files into a client configuration: what `walbox config`
     /// checks up front and each connection does again.
     pub fn client_config(&self) -> Result<ClientConfig, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError(format!("TLS: {e}")))?
-            .with_root_certificates(self.roots()?);
+        let builder = sink_core::tls::builder(self.roots()?).map_err(TlsError)?;
         match (&self.cert_file, &self.key_file) {
             (None, None) => Ok(builder.with_no_client_auth()),
             (Some(cert), Some(key)) => {
-                let chain = certificates(cert, "rabbitmq.cert_file")?;
+                let chain =
+                    sink_core::tls::certificates(cert, "rabbitmq.cert_file").map_err(TlsError)?;
                 let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                     TlsError(format!(
                         "rabbitmq.key_file {}: no unencrypted private key in PEM (PKCS#8, PKCS#1 or SEC1; an encrypted key must be decrypted first, e.g. openssl pkey -in key.pem -out plain.pem): {}",
                         key.display(),
-                        pem_reason(&e)
+                        sink_core::tls::pem_reason(&e)
                     ))
                 })?;
                 builder.with_client_auth_cert(chain, key).map_err(|e| {
@@ -94,67 +91,15 @@ impl TlsFiles {
     }
 
     fn roots(&self) -> Result<RootCertStore, TlsError> {
-        let mut roots = RootCertStore::empty();
-        match &self.ca_file {
-            Some(path) => {
-                for cert in certificates(path, "rabbitmq.ca_file")? {
-                    roots.add(cert).map_err(|e| {
-                        TlsError(format!(
-                            "rabbitmq.ca_file {}: not a CA certificate rustls can use: {e}",
-                            path.display()
-                        ))
-                    })?;
-                }
-            }
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                // Like OpenSSL, pass over what cannot be parsed.
-                roots.add_parsable_certificates(found.certs);
-                if roots.is_empty() {
-                    return Err(TlsError(format!(
-                        "amqps://: no trusted certificate in the system's store{}; install the ca-certificates package or set rabbitmq.ca_file",
-                        found
-                            .errors
-                            .first()
-                            .map(|e| format!(" ({e})"))
-                            .unwrap_or_default()
-                    )));
-                }
-            }
+        let (roots, problem) =
+            sink_core::tls::roots(self.ca_file.as_deref(), "rabbitmq.ca_file").map_err(TlsError)?;
+        if roots.is_empty() {
+            return Err(TlsError(format!(
+                "amqps://: no trusted certificate in the system's store{}; install the ca-certificates package or set rabbitmq.ca_file",
+                problem.map(|p| format!(" ({p})")).unwrap_or_default()
+            )));
         }
         Ok(roots)
-    }
-}
-
-/// The PEM certificates in `path` (at least one).
-fn certificates(path: &Path, setting: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let unreadable = |e: rustls::pki_types::pem::Error| {
-        TlsError(format!("{setting} {}: {}", path.display(), pem_reason(&e)))
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(unreadable)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(unreadable)?;
-    if certs.is_empty() {
-        return Err(TlsError(format!(
-            "{setting} {}: no PEM certificate in it",
-            path.display()
-        )));
-    }
-    Ok(certs)
-}
-
-/// A PEM error's reason, without any of the file's bytes.
-fn pem_reason(e: &rustls::pki_types::pem::Error) -> String {
-    use rustls::pki_types::pem::Error;
-    match e {
-        Error::Io(io) => io.to_string(),
-        Error::NoItemsFound => "nothing of that kind in it".into(),
-        Error::MissingSectionEnd { .. } | Error::IllegalSectionStart { .. } => {
-            "a PEM section is not closed".into()
-        }
-        Error::Base64Decode(_) => "bad base64 in a PEM section".into(),
-        _ => "not PEM".into(),
     }
 }
 

@@ -30,6 +30,7 @@ pub mod percent;
 pub mod readback;
 mod record;
 mod report;
+pub mod tls;
 pub mod worker;
 
 pub use admission::{Admission, Permit};

@@ -277,49 +277,20 @@ async fn connect(
     Ok((client, jetstream, shown))
 }
 
-/// TLS with the ring provider (as for Postgres and RabbitMQ), named rather
-/// than left to rustls' process default, which the other TLS stacks in
-/// walbox (the AWS SDK's aws-lc-rs beside ring) make ambiguous: async-nats
-/// would panic choosing one. Trusts `ca_file`'s certificates, else the
-/// system's; with none there, an error when TLS is `required`.
+/// TLS trusting `ca_file`'s certificates, else the system's
+/// ([`sink_core::tls`]); with none there, an error when TLS is `required`.
 fn tls_config(
     ca_file: Option<&std::path::Path>,
     required: bool,
 ) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| {
-                    format!(
-                        "nats.ca_file {}: not PEM certificates ({e})",
-                        path.display()
-                    )
-                })?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(format!(
-                    "nats.ca_file {}: no certificate in it",
-                    path.display()
-                ));
-            }
-        }
-        None => {
-            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-            if roots.is_empty() && required {
-                return Err("tls://: no trusted certificate in the system's store; install the ca-certificates package or set nats.ca_file".into());
-            }
-        }
+    let (roots, problem) = sink_core::tls::roots(ca_file, "nats.ca_file")?;
+    if roots.is_empty() && required {
+        return Err(format!(
+            "tls://: no trusted certificate in the system's store{}; install the ca-certificates package or set nats.ca_file",
+            problem.map(|p| format!(" ({p})")).unwrap_or_default()
+        ));
     }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    Ok(sink_core::tls::builder(roots)?.with_no_client_auth())
 }
 
 /// Whether `subject` is one NATS publishes to: dot-separated tokens, no
