@@ -114,13 +114,14 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     if out.contains("://") {
         out = Cow::Owned(sink_kafka::redact_url_passwords(&out));
     }
-    let lower = out.to_ascii_lowercase();
-    if out.contains('=')
-        && ["password", "secret", "token"]
+    if out.contains('=') {
+        let lower = out.to_ascii_lowercase();
+        if ["password", "secret", "token"]
             .iter()
             .any(|k| lower.contains(k))
-    {
-        out = Cow::Owned(keyword_values_redacted(&out));
+        {
+            out = Cow::Owned(keyword_values_redacted(&out));
+        }
     }
     out
 }
