@@ -2,9 +2,9 @@
 //! operator's own, passed through to librdkafka.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use rdkafka::producer::BaseProducer;
-use std::fmt;
 
 /// Settings walbox applies to every producer unless the operator overrides
 /// them, with the reason for each.

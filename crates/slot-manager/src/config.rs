@@ -134,7 +134,7 @@ impl PgConfig {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<PgConfig, Error> {
         let env = |name: &str| env(name).filter(|v| !v.is_empty());
-        let (rest, mut tls) = take_walbox_params(crate::conninfo::parse(input)?)?;
+        let (rest, mut tls) = take_walbox_params(crate::conninfo::parse(input)?);
         tls.mode = tls.mode.or_else(|| env("PGSSLMODE"));
         tls.root = tls.root.or_else(|| env("PGSSLROOTCERT"));
         if tls.cert.is_none() && tls.key.is_none() {
@@ -507,7 +507,7 @@ impl TlsParams {
 /// (`gssencmode`, `sslcompression`, `sslsni`, `client_encoding`), turns
 /// libpq's spellings into tokio-postgres' (`keepalives_count`,
 /// `requiressl`), and keeps the rest for tokio-postgres.
-fn take_walbox_params(pairs: Vec<(String, String)>) -> Result<SslParams, Error> {
+fn take_walbox_params(pairs: Vec<(String, String)>) -> SslParams {
     let mut tls = TlsParams::default();
     let mut rest = Vec::with_capacity(pairs.len());
     for (key, value) in pairs {
@@ -526,7 +526,7 @@ fn take_walbox_params(pairs: Vec<(String, String)>) -> Result<SslParams, Error> 
             }
         }
     }
-    Ok((rest, tls))
+    (rest, tls)
 }
 
 #[cfg(test)]

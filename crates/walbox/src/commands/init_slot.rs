@@ -119,6 +119,7 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
     }
     let Some(condition) = args.backfill else {
         // Every shard's publication and slot (one of each when not sharded).
+        let mut created = false;
         for s in c.selected_shards() {
             let publication = match (s.source.table(), s.tables.single()) {
                 (false, _) => ensure_message_publication(&client, &s.publication).await?,
@@ -132,12 +133,15 @@ pub async fn run(args: InitSlotArgs) -> Result<(), CliError> {
             say("publication", &s.publication, publication);
             let slot = ensure_slot(&client, &s.slot, args.failover).await?;
             say("slot", &s.slot, slot);
-            if slot == Ensured::Created && s.source.table() {
-                warn_rows_before(&client, &tables).await;
-            }
+            created |= slot == Ensured::Created;
             if slot == Ensured::Created && s.source.table() && s.tables.single().is_none() {
                 record_published(&client, &s.slot, &s.publication, &tables).await;
             }
+        }
+        // Said once, however many shards' slots were made (no tables with
+        // source = messages).
+        if created {
+            warn_rows_before(&client, &tables).await;
         }
         return Ok(());
     };

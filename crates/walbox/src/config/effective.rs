@@ -46,6 +46,9 @@ impl Config {
             Value::Bool(_, b) => b.to_string(),
             _ => "(none)".to_owned(),
         };
+        // Where the mapping's preset was set, if it was: the source of the
+        // columns it chose.
+        let preset = self.figment.find_value("mapping.preset").ok();
         let mut out = Vec::new();
         for s in table::SETTINGS {
             let given = self.figment.find_value(s.key).ok();
@@ -96,7 +99,6 @@ impl Config {
             } else {
                 shown
             };
-            let preset = self.figment.find_value("mapping.preset").ok();
             let source = match (&given, &preset) {
                 (Some(v), _) => source_of(v),
                 // A column the preset chose, not walbox's default.

@@ -64,8 +64,6 @@ pub(crate) struct Layer {
     name: &'static str,
     file: Option<PathBuf>,
     pub(crate) dict: Dict,
-    /// Variables read as no setting though they look like one: warned of.
-    pub(crate) ignored: Vec<String>,
 }
 
 impl Provider for Layer {
@@ -104,14 +102,13 @@ pub(crate) fn file(path: &std::path::Path) -> Result<Layer, ConfigError> {
         name: "file",
         file: Some(path.to_owned()),
         dict,
-        ignored: Vec::new(),
     })
 }
 
-/// Registers the secrets a layer holds with [`crate::redaction`]: each
-/// secret setting's value, each secret Kafka property's, and the passwords
-/// any value carries.
-pub(crate) fn register_secrets(dict: &Dict) {
+/// Registers the secrets a layer holds with [`crate::redaction`], as the
+/// layer is made and before its values are checked: each secret setting's
+/// value, each secret Kafka property's, and the passwords any value carries.
+fn register_secrets(dict: &Dict) {
     fn walk(prefix: &str, value: &Value) {
         match value {
             Value::Dict(_, dict) => {
@@ -263,12 +260,11 @@ pub(crate) fn environment(
         merged.extend(properties);
         insert(&mut dict, "kafka.properties", Value::from(merged));
     }
-    let ignored = vars.keys().filter_map(|name| unread(name)).collect();
+    register_secrets(&dict);
     Ok(Layer {
         name: "environment",
         file: None,
         dict,
-        ignored,
     })
 }
 
@@ -295,14 +291,33 @@ const NOT_SETTINGS: &[&str] = &[
 /// such as `WALBOX_TEST_PG_URL`) are not walbox's business.
 const TYPO_DISTANCE: usize = 2;
 
+/// `name` without its `_FILE` suffix when neither it nor that stem is a
+/// variable walbox knows (a setting's, or one of [`NOT_SETTINGS`]).
+fn unknown(name: &str) -> Option<&str> {
+    let known = |n: &str| is_setting_variable(n) || NOT_SETTINGS.contains(&n);
+    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name);
+    (!known(name) && !known(stem)).then_some(stem)
+}
+
+/// The `WALBOX_*` variables of `vars` that are in a setting's family but
+/// none of its settings ([`unread`]): warned of, as read as nothing.
+pub(crate) fn unread_variables(vars: &[(String, String)]) -> Vec<String> {
+    let mut names: Vec<&str> = vars
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| k.starts_with("WALBOX_"))
+        .collect();
+    names.sort_unstable();
+    names.into_iter().filter_map(unread).collect()
+}
+
 /// The warning for `name` when it is no setting's variable, too far from
 /// any to be refused as a typo, but in a setting's family
 /// (`WALBOX_METRICS_PORT` beside `WALBOX_METRICS_ADDR`): read as nothing,
 /// it would be silently ignored.
 fn unread(name: &str) -> Option<String> {
-    let known = |n: &str| is_setting_variable(n) || NOT_SETTINGS.contains(&n);
-    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name);
-    if known(name) || known(stem) || stem.starts_with(KAFKA_PROPERTY_PREFIX) {
+    let stem = unknown(name)?;
+    if stem.starts_with(KAFKA_PROPERTY_PREFIX) {
         return None;
     }
     let family = &stem[..stem.rfind('_')?];
@@ -323,11 +338,7 @@ fn unread(name: &str) -> Option<String> {
 /// The refusal of `name` when it is no setting's variable but one edit or
 /// two away from one.
 fn misspelt(name: &str) -> Option<ConfigError> {
-    let known = |n: &str| is_setting_variable(n) || NOT_SETTINGS.contains(&n);
-    let stem = name.strip_suffix(FILE_SUFFIX).unwrap_or(name);
-    if known(name) || known(stem) {
-        return None;
-    }
+    let stem = unknown(name)?;
     let (distance, nearest) = SETTINGS
         .iter()
         .map(|s| s.env())
@@ -375,10 +386,10 @@ pub(crate) fn flags<'a>(
         };
         insert(&mut dict, key, value);
     }
+    register_secrets(&dict);
     Ok(Layer {
         name: "command line",
         file: None,
         dict,
-        ignored: Vec::new(),
     })
 }

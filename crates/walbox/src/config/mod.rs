@@ -137,12 +137,10 @@ impl Config {
             .cloned()
             .collect();
         crate::redaction::register_environment(&sources.env);
-        let environment = layers::environment(sources.env)?;
-        layers::register_secrets(&environment.dict);
-        let flags = layers::flags(sources.flags)?;
-        layers::register_secrets(&flags.dict);
-        let ignored = environment.ignored.clone();
-        figment = figment.merge(environment).merge(flags);
+        let ignored = layers::unread_variables(&sources.env);
+        figment = figment
+            .merge(layers::environment(sources.env)?)
+            .merge(layers::flags(sources.flags)?);
         let raw: Raw = figment.extract().map_err(|e| {
             let source = e
                 .metadata
