@@ -21,6 +21,9 @@
 //! - A capability some brokers lack is its own trait: [`Transactional`]
 //!   (Kafka's transactions) extends [`Destination`], and nothing answers
 //!   "unsupported".
+//! - Reading back what a broker holds of a stream at a restart
+//!   ([`tail::TailReader`]) is another: a crash then leaves no duplicates
+//!   where the broker kept its records.
 //! - Failures are typed by what the caller does: [`DeliveryErrorKind`]
 //!   for one record, [`TxnErrorKind`] for a transactional call.
 
@@ -30,6 +33,7 @@ pub mod percent;
 pub mod readback;
 mod record;
 mod report;
+pub mod tail;
 pub mod tls;
 pub mod worker;
 

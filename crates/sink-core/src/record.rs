@@ -49,6 +49,9 @@ pub struct Record<T> {
 pub struct Origin {
     /// The stream (walbox: its replication slot).
     pub stream: Arc<str>,
+    /// The server history the stream was read on
+    /// ([`crate::tail::history_id`]): positions compare only within one.
+    pub history: u64,
     /// The position of the transaction the event belongs to (walbox: its
     /// commit LSN).
     pub position: u64,
@@ -182,6 +185,7 @@ mod tests {
     fn an_origin_reads_as_a_wal_position() {
         let o = Origin {
             stream: Arc::from("walbox"),
+            history: 0,
             position: 0x1_0000_00AB,
             index: 3,
         };

@@ -33,6 +33,7 @@ fn record(n: u64, subject: &str) -> Record<u64> {
     .with_header("id", Bytes::from(format!("e-{n}")))
     .with_origin(Origin {
         stream: Arc::from("walbox"),
+        history: 0,
         position: 0x100 + n / 10,
         index: n % 10,
     })

@@ -156,6 +156,7 @@ mod tests {
     fn origin(stream: &str, position: u64, index: u64) -> Origin {
         Origin {
             stream: Arc::from(stream),
+            history: 0,
             position,
             index,
         }

@@ -190,6 +190,16 @@ impl<T: Send + Sync + 'static> Broker<T> {
         }
     }
 
+    /// What reads the broker back from the end of its topics at a start
+    /// (`skip_delivered`): Kafka's alone (the configuration says why each
+    /// other broker cannot).
+    pub fn tail_reader(&self) -> Option<&dyn sink_core::tail::TailReader> {
+        match self {
+            Broker::Kafka(sink) => Some(sink),
+            Broker::RabbitMq(_) | Broker::Sqs(_) | Broker::Nats(_) | Broker::Webhook(_) => None,
+        }
+    }
+
     /// Kafka's producer statistics into the metrics (the other brokers
     /// keep none).
     pub fn observe(&self, metrics: &Metrics) {

@@ -424,6 +424,7 @@ where
             )
             .with_origin(sink_core::Origin {
                 stream: std::sync::Arc::from("bench"),
+                history: 0,
                 position: 0x100 + (i / 100) as u64,
                 index: (i % 100) as u64,
             });

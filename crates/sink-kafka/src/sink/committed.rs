@@ -48,9 +48,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
 
 /// The reading consumer's client context: the end of a partition is what
 /// it reads for, not an error to log; other errors are logged scrubbed.
-struct ReaderContext {
-    secrets: Arc<[String]>,
-    tokens: Option<Arc<crate::msk_iam::Tokens>>,
+pub(super) struct ReaderContext {
+    pub(super) secrets: Arc<[String]>,
+    pub(super) tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 impl rdkafka::ClientContext for ReaderContext {

@@ -34,6 +34,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
+use sink_core::tail::ORIGIN_HEADER;
 use sink_core::{Admission, DeliveryErrorKind, Permit, Record, Report};
 use tokio::sync::{mpsc, Notify};
 
@@ -43,6 +44,7 @@ use crate::problem::{BrokerProblem, ProblemLog};
 
 mod committed;
 mod context;
+mod tail;
 mod topics;
 pub use topics::CompactedTopicError;
 
@@ -117,6 +119,9 @@ pub struct Reports<T: Send + Sync + 'static> {
 
 /// A startup check looks for a definite refusal this often.
 const BROKER_CHECK_SLICE: Duration = Duration::from_millis(500);
+/// What the origin header adds to a record, at most: its name, a slot
+/// name of 63 bytes and the rest of the mark.
+const MARK_SIZE: usize = ORIGIN_HEADER.len() + 63 + 48;
 /// Per-record overhead librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 128;
 
@@ -307,7 +312,8 @@ impl<T: Send + Sync + 'static> Sink<T> {
             inner.fail_before_producing(record, token, permit, error);
             return;
         }
-        let size = record.size() + record.headers.len() * 16 + RECORD_OVERHEAD;
+        let mark = record.origin.as_ref().map_or(0, |_| MARK_SIZE);
+        let size = record.size() + mark + record.headers.len() * 16 + RECORD_OVERHEAD;
         if size > inner.message_max_bytes {
             let error = Failure::new(
                 DeliveryErrorKind::Permanent,
@@ -329,11 +335,18 @@ impl<T: Send + Sync + 'static> Sink<T> {
             return;
         }
         let (record, token) = record.split_token();
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
         for h in &record.headers {
             headers = headers.insert(Header {
                 key: &h.name,
                 value: Some(h.value.as_ref()),
+            });
+        }
+        // Where it came from: what a restart reads back (see `tail.rs`).
+        if let Some(origin) = &record.origin {
+            headers = headers.insert(Header {
+                key: ORIGIN_HEADER,
+                value: Some(origin.mark().as_bytes()),
             });
         }
         let mut pending = Box::new(Pending {

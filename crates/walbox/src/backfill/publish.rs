@@ -79,6 +79,8 @@ pub(super) async fn publish(
         quarantine: None,
         status_interval: SAVE_EVERY,
         shutdown_timeout: Duration::ZERO,
+        // A backfill's rows are a stream of their own, read from the table.
+        skip_delivered: None,
         exactly_once: None,
         save_positions: false,
         spans: None,

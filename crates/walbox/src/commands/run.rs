@@ -583,6 +583,7 @@ async fn stream(
     let ends = crate::relay::Ends {
         destination: &broker,
         transactions,
+        tails: broker.tail_reader(),
     };
     let result = tokio::select! {
         result = crate::relay::run(&relay, &mut source, ends, &mut reports, shutdown, Arc::clone(&metrics)) => result,
@@ -661,6 +662,7 @@ fn relay_config(
         status_interval: settings.status_interval,
         shutdown_timeout: settings.shutdown_timeout,
         exactly_once: settings.exactly_once.clone(),
+        skip_delivered: settings.skip_delivered,
         save_positions: settings.recreate_margin.is_some()
             || settings.retention.is_some()
             || settings.drift_heal_margin.is_some(),

@@ -61,6 +61,9 @@ pub(super) struct Raw {
     pub(super) retention: Option<String>,
     pub(super) audit: RawAudit,
     pub(super) receipts: bool,
+    pub(super) skip_delivered: Option<bool>,
+    #[serde(deserialize_with = "whole::u64")]
+    pub(super) skip_delivered_look_back: u64,
     pub(super) otlp_endpoint: Option<String>,
     #[serde(deserialize_with = "whole::u64")]
     pub(super) max_in_flight_events: u64,
@@ -108,6 +111,8 @@ impl Default for Raw {
             retention: None,
             audit: RawAudit::default(),
             receipts: false,
+            skip_delivered: None,
+            skip_delivered_look_back: 100_000,
             otlp_endpoint: None,
             max_in_flight_events: 10_000,
             max_in_flight_bytes: 64 * 1024 * 1024,

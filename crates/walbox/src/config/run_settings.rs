@@ -53,6 +53,9 @@ pub struct RunSettings {
     pub audit_interval: Option<Duration>,
     /// Write delivery receipts (`receipts`).
     pub receipts: bool,
+    /// At a start, skip what the broker holds of the replay
+    /// (`skip_delivered`): the look-back per partition; `None`: off.
+    pub skip_delivered: Option<u64>,
     /// Where oversized values go (`claim_check.*`); `None`: off.
     pub claim_check: Option<crate::claim_check::ClaimCheckConfig>,
     /// Where format = avro finds its schemas (`schema_registry.*`);
@@ -381,7 +384,14 @@ impl Config {
                 sink.gapless,
             )?),
         };
+        let skip_delivered = skip_delivered(
+            &sink,
+            r.skip_delivered,
+            r.skip_delivered_look_back,
+            exactly_once.is_some(),
+        )?;
         Ok(RunSettings {
+            skip_delivered,
             schema_registry,
             claim_check,
             otlp_endpoint,
@@ -654,4 +664,41 @@ fn duration_setting(
         return Err(ConfigError(format!("{key}: must be at least 1s")));
     }
     Ok(Some(d))
+}
+
+/// `skip_delivered`: on by default where it works (Kafka, at least once);
+/// `true` elsewhere is refused with the broker's reason.
+fn skip_delivered(
+    sink: &SinkSettings,
+    on: Option<bool>,
+    look_back: u64,
+    exactly_once: bool,
+) -> Result<Option<u64>, ConfigError> {
+    if look_back == 0 {
+        return Err(ConfigError(
+            "skip_delivered_look_back = 0: at least one record is read back per partition; to read none, set skip_delivered = false".into(),
+        ));
+    }
+    let refusal = |why: &str| Err(ConfigError(format!("skip_delivered = true {why}")));
+    match (sink, on, exactly_once) {
+        (_, Some(false), _) => Ok(None),
+        (SinkSettings::Kafka(_), _, false) => Ok(Some(look_back)),
+        (SinkSettings::Kafka(_), None, true) => Ok(None),
+        (SinkSettings::Kafka(_), Some(true), true) => refusal(
+            "is for delivery = \"at-least-once\": exactly-once mode skips what committed by its progress record already",
+        ),
+        (_, None, _) => Ok(None),
+        (SinkSettings::RabbitMq(_), Some(true), _) => refusal(
+            "needs a broker that keeps what it took, in order, for walbox to read back: a RabbitMQ exchange keeps nothing (its queues are consumed); consumers deduplicate by the id header",
+        ),
+        (SinkSettings::Sqs(_), Some(true), _) => refusal(
+            "needs a broker that keeps what it took, in order, for walbox to read back: SQS cannot be read without taking the messages; a FIFO queue drops a re-sent event by its deduplication id (its origin) within 5 minutes instead",
+        ),
+        (SinkSettings::Nats(_), Some(true), _) => refusal(
+            "is Kafka's: JetStream drops a re-sent event by its Nats-Msg-Id (its origin) within the stream's duplicate window instead",
+        ),
+        (SinkSettings::Webhook(_), Some(true), _) => refusal(
+            "needs a broker walbox can read back: an HTTP endpoint cannot be; each request carries an Idempotency-Key (the event's origin) instead",
+        ),
+    }
 }

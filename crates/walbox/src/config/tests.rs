@@ -113,8 +113,10 @@ fn every_setting_can_come_from_the_environment() {
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
             ("audit.interval", _) => "90s".to_owned(),
-            // Receipts are refused with exactly-once (the choice below).
+            // Receipts are refused with exactly-once (the choice below),
+            // and so is skip_delivered = true.
             ("receipts", _) => "false".to_owned(),
+            ("skip_delivered", _) => "false".to_owned(),
             // Recreating and retention need the table's rows, and
             // recreating an unsharded slot.
             ("source", _) => "table".to_owned(),
@@ -2229,4 +2231,46 @@ fn a_variable_in_a_settings_family_that_is_none_is_warned_of() {
     ] {
         assert!(!warnings((quiet, "x")).contains(quiet), "{quiet}");
     }
+}
+
+#[test]
+fn skip_delivered_is_on_for_kafka_at_least_once_and_refused_where_it_cannot_work() {
+    let run = |vars: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS];
+        all.extend_from_slice(vars);
+        load(None, &all, &[]).unwrap().run()
+    };
+    assert_eq!(run(&[]).unwrap().skip_delivered, Some(100_000));
+    assert_eq!(
+        run(&[("WALBOX_SKIP_DELIVERED_LOOK_BACK", "7")])
+            .unwrap()
+            .skip_delivered,
+        Some(7)
+    );
+    assert_eq!(
+        run(&[("WALBOX_SKIP_DELIVERED", "false")])
+            .unwrap()
+            .skip_delivered,
+        None
+    );
+    let eos = ("WALBOX_DELIVERY", "exactly-once");
+    assert_eq!(run(&[eos]).unwrap().skip_delivered, None, "its own skip");
+    let e = run(&[eos, ("WALBOX_SKIP_DELIVERED", "true")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exactly-once mode skips what committed"), "{e}");
+    let e = run(&[("WALBOX_SKIP_DELIVERED_LOOK_BACK", "0")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("skip_delivered = false"), "{e}");
+    // Other brokers: off by default, `true` refused with the reason.
+    let rabbit = [
+        ("WALBOX_SINK", "rabbitmq"),
+        ("WALBOX_RABBITMQ_URL", "amqp://rabbit:5672/%2F"),
+    ];
+    assert_eq!(run(&rabbit).unwrap().skip_delivered, None);
+    let mut on = rabbit.to_vec();
+    on.push(("WALBOX_SKIP_DELIVERED", "true"));
+    let e = run(&on).unwrap_err().to_string();
+    assert!(e.contains("a RabbitMQ exchange keeps nothing"), "{e}");
 }

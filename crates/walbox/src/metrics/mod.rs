@@ -163,6 +163,10 @@ pub struct Metrics {
     pub failed: Family<KindLabels, Counter>,
     /// Events of replayed transactions not sent again.
     pub replays_skipped: Counter,
+    /// Events of a replay found on the broker at a start, not sent again.
+    pub found_delivered: Counter,
+    /// Topics that could not be read back at a start.
+    pub tail_reads_failed: Counter,
     /// Non-transactional logical decoding messages with the events' prefix
     /// (not published).
     pub nontransactional_messages: Counter,
@@ -240,6 +244,7 @@ impl Metrics {
         let dead_lettered = Family::<KindLabels, Counter>::default();
         let failed = Family::<KindLabels, Counter>::default();
         let replays_skipped = Counter::default();
+        let (found_delivered, tail_reads_failed) = (Counter::default(), Counter::default());
         let nontransactional_messages = Counter::default();
         let (in_flight_events, in_flight_bytes) = (Gauge::default(), Gauge::default());
         let (received_lsn, confirmed_lsn, retained_wal_bytes) =
@@ -264,6 +269,16 @@ impl Metrics {
             "walbox_events_replay_skipped",
             "Events Postgres re-sent after a reconnect that walbox had already delivered (not sent again)",
             replays_skipped.clone(),
+        );
+        registry.register(
+            "walbox_events_found_delivered",
+            "Events of a replay found already on the broker when walbox started (skip_delivered), not sent again",
+            found_delivered.clone(),
+        );
+        registry.register(
+            "walbox_tail_reads_failed",
+            "Topics walbox could not read back when it started (skip_delivered): their replayed events were sent again",
+            tail_reads_failed.clone(),
         );
         registry.register(
             "walbox_nontransactional_messages",
@@ -503,6 +518,8 @@ impl Metrics {
             dead_lettered,
             failed,
             replays_skipped,
+            found_delivered,
+            tail_reads_failed,
             nontransactional_messages,
             transactions_committed,
             transactions_aborted,

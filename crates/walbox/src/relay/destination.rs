@@ -2,6 +2,7 @@
 //! exactly-once mode its transactions ([`Ends`]).
 
 use bytes::Bytes;
+use sink_core::tail::TailReader;
 use sink_core::{Admission, Permit, Record, TxnError};
 pub use sink_core::{Deliveries, Destination, Transactional};
 
@@ -10,12 +11,14 @@ use super::Token;
 /// The relay's sending end: where records go, and the transactions they
 /// are written in when delivery is exactly-once (the same broker client;
 /// `None`: at least once).
-#[derive(Debug)]
 pub struct Ends<'a, D, X> {
     /// Where records go.
     pub destination: &'a D,
     /// Their transactions, in exactly-once mode.
     pub transactions: Option<&'a X>,
+    /// What reads the broker back at a start (`skip_delivered`); `None`:
+    /// the broker cannot be read so, or the setting is off.
+    pub tails: Option<&'a dyn TailReader>,
 }
 
 impl<'a, D> Ends<'a, D, NoTransactions> {
@@ -24,6 +27,7 @@ impl<'a, D> Ends<'a, D, NoTransactions> {
         Ends {
             destination,
             transactions: None,
+            tails: None,
         }
     }
 }

@@ -242,6 +242,10 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// Exactly-once delivery through Kafka transactions; `None`: at least once.
     pub exactly_once: Option<ExactlyOnce>,
+    /// At a start, read back what the broker holds of the replay and skip
+    /// it (`skip_delivered`): the look-back per partition, in records;
+    /// `None`: off. Needs [`Ends::tails`].
+    pub skip_delivered: Option<u64>,
     /// Save the delivered position and its commit time every 10 s, for
     /// recreating a lost slot ([`crate::backfill::heal`]).
     pub save_positions: bool,

@@ -63,6 +63,29 @@ pub(in crate::relay) enum Observation {
     },
     /// An event of a replay walbox delivered already was skipped.
     ReplaySkipped,
+    /// An event of a replay was found on the broker at a start, `at`, and
+    /// not sent again (its receipt is written; it is not counted as
+    /// published again).
+    FoundDelivered {
+        token: Token,
+        at: Delivered,
+    },
+    /// A topic was read back at a start: its partitions, the records read,
+    /// the events of this slot found there, the partitions whose look-back
+    /// ended before a confirmed record, how long it took.
+    TailRead {
+        topic: Arc<str>,
+        partitions: u32,
+        read: u64,
+        found: usize,
+        cut_short: Vec<i32>,
+        micros: u64,
+    },
+    /// A topic could not be read back: its replayed events are sent again.
+    TailUnreadable {
+        topic: Arc<str>,
+        error: String,
+    },
     /// The server is not on the history walbox delivered from.
     HistoryChanged(HistoryChange),
     /// The slot resumed before what walbox confirmed.

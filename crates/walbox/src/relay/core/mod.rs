@@ -17,6 +17,8 @@
 //! | a delivery report                       | [`Core::handle_report`]             | status; a dead-letter copy queued; stop    |
 //! | a coverage reading                      | [`Core::on_coverage`]           | status; stop (drift)                       |
 //! | the time asked for came                 | [`Core::handle_timeout`]        | status                                     |
+//! | a record at the front, at a start       | [`Core::check_front`]           | skip it (the broker has it); read a topic back |
+//! | a topic read back                       | [`Core::on_tail`]               | —                                          |
 //! | room for the first queued record        | [`Core::take_send`]             | send it (exactly-once: begin a transaction first) |
 //! | a turn of the driver (exactly-once)     | [`Core::upkeep`]                | progress record queued; [`Effect::Commit`]; stop |
 //! | a commit's outcome                      | [`Core::on_committed`]          | status (the events are delivered); stop    |
@@ -38,6 +40,7 @@ mod exactly_once;
 mod message;
 mod quarantine;
 mod report;
+mod resume;
 mod transactions;
 
 #[cfg(test)]
@@ -154,6 +157,11 @@ pub(super) struct Core<'a> {
     dead_lettered: u64,
     /// The quarantine (`on_failure = "quarantine"`); `None`: off.
     quarantine: Option<crate::quarantine::Quarantine<Token>>,
+    /// This session's server history, as records are marked with it.
+    history_id: u64,
+    /// This session's look-up of what the broker holds already
+    /// (`skip_delivered`); `None`: off, or over.
+    resume: Option<resume::Resume>,
 }
 
 /// How events count as delivered, each mode with its own state: an
@@ -212,6 +220,8 @@ impl<'a> Core<'a> {
             nontransactional_reported: false,
             dead_lettered: 0,
             quarantine: config.quarantine.map(crate::quarantine::Quarantine::new),
+            history_id: 0,
+            resume: None,
         }
     }
 
@@ -265,6 +275,13 @@ impl<'a> Core<'a> {
         if let Some(q) = &mut self.quarantine {
             q.start_session();
         }
+        self.history_id = sink_core::tail::history_id(history);
+        self.start_resume(resume::ResumeStart {
+            stream: &self.config.stream,
+            history: self.history_id,
+            confirmed,
+            server_wal,
+        });
         self.start_transactions(history, server_wal, same)
     }
 

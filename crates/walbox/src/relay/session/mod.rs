@@ -87,6 +87,8 @@ pub(super) struct Session<'a, D, X, R> {
     destination: &'a D,
     /// In exactly-once mode, the destination's transactions.
     transactions: Option<&'a X>,
+    /// What reads the broker back at a start (`skip_delivered`).
+    tails: Option<&'a dyn sink_core::tail::TailReader>,
     reports: &'a mut R,
     metrics: Arc<Metrics>,
     core: Core<'a>,
@@ -128,6 +130,7 @@ where
             config,
             destination: ends.destination,
             transactions: ends.transactions,
+            tails: ends.tails.filter(|_| config.skip_delivered.is_some()),
             reports,
             metrics,
             core: Core::new(config),

@@ -42,6 +42,28 @@ pub(in crate::relay) fn observe(config: &RelayConfig, metrics: &Metrics, observa
         Observation::ReplaySkipped => {
             metrics.replays_skipped.inc();
         }
+        Observation::FoundDelivered { token, at } => {
+            metrics.found_delivered.inc();
+            receipt(config, &token, &at);
+        }
+        Observation::TailRead {
+            topic,
+            partitions,
+            read,
+            found,
+            cut_short,
+            micros,
+        } => {
+            let ms = micros / 1000;
+            tracing::info!(%topic, partitions, records_read = read, found, ms, "read the topic back: the events of the replay found there are not sent again");
+            if !cut_short.is_empty() {
+                tracing::warn!(%topic, partitions = ?cut_short, "the look-back ended before a confirmed record of this slot in these partitions: replayed events older than what was read are sent again (duplicates, never loss)");
+            }
+        }
+        Observation::TailUnreadable { topic, error } => {
+            metrics.tail_reads_failed.inc();
+            tracing::warn!(%topic, %error, "could not read the topic back: the replayed events for it are sent again (duplicates, never loss); a consumer principal needs Describe and Read on it");
+        }
         Observation::HistoryChanged(change) => history_changed(metrics, change),
         Observation::SlotBehind { slot, delivered } => {
             tracing::warn!(%slot, %delivered, "the slot resumed before what walbox confirmed (Postgres restarted before a checkpoint?); transactions up to the confirmed position are skipped, not sent twice");

@@ -36,8 +36,25 @@ where
     /// serialized with its schema (`format = "avro"`), then stored in the
     /// object store when oversized.
     pub(super) async fn prepare_front(&mut self) -> Result<(), RunError> {
+        self.skip_found().await?;
         self.serialize_front().await?;
         self.claim_check_front().await
+    }
+
+    /// At a start (`skip_delivered`): the first waiting records the broker
+    /// holds already are skipped, each topic read back the first time a
+    /// replayed record for it comes up (see `core/resume.rs`).
+    pub(super) async fn skip_found(&mut self) -> Result<(), RunError> {
+        let Some(tails) = self.tails else {
+            return Ok(());
+        };
+        while let Some((topic, query)) = self.core.check_front(Instant::now())? {
+            let began = Instant::now();
+            let tail = tails.read_tail(&topic, &query).await;
+            let micros = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.core.on_tail(topic, tail, micros);
+        }
+        Ok(())
     }
 
     /// Serializes the first waiting record's value with its subject's
@@ -93,6 +110,7 @@ where
         let token = &send.record.token;
         send.record.origin = Some(Origin {
             stream: Arc::clone(&self.config.stream),
+            history: self.core.history_id(),
             position: token.commit_lsn.as_u64(),
             index: token.index,
         });

@@ -2,12 +2,15 @@
 //! and a broker the test acknowledges by hand.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use pgoutput_decoder::test_util as frames;
 use pgoutput_decoder::{Lsn, PgTimestamp, ReplicationMessage, StandbyStatusUpdate};
+use sink_core::tail::{Found, Mark, Tail, TailQuery, TailReader};
 use sink_core::{
     Admission, Delivered, DeliveryError, DeliveryErrorKind, Permit, Record, Report, TxnError,
     TxnErrorKind,
@@ -537,6 +540,10 @@ struct BrokerState {
     /// Every broker is down: commits and aborts time out (30 s and 10 s,
     /// as the sink's bounds).
     unresponsive: bool,
+    /// Reading topics back fails (no right to read them).
+    unreadable: bool,
+    /// Topics read back so far.
+    tail_reads: usize,
     commits: usize,
     aborts: usize,
 }
@@ -559,6 +566,10 @@ pub(super) fn ends<'a>(config: &RelayConfig, broker: &'a Broker) -> Ends<'a, Bro
     Ends {
         destination: broker,
         transactions: config.exactly_once.is_some().then_some(broker),
+        tails: config
+            .skip_delivered
+            .is_some()
+            .then_some(broker as &dyn TailReader),
     }
 }
 
@@ -581,6 +592,8 @@ impl Broker {
                     fail_next_commit: None,
                     failing_reads: 0,
                     unresponsive: false,
+                    unreadable: false,
+                    tail_reads: 0,
                     commits: 0,
                     aborts: 0,
                 })),
@@ -765,6 +778,71 @@ impl Broker {
     /// Every record acknowledged so far.
     pub(super) fn delivered(&self) -> Vec<Record<()>> {
         self.state.lock().unwrap().delivered.clone()
+    }
+
+    /// The process died: what was in flight never reached the broker, and
+    /// no report of it comes.
+    pub(super) fn lose_in_flight(&self) {
+        self.state.lock().unwrap().in_flight.clear();
+    }
+
+    /// Reading topics back fails from now on.
+    pub(super) fn set_unreadable(&self) {
+        self.state.lock().unwrap().unreadable = true;
+    }
+
+    /// Topics read back so far.
+    pub(super) fn tail_reads(&self) -> usize {
+        self.state.lock().unwrap().tail_reads
+    }
+}
+
+/// Reads the delivered records of a topic from the last back, as the Kafka
+/// sink reads one partition: by the mark each record carries.
+impl TailReader for Broker {
+    fn read_tail<'a>(
+        &'a self,
+        topic: &'a str,
+        query: &'a TailQuery,
+    ) -> Pin<Box<dyn Future<Output = Result<Tail, String>> + 'a>> {
+        Box::pin(async move {
+            let mut state = self.state.lock().unwrap();
+            state.tail_reads += 1;
+            if state.unreadable {
+                return Err("Broker: Topic authorization failed".into());
+            }
+            let mut tail = Tail {
+                partitions: 1,
+                ..Tail::default()
+            };
+            let records = state.delivered.iter().enumerate().rev();
+            for (offset, record) in records.filter(|(_, r)| &*r.topic == topic) {
+                if tail.read >= query.look_back {
+                    tail.cut_short.push(0);
+                    break;
+                }
+                tail.read += 1;
+                let Some(mark) = record.origin.as_ref().map(sink_core::Origin::mark) else {
+                    continue;
+                };
+                let mark = Mark::parse(mark.as_bytes()).expect("a mark reads back");
+                if mark.stream != query.stream || mark.history != query.history {
+                    continue;
+                }
+                if mark.position < query.since {
+                    break;
+                }
+                tail.found.push(Found {
+                    position: mark.position,
+                    index: mark.index,
+                    at: Delivered::Kafka {
+                        partition: 0,
+                        offset: offset as i64,
+                    },
+                });
+            }
+            Ok(tail)
+        })
     }
 }
 

@@ -6,6 +6,7 @@ mod exactly_once;
 pub(in crate::relay) mod fakes;
 mod no_loss;
 mod quarantine;
+mod restart;
 mod schema_registry;
 
 use std::future::Future;
@@ -40,6 +41,7 @@ pub(in crate::relay) fn config(dead_letters: DeadLetters) -> RelayConfig {
         status_interval: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(30),
         exactly_once: None,
+        skip_delivered: None,
         spans: None,
         audit: None,
         receipts: None,

@@ -158,6 +158,7 @@ pub(super) fn config(dead_letters: DeadLetters, exactly_once: Option<ExactlyOnce
     RelayConfig {
         stream: std::sync::Arc::from("walbox"),
         exactly_once,
+        skip_delivered: None,
         save_positions: false,
         ..crate::relay::tests::config(dead_letters)
     }

@@ -1,0 +1,192 @@
+//! What a broker already holds of a stream's records: how a restart finds
+//! the events a crashed process delivered but never confirmed, so that it
+//! does not send them again.
+//!
+//! Every record walbox publishes to a broker that can be read back carries
+//! its [`Origin`] in the header [`ORIGIN_HEADER`] ([`Origin::mark`]): the
+//! stream (the slot), the server history it was read on, the commit
+//! position of its transaction and its index there. At a start, the relay
+//! asks a [`TailReader`] what a topic holds of its stream from the end
+//! back to a record of the stream older than the slot's confirmed position
+//! ([`TailQuery`]); the events it finds ([`Tail::found`]) are delivered,
+//! exactly those, and are not sent again. Nothing is inferred from a later
+//! record: an event refused for good is absent while later ones are there.
+//!
+//! A capability of its own, like [`crate::Transactional`]: only a broker
+//! that keeps its records in order and lets them be read implements it
+//! (Kafka).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::{Delivered, Origin};
+
+/// The header that carries a record's [`Origin::mark`].
+pub const ORIGIN_HEADER: &str = "walbox.origin";
+
+/// A server history's identity in a mark: FNV-1a (64 bits) of its text
+/// (system identifier and timeline). Stable across processes and builds.
+pub fn history_id(history: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in history.bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// A mark read back from a record's [`ORIGIN_HEADER`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark<'a> {
+    /// The stream (slot) it came from.
+    pub stream: &'a str,
+    /// The server history it was read on ([`history_id`]).
+    pub history: u64,
+    /// Its transaction's commit position.
+    pub position: u64,
+    /// Its index in that transaction.
+    pub index: u64,
+}
+
+impl<'a> Mark<'a> {
+    /// Parses `<stream>/<X>/<Y>/<index>@<history as 16 hex digits>`;
+    /// `None` for anything else (another producer's header, a damaged one).
+    /// Never panics.
+    pub fn parse(value: &'a [u8]) -> Option<Mark<'a>> {
+        let text = std::str::from_utf8(value).ok()?;
+        let (origin, history) = text.rsplit_once('@')?;
+        if history.len() != 16 {
+            return None;
+        }
+        let history = u64::from_str_radix(history, 16).ok()?;
+        let mut parts = origin.rsplitn(4, '/');
+        let index = parts.next()?.parse::<u64>().ok()?;
+        let low = parts.next()?;
+        let high = parts.next()?;
+        let stream = parts.next()?;
+        let hex = |s: &str| {
+            (!s.is_empty() && s.len() <= 8)
+                .then(|| u32::from_str_radix(s, 16).ok())
+                .flatten()
+        };
+        let position = (u64::from(hex(high)?) << 32) | u64::from(hex(low)?);
+        Some(Mark {
+            stream,
+            history,
+            position,
+            index,
+        })
+    }
+}
+
+impl Origin {
+    /// The header value that says where a record came from:
+    /// [`Origin::id`], `@`, and the history as 16 hexadecimal digits, e.g.
+    /// `walbox/0/16B3748/2@9f3c2a1b4d5e6f70`.
+    pub fn mark(&self) -> String {
+        format!("{}@{:016x}", self.id(), self.history)
+    }
+}
+
+/// What to look for in a topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TailQuery {
+    /// The stream whose records count.
+    pub stream: String,
+    /// On this history only ([`history_id`]): never skip across histories.
+    pub history: u64,
+    /// The slot's confirmed position: a record of the stream whose
+    /// position is below it ends the look-back of its partition (what
+    /// precedes it was confirmed).
+    pub since: u64,
+    /// Records read back per partition at most: past it, the partition's
+    /// older records are not looked at (their events are sent again).
+    pub look_back: u64,
+}
+
+/// One event found delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// Its transaction's commit position.
+    pub position: u64,
+    /// Its index there.
+    pub index: u64,
+    /// Where it is.
+    pub at: Delivered,
+}
+
+/// What a topic holds of a stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tail {
+    /// The stream's events at or past `since`, each once.
+    pub found: Vec<Found>,
+    /// The topic's partitions (0 when the broker does not know it).
+    pub partitions: u32,
+    /// Records read.
+    pub read: u64,
+    /// Partitions whose look-back ended before a record of the stream
+    /// older than `since`: events there before what was read are sent again
+    /// if they come up.
+    pub cut_short: Vec<i32>,
+}
+
+/// A broker whose topics can be read back from their end.
+pub trait TailReader {
+    /// Reads `topic` back (see the module docs).
+    fn read_tail<'a>(
+        &'a self,
+        topic: &'a str,
+        query: &'a TailQuery,
+    ) -> Pin<Box<dyn Future<Output = Result<Tail, String>> + 'a>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_mark_reads_back_as_written() {
+        let o = Origin {
+            stream: Arc::from("walbox/shard-1"),
+            history: history_id("system 7 timeline 1"),
+            position: 0x1_0000_00AB,
+            index: 3,
+        };
+        let mark = o.mark();
+        assert!(mark.starts_with("walbox/shard-1/1/AB/3@"), "{mark}");
+        let back = Mark::parse(mark.as_bytes()).unwrap();
+        assert_eq!(back.stream, "walbox/shard-1");
+        assert_eq!(back.history, o.history);
+        assert_eq!(back.position, o.position);
+        assert_eq!(back.index, 3);
+    }
+
+    #[test]
+    fn anything_else_is_no_mark() {
+        for bad in [
+            &b""[..],
+            b"@",
+            b"walbox/0/1/2",
+            b"walbox/0/1/2@123",
+            b"walbox/0/1/x@0000000000000001",
+            b"walbox/0/123456789/2@0000000000000001",
+            b"0/1/2@0000000000000001",
+            b"walbox/0//2@0000000000000001",
+            b"\xff\xfe@0000000000000001",
+            b"walbox/0/1/2@000000000000000g",
+        ] {
+            assert_eq!(Mark::parse(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn histories_differ_by_their_text() {
+        assert_ne!(
+            history_id("system 7 timeline 1"),
+            history_id("system 7 timeline 2")
+        );
+        assert_eq!(history_id(""), 0xcbf2_9ce4_8422_2325);
+    }
+}
