@@ -12,6 +12,7 @@ use walbox_test_harness::apache_kafka::KafkaCluster;
 use walbox_test_harness::kafka::{consume_n, consume_uncommitted_until_quiet, consume_until_quiet};
 use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::slot::{current_wal_lsn, wait_confirmed_at_least};
+use walbox_test_harness::wait::wait_for;
 
 use crate::support::*;
 
@@ -779,5 +780,87 @@ async fn a_transaction_the_broker_expires_is_written_again_once() {
         }
     );
     assert_eq!(duplicates, 0, "{first_log}\n{}", relay.log());
+    stop(&mut relay).await;
+}
+
+/// The records of `topic` on the broker: the sum of its partitions' high
+/// watermarks.
+fn records_on(kafka: &walbox_test_harness::kafka::TestKafka, topic: &str, partitions: i32) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = kafka.client_config().create().unwrap();
+    (0..partitions)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .sum()
+}
+
+/// At least once, at walbox's defaults (`skip_delivered` on), on Apache
+/// Kafka at its own defaults: 10,000 events in transactions of 1 to 50 over
+/// 100 keys with walbox killed with SIGKILL three times while they stream,
+/// then one transaction of 20,000 rows with walbox killed when about half
+/// of it is on the topic. A plain (`read_uncommitted`) consumer sees every
+/// event once: each restart read the topic back and sent only what was
+/// not there. Before `skip_delivered`, the same run left thousands of
+/// duplicates (the big transaction re-sent whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_least_once_leaves_no_duplicates_where_the_broker_kept_its_log() {
+    const STREAMED: usize = 10_000;
+    const BIG: usize = 20_000;
+    let kafka_cluster = kafka_cluster(1);
+    let kafka = kafka_cluster.kafka();
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    let topic = kafka.create_topic(3).await;
+    let flags = ["--mapping-topic-template", topic.as_str()];
+
+    let writer = spawn_writer(
+        db.connect().await,
+        40,
+        STREAMED / 40,
+        Duration::from_millis(100),
+        |chunk, k| 1 + (chunk * 7 + k * 13) % 50,
+        100,
+    );
+    kill_9_while_streaming(&db, &kafka, &flags, 3).await;
+    writer.await.unwrap();
+    // Everything so far delivered and confirmed, then the big transaction.
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let before = tokio::task::block_in_place(|| records_on(&kafka, &topic, 3));
+    insert_events(&client, STREAMED, STREAMED + BIG, |_| BIG, 100).await;
+    wait_for(
+        "half the big transaction on the topic",
+        Duration::from_secs(60),
+        || {
+            let on = tokio::task::block_in_place(|| records_on(&kafka, &topic, 3)) - before;
+            async move {
+                if on >= (BIG / 2) as i64 {
+                    Ok(())
+                } else {
+                    Err(format!("{on} of it"))
+                }
+            }
+        },
+    )
+    .await;
+    signal(&relay, "-KILL");
+    wait_exit(&mut relay).await;
+    let killed_at = tokio::task::block_in_place(|| records_on(&kafka, &topic, 3)) - before;
+
+    let mut relay = spawn_run(&db, &kafka, &flags);
+    let duplicates = expect_all_logged(&kafka, &topic, STREAMED + BIG, &relay).await;
+    let head = current_wal_lsn(&client).await;
+    wait_confirmed_at_least(&client, "walbox", head, Duration::from_secs(60)).await;
+    let log = relay.log();
+    eprintln!(
+        "{} events, 4 kill -9s ({killed_at} of the {BIG}-row transaction on the topic at the last): {duplicates} duplicates for a plain consumer",
+        STREAMED + BIG
+    );
+    assert!(log.contains("read the topic back"), "{log}");
+    assert_eq!(duplicates, 0, "{log}");
     stop(&mut relay).await;
 }
