@@ -12,6 +12,7 @@ use sink_kafka::{
 };
 use walbox_test_harness::kafka::{consume_n, consume_until_quiet, headers_of, TestKafka};
 
+mod tail;
 mod transactions;
 
 /// Sends every record, collecting reports as they come (reports first, as a
