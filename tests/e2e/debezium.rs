@@ -193,7 +193,8 @@ const CONTEXT_HEADERS: &str = "__debezium.context.";
 
 /// What a record's headers are once the deliberate differences are set
 /// aside: Debezium's context headers, and the `event_type` header walbox
-/// adds (EventRouter only with `table.fields.additional.placement`).
+/// adds (EventRouter only with `table.fields.additional.placement`) and
+/// its `walbox.origin` (what a restart reads back).
 /// Checks that those differences are exactly that.
 fn comparable(theirs: &Seen, ours: &Seen) -> (Seen, Seen) {
     let mut t = theirs.clone();
@@ -212,6 +213,16 @@ fn comparable(theirs: &Seen, ours: &Seen) -> (Seen, Seen) {
         Some(Some(b"OrderCreated".to_vec()))
     );
     o.headers.retain(|(k, _)| k != "event_type");
+    let origin = o.headers.iter().position(|(k, _)| k == "walbox.origin");
+    let mark = origin
+        .and_then(|i| o.headers[i].1.clone())
+        .unwrap_or_default();
+    assert!(
+        sink_core::tail::Mark::parse(&mark).is_some(),
+        "walbox.origin: {:?}",
+        String::from_utf8_lossy(&mark)
+    );
+    o.headers.retain(|(k, _)| k != "walbox.origin");
     (t, o)
 }
 

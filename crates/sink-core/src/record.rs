@@ -57,6 +57,10 @@ pub struct Origin {
     pub position: u64,
     /// The event's index in that transaction.
     pub index: u64,
+    /// The transaction's commit time (µs since the Unix epoch; 0: none):
+    /// two histories that reuse a position (a restore on the same
+    /// timeline) differ here.
+    pub commit_time: i64,
 }
 
 impl Origin {
@@ -188,6 +192,7 @@ mod tests {
             history: 0,
             position: 0x1_0000_00AB,
             index: 3,
+            commit_time: 0,
         };
         assert_eq!(o.id(), "walbox/1/AB/3");
     }

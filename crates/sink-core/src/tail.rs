@@ -46,19 +46,23 @@ pub struct Mark<'a> {
     pub position: u64,
     /// Its index in that transaction.
     pub index: u64,
+    /// Its transaction's commit time (µs since the Unix epoch).
+    pub commit_time: i64,
 }
 
 impl<'a> Mark<'a> {
-    /// Parses `<stream>/<X>/<Y>/<index>@<history as 16 hex digits>`;
-    /// `None` for anything else (another producer's header, a damaged one).
-    /// Never panics.
+    /// Parses `<stream>/<X>/<Y>/<index>@<history as 16 hex digits>.<commit
+    /// time as hex>`; `None` for anything else (another producer's header,
+    /// a damaged one). Never panics.
     pub fn parse(value: &'a [u8]) -> Option<Mark<'a>> {
         let text = std::str::from_utf8(value).ok()?;
-        let (origin, history) = text.rsplit_once('@')?;
-        if history.len() != 16 {
+        let (origin, when) = text.rsplit_once('@')?;
+        let (history, commit_time) = when.split_once('.')?;
+        if history.len() != 16 || commit_time.is_empty() || commit_time.len() > 16 {
             return None;
         }
         let history = u64::from_str_radix(history, 16).ok()?;
+        let commit_time = i64::try_from(u64::from_str_radix(commit_time, 16).ok()?).ok()?;
         let mut parts = origin.rsplitn(4, '/');
         let index = parts.next()?.parse::<u64>().ok()?;
         let low = parts.next()?;
@@ -75,16 +79,24 @@ impl<'a> Mark<'a> {
             history,
             position,
             index,
+            commit_time,
         })
     }
 }
 
 impl Origin {
     /// The header value that says where a record came from:
-    /// [`Origin::id`], `@`, and the history as 16 hexadecimal digits, e.g.
-    /// `walbox/0/16B3748/2@9f3c2a1b4d5e6f70`.
+    /// [`Origin::id`], `@`, the history as 16 hexadecimal digits, `.`, and
+    /// the commit time in hexadecimal µs, e.g.
+    /// `walbox/0/16B3748/2@9f3c2a1b4d5e6f70.63f1a2b3c4d5e`. A negative
+    /// commit time (none is before 1970) is written as 0.
     pub fn mark(&self) -> String {
-        format!("{}@{:016x}", self.id(), self.history)
+        format!(
+            "{}@{:016x}.{:x}",
+            self.id(),
+            self.history,
+            self.commit_time.max(0)
+        )
     }
 }
 
@@ -111,6 +123,9 @@ pub struct Found {
     pub position: u64,
     /// Its index there.
     pub index: u64,
+    /// Its transaction's commit time (µs since the Unix epoch): an event
+    /// counts as found only when its own is the same.
+    pub commit_time: i64,
     /// Where it is.
     pub at: Delivered,
 }
@@ -153,14 +168,17 @@ mod tests {
             history: history_id("system 7 timeline 1"),
             position: 0x1_0000_00AB,
             index: 3,
+            commit_time: 1_700_000_000_123_456,
         };
         let mark = o.mark();
         assert!(mark.starts_with("walbox/shard-1/1/AB/3@"), "{mark}");
+        assert!(mark.ends_with(".60a2418202240"), "{mark}");
         let back = Mark::parse(mark.as_bytes()).unwrap();
         assert_eq!(back.stream, "walbox/shard-1");
         assert_eq!(back.history, o.history);
         assert_eq!(back.position, o.position);
         assert_eq!(back.index, 3);
+        assert_eq!(back.commit_time, o.commit_time);
     }
 
     #[test]
@@ -169,13 +187,17 @@ mod tests {
             &b""[..],
             b"@",
             b"walbox/0/1/2",
-            b"walbox/0/1/2@123",
-            b"walbox/0/1/x@0000000000000001",
-            b"walbox/0/123456789/2@0000000000000001",
-            b"0/1/2@0000000000000001",
-            b"walbox/0//2@0000000000000001",
-            b"\xff\xfe@0000000000000001",
-            b"walbox/0/1/2@000000000000000g",
+            b"walbox/0/1/2@123.1",
+            b"walbox/0/1/2@0000000000000001",
+            b"walbox/0/1/2@0000000000000001.",
+            b"walbox/0/1/2@0000000000000001.ffffffffffffffff",
+            b"walbox/0/1/2@0000000000000001.11111111111111111",
+            b"walbox/0/1/x@0000000000000001.1",
+            b"walbox/0/123456789/2@0000000000000001.1",
+            b"0/1/2@0000000000000001.1",
+            b"walbox/0//2@0000000000000001.1",
+            b"\xff\xfe@0000000000000001.1",
+            b"walbox/0/1/2@000000000000000g.1",
         ] {
             assert_eq!(Mark::parse(bad), None, "{}", String::from_utf8_lossy(bad));
         }

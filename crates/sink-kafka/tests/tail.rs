@@ -30,6 +30,7 @@ fn marked(
         history,
         position,
         index,
+        commit_time: 1_700_000_000_000_000 + position as i64,
     })
 }
 

@@ -36,6 +36,7 @@ fn record(n: u64, subject: &str) -> Record<u64> {
         history: 0,
         position: 0x100 + n / 10,
         index: n % 10,
+        commit_time: 0,
     })
 }
 

@@ -159,6 +159,7 @@ mod tests {
             history: 0,
             position,
             index,
+            commit_time: 0,
         }
     }
 

@@ -427,6 +427,7 @@ where
                 history: 0,
                 position: 0x100 + (i / 100) as u64,
                 index: (i % 100) as u64,
+                commit_time: 0,
             });
             for (name, value) in headers(i) {
                 if name != "walbox.key" {

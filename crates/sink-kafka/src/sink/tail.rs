@@ -168,6 +168,7 @@ fn read_tail(
                                 tail.found.push(Found {
                                     position: mark.position,
                                     index: mark.index,
+                                    commit_time: mark.commit_time,
                                     at: Delivered::Kafka {
                                         partition: p,
                                         offset: m.offset(),

@@ -11,8 +11,10 @@
 //!   been sent before; the first record past it ends the look-up for the
 //!   session, and what was found is dropped.
 //! - **One history.** A record counts only when it was read on the same
-//!   server history ([`sink_core::tail::history_id`]): a restore to a new
-//!   history re-sends everything unconfirmed, never skips.
+//!   server history ([`sink_core::tail::history_id`]) and its transaction
+//!   has the same commit time: a restore to a new timeline, or one on the
+//!   same timeline that reuses WAL positions, re-sends everything
+//!   unconfirmed, never skips.
 //! - **What cannot be read** (an error, no right to read the topic) is
 //!   said once per topic, and its events are sent again: duplicates, never
 //!   loss.
@@ -42,8 +44,9 @@ pub(super) struct Resume {
     until: Lsn,
     /// Topics read back (or found unreadable) in this session.
     read: HashSet<Arc<str>>,
-    /// Events found, by commit position and index, until their turn.
-    found: HashMap<(u64, u64), Delivered>,
+    /// Events found, by commit position and index (with their commit
+    /// time), until their turn.
+    found: HashMap<(u64, u64), (i64, Delivered)>,
 }
 
 /// What a session's start decides about the look-up.
@@ -104,8 +107,12 @@ impl Core<'_> {
                 return Ok(Some((Arc::clone(&front.topic), resume.query.clone())));
             }
             let key = (token.commit_lsn.as_u64(), token.index);
-            let Some(at) = resume.found.remove(&key) else {
-                return Ok(None);
+            // The same place and commit time: the same event (a restore on
+            // the same timeline reuses places, never with the same times).
+            let commit_time = token.commit_time.as_unix_micros();
+            let at = match resume.found.remove(&key) {
+                Some((time, at)) if time == commit_time => at,
+                _ => return Ok(None),
             };
             let (_, token) = self
                 .outgoing
@@ -140,7 +147,9 @@ impl Core<'_> {
             Ok(tail) => {
                 let found = tail.found.len();
                 for f in tail.found {
-                    resume.found.insert((f.position, f.index), f.at);
+                    resume
+                        .found
+                        .insert((f.position, f.index), (f.commit_time, f.at));
                 }
                 self.effects.observe(Observation::TailRead {
                     topic,

@@ -338,7 +338,22 @@ impl Server {
     /// A whole transaction committing at `final_lsn` (ending 10 later) with
     /// one event per `(id, aggregate id)`, at `final_lsn - 80`, `- 70`, …
     pub(super) fn transaction(&self, final_lsn: u64, events: &[(&str, Option<&str>)]) {
-        self.send(begin(final_lsn));
+        self.transaction_at(final_lsn, final_lsn as i64, events);
+    }
+
+    /// [`Server::transaction`] committed `pg_micros` after the Postgres
+    /// epoch.
+    pub(super) fn transaction_at(
+        &self,
+        final_lsn: u64,
+        pg_micros: i64,
+        events: &[(&str, Option<&str>)],
+    ) {
+        let time = PgTimestamp::from_pg_micros(pg_micros);
+        self.send(xlog(
+            final_lsn.saturating_sub(50),
+            frames::begin(Lsn::from(final_lsn), time, 1000),
+        ));
         for (i, (id, key)) in events.iter().enumerate() {
             self.send(insert(final_lsn - 80 + 10 * i as u64, id, *key, "{}"));
         }
@@ -835,6 +850,7 @@ impl TailReader for Broker {
                 tail.found.push(Found {
                     position: mark.position,
                     index: mark.index,
+                    commit_time: mark.commit_time,
                     at: Delivered::Kafka {
                         partition: 0,
                         offset: offset as i64,
