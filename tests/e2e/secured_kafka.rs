@@ -18,7 +18,7 @@ use walbox_test_harness::tls::{Certificates, CLIENT_KEY_PASSWORD};
 
 use crate::support::{
     exit_within, expect_all, init, insert_events, spawn_run_with, stop, wait_broker, wait_exit,
-    walbox,
+    wait_log, walbox,
 };
 
 /// A one-node Apache Kafka whose client listener is secured as `secured`
@@ -385,6 +385,7 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         ("reader", "r-secret"),
         ("nowrite", "n-secret"),
         ("nocreate", "c-secret"),
+        ("noread", "x-secret"),
     ];
     let broker = secured_broker(
         Secured {
@@ -428,6 +429,10 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
             cluster.allow(&format!("User:{user}"), "IdempotentWrite", &["--cluster"]);
         }
         cluster.allow("User:writer", "Write", &["--topic", &progress]);
+        // noread: may write, not read back.
+        for op in ["Write", "Describe"] {
+            cluster.allow("User:noread", op, &["--topic", &topic]);
+        }
     });
     let kafka = &broker.kafka;
     let db = fresh_db().await;
@@ -449,10 +454,28 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
     insert_events(&client, 0, 50, |_| 5, 5).await;
     assert_eq!(expect_all(kafka, &topic, 50).await, 0);
     stop(&mut relay).await;
+
+    // No Read: a start cannot look for what it may have delivered before
+    // (events written while walbox was down); it says so and sends them
+    // (skip_delivered's limit: duplicates, never loss).
+    insert_events(&client, 50, 60, |_| 5, 5).await;
+    let (command, flags) = run("noread", "x-secret", &[]);
+    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut relay = spawn_run_with(command, kafka, &flag_refs);
+    wait_log(&relay, "could not read the topic back").await;
+    let line = relay
+        .log()
+        .lines()
+        .find(|l| l.contains("could not read the topic back"))
+        .unwrap()
+        .to_owned();
+    assert!(line.contains("Describe and Read"), "{line}");
+    assert_eq!(expect_all(kafka, &topic, 60).await, 0);
+    stop(&mut relay).await;
     let confirmed = walbox_test_harness::slot::current_wal_lsn(&client).await;
 
     // No Write on the topic.
-    insert_events(&client, 50, 60, |_| 5, 5).await;
+    insert_events(&client, 60, 70, |_| 5, 5).await;
     let mut refusals = Vec::new();
     for (user, password, extra, needle) in [
         ("reader", "r-secret", &[][..], "Write and Describe on topic"),

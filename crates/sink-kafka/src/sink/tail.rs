@@ -187,6 +187,19 @@ fn read_tail(
                     if let Some((code, reason)) = consumer.client().fatal_error() {
                         return Err(format!("read {topic} back: {code:?}: {reason}"));
                     }
+                    // No retry grants a right: said at once, not after the
+                    // stall bound.
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::TopicAuthorizationFailed
+                                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                        )
+                    ) {
+                        return Err(format!(
+                            "read {topic} back: {e}; walbox's principal needs Describe and Read on it"
+                        ));
+                    }
                     tracing::debug!(error = %e, %topic, "reading a topic back: a transient error");
                 }
             }
