@@ -84,7 +84,32 @@ impl<'a> Mark<'a> {
     }
 }
 
+/// Room for a mark written by [`Origin::write_mark`]: a slot name of 63
+/// bytes (Postgres' limit) and the rest at their longest.
+pub const MARK_ROOM: usize = 160;
+
 impl Origin {
+    /// [`Origin::mark`] written into `room` without allocating (a record's
+    /// header on the hot path); `None` when it does not fit (a stream name
+    /// longer than a slot's).
+    pub fn write_mark<'r>(&self, room: &'r mut [u8; MARK_ROOM]) -> Option<&'r [u8]> {
+        use std::io::Write;
+        let mut rest = &mut room[..];
+        write!(
+            rest,
+            "{}/{:X}/{:X}/{}@{:016x}.{:x}",
+            self.stream,
+            self.position >> 32,
+            self.position & 0xFFFF_FFFF,
+            self.index,
+            self.history,
+            self.commit_time.max(0)
+        )
+        .ok()?;
+        let written = MARK_ROOM - rest.len();
+        Some(&room[..written])
+    }
+
     /// The header value that says where a record came from:
     /// [`Origin::id`], `@`, the history as 16 hexadecimal digits, `.`, and
     /// the commit time in hexadecimal µs, e.g.
@@ -173,6 +198,13 @@ mod tests {
         let mark = o.mark();
         assert!(mark.starts_with("walbox/shard-1/1/AB/3@"), "{mark}");
         assert!(mark.ends_with(".60a2418202240"), "{mark}");
+        let mut room = [0u8; MARK_ROOM];
+        assert_eq!(o.write_mark(&mut room), Some(mark.as_bytes()));
+        let long = Origin {
+            stream: Arc::from("s".repeat(200)),
+            ..o.clone()
+        };
+        assert_eq!(long.write_mark(&mut room), None, "does not fit");
         let back = Mark::parse(mark.as_bytes()).unwrap();
         assert_eq!(back.stream, "walbox/shard-1");
         assert_eq!(back.history, o.history);

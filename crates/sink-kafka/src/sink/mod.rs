@@ -34,7 +34,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
-use sink_core::tail::ORIGIN_HEADER;
+use sink_core::tail::{MARK_ROOM, ORIGIN_HEADER};
 use sink_core::{Admission, DeliveryErrorKind, Permit, Record, Report};
 use tokio::sync::{mpsc, Notify};
 
@@ -119,9 +119,9 @@ pub struct Reports<T: Send + Sync + 'static> {
 
 /// A startup check looks for a definite refusal this often.
 const BROKER_CHECK_SLICE: Duration = Duration::from_millis(500);
-/// What the origin header adds to a record, at most: its name, a slot
-/// name of 63 bytes and the rest of the mark.
-const MARK_SIZE: usize = ORIGIN_HEADER.len() + 63 + 48;
+/// What the origin header adds to a record, at most: its name and a mark
+/// with a slot name of 63 bytes.
+const MARK_SIZE: usize = ORIGIN_HEADER.len() + MARK_ROOM;
 /// Per-record overhead librdkafka counts against `message.max.bytes`.
 const RECORD_OVERHEAD: usize = 128;
 
@@ -342,11 +342,21 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 value: Some(h.value.as_ref()),
             });
         }
-        // Where it came from: what a restart reads back (see `tail.rs`).
+        // Where it came from: what a restart reads back (see `tail.rs`),
+        // written on the stack (the headers copy it).
         if let Some(origin) = &record.origin {
+            let mut room = [0u8; MARK_ROOM];
+            let long;
+            let mark = match origin.write_mark(&mut room) {
+                Some(mark) => mark,
+                None => {
+                    long = origin.mark();
+                    long.as_bytes()
+                }
+            };
             headers = headers.insert(Header {
                 key: ORIGIN_HEADER,
-                value: Some(origin.mark().as_bytes()),
+                value: Some(mark),
             });
         }
         let mut pending = Box::new(Pending {
