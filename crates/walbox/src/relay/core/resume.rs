@@ -32,6 +32,13 @@ use sink_core::Delivered;
 use tokio::time::Instant;
 
 use super::{Core, Mode, Observation};
+
+/// How long a session's reads may take together. The replication stream is
+/// not read meanwhile (nor answered: the walsender ends a connection silent
+/// for `wal_sender_timeout`, 60 s by default), so past it the topics not
+/// read yet are sent to without a look (duplicates, never loss), and the
+/// session cannot be ended by its own reads over and over.
+const READ_BUDGET_MICROS: u64 = 20_000_000;
 use crate::progress::Ack;
 use crate::relay::{Carries, RunError};
 
@@ -47,6 +54,8 @@ pub(super) struct Resume {
     /// Events found, by commit position and index (with their commit
     /// time), until their turn.
     found: HashMap<(u64, u64), (i64, Delivered)>,
+    /// Time the reads took so far.
+    spent_micros: u64,
 }
 
 /// What a session's start decides about the look-up.
@@ -73,6 +82,7 @@ impl Core<'_> {
                     until: start.server_wal,
                     read: HashSet::new(),
                     found: HashMap::new(),
+                    spent_micros: 0,
                 })
             }
             _ => None,
@@ -104,7 +114,18 @@ impl Core<'_> {
                 return Ok(None);
             }
             if !resume.read.contains(&front.topic) {
-                return Ok(Some((Arc::clone(&front.topic), resume.query.clone())));
+                if resume.spent_micros < READ_BUDGET_MICROS {
+                    return Ok(Some((Arc::clone(&front.topic), resume.query.clone())));
+                }
+                resume.read.insert(Arc::clone(&front.topic));
+                self.effects.observe(Observation::TailUnreadable {
+                    topic: Arc::clone(&front.topic),
+                    error: format!(
+                        "not read: this start's reads took {} s already",
+                        READ_BUDGET_MICROS / 1_000_000
+                    ),
+                });
+                return Ok(None);
             }
             let key = (token.commit_lsn.as_u64(), token.index);
             // The same place and commit time: the same event (a restore on
@@ -143,6 +164,7 @@ impl Core<'_> {
             return;
         };
         resume.read.insert(Arc::clone(&topic));
+        resume.spent_micros = resume.spent_micros.saturating_add(micros);
         match tail {
             Ok(tail) => {
                 let found = tail.found.len();

@@ -557,6 +557,8 @@ struct BrokerState {
     unresponsive: bool,
     /// Reading topics back fails (no right to read them).
     unreadable: bool,
+    /// How long reading a topic back takes.
+    read_delay: std::time::Duration,
     /// Topics read back so far.
     tail_reads: usize,
     commits: usize,
@@ -608,6 +610,7 @@ impl Broker {
                     failing_reads: 0,
                     unresponsive: false,
                     unreadable: false,
+                    read_delay: std::time::Duration::ZERO,
                     tail_reads: 0,
                     commits: 0,
                     aborts: 0,
@@ -806,6 +809,11 @@ impl Broker {
         self.state.lock().unwrap().unreadable = true;
     }
 
+    /// Reading a topic back takes `delay` from now on.
+    pub(super) fn set_read_delay(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().read_delay = delay;
+    }
+
     /// Topics read back so far.
     pub(super) fn tail_reads(&self) -> usize {
         self.state.lock().unwrap().tail_reads
@@ -821,6 +829,8 @@ impl TailReader for Broker {
         query: &'a TailQuery,
     ) -> Pin<Box<dyn Future<Output = Result<Tail, String>> + 'a>> {
         Box::pin(async move {
+            let delay = self.state.lock().unwrap().read_delay;
+            tokio::time::sleep(delay).await;
             let mut state = self.state.lock().unwrap();
             state.tail_reads += 1;
             if state.unreadable {
