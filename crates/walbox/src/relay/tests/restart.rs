@@ -2,7 +2,6 @@
 //! events were delivered but never confirmed reads the broker back and
 //! sends again exactly what is not there.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::fakes::{self, relation};
