@@ -77,6 +77,22 @@ impl Origin {
     }
 }
 
+impl Origin {
+    /// A deduplication id, for brokers that drop a re-sent message by one
+    /// (SQS FIFO, JetStream, a webhook's `Idempotency-Key`):
+    /// [`Origin::id`], then `.` and the commit time in hexadecimal µs when
+    /// there is one. The same on every re-send of an event; a server
+    /// restored on the same timeline reuses positions, and its new events
+    /// differ by their commit times, so none is dropped as a re-send.
+    pub fn dedup_id(&self) -> String {
+        if self.commit_time > 0 {
+            format!("{}.{:x}", self.id(), self.commit_time)
+        } else {
+            self.id()
+        }
+    }
+}
+
 impl Record<()> {
     /// The record carrying `token` (the inverse of [`Record::split_token`]).
     pub fn with_token<T>(self, token: T) -> Record<T> {
@@ -195,5 +211,11 @@ mod tests {
             commit_time: 0,
         };
         assert_eq!(o.id(), "walbox/1/AB/3");
+        assert_eq!(o.dedup_id(), "walbox/1/AB/3", "no commit time");
+        let timed = Origin {
+            commit_time: 0x10,
+            ..o
+        };
+        assert_eq!(timed.dedup_id(), "walbox/1/AB/3.10");
     }
 }

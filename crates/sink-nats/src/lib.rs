@@ -5,7 +5,7 @@
 //!   comes with the stream's ack (the stream and sequence it was stored
 //!   at). Acks are read in publish order, so reports come in order.
 //! - **Re-sends dropped by the stream.** Every message carries its place
-//!   in the source stream ([`sink_core::Origin::id`]) as `Nats-Msg-Id`:
+//!   in the source stream ([`sink_core::Origin::dedup_id`]) as `Nats-Msg-Id`:
 //!   within the stream's duplicate window (2 minutes by default) a re-sent
 //!   event is stored once, and its ack says `duplicate`.
 //! - **Refusals.** No stream taking the subject, a message over the
@@ -201,7 +201,7 @@ impl<T: Send + 'static> Publisher<T> {
             headers.insert(KEY_HEADER, text("key", KEY_HEADER, key)?.as_str());
         }
         if let Some(origin) = &record.origin {
-            headers.insert(MSG_ID_HEADER, origin.id().as_str());
+            headers.insert(MSG_ID_HEADER, origin.dedup_id().as_str());
         }
         let payload = record.value.clone().unwrap_or_default();
         // The server counts headers and payload against max_payload.

@@ -95,7 +95,7 @@ fn message(record: &Record<()>) -> Message {
         dedup: record
             .origin
             .as_ref()
-            .map_or_else(|| format!("{:x}", fnv(&record.value)), |o| o.id()),
+            .map_or_else(|| format!("{:x}", fnv(&record.value)), |o| o.dedup_id()),
         attributes,
     }
 }
@@ -184,8 +184,21 @@ mod tests {
         let later = message(&record(origin("walbox", 300, 0)));
         let other_shard = message(&record(origin("walbox_1", 200, 0)));
         let again = message(&record(origin("walbox", 200, 0)));
+        // A server restored on the same timeline reuses the position: its
+        // new event there committed at another time.
+        let restored = message(&record(Origin {
+            commit_time: 1_700_000_000_000_000,
+            ..origin("walbox", 200, 0)
+        }));
+        let longest = message(&record(Origin {
+            commit_time: i64::MAX,
+            position: u64::MAX,
+            index: u64::MAX,
+            ..origin(&"s".repeat(63), 0, 0)
+        }));
+        assert!(longest.dedup.len() <= 128, "{}", longest.dedup);
         assert_eq!(first.dedup, again.dedup);
-        for m in [&other_table, &later, &other_shard] {
+        for m in [&other_table, &later, &other_shard, &restored] {
             assert_ne!(first.dedup, m.dedup);
         }
         assert!(first.dedup.len() <= 128, "{}", first.dedup);

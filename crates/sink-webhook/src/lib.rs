@@ -247,7 +247,7 @@ impl Sender {
             }
         }
         if let Some(origin) = &record.origin {
-            request = request.header("idempotency-key", origin.id());
+            request = request.header("idempotency-key", origin.dedup_id());
         }
         for h in &record.headers {
             let name = format!("walbox-header-{}", h.name);

@@ -134,6 +134,16 @@ enum Carries {
 }
 
 impl Token {
+    /// Its transaction's commit time as a record's origin carries it (µs
+    /// since the Unix epoch); 0 for none (a backfilled row, a released one).
+    fn origin_time(&self) -> i64 {
+        if self.commit_time == PgTimestamp::default() {
+            0
+        } else {
+            self.commit_time.as_unix_micros()
+        }
+    }
+
     /// Why, when it is a dead-letter copy.
     fn dead_letter(&self) -> Option<DeadLetterKind> {
         match self.carries {

@@ -130,7 +130,7 @@ impl Core<'_> {
             let key = (token.commit_lsn.as_u64(), token.index);
             // The same place and commit time: the same event (a restore on
             // the same timeline reuses places, never with the same times).
-            let commit_time = token.commit_time.as_unix_micros();
+            let commit_time = token.origin_time();
             let at = match resume.found.remove(&key) {
                 Some((time, at)) if time == commit_time => at,
                 _ => return Ok(None),

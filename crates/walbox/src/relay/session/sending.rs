@@ -113,7 +113,7 @@ where
             history: self.core.history_id(),
             position: token.commit_lsn.as_u64(),
             index: token.index,
-            commit_time: token.commit_time.as_unix_micros(),
+            commit_time: token.origin_time(),
         });
         if send.begin_transaction {
             if let Err(e) = self.transactions().begin() {
