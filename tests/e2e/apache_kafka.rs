@@ -860,7 +860,12 @@ async fn kill_9_at_least_once_leaves_no_duplicates_where_the_broker_kept_its_log
         "{} events, 4 kill -9s ({killed_at} of the {BIG}-row transaction on the topic at the last): {duplicates} duplicates for a plain consumer",
         STREAMED + BIG
     );
-    assert!(log.contains("read the topic back"), "{log}");
+    // Killed before the whole transaction was on the topic, it cannot
+    // have been confirmed: the restart re-reads it, and looks first. (The
+    // kill may come late, the poll above being slower than walbox.)
+    if killed_at < BIG as i64 {
+        assert!(log.contains("read the topic back"), "{log}");
+    }
     assert_eq!(duplicates, 0, "{log}");
     stop(&mut relay).await;
 }
