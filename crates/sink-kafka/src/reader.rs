@@ -288,8 +288,8 @@ pub fn read_topics(
 /// The number of partitions of `topic`; `None` when the broker does not
 /// know it. Any other error (a leader election, an authorization refusal)
 /// is an error, never "no records".
-fn partitions_of(
-    client: &BaseConsumer<Quiet>,
+pub(crate) fn partitions_of<C: ConsumerContext>(
+    client: &BaseConsumer<C>,
     topic: &str,
     timeout: Duration,
 ) -> Result<Option<i32>, String> {

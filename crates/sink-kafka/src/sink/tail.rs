@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
-use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use sink_core::tail::{Found, Mark, Tail, TailQuery, TailReader, ORIGIN_HEADER};
 use sink_core::Delivered;
 
 use super::committed::ReaderContext;
 use super::Sink;
+use crate::reader::partitions_of;
 
 /// The first chunk read back per partition.
 const FIRST_CHUNK: i64 = 500;
@@ -100,7 +100,7 @@ fn read_tail(
         tokens.prime(consumer.client());
     }
     let mut tail = Tail::default();
-    let Some(count) = partitions_of(&consumer, topic)? else {
+    let Some(count) = partitions_of(&consumer, topic, REQUEST_TIMEOUT)? else {
         return Ok(tail);
     };
     tail.partitions = count as u32;
@@ -239,27 +239,4 @@ fn read_tail(
     }
     tail.cut_short.sort_unstable();
     Ok(tail)
-}
-
-/// The number of partitions of `topic`; `None` when the broker does not
-/// know it. Anything else (an authorization refusal, a leader election) is
-/// an error, never "nothing there".
-fn partitions_of(
-    consumer: &BaseConsumer<ReaderContext>,
-    topic: &str,
-) -> Result<Option<i32>, String> {
-    let md = consumer
-        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-        .map_err(|e| format!("read the metadata of topic {topic}: {e}"))?;
-    match md.topics().iter().find(|t| t.name() == topic) {
-        None => Ok(None),
-        Some(t) => match t.error() {
-            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
-            Some(e) => Err(format!(
-                "read the metadata of topic {topic}: {:?}",
-                RDKafkaErrorCode::from(e)
-            )),
-            None => Ok(Some(t.partitions().len() as i32)),
-        },
-    }
 }
