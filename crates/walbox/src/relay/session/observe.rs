@@ -62,7 +62,7 @@ pub(in crate::relay) fn observe(config: &RelayConfig, metrics: &Metrics, observa
         }
         Observation::TailUnreadable { topic, error } => {
             metrics.tail_reads_failed.inc();
-            tracing::warn!(%topic, %error, "could not read the topic back: the replayed events for it are sent again (duplicates, never loss); a consumer principal needs Describe and Read on it");
+            tracing::warn!(%topic, %error, "could not read the topic back: the replayed events for it are sent again (duplicates, never loss)");
         }
         Observation::HistoryChanged(change) => history_changed(metrics, change),
         Observation::SlotBehind { slot, delivered } => {
