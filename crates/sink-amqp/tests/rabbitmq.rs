@@ -188,10 +188,12 @@ async fn a_broker_killed_mid_stream_loses_nothing_and_keeps_first_arrivals_in_or
     got.extend(reports(&mut rx, TOTAL - 600).await);
     let sink = publisher.await.unwrap();
     assert!(sink.connections() >= 2, "it connected again");
-    assert!(
-        got.iter().all(|(_, r)| r.is_ok()),
-        "every message confirmed"
-    );
+    let failed: Vec<String> = got
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e:?}")))
+        .take(5)
+        .collect();
+    assert!(failed.is_empty(), "every message confirmed: {failed:?}");
     let mut confirmed: Vec<usize> = got.iter().map(|(n, _)| *n).collect();
     confirmed.sort_unstable();
     assert_eq!(confirmed, (0..TOTAL).collect::<Vec<_>>(), "one report each");
