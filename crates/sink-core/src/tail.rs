@@ -95,17 +95,7 @@ impl Origin {
     pub fn write_mark<'r>(&self, room: &'r mut [u8; MARK_ROOM]) -> Option<&'r [u8]> {
         use std::io::Write;
         let mut rest = &mut room[..];
-        write!(
-            rest,
-            "{}/{:X}/{:X}/{}@{:016x}.{:x}",
-            self.stream,
-            self.position >> 32,
-            self.position & 0xFFFF_FFFF,
-            self.index,
-            self.history,
-            self.commit_time.max(0)
-        )
-        .ok()?;
+        write!(rest, "{}", MarkText(self)).ok()?;
         let written = MARK_ROOM - rest.len();
         Some(&room[..written])
     }
@@ -116,11 +106,25 @@ impl Origin {
     /// `walbox/0/16B3748/2@9f3c2a1b4d5e6f70.63f1a2b3c4d5e`. A negative
     /// commit time (none is before 1970) is written as 0.
     pub fn mark(&self) -> String {
-        format!(
-            "{}@{:016x}.{:x}",
-            self.id(),
-            self.history,
-            self.commit_time.max(0)
+        MarkText(self).to_string()
+    }
+}
+
+/// An origin's mark, as text: the one place its format is written.
+struct MarkText<'a>(&'a Origin);
+
+impl std::fmt::Display for MarkText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let o = self.0;
+        write!(
+            f,
+            "{}/{:X}/{:X}/{}@{:016x}.{:x}",
+            o.stream,
+            o.position >> 32,
+            o.position & 0xFFFF_FFFF,
+            o.index,
+            o.history,
+            o.commit_time.max(0)
         )
     }
 }
