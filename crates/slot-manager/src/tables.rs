@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient, IsolationLevel};
 
 use crate::error::Error;
 use crate::sql::{quote_ident, ParseTableNameError, TableName};
@@ -78,7 +78,7 @@ impl OutboxTables {
 
     /// The existing tables that match (ordinary and partitioned tables, not
     /// partitions), sorted. A table named without a pattern must exist.
-    pub async fn resolve(&self, client: &Client) -> Result<Vec<TableName>, Error> {
+    pub async fn resolve(&self, client: &impl GenericClient) -> Result<Vec<TableName>, Error> {
         let (schemas, names): (Vec<String>, Vec<String>) = self
             .entries
             .iter()
@@ -112,7 +112,7 @@ impl OutboxTables {
     /// The tables `publication` publishes that match, sorted.
     pub async fn published(
         &self,
-        client: &Client,
+        client: &impl GenericClient,
         publication: &str,
     ) -> Result<Vec<TableName>, Error> {
         let rows = client
@@ -128,6 +128,34 @@ impl OutboxTables {
             .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
             .filter(|t| self.matches(t.schema(), t.name()))
             .collect())
+    }
+}
+
+impl OutboxTables {
+    /// The matching tables ([`Self::resolve`]) and those `publication`
+    /// publishes ([`Self::published`]), read in one snapshot: a transaction
+    /// that renames a table and publishes it commits for both or neither
+    /// (two statements apart could see the new name without the
+    /// membership, and take a freshly published table for a gap).
+    pub async fn resolve_with_published(
+        &self,
+        client: &mut Client,
+        publication: &str,
+    ) -> Result<(Vec<TableName>, Vec<TableName>), Error> {
+        let snapshot = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(Error::sql("open a snapshot of the catalog"))?;
+        let found = self.resolve(&snapshot).await?;
+        let published = self.published(&snapshot, publication).await?;
+        snapshot
+            .commit()
+            .await
+            .map_err(Error::sql("close the snapshot of the catalog"))?;
+        Ok((found, published))
     }
 }
 

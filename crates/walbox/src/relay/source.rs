@@ -319,8 +319,9 @@ impl PostgresStream {
     /// one that left the publication while it exists is drift.
     async fn coverage_of_several(&mut self) -> Result<Coverage, SourceError> {
         let outbox = self.tables.clone().expect("several tables");
-        let published = outbox.published(&self.control, &self.publication).await?;
-        let found = outbox.resolve(&self.control).await?;
+        let (found, published) = outbox
+            .resolve_with_published(&mut self.control, &self.publication)
+            .await?;
         let p = quote_ident(&self.publication);
         let mut picked = Vec::new();
         let mut gap = None;
