@@ -31,6 +31,7 @@
 mod config;
 mod destination;
 mod error;
+pub mod inspect;
 pub mod msk_iam;
 mod problem;
 mod reader;

@@ -312,9 +312,9 @@ pub(crate) fn partitions_of<C: ConsumerContext>(
 /// The reading consumer's context: the end of a partition is what it reads
 /// for; other client errors are logged at debug, scrubbed (the read itself
 /// reports what stops it).
-struct Quiet {
-    secrets: Arc<[String]>,
-    tokens: Option<Arc<crate::msk_iam::Tokens>>,
+pub(crate) struct Quiet {
+    pub(crate) secrets: Arc<[String]>,
+    pub(crate) tokens: Option<Arc<crate::msk_iam::Tokens>>,
 }
 
 impl rdkafka::ClientContext for Quiet {

@@ -14,6 +14,7 @@ pub mod commands;
 pub mod config;
 pub mod continuous_audit;
 pub mod dead_letter;
+pub mod doctor;
 pub mod error_text;
 pub mod event_source;
 pub mod exactly_once;

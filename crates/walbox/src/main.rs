@@ -71,6 +71,17 @@ enum Command {
     /// settings (secrets redacted) with where each came from. Exits 2 on any
     /// configuration error.
     Config(commands::config::ConfigArgs),
+    /// Checks a deployment end to end with run's configuration before it
+    /// goes live: Postgres (wal_level, slot and walsender headroom,
+    /// max_slot_wal_keep_size, the role's rights, the publication covering
+    /// exactly the outbox, each table against its mapping, the slot and a
+    /// failover slot's standby), Kafka (topics, replication,
+    /// min.insync.replicas, cleanup.policy, max.message.bytes against the
+    /// largest payload, the principal's rights, read without writing), the
+    /// metrics port and certificates' expiry. One line per check: pass,
+    /// info, WARN, UNCHECKED or FAIL, what it saw and the fix. Exit status:
+    /// 0 all pass, 1 a warning, 2 a failure, 3 a check could not be made.
+    Doctor(commands::doctor::DoctorArgs),
 }
 
 async fn dispatch(command: Command) -> Result<(), CliError> {
@@ -84,6 +95,7 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
         Command::Quarantine(args) => commands::quarantine::run(args).await,
         Command::Audit(args) => commands::audit::run(args).await,
         Command::Config(args) => commands::config::run(args),
+        Command::Doctor(args) => commands::doctor::run(args).await,
     }
 }
 

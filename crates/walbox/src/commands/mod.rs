@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod doctor;
 pub mod drop_slot;
 pub mod init_slot;
 pub mod migrate;
@@ -80,6 +81,15 @@ pub enum CliError {
         /// How long it waited.
         secs: u64,
     },
+    /// `walbox doctor` found problems (or could not check): its exit
+    /// status is the worst verdict's.
+    #[error("doctor: {summary}")]
+    Doctor {
+        /// 1 a warning, 2 a failure, 3 a check not made.
+        status: u8,
+        /// The count of each verdict.
+        summary: String,
+    },
     /// The metrics address cannot be bound.
     #[error("cannot serve metrics on {0}")]
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
@@ -92,6 +102,7 @@ impl CliError {
         match self {
             CliError::Config(_) => ExitCode::from(2),
             CliError::Audit(_) => ExitCode::from(3),
+            CliError::Doctor { status, .. } => ExitCode::from(*status),
             _ => ExitCode::FAILURE,
         }
     }
