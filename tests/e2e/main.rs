@@ -9,6 +9,7 @@ mod bad_inputs;
 mod claim_check;
 mod config;
 mod debezium;
+mod doctor;
 mod drift;
 mod exactly_once;
 mod failover;

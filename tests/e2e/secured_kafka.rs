@@ -447,6 +447,107 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
         (command, flags)
     };
 
+    // walbox doctor sees each principal's rights as the broker evaluates
+    // them, writing nothing: the refusals below, found before any run.
+    let doctor = |user: &str, password: &str, extra: &[&str]| {
+        let (mut command, flags) = run(user, password, extra);
+        let out = command
+            .args(["doctor", "--json", "--kafka-brokers", &kafka.bootstrap()])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stdout.contains(password) && !stderr.contains(password));
+        let json: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{user}: no JSON ({e}): {stdout}{stderr}"));
+        let found: Vec<(String, String, String)> = json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().starts_with("kafka."))
+            .map(|c| {
+                let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                (
+                    s("check"),
+                    s("verdict"),
+                    format!("{} — {}", s("saw"), s("fix")),
+                )
+            })
+            .collect();
+        found
+    };
+    let verdicts = |found: &[(String, String, String)], check: &str| -> Vec<String> {
+        found
+            .iter()
+            .filter(|c| c.0 == check)
+            .map(|c| c.1.clone())
+            .collect()
+    };
+    let said = |found: &[(String, String, String)], check: &str| -> String {
+        found
+            .iter()
+            .filter(|c| c.0 == check)
+            .map(|c| c.2.clone())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let writer = tokio::task::block_in_place(|| doctor("writer", "w-secret", &[]));
+    assert_eq!(verdicts(&writer, "kafka.connect"), ["pass"], "{writer:?}");
+    assert_eq!(verdicts(&writer, "kafka.idempotent_write"), ["pass"]);
+    assert_eq!(verdicts(&writer, "kafka.topic.rights"), ["pass"]);
+    let reader = tokio::task::block_in_place(|| doctor("reader", "r-secret", &[]));
+    assert_eq!(verdicts(&reader, "kafka.topic.rights"), ["fail"]);
+    let reader_said = said(&reader, "kafka.topic.rights");
+    assert!(reader_said.contains("lacks Write"), "{reader_said}");
+    assert!(
+        reader_said.contains(&format!("--operation Write --topic {topic}")),
+        "{reader_said}"
+    );
+    let nowrite = tokio::task::block_in_place(|| doctor("nowrite", "n-secret", &[]));
+    assert_eq!(
+        verdicts(&nowrite, "kafka.idempotent_write"),
+        ["fail"],
+        "{nowrite:?}"
+    );
+    let noread = tokio::task::block_in_place(|| doctor("noread", "x-secret", &[]));
+    assert_eq!(
+        verdicts(&noread, "kafka.topic.rights"),
+        ["warn"],
+        "{noread:?}"
+    );
+    assert!(said(&noread, "kafka.topic.rights").contains("may not Read"));
+    let nocreate = tokio::task::block_in_place(|| {
+        doctor("nocreate", "c-secret", &["--topics-create", "true"])
+    });
+    assert_eq!(verdicts(&nocreate, "kafka.topic"), ["warn"], "{nocreate:?}");
+    assert!(said(&nocreate, "kafka.topic").contains("--operation Create"));
+    let eos = tokio::task::block_in_place(|| {
+        doctor(
+            "writer",
+            "w-secret",
+            &[
+                "--delivery",
+                "exactly-once",
+                "--transactions-progress-topic",
+                progress.as_str(),
+            ],
+        )
+    });
+    assert_eq!(
+        verdicts(&eos, "kafka.topic.rights"),
+        ["pass", "pass"],
+        "{eos:?}"
+    );
+    // No DescribeConfigs right: the settings are not checked, and said so.
+    assert_eq!(
+        verdicts(&eos, "kafka.topic.settings"),
+        ["unchecked", "unchecked"],
+        "{eos:?}"
+    );
+    assert!(said(&eos, "kafka.topic.settings").contains("DescribeConfigs"));
+    assert_eq!(verdicts(&eos, "kafka.transactional_id"), ["info"]);
+
     // Allowed: every event.
     let (command, flags) = run("writer", "w-secret", &[]);
     let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();

@@ -125,6 +125,10 @@ pub async fn inspect(
         shape.settings = match admin.describe_configs(&resource, &options).await {
             Err(e) => Err(redact_values(&e.to_string(), &secrets)),
             Ok(results) => match results.into_iter().next() {
+                // A principal without DescribeConfigs gets an empty answer.
+                Some(Ok(resource)) if resource.entries.is_empty() => {
+                    Err("no setting returned: DescribeConfigs refused?".into())
+                }
                 Some(Ok(resource)) => Ok(resource
                     .entries
                     .into_iter()

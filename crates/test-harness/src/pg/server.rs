@@ -330,6 +330,15 @@ impl PgServer {
         Self::builder().start()
     }
 
+    /// Changes a setting (`-c name=value`) for the next [`PgServer::start`]:
+    /// settings given on the command line win over `ALTER SYSTEM`, so a test
+    /// that fixes a server setting stops the server, sets it here and starts
+    /// it again.
+    pub fn set_setting(&mut self, name: &str, value: &str) {
+        self.settings.retain(|(k, _)| k != name);
+        self.settings.push((name.to_owned(), value.to_owned()));
+    }
+
     /// The TCP port the server listens on (on 127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port

@@ -98,15 +98,20 @@ fn allows(allowed: &[String], op: &str) -> bool {
     })
 }
 
+/// The principal's operations on the cluster, when visible: Kafka lists
+/// them only to a principal with Describe on the cluster (an empty list
+/// otherwise), and brokers before 2.3 not at all.
+fn cluster_rights(cluster: &Cluster) -> Option<&[String]> {
+    cluster
+        .allowed
+        .as_deref()
+        .filter(|allowed| !allowed.is_empty())
+}
+
 fn idempotence(cluster: &Cluster, topics: &[Topic], wanted: &[Wanted]) -> Finding {
     let check = "kafka.idempotent_write";
-    let Some(allowed) = &cluster.allowed else {
-        return Finding::info(
-            check,
-            "the brokers did not say which cluster operations the principal may perform",
-        );
-    };
-    if allows(allowed, "IdempotentWrite") {
+    let visible = cluster_rights(cluster);
+    if visible.is_some_and(|a| allows(a, "IdempotentWrite")) {
         return Finding::pass(check, "the principal has IdempotentWrite on the cluster");
     }
     // Kafka 2.8+ (KIP-679): Write on any topic is enough to take a
@@ -124,7 +129,13 @@ fn idempotence(cluster: &Cluster, topics: &[Topic], wanted: &[Wanted]) -> Findin
         ),
         false => Finding::fail(
             check,
-            "the principal has neither IdempotentWrite on the cluster nor Write on a topic: the idempotent producer cannot start",
+            format!(
+                "the principal may Write none of the topics, and {}: the idempotent producer cannot start",
+                match visible {
+                    Some(_) => "has no IdempotentWrite on the cluster",
+                    None => "its rights on the cluster are not visible (Describe on the cluster shows them)",
+                }
+            ),
             "kafka-acls.sh --add --allow-principal User:<walbox> --operation IdempotentWrite --cluster",
         ),
     }
@@ -144,10 +155,16 @@ fn topic_findings(cluster: &Cluster, topic: &Topic, w: &Wanted, e: &Expected) ->
                 "kafka-topics.sh --create --topic {name} --partitions <N> --replication-factor 3 --config min.insync.replicas=2{}",
                 if w.role == Role::Progress { " --config cleanup.policy=compact" } else { "" }
             );
+            let may_create = cluster_rights(cluster).is_some_and(|a| allows(a, "Create"));
             return vec![match (e.creates_topics, cluster.auto_create_topics) {
-                (true, _) => Finding::pass(
+                (true, _) if may_create => Finding::pass(
                     "kafka.topic",
                     format!("{role} topic {name} does not exist; walbox creates it (topics.create)"),
+                ),
+                (true, _) => Finding::warn(
+                    "kafka.topic",
+                    format!("{role} topic {name} does not exist; walbox creates it (topics.create), which needs Create on the topic or the cluster: the principal has no Create on the cluster that doctor can see, and a right on the topic itself cannot be seen before it exists"),
+                    format!("kafka-acls.sh --add --allow-principal User:<walbox> --operation Create --topic {name}, or create it: {create}"),
                 ),
                 (false, Some(true)) => Finding::warn(
                     "kafka.topic",
@@ -184,6 +201,12 @@ fn topic_findings(cluster: &Cluster, topic: &Topic, w: &Wanted, e: &Expected) ->
             shape.replication_factor
         ),
     )];
+    if let Err(why) = &shape.settings {
+        out.push(Finding::unchecked(
+            "kafka.topic.settings",
+            format!("topic {name}: its settings (min.insync.replicas, cleanup.policy, max.message.bytes) are not readable ({why}); grant DescribeConfigs on it to the principal doctor runs as"),
+        ));
+    }
     out.push(replication(name, shape));
     if let Some(f) = cleanup(name, shape, w.role) {
         out.push(f);
@@ -222,10 +245,8 @@ fn replication(name: &str, shape: &TopicShape) -> Finding {
             format!("topic {name}: min.insync.replicas = {m}: a write acknowledged by one replica is lost with that broker"),
             fix_isr,
         ),
-        None => Finding::info(
-            check,
-            format!("topic {name}: replication factor {rf}; min.insync.replicas not readable ({})", shape.settings.as_ref().err().map_or("not set", String::as_str)),
-        ),
+        // Unreadable: said once, as kafka.topic.settings.
+        None => Finding::pass(check, format!("topic {name}: replication factor {rf}")),
         Some(m) => Finding::pass(
             check,
             format!("topic {name}: replication factor {rf}, min.insync.replicas = {m}"),
@@ -495,17 +516,15 @@ mod tests {
         let wanted = [events("t", None)];
         let mut c = cluster(&["IDEMPOTENT_WRITE"]);
         let v = |c: &Cluster, e: &Expected| verdicts(&judge(c, &topics, &wanted, e), "kafka.topic");
+        let creates = Expected {
+            creates_topics: true,
+            ..Expected::default()
+        };
         assert_eq!(v(&c, &Expected::default()), [Verdict::Fail]);
-        assert_eq!(
-            v(
-                &c,
-                &Expected {
-                    creates_topics: true,
-                    ..Expected::default()
-                }
-            ),
-            [Verdict::Pass]
-        );
+        // walbox creates it, without Create on the cluster: maybe not.
+        assert_eq!(v(&c, &creates), [Verdict::Warn]);
+        let with_create = cluster(&["IDEMPOTENT_WRITE", "CREATE"]);
+        assert_eq!(v(&with_create, &creates), [Verdict::Pass]);
         c.auto_create_topics = Some(true);
         assert_eq!(v(&c, &Expected::default()), [Verdict::Warn]);
     }
