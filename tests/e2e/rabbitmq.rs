@@ -653,3 +653,83 @@ async fn the_audit_reads_the_audit_stream_and_counts_what_pika_counts() {
     assert!(seen_twice > 0, "the kill -9 left copies to count");
     eprintln!("audit on RabbitMQ: {seen_twice} duplicates after a kill -9, as pika counted");
 }
+
+/// `walbox doctor` with `sink = "rabbitmq"`: the exchange is looked up
+/// passively — missing and declared by `run` (info), missing and not
+/// (fail, with the declaration), there (pass) — and doctor itself never
+/// declares it; a wrong password fails in one line without showing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_looks_the_exchange_up_without_declaring_it() {
+    let broker = RabbitMq::start();
+    let url = broker.url();
+    let db = fresh_db().await;
+    init(&db).await;
+    let exchange = walbox_test_harness::unique_name("doctor");
+    let doctor = |url: &str, declare: &str| {
+        let out = walbox(&db, &["doctor", "--json"])
+            .args(["--sink", "rabbitmq", "--rabbitmq-url", url])
+            .args(["--rabbitmq-exchange", &exchange])
+            .args(["--rabbitmq-declare-exchange", declare])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let json: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}"));
+        let found: Vec<(String, String, String)> = json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().starts_with("rabbitmq."))
+            .map(|c| {
+                let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                (
+                    s("check"),
+                    s("verdict"),
+                    format!("{} — {}", s("saw"), s("fix")),
+                )
+            })
+            .collect();
+        (found, stdout)
+    };
+    let verdict = |found: &[(String, String, String)], check: &str| {
+        found
+            .iter()
+            .find(|c| c.0 == check)
+            .map(|c| c.1.clone())
+            .unwrap_or_default()
+    };
+    let (missing_declared, _) = tokio::task::block_in_place(|| doctor(&url, "true"));
+    assert_eq!(verdict(&missing_declared, "rabbitmq.connect"), "pass");
+    assert_eq!(
+        verdict(&missing_declared, "rabbitmq.exchange"),
+        "info",
+        "{missing_declared:?}"
+    );
+    // Doctor did not declare it.
+    let (missing, _) = tokio::task::block_in_place(|| doctor(&url, "false"));
+    assert_eq!(
+        verdict(&missing, "rabbitmq.exchange"),
+        "fail",
+        "{missing:?}"
+    );
+    assert!(
+        missing[1].2.contains("rabbitmqadmin declare exchange"),
+        "{missing:?}"
+    );
+    // walbox run declares it; doctor then finds it.
+    let mut relay = spawn_logged({
+        let mut c = walbox(&db, &["run"]);
+        c.args(["--sink", "rabbitmq", "--rabbitmq-url", &url])
+            .args(["--rabbitmq-exchange", &exchange]);
+        c
+    });
+    wait_log(&relay, "connected to RabbitMQ").await;
+    stop(&mut relay).await;
+    let (there, _) = tokio::task::block_in_place(|| doctor(&url, "false"));
+    assert_eq!(verdict(&there, "rabbitmq.exchange"), "pass", "{there:?}");
+    let wrong = url.replacen("guest:guest", "guest:not-the-password", 1);
+    assert_ne!(wrong, url, "the harness URL carries guest:guest");
+    let (refused, stdout) = tokio::task::block_in_place(|| doctor(&wrong, "false"));
+    assert_eq!(verdict(&refused, "rabbitmq.connect"), "fail", "{refused:?}");
+    assert!(!stdout.contains("not-the-password"), "{stdout}");
+}

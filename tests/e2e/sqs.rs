@@ -541,3 +541,75 @@ async fn oversized_events_are_held_in_their_group_fixed_with_sql_and_released_in
         .all(|g| g.body.contains("\"fixed\": true")));
     stop(&mut relay).await;
 }
+
+/// `walbox doctor` with `sink = "sqs"`: a standard queue is a warning, a
+/// payload in the outbox over the queue's MaximumMessageSize a failure,
+/// both said with the fix; a FIFO queue with every payload fitting
+/// passes; a queue that is not there fails; the secret key in no output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reads_the_queue_and_weighs_the_largest_payload() {
+    let sqs = ElasticMq::start();
+    let standard = create(&sqs, "doctor");
+    let fifo = create(&sqs, "doctor.fifo");
+    let db = fresh_db().await;
+    let client = init(&db).await;
+    insert_oversized(&client).await;
+    let endpoint = sqs.endpoint();
+    let doctor = |queue: &str| {
+        let out = walbox(&db, &["doctor", "--json", "--sink", "sqs"])
+            .args(["--sqs-queue-url", queue, "--sqs-endpoint", &endpoint])
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "walbox-secret-key")
+            .env("AWS_REGION", "us-east-1")
+            .env_remove("AWS_PROFILE")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stdout.contains("walbox-secret-key") && !stderr.contains("walbox-secret-key"));
+        let json: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}{stderr}"));
+        json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().starts_with("sqs."))
+            .map(|c| {
+                (
+                    c["check"].as_str().unwrap().to_owned(),
+                    c["verdict"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<String, String>>()
+    };
+    let verdicts = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(c, v)| (c.to_string(), v.to_string()))
+            .collect::<std::collections::BTreeMap<String, String>>()
+    };
+    let on_standard = tokio::task::block_in_place(|| doctor(&standard));
+    assert_eq!(
+        on_standard,
+        verdicts(&[
+            ("sqs.queue", "warn"),
+            ("sqs.max_message_size", "fail"),
+            ("sqs.permissions", "info"),
+        ])
+    );
+    client
+        .execute(
+            "DELETE FROM outbox_events WHERE aggregate_id = 'agg-big'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let on_fifo = tokio::task::block_in_place(|| doctor(&fifo));
+    assert_eq!(
+        on_fifo,
+        verdicts(&[("sqs.queue", "pass"), ("sqs.permissions", "info"),])
+    );
+    let absent = format!("{}-absent", standard.trim_end_matches('/'));
+    let on_absent = tokio::task::block_in_place(|| doctor(&absent));
+    assert_eq!(on_absent, verdicts(&[("sqs.queue", "fail")]));
+}

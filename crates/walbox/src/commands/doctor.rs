@@ -7,9 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use slot_manager::{connect_control, PgConfig};
 
 use super::{loaded, CliError};
-use crate::broker::{Broker, Patience};
 use crate::config::{ConfigError, Connection, RunFlags, RunSettings, SinkSettings};
-use crate::doctor::{kafka, local, postgres, Finding, Report};
+use crate::doctor::{brokers, kafka, local, postgres, Finding, Report};
 use crate::mapping::OutboxMapping;
 
 /// How long the brokers may take to answer one look.
@@ -234,38 +233,22 @@ async fn check_standby(url: &str, primary: &postgres::Server, slot: &str) -> Vec
     }
 }
 
-/// The broker's checks: Kafka's in full; the other brokers by connecting
-/// as `walbox run` does.
+/// The broker's checks: Kafka's by its admin API; the other brokers by
+/// connecting as `walbox run` does ([`brokers`]).
 async fn check_broker(
     report: &mut Report,
     settings: &RunSettings,
     mapping: &OutboxMapping,
     tables: &[postgres::Table],
 ) {
-    let kafka_config = match &settings.sink {
-        SinkSettings::Kafka(k) => k,
-        other => {
-            let metrics = crate::metrics::Metrics::new();
-            let name = other.name();
-            report.extend([
-                match Broker::<()>::connect(other, Patience::Once, &metrics).await {
-                    Ok(_) => Finding::pass(
-                        "broker.connect",
-                        format!("{name}: connected, and what walbox run checks at start (the exchange, queue, stream or endpoint) is there"),
-                    ),
-                    Err(e) => Finding::fail(
-                        "broker.connect",
-                        format!("{name}: {e}"),
-                        format!("check the [{name}] settings (docs/{name}.md)"),
-                    ),
-                },
-                Finding::info(
-                    "broker.settings",
-                    format!("{name}: its settings and rights are checked by connecting; doctor reads topic settings and rights on Kafka only, whose admin API describes them without writing"),
-                ),
-            ]);
-            return;
-        }
+    let SinkSettings::Kafka(kafka_config) = &settings.sink else {
+        let largest = tables
+            .iter()
+            .filter_map(|t| t.largest_payload.clone().ok().flatten())
+            .max();
+        let threshold = settings.claim_check.as_ref().map(|c| c.threshold);
+        report.extend(brokers::check(&settings.sink, largest, threshold).await);
+        return;
     };
     let (wanted, unsampled) = wanted_topics(settings, mapping, tables);
     let names: Vec<String> = wanted.iter().map(|w| w.name.clone()).collect();

@@ -10,6 +10,7 @@
 //! certificates). The command ([`crate::commands::doctor`]) prints them and
 //! turns the worst verdict into the exit status.
 
+pub mod brokers;
 pub mod kafka;
 pub mod local;
 pub mod postgres;
