@@ -38,7 +38,7 @@ FILE_VARIABLES = re.compile(r"^(PGSSLROOTCERT|PGSSLCERT|PGSSLKEY|PGPASSFILE|WALB
 
 
 def walbox_container(where, pod):
-    named = [c for c in pod["containers"] if c["name"] in ("walbox", "init-slot", "migrate")]
+    named = [c for c in pod["containers"] if c["name"] in ("walbox", "init-slot", "migrate", "doctor")]
     if len(named) != 1:
         fail(where, f"expected one walbox container, found {[c['name'] for c in pod['containers']]}")
         return pod["containers"][0]

@@ -314,6 +314,17 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
     .collect();
     assert_eq!(fixed.not_passed(), expected, "{}", fixed.stdout);
     assert_eq!(fixed.status, 1);
+    // The Helm hook's mode: warnings said, exit 0.
+    let mut lenient = args.clone();
+    lenient.push("--allow-warnings");
+    let allowed = Command::new(walbox_e2e::walbox_bin())
+        .arg("doctor")
+        .args(&lenient)
+        .env("WALBOX_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(allowed.status.success(), "{allowed:?}");
+    assert!(String::from_utf8_lossy(&allowed.stdout).contains("WARN      kafka.topic.replication"));
     assert_eq!(fixed.verdicts("postgres.slot"), ["pass"]);
     assert_eq!(fixed.verdicts("kafka.topic.max_message_bytes"), ["pass"]);
     assert_eq!(

@@ -66,6 +66,38 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
     );
     let kafka = TestKafka::from_env();
     let topic = kafka.create_topic(2).await;
+    // walbox doctor on the pair: the failover slot is not synchronized to
+    // the standby yet (a promotion now would lose it).
+    let doctor = || {
+        let out = walbox_to(
+            &one(primary.port()),
+            &["doctor", "--json", "--kafka-brokers", &kafka.bootstrap()],
+        )
+        .args(["--mapping-topic-template", &topic])
+        .args(["--standby-url", &one(standby.port())])
+        .output()
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let json: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}"));
+        let verdict = |check: &str| {
+            json["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["check"] == check)
+                .map(|c| c["verdict"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        (
+            verdict("postgres.failover"),
+            verdict("postgres.standby"),
+            stdout,
+        )
+    };
+    let (failover, before_sync, stdout) = tokio::task::block_in_place(doctor);
+    assert_eq!(failover, ["pass"], "{stdout}");
+    assert_eq!(before_sync, ["fail"], "{stdout}");
     let mut relay = spawn_run_with(
         walbox_to(&both, &[]),
         &kafka,
@@ -92,6 +124,8 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
         }
     })
     .await;
+    let (_, synced, stdout) = tokio::task::block_in_place(doctor);
+    assert_eq!(synced, ["pass"], "{stdout}");
 
     // The primary dies; the standby is promoted; the application goes on there.
     tokio::task::block_in_place(|| primary.stop_immediate());

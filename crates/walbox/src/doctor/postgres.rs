@@ -795,7 +795,9 @@ pub struct Standby {
     pub hot_standby_feedback: String,
     /// `primary_slot_name`.
     pub primary_slot_name: String,
-    /// The slot there: `synced`.
+    /// The slot there: `synced`, and not temporary (a synced slot stays
+    /// temporary, and is dropped at a promotion, until the primary's slot
+    /// has moved past where the standby began).
     pub synced: Option<bool>,
 }
 
@@ -807,7 +809,7 @@ pub async fn gather_standby(client: &Client, slot: &str) -> Result<Standby, slot
                     (SELECT setting FROM pg_settings WHERE name = 'sync_replication_slots'),
                     current_setting('hot_standby_feedback'),
                     current_setting('primary_slot_name'),
-                    (SELECT (to_jsonb(s)->>'synced')::bool FROM pg_replication_slots s WHERE slot_name = $1)",
+                    (SELECT (to_jsonb(s)->>'synced')::bool AND NOT s.temporary FROM pg_replication_slots s WHERE slot_name = $1)",
             &[&slot],
         )
         .await
@@ -858,7 +860,7 @@ pub fn judge_standby(s: &Standby, primary: &Server, slot: &str) -> Vec<Finding> 
     }
     if s.synced != Some(true) {
         problems.push((
-            "the slot is not there with synced = true: a promotion now would leave walbox without its slot",
+            "the slot is not there with synced = true (or only as a temporary slot, until walbox confirms past where the standby began): a promotion now would leave walbox without its slot",
             "create the slot with walbox init-slot --failover, and wait for the standby's slot sync",
         ));
     }

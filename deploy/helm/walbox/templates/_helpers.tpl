@@ -131,7 +131,7 @@ hook Job's): the Secret's keys, the pod name as application_name, extras. */ -}}
 - name: {{ .command }}
   image: {{ include "walbox.image" .root | quote }}
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-  args: [{{ .command | quote }}, "--config", "/etc/walbox/config/walbox.toml"]
+  args: [{{ .command | quote }}, "--config", "/etc/walbox/config/walbox.toml"{{ if and (eq .command "doctor") .root.Values.doctor.allowWarnings }}, "--allow-warnings"{{ end }}]
   env:
     {{- include "walbox.env" .root | nindent 4 }}
   {{- with .root.Values.envFrom }}
