@@ -314,6 +314,21 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
     .collect();
     assert_eq!(fixed.not_passed(), expected, "{}", fixed.stdout);
     assert_eq!(fixed.status, 1);
+    // A standby that does not answer: not checked, its password not shown.
+    let mut with_standby = args.clone();
+    with_standby.extend([
+        "--standby-url",
+        "postgres://replica:StandbyPw7@127.0.0.1:1/postgres?sslmode=disable",
+    ]);
+    let standby = tokio::task::block_in_place(|| Doctor::run(&url, &with_standby));
+    assert_eq!(
+        standby.verdicts("postgres.standby"),
+        ["unchecked"],
+        "{}",
+        standby.stdout
+    );
+    assert_eq!(standby.status, 3);
+    assert!(!standby.stdout.contains("StandbyPw7"), "{}", standby.stdout);
     // The Helm hook's mode: warnings said, exit 0.
     let mut lenient = args.clone();
     lenient.push("--allow-warnings");

@@ -54,6 +54,20 @@ fn cases(dir: &std::path::Path) -> Vec<Case> {
     };
     let pg = |url: &'static str| vec![("WALBOX_PG_URL", url), KAFKA];
     vec![
+        // doctor's standby: unreachable, its password never shown (config
+        // and run do not read it, and do not show it either).
+        case(
+            "StandbySecret9",
+            false,
+            &[
+                PG,
+                KAFKA,
+                (
+                    "WALBOX_STANDBY_URL",
+                    "postgres://walbox:StandbySecret9@127.0.0.1:1/app",
+                ),
+            ],
+        ),
         // The Postgres URL and its keyword form.
         case(
             "PgSecret1",
@@ -419,14 +433,16 @@ fn output(args: &[&str], env: &[(&'static str, String)]) -> (Option<i32>, String
 }
 
 #[test]
-fn no_secret_appears_in_any_output_of_config_or_run() {
+fn no_secret_appears_in_any_output_of_config_run_or_doctor() {
     let dir = tempfile::tempdir().unwrap();
     let cases = cases(dir.path());
-    let commands: [&[&str]; 4] = [
+    let commands: [&[&str]; 6] = [
         &["config"],
         &["config", "--log-format", "json"],
         &["run"],
         &["run", "--log-format", "json"],
+        &["doctor"],
+        &["doctor", "--json", "--log-format", "json"],
     ];
     let failures: Vec<String> = std::thread::scope(|scope| {
         let mut running = Vec::new();

@@ -278,6 +278,8 @@ const NOT_SETTINGS: &[&str] = &[
     "WALBOX_LOG",
     "WALBOX_CONFIG",
     "WALBOX_BIN",
+    // `walbox doctor --standby-url`'s (a secret: it may carry a password).
+    "WALBOX_STANDBY_URL",
     "WALBOX_KAFKA_LIBS",
     "WALBOX_KAFKA_HEAP",
     "WALBOX_RABBITMQ_BIN",
