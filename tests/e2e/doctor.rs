@@ -102,12 +102,15 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
         .setting("wal_level", "replica")
         .setting("max_wal_senders", "0")
         .setting("wal_sender_timeout", "0")
+        .setting("max_replication_slots", "1")
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let su = connect(&server.config("postgres")).await.unwrap();
     apply_migrations(&su).await;
     for sql in [
         "CREATE ROLE app LOGIN",
+        // The one slot the server allows, taken by a standby's.
+        "SELECT pg_create_physical_replication_slot('a_standby')",
         "CREATE TABLE orders (id int PRIMARY KEY)",
         "CREATE PUBLICATION walbox_outbox FOR TABLE orders",
         "ALTER TABLE outbox_events RENAME COLUMN aggregate_id TO aggregate_key",
@@ -158,6 +161,7 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
         .1
         .contains("wal_level = logical"));
     assert_eq!(broken.verdicts("postgres.wal_senders"), ["fail"]);
+    assert_eq!(broken.verdicts("postgres.replication_slots"), ["fail"]);
     assert_eq!(broken.verdicts("postgres.wal_sender_timeout"), ["warn"]);
     assert_eq!(broken.verdicts("postgres.max_slot_wal_keep_size"), ["warn"]);
     assert_eq!(broken.verdicts("postgres.role"), ["warn"]);
@@ -166,6 +170,7 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
         .1
         .contains("ALTER ROLE \"app\" REPLICATION"));
     assert_eq!(broken.verdicts("postgres.select"), ["fail"]);
+    assert_eq!(broken.verdicts("postgres.backlog"), ["warn"]);
     assert!(broken
         .find("postgres.select", "fail")
         .1
@@ -207,11 +212,13 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
     server.set_setting("max_wal_senders", "10");
     server.set_setting("wal_sender_timeout", "60s");
     server.set_setting("max_slot_wal_keep_size", "1GB");
+    server.set_setting("max_replication_slots", "10");
     server.start().unwrap();
     let su = connect(&server.config("postgres")).await.unwrap();
     for sql in [
         "ALTER ROLE app REPLICATION",
         "GRANT SELECT ON outbox_events TO app",
+        "GRANT INSERT, UPDATE ON walbox.relay_state TO app",
         "ALTER TABLE outbox_events RENAME COLUMN aggregate_key TO aggregate_id",
         "ALTER PUBLICATION walbox_outbox SET TABLE outbox_events",
         "SELECT pg_create_logical_replication_slot('walbox', 'test_decoding')",
@@ -242,10 +249,12 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
     for check in [
         "postgres.wal_level",
         "postgres.wal_senders",
+        "postgres.replication_slots",
         "postgres.wal_sender_timeout",
         "postgres.max_slot_wal_keep_size",
         "postgres.role",
         "postgres.select",
+        "postgres.backlog",
         "postgres.table_fit",
         "postgres.publication",
         "walbox.metrics_addr",

@@ -5,6 +5,7 @@
 mod apache_kafka;
 mod audit;
 mod backfill;
+mod backlog;
 mod bad_inputs;
 mod claim_check;
 mod config;

@@ -36,6 +36,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         stdout.contains("0006_receipts_every_broker.sql: applied"),
         "{stdout}"
     );
+    assert!(stdout.contains("0007_backlog.sql: applied"), "{stdout}");
 
     let second = walbox(&["migrate", "--pg-url", &url]);
     let stdout = String::from_utf8_lossy(&second.stdout);
@@ -60,7 +61,7 @@ async fn migrate_creates_the_outbox_schema_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7]);
     // The defaults of the mapping table: id, headers and created_at fill themselves.
     let row = client
         .query_one(
@@ -137,4 +138,82 @@ fn migrate_takes_the_same_tls_settings_as_the_other_commands() {
         "{stderr}"
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// `walbox.backlog()` and `walbox.require_capacity()` as an application's
+/// role calls them (no right beyond the defaults): a missing slot and a
+/// slot no walbox streams from raise WB002; over budget (as walbox run
+/// reports it in walbox.relay_state) raises WB001; within it, nothing.
+#[tokio::test]
+async fn backlog_and_require_capacity_answer_an_application_role() {
+    let db = fresh_db().await;
+    let su = db.connect().await;
+    walbox_test_harness::migrations::apply_migrations(&su).await;
+    su.batch_execute("CREATE ROLE app_writer LOGIN")
+        .await
+        .unwrap();
+    su.batch_execute("SELECT pg_create_logical_replication_slot('walbox', 'pgoutput')")
+        .await
+        .unwrap();
+    let (app, connection) = tokio_postgres::connect(
+        &format!("{} user=app_writer", db.conninfo()),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let code = |e: tokio_postgres::Error| {
+        let db = e.as_db_error().expect("a database error");
+        (db.code().code().to_owned(), db.message().to_owned())
+    };
+
+    let missing = app
+        .execute("SELECT walbox.require_capacity('no_such_slot')", &[])
+        .await
+        .map_err(code)
+        .unwrap_err();
+    assert_eq!(missing.0, "WB002", "{missing:?}");
+    let idle = app
+        .execute("SELECT walbox.require_capacity()", &[])
+        .await
+        .map_err(code)
+        .unwrap_err();
+    assert_eq!(idle.0, "WB002", "{idle:?}");
+    assert!(idle.1.contains("no walbox streams"), "{idle:?}");
+
+    let row = app
+        .query_one(
+            "SELECT streaming, unconfirmed_bytes >= 0, oldest_undelivered_age::text, over_budget FROM walbox.backlog()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0));
+    assert!(row.get::<_, bool>(1));
+    // No walbox ever reported: the age is unknown.
+    assert!(row.get::<_, Option<String>>(2).is_none());
+    assert!(!row.get::<_, bool>(3));
+
+    // A walbox that reported 10 minutes ago, with a 1-minute budget, and
+    // stopped: the age counts from its last report.
+    su.batch_execute(
+        "INSERT INTO walbox.relay_state (slot, reported_at, oldest_undelivered, max_bytes, max_age)
+              VALUES ('walbox', now() - interval '10 minutes', NULL, NULL, interval '1 minute')",
+    )
+    .await
+    .unwrap();
+    let row = app
+        .query_one(
+            "SELECT oldest_undelivered_age >= interval '10 minutes', over_budget FROM walbox.backlog()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    assert!(row.get::<_, bool>(1));
+    let nothing = app
+        .query_one("SELECT * FROM walbox.backlog('no_such_slot')", &[])
+        .await
+        .unwrap();
+    assert!(nothing.get::<_, Option<bool>>("streaming").is_none());
 }

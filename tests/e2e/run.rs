@@ -971,3 +971,67 @@ async fn drop_slot_refuses_to_lose_undelivered_events_without_force() {
     let out = walbox(&db, &["drop-slot", "--force"]).output().unwrap();
     assert!(succeeded(&out).contains("slot \"walbox\": dropped"));
 }
+
+/// An idle outbox's slot is confirmed past what other tables write within
+/// seconds: while nothing waits for the broker, walbox asks the server for
+/// a keepalive every second and confirms the position it carries, instead
+/// of waiting for the walsender's own (`wal_sender_timeout / 2`: 30 s
+/// here). So `walbox.backlog()` reads no backlog, and an audit of an idle
+/// window need not wait for the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_slot_is_confirmed_past_other_tables_writes_within_seconds() {
+    let server = walbox_test_harness::pg::PgServer::builder()
+        .setting("wal_sender_timeout", "60s")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let admin = walbox_test_harness::pg::connect(&server.config("postgres"))
+        .await
+        .unwrap();
+    apply_migrations(&admin).await;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        server.port()
+    );
+    let with_url = |args: &[&str]| {
+        let mut c = Command::new(walbox_e2e::walbox_bin());
+        c.args(args)
+            .env("WALBOX_PG_URL", &url)
+            .env("WALBOX_LOG", "info");
+        c
+    };
+    succeeded(&with_url(&["init-slot"]).output().unwrap());
+    let kafka = TestKafka::from_env();
+    let topic = kafka.create_topic(1).await;
+    let mut relay = spawn_run_with(with_url(&[]), &kafka, &["--mapping-topic-template", &topic]);
+    insert_events(&admin, 0, 10, |_| 5, 3).await;
+    assert_eq!(expect_all(&kafka, &topic, 10).await, 0);
+    tokio::time::sleep(Duration::from_secs(2)).await; // idle
+
+    for round in 0..3 {
+        admin
+            .batch_execute(&format!(
+                "CREATE TABLE busy_{round} (x int); INSERT INTO busy_{round} SELECT generate_series(1, 10000)"
+            ))
+            .await
+            .unwrap();
+        let written = current_wal_lsn(&admin).await;
+        let started = std::time::Instant::now();
+        wait_confirmed_at_least(&admin, "walbox", written, Duration::from_secs(5)).await;
+        eprintln!(
+            "round {round}: confirmed past other tables' writes in {:?}",
+            started.elapsed()
+        );
+    }
+    let row = admin
+        .query_one(
+            "SELECT streaming, oldest_undelivered_age = interval '0', unconfirmed_bytes < 1048576
+               FROM walbox.backlog()",
+            &[],
+        )
+        .await
+        .unwrap();
+    for i in 0..3 {
+        assert!(row.get::<_, bool>(i), "column {i} of walbox.backlog()");
+    }
+    stop(&mut relay).await;
+}

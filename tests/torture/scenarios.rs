@@ -1,6 +1,7 @@
 //! The scenarios, how each is run and judged, and the results table.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgoutput_decoder::Lsn;
@@ -15,6 +16,8 @@ pub(crate) struct Scale {
     fault: Duration,
     rate: u32,
     big_tx: usize,
+    /// How long the idle outbox watches another database's writes.
+    idle: Duration,
 }
 
 impl Scale {
@@ -24,6 +27,7 @@ impl Scale {
             fault: Duration::from_secs(5),
             rate: 1_000,
             big_tx: 50_000,
+            idle: Duration::from_secs(60),
         }
     }
 
@@ -33,6 +37,7 @@ impl Scale {
             fault: Duration::from_secs(20),
             rate: 3_000,
             big_tx: 1_000_000,
+            idle: Duration::from_secs(600),
         }
     }
 }
@@ -61,6 +66,7 @@ pub(crate) enum Kind {
     LeaderKill9,
     LeaderBlackhole,
     RollingRestart,
+    IdleOutbox,
 }
 
 #[derive(Clone)]
@@ -123,6 +129,7 @@ pub(crate) fn all() -> Vec<Scenario> {
         three("kafka3-blackhole-eos", "as kafka3-blackhole, exactly-once", false, true, LeaderBlackhole),
         three("kafka3-rolling-restart", "three brokers restarted one after another (SIGTERM, start, wait until it serves)", false, false, RollingRestart),
         three("kafka3-rolling-restart-eos", "as kafka3-rolling-restart, exactly-once", false, true, RollingRestart),
+        s("idle-outbox", "the outbox idle for 10 minutes while another database of the server is written without pause: the slot must not hold WAL, and follow it within seconds", false, false, IdleOutbox),
         s("heal-kill-9", "walbox resync killed with SIGKILL at each step of its heal (recorded, old slot dropped, new slot made, rows copied), each time resumed by walbox run", true, false, HealKilled),
     ]
 }
@@ -203,6 +210,9 @@ impl Outcome {
 }
 
 pub(crate) async fn run(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
+    if s.kind == Kind::IdleOutbox {
+        return idle_outbox(s, scale, walbox).await;
+    }
     let extra: &[&str] = match s.kind {
         Kind::DriftColumns => &["--mapping-event-type", ""],
         Kind::DriftUnpublish => &["--on-drift", "heal"],
@@ -499,6 +509,8 @@ async fn expect_stop(w: &mut World, o: &mut Outcome, needle: &str) {
 
 async fn fault(kind: Kind, scale: &Scale, w: &mut World, o: &mut Outcome) {
     match kind {
+        // Run by [`idle_outbox`], without the load.
+        Kind::IdleOutbox => unreachable!("the idle outbox has its own run"),
         Kind::Kill9 | Kind::ShardsNullIds => {
             for _ in 0..scale.kills {
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -895,4 +907,133 @@ pub(crate) fn table(rows: &[Row], quick: bool) -> String {
         }
     }
     out
+}
+
+/// The outbox idle while another database of the same server is written
+/// without pause for `scale.idle`: every 5 s the slot's unconfirmed WAL
+/// (`pg_current_wal_lsn() - confirmed_flush_lsn`) and retained WAL
+/// (`- restart_lsn`) are sampled, and how long the slot takes to pass the
+/// current WAL position (what `walbox audit` waits for) is timed. The
+/// slot must keep neither growing: the largest retained WAL stays under
+/// 256 MiB however much is written, and each time to pass under 5 s.
+async fn idle_outbox(s: &Scenario, scale: &Scale, walbox: &str) -> Row {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let mut w = World::new(walbox, s.broker, 1, &[], 1).await;
+    w.start_walbox();
+    let admin = w.client().await;
+    admin
+        .batch_execute("INSERT INTO outbox_events (aggregate_type, aggregate_id, payload) SELECT 'idle', 'k' || i, '{}' FROM generate_series(1, 10) i")
+        .await
+        .expect("write ten events");
+    admin
+        .batch_execute("CREATE DATABASE busy")
+        .await
+        .expect("create another database");
+    let busy_config = w.pg.config("busy");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let busy = walbox_test_harness::pg::connect(&busy_config)
+                .await
+                .expect("connect to the busy database");
+            busy.batch_execute("CREATE TABLE t (id bigint, filler text)")
+                .await
+                .expect("create the busy table");
+            let mut rounds = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                busy.batch_execute(
+                    "INSERT INTO t SELECT i, repeat('x', 200) FROM generate_series(1, 2000) i; \
+                     DELETE FROM t WHERE id % 2 = 0",
+                )
+                .await
+                .expect("write to the busy database");
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let started = Instant::now();
+    let first = walbox_test_harness::slot::current_wal_lsn(&admin).await;
+    let (mut max_unconfirmed, mut max_retained, mut max_follow) = (0i64, 0i64, Duration::ZERO);
+    let mut samples = 0;
+    let mut failures = Vec::new();
+    while started.elapsed() < scale.idle {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let row = admin
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8,
+                        pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8
+                   FROM pg_replication_slots WHERE slot_name = 'walbox'",
+                &[],
+            )
+            .await
+            .expect("sample the slot");
+        max_unconfirmed = max_unconfirmed.max(row.get(0));
+        max_retained = max_retained.max(row.get(1));
+        samples += 1;
+        if samples % 6 == 0 {
+            let now = walbox_test_harness::slot::current_wal_lsn(&admin).await;
+            let t0 = Instant::now();
+            loop {
+                let confirmed =
+                    walbox_test_harness::slot::confirmed_flush_lsn(&admin, crate::world::SLOT)
+                        .await
+                        .unwrap_or(Lsn::ZERO);
+                if confirmed >= now {
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(30) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            max_follow = max_follow.max(t0.elapsed());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = writer.await.unwrap_or(0);
+    let written = walbox_test_harness::slot::current_wal_lsn(&admin)
+        .await
+        .bytes_since(first);
+    if !w.running() {
+        failures.push("walbox exited".to_owned());
+    }
+    w.signal("TERM");
+    let code = w.wait_exit(Duration::from_secs(40)).await;
+    if code != Some(0) {
+        failures.push(format!("the final SIGTERM: exit {code:?}"));
+    }
+    if max_retained as f64 > 256.0 * MIB {
+        failures.push(format!(
+            "the slot retained {:.0} MiB",
+            max_retained as f64 / MIB
+        ));
+    }
+    if max_follow > Duration::from_secs(5) {
+        failures.push(format!(
+            "the slot took {max_follow:?} to pass the WAL written"
+        ));
+    }
+    let note = format!(
+        "{:.0} MiB of WAL written elsewhere in {:?} ({rounds} transactions); largest unconfirmed {:.1} MiB, largest retained {:.1} MiB ({samples} samples); the slot passed the current WAL within {:.1} s at most",
+        written as f64 / MIB,
+        scale.idle,
+        max_unconfirmed as f64 / MIB,
+        max_retained as f64 / MIB,
+        max_follow.as_secs_f64()
+    );
+    let peak = w.samples.lock().unwrap().peak_rss_kib as f64 / 1024.0;
+    let passed = failures.is_empty();
+    Row {
+        name: s.name,
+        fault: s.fault,
+        tally: None,
+        peak_rss_mib: peak,
+        passed,
+        note: match passed {
+            true => note,
+            false => format!("FAILED: {}. {note}", failures.join("; ")),
+        },
+    }
 }

@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod backfill;
+pub mod backlog;
 pub mod bookkeeping;
 pub mod broker;
 pub mod claim_check;

@@ -37,6 +37,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "0006_receipts_every_broker.sql",
         include_str!("../../../../migrations/0006_receipts_every_broker.sql"),
     ),
+    (
+        7,
+        "0007_backlog.sql",
+        include_str!("../../../../migrations/0007_backlog.sql"),
+    ),
 ];
 
 /// Arguments of `walbox migrate`.

@@ -245,6 +245,19 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     } else {
         None
     };
+    // The budget is enforced in Postgres: refused where it cannot be.
+    if settings.backlog.is_set() {
+        let client = slot_manager::connect_control(&c.pg).await?;
+        if !crate::backlog::installed(&client).await? {
+            return Err(crate::config::ConfigError(crate::backlog::NOT_INSTALLED.into()).into());
+        }
+    }
+    let backlog = tokio::spawn(crate::backlog::run(
+        c.pg.clone(),
+        c.slot.clone(),
+        settings.backlog,
+        Arc::clone(&metrics),
+    ));
     let observers = Observers {
         spans,
         audit: audit.as_ref().map(|(tap, _)| Arc::clone(tap)),
@@ -255,6 +268,7 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     if let Some(task) = retention {
         task.abort();
     }
+    backlog.abort();
     if let Some((_, task)) = audit {
         task.abort();
     }

@@ -60,6 +60,7 @@ pub(super) struct Raw {
     pub(super) slot_recreate_margin_secs: u64,
     pub(super) retention: Option<String>,
     pub(super) audit: RawAudit,
+    pub(super) backlog: RawBacklog,
     pub(super) receipts: bool,
     pub(super) skip_delivered: Option<bool>,
     #[serde(deserialize_with = "whole::u64")]
@@ -110,6 +111,7 @@ impl Default for Raw {
             slot_recreate_margin_secs: 600,
             retention: None,
             audit: RawAudit::default(),
+            backlog: RawBacklog::default(),
             receipts: false,
             skip_delivered: None,
             skip_delivered_look_back: 100_000,
@@ -464,6 +466,15 @@ pub(super) enum RawSubjectStrategy {
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawAudit {
     pub(super) interval: Option<String>,
+}
+
+/// `[backlog]`: the budget `walbox.require_capacity()` holds the relay to.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawBacklog {
+    #[serde(deserialize_with = "whole::opt_u64", default)]
+    pub(super) max_bytes: Option<u64>,
+    pub(super) max_age: Option<String>,
 }
 
 /// `[transactions]`: exactly-once mode's settings.

@@ -51,6 +51,9 @@ pub struct RunSettings {
     pub otlp_endpoint: Option<super::secret::Endpoint>,
     /// The continuous audit's interval (`audit.interval`); `None`: off.
     pub audit_interval: Option<Duration>,
+    /// The budget `walbox.require_capacity()` holds the relay to
+    /// (`backlog.*`).
+    pub backlog: crate::backlog::Budget,
     /// Write delivery receipts (`receipts`).
     pub receipts: bool,
     /// At a start, skip what the broker holds of the replay
@@ -396,6 +399,18 @@ impl Config {
             claim_check,
             otlp_endpoint,
             audit_interval,
+            backlog: crate::backlog::Budget {
+                max_bytes: match r.backlog.max_bytes {
+                    Some(0) => {
+                        return Err(ConfigError(
+                            "backlog.max_bytes: must be above 0 (leave it out for no budget)"
+                                .into(),
+                        ))
+                    }
+                    other => other,
+                },
+                max_age: duration_setting("backlog.max_age", &r.backlog.max_age, "5m or 30s")?,
+            },
             receipts: r.receipts,
             message_prefix: r.message_prefix.clone(),
             sink,

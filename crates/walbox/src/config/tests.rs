@@ -113,6 +113,7 @@ fn every_setting_can_come_from_the_environment() {
             ("mapping.topic_template", _) => "t.{aggregate_type}".to_owned(),
             ("retention", _) => "7d".to_owned(),
             ("audit.interval", _) => "90s".to_owned(),
+            ("backlog.max_age", _) => "5m".to_owned(),
             // Receipts are refused with exactly-once (the choice below),
             // and so is skip_delivered = true.
             ("receipts", _) => "false".to_owned(),
@@ -154,6 +155,8 @@ fn every_setting_can_come_from_the_environment() {
     assert_eq!(run.status_interval, Duration::from_millis(4096));
     assert_eq!(run.retention, Some(Duration::from_secs(7 * 86_400)));
     assert_eq!(run.audit_interval, Some(Duration::from_secs(90)));
+    assert_eq!(run.backlog.max_age, Some(Duration::from_secs(300)));
+    assert_eq!(run.backlog.max_bytes, Some(4096));
     assert_eq!(run.recreate_margin, Some(Duration::from_secs(4096)));
     assert_eq!(c.log_format(), LogFormat::Json);
     assert_eq!(c.mapping().unwrap().id, "mapping_id_env");

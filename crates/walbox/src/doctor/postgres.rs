@@ -43,6 +43,9 @@ pub struct Server {
     pub may_replicate: bool,
     /// The server is a standby.
     pub in_recovery: bool,
+    /// `walbox.relay_state` (migration 0007): `None` when not installed,
+    /// else whether the role may write it (report its backlog).
+    pub reports_backlog: Option<bool>,
 }
 
 /// The publication, if it exists.
@@ -201,7 +204,10 @@ async fn server(client: &Client) -> Result<Server, slot_manager::Error> {
                     (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
                     OR CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
                             THEN pg_has_role(current_user, 'rds_replication', 'member') ELSE false END,
-                    pg_is_in_recovery()",
+                    pg_is_in_recovery(),
+                    CASE WHEN to_regclass('walbox.relay_state') IS NULL THEN NULL
+                         ELSE has_table_privilege('walbox.relay_state', 'INSERT')
+                          AND has_table_privilege('walbox.relay_state', 'UPDATE') END",
             &[],
         )
         .await
@@ -221,6 +227,7 @@ async fn server(client: &Client) -> Result<Server, slot_manager::Error> {
         superuser: row.get::<_, Option<bool>>(11).unwrap_or(false),
         may_replicate: row.get::<_, Option<bool>>(12).unwrap_or(false),
         in_recovery: row.get(13),
+        reports_backlog: row.get(14),
     })
 }
 
@@ -512,6 +519,21 @@ fn server_findings(s: &Server, e: &Expected) -> Vec<Finding> {
             ),
         ),
     });
+    match s.reports_backlog {
+        None => out.push(Finding::info(
+            "postgres.backlog",
+            "walbox.require_capacity() is not installed (walbox migrate installs it): applications cannot see the relay fall behind",
+        )),
+        Some(true) => out.push(Finding::pass(
+            "postgres.backlog",
+            "the role may write walbox.relay_state: walbox run reports its backlog for walbox.require_capacity()",
+        )),
+        Some(false) => out.push(Finding::warn(
+            "postgres.backlog",
+            format!("{} may not write walbox.relay_state: walbox run cannot report its backlog, and walbox.require_capacity() refuses every write as if no walbox streamed", s.role),
+            format!("GRANT INSERT, UPDATE ON walbox.relay_state TO {}", quote_ident(&s.role)),
+        )),
+    }
     out
 }
 
@@ -902,6 +924,7 @@ mod tests {
                 superuser: false,
                 may_replicate: true,
                 in_recovery: false,
+                reports_backlog: Some(true),
             },
             database: "app".into(),
             publication: Some(Publication {
@@ -970,6 +993,7 @@ mod tests {
         f.server.idle_slot_timeout_s = Some(3600);
         f.server.wal_sender_timeout_ms = 1500;
         f.server.may_replicate = false;
+        f.server.reports_backlog = Some(false);
         let findings = judge(&f, &e);
         let fix = |check: &str| {
             findings
@@ -998,6 +1022,8 @@ mod tests {
             [Verdict::Fail]
         );
         assert_eq!(verdict_of(&findings, "postgres.role"), [Verdict::Warn]);
+        assert_eq!(verdict_of(&findings, "postgres.backlog"), [Verdict::Warn]);
+        assert!(fix("postgres.backlog").contains("GRANT INSERT, UPDATE ON walbox.relay_state"));
         assert!(fix("postgres.role").contains("ALTER ROLE \"walbox\" REPLICATION"));
     }
 

@@ -40,6 +40,7 @@
 //! | `walbox_receipts_dropped_total` | counter | receipts not written: the writer was behind (its queue full) |
 //! | `walbox_receipts_failed_total` | counter | receipts not written: writing them failed |
 //! | `walbox_delivery_stalled_seconds` | gauge | how long events have waited without any delivery report (0 when nothing waits or reports keep coming) |
+//! | `walbox_backlog_over_budget` | gauge | 1 while `walbox.backlog()` says the slot is over its budget (`backlog.max_bytes`, `backlog.max_age`): `walbox.require_capacity()` refuses writes; read every second when `walbox migrate` installed it |
 //!
 //! `/healthz` answers 200 while the process runs; `/readyz` 200 while it
 //! streams from the slot and deliveries move, 503 otherwise (connecting,
@@ -196,6 +197,8 @@ pub struct Metrics {
     pub commit_to_read_exact: latency::ExactLatency,
     /// Seconds without a delivery report while events wait.
     pub delivery_stalled_seconds: Gauge,
+    /// 1 while over the backlog budget (`walbox.backlog()`), else 0.
+    pub backlog_over_budget: Gauge,
     /// Outbox rows deleted by retention.
     pub retention_rows_deleted: Counter,
     /// Outbox partitions dropped by retention.
@@ -445,6 +448,12 @@ impl Metrics {
             "Exactly-once: time a Kafka transaction's commit took (its records' deliveries, then the markers)",
             transaction_commit.clone(),
         );
+        let backlog_over_budget = Gauge::default();
+        registry.register(
+            "walbox_backlog_over_budget",
+            "1 while walbox.backlog() says the slot is over its budget (backlog.max_bytes, backlog.max_age) and walbox.require_capacity() refuses writes, else 0",
+            backlog_over_budget.clone(),
+        );
         let delivery_stalled_seconds = Gauge::default();
         registry.register(
             "walbox_delivery_stalled_seconds",
@@ -534,6 +543,7 @@ impl Metrics {
             commit_to_ack_exact: latency::ExactLatency::default(),
             commit_to_read_exact: latency::ExactLatency::default(),
             delivery_stalled_seconds,
+            backlog_over_budget,
             standby,
             stalled: AtomicBool::new(false),
             registry,
@@ -580,6 +590,15 @@ impl Metrics {
             .store(micros(delivered), Ordering::Relaxed);
         self.oldest_unacked_micros
             .store(micros(oldest_unacked), Ordering::Relaxed);
+    }
+
+    /// The commit time of the oldest event sent and not acknowledged, in
+    /// Unix microseconds; `None` when none waits.
+    pub fn oldest_unacked_micros(&self) -> Option<i64> {
+        match self.oldest_unacked_micros.load(Ordering::Relaxed) {
+            0 => None,
+            micros => Some(micros),
+        }
     }
 
     /// Copies librdkafka's last statistics into the producer gauges.

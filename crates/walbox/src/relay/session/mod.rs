@@ -49,6 +49,17 @@ const SLOT_SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 /// at once with a keepalive).
 const REPLY_AFTER: Duration = Duration::from_secs(10);
 
+/// While nothing waits for the broker and no transaction is open, status
+/// updates ask for a reply this often: the keepalive that answers carries
+/// the position the walsender has read the WAL to (other tables' writes
+/// included), which walbox then confirms. An idle slot's confirmed position
+/// so follows the WAL within a few seconds — what `walbox audit` waits for
+/// before it counts a row without a copy as missing, and what
+/// `walbox.backlog()` reads — instead of waiting for the walsender's own
+/// keepalives, `wal_sender_timeout / 2` apart (30 s by default). It costs
+/// one small message each way per second, and no WAL.
+const IDLE_REPLY_AFTER: Duration = Duration::from_secs(1);
+
 /// After this long without a message while walbox reads, the connection is
 /// presumed dead (a network that drops packets closes nothing) and a new
 /// session starts.
@@ -455,7 +466,10 @@ where
                     break Ok(Ending::Drain { deadline: Instant::now() });
                 }
                 () = &mut core_due => {
-                    self.core.handle_timeout(Instant::now(), heard.elapsed() >= REPLY_AFTER);
+                    let idle = self.core.unacked_events() == 0 && !self.core.in_transaction();
+                    let quiet = heard.elapsed();
+                    let ask = quiet >= REPLY_AFTER || (idle && quiet >= IDLE_REPLY_AFTER);
+                    self.core.handle_timeout(Instant::now(), ask);
                     self.effects(stream).await
                 }
                 () = &mut coverage_due => {
