@@ -192,7 +192,7 @@ async fn prometheus_scrapes_walbox_and_the_rules_and_dashboard_queries_evaluate(
         }
     })
     .await;
-    assert_eq!(rules.len(), 15);
+    assert_eq!(rules.len(), 16);
     for rule in &rules {
         assert_eq!(rule["health"], "ok", "{rule}");
         assert_eq!(rule["state"], "inactive", "{rule}");
