@@ -672,30 +672,12 @@ async fn doctor_looks_the_exchange_up_without_declaring_it() {
             .args(["--rabbitmq-declare-exchange", declare])
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let json: serde_json::Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}"));
-        let found: Vec<(String, String, String)> = json["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["check"].as_str().unwrap().starts_with("rabbitmq."))
-            .map(|c| {
-                let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-                (
-                    s("check"),
-                    s("verdict"),
-                    format!("{} — {}", s("saw"), s("fix")),
-                )
-            })
-            .collect();
-        (found, stdout)
+        doctor_checks(&out, "rabbitmq.")
     };
-    let verdict = |found: &[(String, String, String)], check: &str| {
-        found
-            .iter()
-            .find(|c| c.0 == check)
-            .map(|c| c.1.clone())
+    let verdict = |found: &[DoctorCheck], check: &str| {
+        verdicts_of(found, check)
+            .first()
+            .cloned()
             .unwrap_or_default()
     };
     let (missing_declared, _) = tokio::task::block_in_place(|| doctor(&url, "true"));

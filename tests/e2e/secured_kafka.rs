@@ -17,8 +17,8 @@ use walbox_test_harness::pg::fresh_db;
 use walbox_test_harness::tls::{Certificates, CLIENT_KEY_PASSWORD};
 
 use crate::support::{
-    exit_within, expect_all, init, insert_events, spawn_run_with, stop, wait_broker, wait_exit,
-    wait_log, walbox,
+    doctor_checks, exit_within, expect_all, init, insert_events, spawn_run_with, stop, verdicts_of,
+    wait_broker, wait_exit, wait_log, walbox, DoctorCheck,
 };
 
 /// A one-node Apache Kafka whose client listener is secured as `secured`
@@ -456,35 +456,13 @@ async fn acls_refuse_in_one_line_what_a_principal_may_not_do() {
             .args(&flags)
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
+        let (found, stdout) = doctor_checks(&out, "kafka.");
         assert!(!stdout.contains(password) && !stderr.contains(password));
-        let json: serde_json::Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("{user}: no JSON ({e}): {stdout}{stderr}"));
-        let found: Vec<(String, String, String)> = json["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["check"].as_str().unwrap().starts_with("kafka."))
-            .map(|c| {
-                let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-                (
-                    s("check"),
-                    s("verdict"),
-                    format!("{} — {}", s("saw"), s("fix")),
-                )
-            })
-            .collect();
         found
     };
-    let verdicts = |found: &[(String, String, String)], check: &str| -> Vec<String> {
-        found
-            .iter()
-            .filter(|c| c.0 == check)
-            .map(|c| c.1.clone())
-            .collect()
-    };
-    let said = |found: &[(String, String, String)], check: &str| -> String {
+    let verdicts = verdicts_of;
+    let said = |found: &[DoctorCheck], check: &str| -> String {
         found
             .iter()
             .filter(|c| c.0 == check)

@@ -595,3 +595,47 @@ pub(crate) async fn lsn_le(client: &Client, a: &str, b: &str) -> bool {
         .unwrap()
         .get(0)
 }
+
+/// One check of `walbox doctor --json`: its name, verdict, and what it saw
+/// joined with its fix (`saw — fix`).
+pub(crate) type DoctorCheck = (String, String, String);
+
+/// The checks whose name starts with `prefix` in the output of a finished
+/// `walbox doctor --json` (panics, showing the output, when it printed no
+/// JSON); and its stdout.
+pub(crate) fn doctor_checks(
+    out: &std::process::Output,
+    prefix: &str,
+) -> (Vec<DoctorCheck>, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json printed no JSON ({e}): {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let checks = json["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["check"].as_str().unwrap_or_default().starts_with(prefix))
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (
+                s("check"),
+                s("verdict"),
+                format!("{} — {}", s("saw"), s("fix")),
+            )
+        })
+        .collect();
+    (checks, stdout)
+}
+
+/// The verdicts of `check` among `checks`, in order.
+pub(crate) fn verdicts_of(checks: &[DoctorCheck], check: &str) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| c.0 == check)
+        .map(|c| c.1.clone())
+        .collect()
+}
