@@ -323,6 +323,37 @@ async fn every_check_fails_on_a_broken_deployment_and_passes_once_fixed() {
     .collect();
     assert_eq!(fixed.not_passed(), expected, "{}", fixed.stdout);
     assert_eq!(fixed.status, 1);
+    // Outbox tables by pattern: walbox adds new matching tables to the
+    // publication, which needs its ownership.
+    let mut patterned = args.clone();
+    patterned.extend(["--table", "public.outbox_*"]);
+    let not_owner = tokio::task::block_in_place(|| Doctor::run(&url, &patterned));
+    assert_eq!(
+        not_owner.verdicts("postgres.publication_owner"),
+        ["warn"],
+        "{}",
+        not_owner.stdout
+    );
+    assert!(not_owner
+        .find("postgres.publication_owner", "warn")
+        .1
+        .contains("OWNER TO"));
+    su.batch_execute("ALTER PUBLICATION walbox_outbox OWNER TO app")
+        .await
+        .unwrap();
+    let owner = tokio::task::block_in_place(|| Doctor::run(&url, &patterned));
+    assert!(
+        owner.verdicts("postgres.publication_owner").is_empty(),
+        "{}",
+        owner.stdout
+    );
+    assert_eq!(
+        owner.verdicts("postgres.publication"),
+        ["pass"],
+        "{}",
+        owner.stdout
+    );
+
     // A standby that does not answer: not checked, its password not shown.
     let mut with_standby = args.clone();
     with_standby.extend([
