@@ -77,18 +77,8 @@ async fn a_failover_slot_survives_promotion_of_the_standby() {
         .args(["--standby-url", &one(standby.port())])
         .output()
         .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let json: serde_json::Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}"));
-        let verdict = |check: &str| {
-            json["checks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|c| c["check"] == check)
-                .map(|c| c["verdict"].as_str().unwrap().to_owned())
-                .collect::<Vec<_>>()
-        };
+        let (checks, stdout) = crate::support::doctor_checks(&out, "postgres.");
+        let verdict = |check: &str| crate::support::verdicts_of(&checks, check);
         (
             verdict("postgres.failover"),
             verdict("postgres.standby"),

@@ -564,22 +564,12 @@ async fn doctor_reads_the_queue_and_weighs_the_largest_payload() {
             .env_remove("AWS_PROFILE")
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
+        let (checks, stdout) = crate::support::doctor_checks(&out, "sqs.");
         assert!(!stdout.contains("walbox-secret-key") && !stderr.contains("walbox-secret-key"));
-        let json: serde_json::Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}{stderr}"));
-        json["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["check"].as_str().unwrap().starts_with("sqs."))
-            .map(|c| {
-                (
-                    c["check"].as_str().unwrap().to_owned(),
-                    c["verdict"].as_str().unwrap().to_owned(),
-                )
-            })
+        checks
+            .into_iter()
+            .map(|(check, verdict, _)| (check, verdict))
             .collect::<std::collections::BTreeMap<String, String>>()
     };
     let verdicts = |pairs: &[(&str, &str)]| {

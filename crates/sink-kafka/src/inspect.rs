@@ -231,10 +231,7 @@ fn describe(
     }
     let mut count = 0usize;
     let nodes = unsafe { rd::rd_kafka_DescribeCluster_result_nodes(result, &mut count) };
-    let nodes: &[*const rd::rd_kafka_Node_t] = match nodes.is_null() {
-        true => &[],
-        false => unsafe { std::slice::from_raw_parts(nodes, count) },
-    };
+    let nodes = unsafe { items(nodes, count) };
     let broker_id = nodes.first().map(|n| unsafe { rd::rd_kafka_Node_id(*n) });
     let mut ops = 0usize;
     let allowed =
@@ -269,10 +266,7 @@ fn describe(
     }
     let mut count = 0usize;
     let descriptions = unsafe { rd::rd_kafka_DescribeTopics_result_topics(result, &mut count) };
-    let descriptions: &[*const rd::rd_kafka_TopicDescription_t] = match descriptions.is_null() {
-        true => &[],
-        false => unsafe { std::slice::from_raw_parts(descriptions, count) },
-    };
+    let descriptions = unsafe { items(descriptions, count) };
     let mut found = Vec::with_capacity(descriptions.len());
     for &d in descriptions {
         let name = unsafe { text(rd::rd_kafka_TopicDescription_name(d)) };
@@ -286,11 +280,7 @@ fn describe(
             E::RD_KAFKA_RESP_ERR_NO_ERROR => {
                 let mut count = 0usize;
                 let partitions = unsafe { rd::rd_kafka_TopicDescription_partitions(d, &mut count) };
-                let partitions: &[*const rd::rd_kafka_TopicPartitionInfo_t] =
-                    match partitions.is_null() {
-                        true => &[],
-                        false => unsafe { std::slice::from_raw_parts(partitions, count) },
-                    };
+                let partitions = unsafe { items(partitions, count) };
                 let replication_factor = partitions
                     .iter()
                     .map(|p| {
@@ -324,6 +314,19 @@ fn describe(
     Ok((cluster, found, broker_id))
 }
 
+/// The `count` items librdkafka returned at `items`; empty for null.
+///
+/// # Safety
+/// `items` is null or points at `count` items that outlive `'a` (the
+/// result they belong to is not destroyed meanwhile).
+#[allow(unsafe_code)]
+unsafe fn items<'a, T>(items: *const T, count: usize) -> &'a [T] {
+    match items.is_null() {
+        true => &[],
+        false => unsafe { std::slice::from_raw_parts(items, count) },
+    }
+}
+
 /// A C string librdkafka owns, copied; empty for null.
 ///
 /// # Safety
@@ -345,7 +348,7 @@ unsafe fn operations(ops: *const rd::rd_kafka_AclOperation_t, count: usize) -> O
     if ops.is_null() {
         return None;
     }
-    let ops = unsafe { std::slice::from_raw_parts(ops, count) };
+    let ops = unsafe { items(ops, count) };
     Some(
         ops.iter()
             .map(|op| unsafe { text(rd::rd_kafka_AclOperation_name(*op)) })

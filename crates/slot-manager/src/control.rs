@@ -62,6 +62,14 @@ pub async fn preflight(
     check_table(client, table, required_columns).await
 }
 
+/// SQL, true when `current_user` may replicate as far as the catalog tells:
+/// the REPLICATION attribute, superuser, or a managed service's replication
+/// role (RDS's `rds_replication`). Elsewhere the server alone decides.
+pub const MAY_REPLICATE: &str =
+    "(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
+     OR CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
+             THEN pg_has_role(current_user, 'rds_replication', 'member') ELSE false END";
+
 /// The oldest server walbox runs on (`server_version_num`), and what to say
 /// to an older one.
 pub const LEAST_SERVER: (i32, &str) = (130_000, "walbox needs 13 or later");
@@ -72,11 +80,11 @@ pub const LEAST_SERVER: (i32, &str) = (130_000, "walbox needs 13 or later");
 pub async fn check_server(client: &Client, least_version: i32, why: &str) -> Result<(), Error> {
     let row = client
         .query_one(
-            "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
-                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
-                    OR CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
-                            THEN pg_has_role(current_user, 'rds_replication', 'member') ELSE false END,
-                    current_setting('max_replication_slots')::int",
+            &format!(
+                "SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user::text,
+                        {MAY_REPLICATE},
+                        current_setting('max_replication_slots')::int"
+            ),
             &[],
         )
         .await
@@ -512,9 +520,20 @@ pub async fn drop_slot(
     Ok(dropped)
 }
 
-/// A slot's state, for `walbox status` and the relay's checks.
-#[derive(Clone, Debug, PartialEq)]
+/// A slot's state, for `walbox status`, `walbox doctor` and the relay's
+/// checks.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SlotStatus {
+    /// `logical` or `physical`.
+    pub slot_type: String,
+    /// Its output plugin (`pgoutput` for walbox's); `None` for a physical
+    /// slot.
+    pub plugin: Option<String>,
+    /// The database it decodes; `None` for a physical slot.
+    pub database: Option<String>,
+    /// A failover slot, synchronized to standbys (Postgres 17+; `None`
+    /// before).
+    pub failover: Option<bool>,
     /// A process is streaming from it.
     pub active: bool,
     /// That process.
@@ -606,7 +625,9 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
                     (to_jsonb(s) ->> 'invalidation_reason'),
                     r.application_name::text,
                     extract(epoch FROM r.flush_lag)::float8,
-                    host(r.client_addr)
+                    host(r.client_addr),
+                    s.slot_type, s.plugin::text, s.database::text,
+                    (to_jsonb(s) ->> 'failover')::bool
                FROM pg_replication_slots s
                LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
               WHERE slot_name = $1",
@@ -628,5 +649,9 @@ pub async fn slot_status(client: &Client, slot: &str) -> Result<Option<SlotStatu
         application_name: r.get(9),
         confirmed_lag_seconds: r.get(10),
         client_addr: r.get(11),
+        slot_type: r.get(12),
+        plugin: r.get(13),
+        database: r.get(14),
+        failover: r.get(15),
     }))
 }

@@ -51,6 +51,7 @@ pub use control::{
     check_server, check_table, connect_control, domain_base_types, drop_slot,
     ensure_message_publication, ensure_publication, ensure_slot, ensure_tables_publication,
     pending_events, preflight, slot_status, Dropped, Ensured, Pending, SlotStatus, LEAST_SERVER,
+    MAY_REPLICATE,
 };
 pub use coverage::{
     coverage, describe_change, message_coverage, ChangeInFlight, Coverage, CoverageReader,
@@ -67,6 +68,6 @@ pub use stream::{
     Streaming,
 };
 pub use tables::{
-    joined, pick_up, rows_before_joining, EarlierRows, Joined, OutboxTables, PickUp,
-    EARLIER_ROWS_COUNTED,
+    joined, pick_up, publication_tables, rows_before_joining, EarlierRows, Joined, OutboxTables,
+    PickUp, EARLIER_ROWS_COUNTED,
 };

@@ -115,23 +115,11 @@ impl OutboxTables {
         client: &impl GenericClient,
         publication: &str,
     ) -> Result<Vec<TableName>, Error> {
-        let rows = client
-            .query(
-                "SELECT schemaname::text, tablename::text FROM pg_publication_tables
-                  WHERE pubname = $1 ORDER BY 1, 2",
-                &[&publication],
-            )
-            .await
-            .map_err(Error::sql("look up the publication's tables"))?;
-        Ok(rows
-            .iter()
-            .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
-            .filter(|t| self.matches(t.schema(), t.name()))
-            .collect())
+        let mut tables = publication_tables(client, publication).await?;
+        tables.retain(|t| self.matches(t.schema(), t.name()));
+        Ok(tables)
     }
-}
 
-impl OutboxTables {
     /// The matching tables ([`Self::resolve`]) and those `publication`
     /// publishes ([`Self::published`]), read in one snapshot: a transaction
     /// that renames a table and publishes it commits for both or neither
@@ -157,6 +145,25 @@ impl OutboxTables {
             .map_err(Error::sql("close the snapshot of the catalog"))?;
         Ok((found, published))
     }
+}
+
+/// Every table `publication` publishes (`pg_publication_tables`), sorted.
+pub async fn publication_tables(
+    client: &impl GenericClient,
+    publication: &str,
+) -> Result<Vec<TableName>, Error> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables
+              WHERE pubname = $1 ORDER BY 1, 2",
+            &[&publication],
+        )
+        .await
+        .map_err(Error::sql("look up the publication's tables"))?;
+    Ok(rows
+        .iter()
+        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect())
 }
 
 impl fmt::Display for OutboxTables {

@@ -181,7 +181,13 @@ async fn check_postgres(
         "postgres.connect",
         format!("connected to {}", c.pg.describe()),
     )]);
-    let mut tables = Vec::new();
+    let outbox = match postgres::gather_outbox(&mut client, c, mapping).await {
+        Ok(outbox) => outbox,
+        Err(e) => {
+            report.extend([Finding::unchecked("postgres", e.to_string())]);
+            return Vec::new();
+        }
+    };
     let mut primary = None;
     for shard in c.selected_shards() {
         let expected = postgres::Expected {
@@ -192,13 +198,10 @@ async fn check_postgres(
             tables_written: shard.tables.to_string(),
             status_interval,
         };
-        match postgres::gather(&mut client, &shard, mapping).await {
+        match postgres::gather(&mut client, &shard, &outbox).await {
             Ok(facts) => {
                 report.extend(postgres::judge(&facts, &expected));
-                if tables.is_empty() {
-                    tables = facts.tables.clone();
-                }
-                primary = Some((facts.server.clone(), shard.slot.clone()));
+                primary = Some((facts.server, shard.slot.clone()));
             }
             Err(e) => report.extend([Finding::unchecked(
                 "postgres",
@@ -209,7 +212,7 @@ async fn check_postgres(
     if let (Some(url), Some((server, slot))) = (standby_url, primary) {
         report.extend(check_standby(url, &server, &slot).await);
     }
-    tables
+    outbox.tables
 }
 
 async fn check_standby(url: &str, primary: &postgres::Server, slot: &str) -> Vec<Finding> {

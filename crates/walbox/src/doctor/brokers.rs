@@ -34,46 +34,37 @@ async fn rabbitmq(config: &sink_amqp::AmqpConfig) -> Vec<Finding> {
     look.audit_stream = None;
     look.connection_name = format!("{} (walbox doctor)", config.connection_name);
     let exchange = &config.exchange;
-    let mut out = Vec::new();
-    match sink_amqp::Publisher::<()>::connect(look).await {
-        Ok((publisher, _confirms)) => {
-            drop(publisher);
-            out.push(Finding::pass(
+    let looked = match sink_amqp::Publisher::<()>::connect(look).await {
+        // Connected, the exchange there (the publisher dropped at once).
+        Ok(_) => Ok(Finding::pass(
+            "rabbitmq.exchange",
+            format!("exchange {exchange:?} exists"),
+        )),
+        Err(sink_amqp::ConnectError::Exchange { .. }) if config.declare_exchange => Ok(Finding::info(
+            "rabbitmq.exchange",
+            format!("exchange {exchange:?} does not exist yet: walbox run declares it (durable, {}), which needs the configure permission on it", config.exchange_type),
+        )),
+        Err(e @ sink_amqp::ConnectError::Exchange { .. }) => Ok(Finding::fail(
+            "rabbitmq.exchange",
+            e.to_string(),
+            format!("declare it (rabbitmqadmin declare exchange name={exchange} type={} durable=true), or set rabbitmq.declare_exchange = true", config.exchange_type),
+        )),
+        Err(e) => Err(e),
+    };
+    let mut out = match looked {
+        Ok(exchange) => vec![
+            Finding::pass(
                 "rabbitmq.connect",
                 format!("{}: connected, the credentials and virtual host accepted", config.url),
-            ));
-            out.push(Finding::pass(
-                "rabbitmq.exchange",
-                format!("exchange {exchange:?} exists"),
-            ));
-        }
-        Err(sink_amqp::ConnectError::Exchange { .. }) if config.declare_exchange => {
-            out.push(Finding::pass(
-                "rabbitmq.connect",
-                format!("{}: connected, the credentials and virtual host accepted", config.url),
-            ));
-            out.push(Finding::info(
-                "rabbitmq.exchange",
-                format!("exchange {exchange:?} does not exist yet: walbox run declares it (durable, {}), which needs the configure permission on it", config.exchange_type),
-            ));
-        }
-        Err(e @ sink_amqp::ConnectError::Exchange { .. }) => {
-            out.push(Finding::pass(
-                "rabbitmq.connect",
-                format!("{}: connected, the credentials and virtual host accepted", config.url),
-            ));
-            out.push(Finding::fail(
-                "rabbitmq.exchange",
-                e.to_string(),
-                format!("declare it (rabbitmqadmin declare exchange name={exchange} type={} durable=true), or set rabbitmq.declare_exchange = true", config.exchange_type),
-            ));
-        }
-        Err(e) => out.push(Finding::fail(
+            ),
+            exchange,
+        ],
+        Err(e) => vec![Finding::fail(
             "rabbitmq.connect",
             e.to_string(),
             "check rabbitmq.url (host, port, user, password, virtual host) and its TLS settings (docs/rabbitmq.md)",
-        )),
-    }
+        )],
+    };
     if let Some(stream) = &config.audit_stream {
         out.push(Finding::info(
             "rabbitmq.audit_stream",

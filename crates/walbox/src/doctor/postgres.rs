@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use slot_manager::{quote_ident, TableName};
+use slot_manager::{
+    publication_tables, quote_ident, slot_status, SlotStatus, TableName, MAY_REPLICATE,
+};
 use tokio_postgres::Client;
 
 use super::{bytes, Finding};
@@ -78,29 +80,6 @@ pub struct Table {
     pub aggregate_types: Vec<String>,
 }
 
-/// The slot, if it exists.
-#[derive(Clone, Debug, Default)]
-pub struct Slot {
-    /// `pgoutput` for walbox's.
-    pub plugin: Option<String>,
-    /// `logical` for walbox's.
-    pub slot_type: String,
-    /// Its database.
-    pub database: Option<String>,
-    /// A process streams from it.
-    pub active: bool,
-    /// That process's `application_name`.
-    pub streamed_by: Option<String>,
-    /// `reserved`, `extended`, `unreserved`, `lost`.
-    pub wal_status: Option<String>,
-    /// WAL kept for it, in bytes.
-    pub retained_bytes: Option<i64>,
-    /// A failover slot (Postgres 17+).
-    pub failover: Option<bool>,
-    /// Why it was invalidated, if it was (Postgres 17+).
-    pub invalidation_reason: Option<String>,
-}
-
 /// Everything [`judge`] needs.
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
@@ -114,8 +93,9 @@ pub struct Facts {
     pub tables: Vec<Table>,
     /// The configured tables that do not exist, as the refusal says.
     pub missing_tables: Option<String>,
-    /// The slot; `None` when it does not exist.
-    pub slot: Option<Slot>,
+    /// The slot; `None` when it does not exist (or the server is a
+    /// standby: its slots are not walbox's to judge).
+    pub slot: Option<SlotStatus>,
 }
 
 /// What else the verdicts weigh, from the configuration.
@@ -145,12 +125,47 @@ const SAMPLED_ROWS: i64 = 100_000;
 /// At most this many aggregate types are kept per table.
 pub const SAMPLED_TYPES: i64 = 20;
 
-/// Reads the facts. An error is one a query met (the connection lost, a
-/// right missing on the catalog): the caller reports the checks unchecked.
-pub async fn gather(
+/// The outbox tables found, each measured: the same for every shard, so
+/// read once.
+#[derive(Clone, Debug, Default)]
+pub struct Outbox {
+    /// The tables found (none when the source is messages only).
+    pub tables: Vec<Table>,
+    /// The configured tables that do not exist, as the refusal says.
+    pub missing: Option<String>,
+}
+
+/// Finds and measures the outbox tables (a scan of each, under
+/// [`MEASURE_TIMEOUT`]).
+pub async fn gather_outbox(
     client: &mut Client,
     c: &Connection,
     mapping: &OutboxMapping,
+) -> Result<Outbox, slot_manager::Error> {
+    let mut outbox = Outbox::default();
+    if c.source.table() {
+        match c.tables.resolve(&*client).await {
+            Ok(found) => {
+                for table in found {
+                    outbox
+                        .tables
+                        .push(table_facts(client, &table, mapping).await?);
+                }
+            }
+            Err(slot_manager::Error::Precondition(why)) => outbox.missing = Some(why),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(outbox)
+}
+
+/// Reads the facts of one slot (a shard's), with the outbox already read.
+/// An error is one a query met (the connection lost, a right missing on
+/// the catalog): the caller reports the checks unchecked.
+pub async fn gather(
+    client: &mut Client,
+    c: &Connection,
+    outbox: &Outbox,
 ) -> Result<Facts, slot_manager::Error> {
     let server = server(client).await?;
     let database: String = client
@@ -159,26 +174,18 @@ pub async fn gather(
         .map_err(slot_manager::Error::sql("read the database"))?
         .get(0);
     let publication = publication(client, &c.publication).await?;
-    let mut tables = Vec::new();
-    let mut missing_tables = None;
-    if c.source.table() {
-        match c.tables.resolve(&*client).await {
-            Ok(found) => {
-                for table in found {
-                    tables.push(table_facts(client, &table, mapping).await?);
-                }
-            }
-            Err(slot_manager::Error::Precondition(why)) => missing_tables = Some(why),
-            Err(e) => return Err(e),
-        }
-    }
-    let slot = slot(client, &c.slot, server.version_num).await?;
+    // On a standby (postgres.primary fails) the slot's WAL figures cannot
+    // be read (pg_current_wal_lsn()).
+    let slot = match server.in_recovery {
+        true => None,
+        false => slot_status(client, &c.slot).await?,
+    };
     Ok(Facts {
         server,
         database,
         publication,
-        tables,
-        missing_tables,
+        tables: outbox.tables.clone(),
+        missing_tables: outbox.missing.clone(),
         slot,
     })
 }
@@ -186,6 +193,7 @@ pub async fn gather(
 async fn server(client: &Client) -> Result<Server, slot_manager::Error> {
     let row = client
         .query_one(
+            &format!(
             "SELECT current_setting('server_version_num')::int,
                     current_setting('wal_level'),
                     current_setting('max_replication_slots')::int8,
@@ -201,13 +209,12 @@ async fn server(client: &Client) -> Result<Server, slot_manager::Error> {
                     (SELECT setting FROM pg_settings WHERE name = 'synchronized_standby_slots'),
                     current_user::text,
                     (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
-                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)
-                    OR CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')
-                            THEN pg_has_role(current_user, 'rds_replication', 'member') ELSE false END,
+                    {MAY_REPLICATE},
                     pg_is_in_recovery(),
                     CASE WHEN to_regclass('walbox.relay_state') IS NULL THEN NULL
                          ELSE has_table_privilege('walbox.relay_state', 'INSERT')
-                          AND has_table_privilege('walbox.relay_state', 'UPDATE') END",
+                          AND has_table_privilege('walbox.relay_state', 'UPDATE') END"
+            ),
             &[],
         )
         .await
@@ -246,17 +253,7 @@ async fn publication(
     else {
         return Ok(None);
     };
-    let tables = client
-        .query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables
-              WHERE pubname = $1 ORDER BY 1, 2",
-            &[&name],
-        )
-        .await
-        .map_err(slot_manager::Error::sql("read the publication's tables"))?
-        .iter()
-        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
-        .collect();
+    let tables = publication_tables(client, name).await?;
     Ok(Some(Publication {
         inserts: row.get(0),
         all_tables: row.get(1),
@@ -358,41 +355,6 @@ fn reason(e: &tokio_postgres::Error) -> String {
         Some(db) => db.message().to_owned(),
         None => e.to_string(),
     }
-}
-
-async fn slot(
-    client: &Client,
-    name: &str,
-    version_num: i32,
-) -> Result<Option<Slot>, slot_manager::Error> {
-    // Columns newer servers added, read through to_jsonb so that one
-    // query runs on every version.
-    let retained = match version_num >= 100_000 {
-        true => "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::int8 END",
-        false => "NULL::int8",
-    };
-    let sql = format!(
-        "SELECT s.plugin::text, s.slot_type, s.database::text, s.active, r.application_name,
-                to_jsonb(s)->>'wal_status', {retained},
-                (to_jsonb(s)->>'failover')::bool, to_jsonb(s)->>'invalidation_reason'
-           FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
-          WHERE s.slot_name = $1"
-    );
-    let row = client
-        .query_opt(&sql, &[&name])
-        .await
-        .map_err(slot_manager::Error::sql("read the slot"))?;
-    Ok(row.map(|r| Slot {
-        plugin: r.get(0),
-        slot_type: r.get(1),
-        database: r.get(2),
-        active: r.get(3),
-        streamed_by: r.get(4),
-        wal_status: r.get(5),
-        retained_bytes: r.get(6),
-        failover: r.get(7),
-        invalidation_reason: r.get(8),
-    }))
 }
 
 /// The verdicts.
@@ -571,6 +533,10 @@ fn human_secs(secs: i64) -> String {
 
 fn slot_findings(f: &Facts, e: &Expected) -> Vec<Finding> {
     let mut out = Vec::new();
+    // A standby: postgres.primary says so; its slots are not read.
+    if f.server.in_recovery {
+        return out;
+    }
     let Some(slot) = &f.slot else {
         out.push(Finding::info(
             "postgres.slot",
@@ -619,12 +585,12 @@ fn slot_findings(f: &Facts, e: &Expected) -> Vec<Finding> {
             "postgres.slot",
             format!(
                 "slot {name:?} keeps {} of WAL, past max_slot_wal_keep_size: it is invalidated at the next checkpoint unless walbox catches up",
-                slot.retained_bytes.map_or("?".into(), bytes)
+                slot.retained_wal_bytes.map_or("?".into(), bytes)
             ),
             "start walbox run now (or raise max_slot_wal_keep_size)",
         )),
         _ => {
-            let who = match (slot.active, &slot.streamed_by) {
+            let who = match (slot.active, &slot.application_name) {
                 (true, Some(app)) if !app.is_empty() => format!("streamed by {app}"),
                 (true, _) => "streamed by a process without application_name".to_owned(),
                 (false, _) => "not streamed now".to_owned(),
@@ -634,7 +600,7 @@ fn slot_findings(f: &Facts, e: &Expected) -> Vec<Finding> {
                 format!(
                     "slot {name:?}: pgoutput on {}, {who}, {} of WAL kept for it",
                     f.database,
-                    slot.retained_bytes.map_or("?".into(), bytes)
+                    slot.retained_wal_bytes.map_or("?".into(), bytes)
                 ),
             ));
         }
@@ -941,16 +907,14 @@ mod tests {
                 aggregate_types: vec!["order".into()],
             }],
             missing_tables: None,
-            slot: Some(Slot {
+            slot: Some(SlotStatus {
                 plugin: Some("pgoutput".into()),
                 slot_type: "logical".into(),
                 database: Some("app".into()),
-                active: false,
-                streamed_by: None,
                 wal_status: Some("reserved".into()),
-                retained_bytes: Some(1024),
+                retained_wal_bytes: Some(1024),
                 failover: Some(false),
-                invalidation_reason: None,
+                ..SlotStatus::default()
             }),
         };
         let expected = Expected {
