@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use amqprs::channel::{BasicGetArguments, Channel, QueueBindArguments, QueueDeclareArguments};
+use amqprs::channel::{
+    BasicCancelArguments, BasicConsumeArguments, Channel, QueueBindArguments,
+    QueueDeclareArguments,
+};
 use amqprs::connection::{Connection, OpenConnectionArguments};
 use amqprs::{FieldTable, FieldValue};
 use bytes::Bytes;
@@ -55,18 +58,40 @@ async fn queue(channel: &Channel, name: &str, routing_key: &str, arguments: Fiel
 }
 
 /// Every message in the queue, as (message_id, body).
+///
+/// Read by a consumer, not `basic.get`: amqprs 2.1.5 registers a get's
+/// responder on one queue and reads the answer from another, and a
+/// dispatcher preempted between the two panics ("get responder must be
+/// registered"), which failed this file's broker-kill test once in CI. A
+/// consumer's deliveries are buffered until it is registered.
 async fn drain(channel: &Channel, name: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    while let Some((_, properties, body)) = channel
-        .basic_get(BasicGetArguments::new(name).no_ack(true).finish())
+    let (_, count, _) = channel
+        .queue_declare(QueueDeclareArguments::new(name).passive(true).finish())
         .await
         .unwrap()
-    {
+        .expect("a passive declare answers");
+    let mut consume = BasicConsumeArguments::new(name, "walbox-test-drain");
+    consume.no_ack(true);
+    let (tag, mut deliveries) = channel.basic_consume_rx(consume).await.unwrap();
+    let mut out = Vec::new();
+    while out.len() < count as usize {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {count} messages within 30 s", out.len()))
+            .expect("the channel is open");
+        let (Some(properties), Some(body)) = (delivery.basic_properties, delivery.content)
+        else {
+            continue;
+        };
         out.push((
             properties.message_id().cloned().unwrap_or_default(),
             String::from_utf8(body).unwrap(),
         ));
     }
+    channel
+        .basic_cancel(BasicCancelArguments::new(&tag))
+        .await
+        .unwrap();
     out
 }
 
