@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use amqprs::channel::{
-    BasicCancelArguments, BasicConsumeArguments, Channel, QueueBindArguments,
-    QueueDeclareArguments,
+    BasicCancelArguments, BasicConsumeArguments, Channel, QueueBindArguments, QueueDeclareArguments,
 };
 use amqprs::connection::{Connection, OpenConnectionArguments};
 use amqprs::{FieldTable, FieldValue};
@@ -71,7 +70,7 @@ async fn drain(channel: &Channel, name: &str) -> Vec<(String, String)> {
         .unwrap()
         .expect("a passive declare answers");
     let mut consume = BasicConsumeArguments::new(name, "walbox-test-drain");
-    consume.no_ack(true);
+    consume.manual_ack(false);
     let (tag, mut deliveries) = channel.basic_consume_rx(consume).await.unwrap();
     let mut out = Vec::new();
     while out.len() < count as usize {
@@ -79,8 +78,7 @@ async fn drain(channel: &Channel, name: &str) -> Vec<(String, String)> {
             .await
             .unwrap_or_else(|_| panic!("{} of {count} messages within 30 s", out.len()))
             .expect("the channel is open");
-        let (Some(properties), Some(body)) = (delivery.basic_properties, delivery.content)
-        else {
+        let (Some(properties), Some(body)) = (delivery.basic_properties, delivery.content) else {
             continue;
         };
         out.push((

@@ -205,6 +205,34 @@ async fn a_permanent_error_is_reported_as_such() {
     assert!(e.message.to_lowercase().contains("authoriz"), "{e}");
 }
 
+/// Records are produced through a topic handle made once per topic; a name
+/// librdkafka cannot take (a NUL byte) is refused for good, the record
+/// handed back whole, and the next topic's records still go out.
+#[tokio::test]
+async fn a_topic_name_librdkafka_cannot_take_is_refused_for_good() {
+    let kafka = TestKafka::mock(1);
+    let topic = kafka.create_topic(1).await;
+    let mut c = config(&kafka);
+    c.gapless = false;
+    let (sink, mut reports) = Sink::new(&c).unwrap();
+    let bad = record("orders\0evil", 1, 1);
+    let mut good: Vec<Record<u64>> = (2..=101).map(|i| record(&topic, i, 3)).collect();
+    good.insert(0, bad);
+    let got = pump(&sink, &mut reports, good, Duration::from_secs(30)).await;
+    let refused = got.iter().find(|r| r.token == 1).unwrap();
+    let e = refused.result.as_ref().unwrap_err();
+    assert_eq!(e.kind, DeliveryErrorKind::Permanent, "{e}");
+    let back = refused.returned.as_ref().expect("the record comes back");
+    assert_eq!(&*back.topic, "orders\0evil");
+    assert!(back.value.is_some());
+    let delivered = got.iter().filter(|r| r.result.is_ok()).count();
+    assert_eq!(delivered, 100, "every record of the good topic delivered");
+    let stored = consume_n(&kafka, &topic, 100, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 100);
+}
+
 #[tokio::test]
 async fn a_permanently_refused_record_comes_back_whole_and_nothing_else_is_produced() {
     let kafka = TestKafka::mock(1);

@@ -24,7 +24,7 @@
 //! reports first); `send` is not, but only waits in the rare case the
 //! producer queue is full anyway, and then for deliveries, not on a timer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
+use rdkafka::producer::{Producer, PurgeConfig, ThreadedProducer};
+use rdkafka::util::IntoOpaque;
 use sink_core::tail::{MARK_ROOM, ORIGIN_HEADER};
 use sink_core::{Admission, DeliveryErrorKind, Permit, Record, Report};
 use tokio::sync::{mpsc, Notify};
@@ -44,11 +44,13 @@ use crate::problem::{BrokerProblem, ProblemLog};
 
 mod committed;
 mod context;
+mod produce;
 mod tail;
 mod topics;
 pub use topics::CompactedTopicError;
 
 use context::{Gap, Movement, Pending, Raw, SinkContext};
+use produce::{Headers, TopicHandle};
 
 /// librdkafka's transactional calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +66,10 @@ struct Inner<T: Send + Sync + 'static> {
     tx: mpsc::Sender<Raw<T>>,
     admission: Admission,
     room: Arc<Notify>,
-    known_topics: Mutex<HashSet<String>>,
+    /// Topics the brokers were found to know, with the handle their
+    /// records are produced through. Dropped before the producer (see
+    /// `Drop for Inner`).
+    known_topics: Mutex<HashMap<String, TopicHandle>>,
     /// Topics found missing, and when (see [`MISSING_TOPIC_MEMORY`]).
     missing_topics: Mutex<HashMap<String, Instant>>,
     /// Until when topic checks are skipped: the last one found no broker.
@@ -84,6 +89,28 @@ struct Inner<T: Send + Sync + 'static> {
     secrets: Arc<[String]>,
     /// `AWS_MSK_IAM`'s token maker.
     tokens: Option<Arc<crate::msk_iam::Tokens>>,
+}
+
+impl<T: Send + Sync + 'static> Inner<T> {
+    /// A new handle of `topic` on this producer (`None`: a name librdkafka
+    /// refuses).
+    #[allow(unsafe_code)]
+    fn topic_handle(&self, topic: &str) -> Option<TopicHandle> {
+        // SAFETY: the producer is live, and handles are dropped before it
+        // (`Drop for Inner`, and callers hold `&Inner` while they use one).
+        unsafe { TopicHandle::new(self.producer.client().native_ptr(), topic) }
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for Inner<T> {
+    fn drop(&mut self) {
+        // librdkafka wants the application's topic handles destroyed before
+        // the producer; fields drop after this, the producer first.
+        self.known_topics
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
 }
 
 /// What a metadata request found (the Kafka protocol carries no broker
@@ -161,7 +188,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
             tx,
             admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
             room,
-            known_topics: Mutex::new(HashSet::new()),
+            known_topics: Mutex::new(HashMap::new()),
             missing_topics: Mutex::new(HashMap::new()),
             brokers_down_until: Mutex::new(None),
             message_max_bytes: config.message_max_bytes(),
@@ -296,6 +323,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// be produced as it is (larger than `message.max.bytes`, a topic the
     /// broker says does not exist) is reported as a permanent failure within
     /// seconds, not left waiting.
+    #[allow(unsafe_code)]
     pub async fn send(&self, permit: Permit, record: Record<T>) {
         let inner = &self.inner;
         if inner.admission.in_flight() <= 1 {
@@ -328,19 +356,31 @@ impl<T: Send + Sync + 'static> Sink<T> {
             inner.fail_before_producing(record, token, permit, error);
             return;
         }
-        if let Err(error) = self.check_topic(&record.topic).await {
-            tracing::error!(topic = %record.topic, %error, "cannot produce to topic");
-            let (record, token) = record.split_token();
+        let handle = match self.check_topic(&record.topic).await {
+            Ok(Some(handle)) => Some(handle),
+            // Not checked (no broker answered, or no clear answer): produced
+            // all the same, through a handle of its own.
+            Ok(None) => inner.topic_handle(&record.topic),
+            Err(error) => {
+                tracing::error!(topic = %record.topic, %error, "cannot produce to topic");
+                let (record, token) = record.split_token();
+                inner.fail_before_producing(record, token, permit, error);
+                return;
+            }
+        };
+        let (record, token) = record.split_token();
+        let Some(handle) = handle else {
+            let error = Failure::new(
+                DeliveryErrorKind::Permanent,
+                Some(RDKafkaErrorCode::InvalidTopic),
+                format!("librdkafka refuses the topic name {:?}", record.topic),
+            );
             inner.fail_before_producing(record, token, permit, error);
             return;
-        }
-        let (record, token) = record.split_token();
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
+        };
+        let mut headers = Headers::with_capacity(record.headers.len() + 1);
         for h in &record.headers {
-            headers = headers.insert(Header {
-                key: &h.name,
-                value: Some(h.value.as_ref()),
-            });
+            headers.add(&h.name, &h.value);
         }
         // Where it came from: what a restart reads back (see `tail.rs`),
         // written on the stack (the headers copy it).
@@ -354,11 +394,13 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     long.as_bytes()
                 }
             };
-            headers = headers.insert(Header {
-                key: ORIGIN_HEADER,
-                value: Some(mark),
-            });
+            headers.add(ORIGIN_HEADER, mark);
         }
+        let message = produce::Message {
+            key: record.key.as_deref(),
+            value: record.value.as_deref(),
+            timestamp_ms: record.timestamp_ms.unwrap_or(0),
+        };
         let mut pending = Box::new(Pending {
             token,
             permits: permit,
@@ -369,38 +411,33 @@ impl<T: Send + Sync + 'static> Sink<T> {
         // not missed.
         let mut room = None;
         loop {
-            let mut base: BaseRecord<'_, [u8], [u8], Box<Pending<T>>> =
-                BaseRecord::with_opaque_to(&record.topic, pending).headers(headers);
-            if let Some(k) = record.key.as_deref() {
-                base = base.key(k);
-            }
-            if let Some(v) = record.value.as_deref() {
-                base = base.payload(v);
-            }
-            if let Some(ts) = record.timestamp_ms {
-                base = base.timestamp(ts);
-            }
-            match inner.producer.send(base) {
+            let opaque = pending.into_ptr();
+            let rk = inner.producer.client().native_ptr();
+            // SAFETY: `rk` is the producer `handle` was made by (both held
+            // by `inner`), and the opaque is the `Box<Pending<T>>` its
+            // delivery callback takes back.
+            let refused = unsafe { produce::produce(rk, &handle, &message, headers, opaque) };
+            let code;
+            (code, headers) = match refused {
                 Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), mut base)) => {
-                    headers = base.headers.take().unwrap_or_default();
-                    pending = base.delivery_opaque;
-                    match room.take() {
-                        None => {
-                            let mut notified = Box::pin(inner.room.notified());
-                            notified.as_mut().enable();
-                            room = Some(notified);
-                        }
-                        // Wait for a delivery to free queue space (no timer).
-                        Some(notified) => notified.await,
-                    }
+                Err(refused) => refused,
+            };
+            // SAFETY: refused, so librdkafka did not keep the opaque.
+            pending = unsafe { Box::<Pending<T>>::from_ptr(opaque) };
+            if code != RDKafkaErrorCode::QueueFull {
+                let error = Failure::from_kafka(&KafkaError::MessageProduction(code));
+                let Pending { token, permits } = *pending;
+                inner.fail_before_producing(record, token, permits, error);
+                return;
+            }
+            match room.take() {
+                None => {
+                    let mut notified = Box::pin(inner.room.notified());
+                    notified.as_mut().enable();
+                    room = Some(notified);
                 }
-                Err((e, base)) => {
-                    let error = Failure::from_kafka(&e);
-                    let Pending { token, permits } = *base.delivery_opaque;
-                    inner.fail_before_producing(record, token, permits, error);
-                    return;
-                }
+                // Wait for a delivery to free queue space (no timer).
+                Some(notified) => notified.await,
             }
         }
     }

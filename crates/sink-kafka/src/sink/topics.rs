@@ -10,6 +10,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer;
 
+use super::produce::TopicHandle;
 use super::Sink;
 use crate::config::TopicSpec;
 use sink_core::DeliveryErrorKind;
@@ -99,13 +100,19 @@ pub(crate) enum TopicVerdict {
 
 impl<T: Send + Sync + 'static> Sink<T> {
     /// Remembers that the brokers know `topic`: its records are produced
-    /// without another check.
-    pub(crate) fn remember_known(&self, topic: &str) {
+    /// without another check, through the handle returned (`None`: a name
+    /// librdkafka refuses).
+    pub(crate) fn remember_known(&self, topic: &str) -> Option<TopicHandle> {
         let mut known = self.inner.known_topics.lock().expect("not poisoned");
+        if let Some(handle) = known.get(topic) {
+            return Some(handle.clone());
+        }
         if known.len() >= MAX_KNOWN_TOPICS {
             known.clear();
         }
-        known.insert(topic.to_owned());
+        let handle = self.inner.topic_handle(topic)?;
+        known.insert(topic.to_owned(), handle.clone());
+        Some(handle)
     }
 
     /// Checks once per topic that the broker knows it. A topic it does not
@@ -113,19 +120,23 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// otherwise waited for up to [`MISSING_TOPIC_GRACE`] (one created a
     /// moment before its first record is not refused). While the brokers
     /// are unreachable the check is skipped (see [`BROKERS_DOWN_BACKOFF`]).
-    pub(super) async fn check_topic(&self, topic: &str) -> Result<(), Failure> {
-        if self
+    ///
+    /// The handle to produce with is returned for a topic found known;
+    /// `None` when the check was skipped or unsure (the record is produced
+    /// all the same).
+    pub(super) async fn check_topic(&self, topic: &str) -> Result<Option<TopicHandle>, Failure> {
+        if let Some(handle) = self
             .inner
             .known_topics
             .lock()
             .expect("not poisoned")
-            .contains(topic)
+            .get(topic)
         {
-            return Ok(());
+            return Ok(Some(handle.clone()));
         }
         let down_until = *self.inner.brokers_down_until.lock().expect("not poisoned");
         if down_until.is_some_and(|t| Instant::now() < t) {
-            return Ok(());
+            return Ok(None);
         }
         // Found missing a moment ago: refused at once; found missing a while
         // ago: one more look, without the grace.
@@ -146,10 +157,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
         let mut created = false;
         loop {
             match self.topic_verdict(topic).await {
-                TopicVerdict::Known => {
-                    self.remember_known(topic);
-                    return Ok(());
-                }
+                TopicVerdict::Known => return Ok(self.remember_known(topic)),
                 TopicVerdict::Missing(e) => {
                     if let (Some(spec), false) = (&self.inner.create_topics, created) {
                         match self.create_topic(topic, spec).await {
@@ -157,7 +165,7 @@ impl<T: Send + Sync + 'static> Sink<T> {
                             Err(CreateError::Refused(e)) => return Err(e),
                             Err(CreateError::Unanswered(why)) => {
                                 self.brokers_down(topic, &why);
-                                return Ok(());
+                                return Ok(None);
                             }
                         }
                     } else if Instant::now() >= deadline {
@@ -173,10 +181,10 @@ impl<T: Send + Sync + 'static> Sink<T> {
                     tokio::time::sleep(TOPIC_RECHECK).await;
                 }
                 TopicVerdict::Refused(e) => return Err(e),
-                TopicVerdict::Unsure => return Ok(()),
+                TopicVerdict::Unsure => return Ok(None),
                 TopicVerdict::NoBroker => {
                     self.brokers_down(topic, "no broker answered a metadata request");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }
@@ -332,7 +340,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
                 )))
             }
             // Its records are produced without another check.
-            TopicVerdict::Known => self.remember_known(topic),
+            TopicVerdict::Known => {
+                self.remember_known(topic);
+            }
             TopicVerdict::Unsure => {}
         }
         let admin = self
