@@ -119,6 +119,30 @@ impl Reader {
 
     /// A length-prefixed (`Int32`) byte string. A negative length is an error.
     pub(crate) fn len_prefixed(&mut self, expected: &'static str) -> Result<Bytes, DecodeError> {
+        let len = self.length(expected)?;
+        self.bytes(len, expected)
+    }
+
+    /// Checks and passes over a length-prefixed (`Int32`) byte string, as
+    /// [`Reader::len_prefixed`] without making a `Bytes` of it: a tuple's
+    /// columns are checked this way, once per column of every row, and a
+    /// slice made and dropped there cost two atomic reference-count
+    /// updates each.
+    pub(crate) fn skip_len_prefixed(&mut self, expected: &'static str) -> Result<(), DecodeError> {
+        let len = self.length(expected)?;
+        if len > self.remaining() {
+            return Err(self.error(DecodeErrorKind::Truncated {
+                expected,
+                need: len,
+                have: self.remaining(),
+            }));
+        }
+        self.pos += len;
+        Ok(())
+    }
+
+    /// An `Int32` length; a negative one is an error.
+    fn length(&mut self, expected: &'static str) -> Result<usize, DecodeError> {
         let at = self.pos;
         let len = self.i32(expected)?;
         if len < 0 {
@@ -130,7 +154,7 @@ impl Reader {
                 },
             ));
         }
-        self.bytes(len as usize, expected)
+        Ok(len as usize)
     }
 
     /// A NUL-terminated UTF-8 string; the NUL is consumed, not returned.

@@ -58,7 +58,7 @@ impl TupleData {
             match r.u8("tuple column kind")? {
                 b'n' | b'u' => {}
                 b't' | b'b' => {
-                    r.len_prefixed("tuple column value")?;
+                    r.skip_len_prefixed("tuple column value")?;
                 }
                 other => {
                     return Err(

@@ -34,7 +34,7 @@ pub(super) struct Raw<T> {
 }
 
 pub(super) struct SinkContext<T> {
-    pub(super) tx: mpsc::Sender<Raw<T>>,
+    pub(super) tx: mpsc::UnboundedSender<Raw<T>>,
     pub(super) room: Arc<Notify>,
     /// Secret property values, scrubbed from librdkafka's messages.
     pub(super) secrets: Arc<[String]>,
@@ -186,10 +186,9 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
             }
         };
         self.movement.touch();
-        // Never waits: the channel has a place for every record in flight.
-        if let Err(mpsc::error::TrySendError::Full(raw)) = self.tx.try_send(raw) {
-            let _ = self.tx.blocking_send(raw);
-        }
+        // Never waits. The channel is unbounded, but what it holds is
+        // bounded by the admission: each report carries its record's permit.
+        let _ = self.tx.send(raw);
         self.room.notify_waiters();
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! caller ── reserve(size) ──► Permit ── send(permit, record) ──► librdkafka queue ──► broker
 //!    ▲                                                                       │
-//!    └──── Reports::next() ◄── bounded channel ◄── delivery callback ◄───────┘
+//!    └──── Reports::next() ◄── report channel ◄─── delivery callback ◄───────┘
 //! ```
 //!
 //! Reports only report: a record the broker refused for good
@@ -15,10 +15,11 @@
 //! librdkafka frees queue space only after a record's delivery callback has
 //! run, so that callback must never wait for the caller. The sink therefore
 //! bounds what is in flight itself: [`Sink::reserve`] takes a slot and the
-//! record's bytes from two semaphores, and they return only when the caller
+//! record's bytes from the admission, and they return only when the caller
 //! receives the record's report from [`Reports::next`]. The report channel
-//! holds as many reports as there are slots, so the callback always finds
-//! room, and the producer queue is sized above the same bounds.
+//! never refuses the callback, and holds no more reports than there are
+//! slots (each holds its record's permit); the producer queue is sized
+//! above the same bounds.
 //!
 //! `reserve` is cancel-safe (use it in `select!` beside `Reports::next`,
 //! reports first); `send` is not, but only waits in the rare case the
@@ -63,7 +64,7 @@ pub(crate) enum TxnCall {
 struct Inner<T: Send + Sync + 'static> {
     producer: ThreadedProducer<SinkContext<T>>,
     /// For failures found before producing (size, unknown topic).
-    tx: mpsc::Sender<Raw<T>>,
+    tx: mpsc::UnboundedSender<Raw<T>>,
     admission: Admission,
     room: Arc<Notify>,
     /// Topics the brokers were found to know, with the handle their
@@ -138,7 +139,7 @@ impl<T: Send + Sync + 'static> Clone for Sink<T> {
 
 /// The reporting half: each sent record's fate, once.
 pub struct Reports<T: Send + Sync + 'static> {
-    rx: mpsc::Receiver<Raw<T>>,
+    rx: mpsc::UnboundedReceiver<Raw<T>>,
     /// Keeps the producer, and so its delivery callbacks, alive while
     /// reports are awaited.
     producer: Arc<Inner<T>>,
@@ -156,7 +157,10 @@ impl<T: Send + Sync + 'static> Sink<T> {
     /// Creates the producer. Nothing is sent to the broker until the first record.
     pub fn new(config: &SinkConfig) -> Result<(Sink<T>, Reports<T>), SinkError> {
         let client_config = config.client_config()?;
-        let (tx, rx) = mpsc::channel(config.max_in_flight);
+        // Unbounded, as the admission bounds it: a report holds its
+        // record's permit until received. (A bounded channel's semaphore
+        // took a lock per report received.)
+        let (tx, rx) = mpsc::unbounded_channel();
         let room = Arc::new(Notify::new());
         let problems = Arc::new(ProblemLog::new(config.msk_iam()));
         let secrets: Arc<[String]> = config.secret_values().into();
@@ -540,8 +544,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),
             report: Err(error),
         };
-        // The permit guarantees a place in the channel.
-        let _ = self.tx.try_send(raw);
+        let _ = self.tx.send(raw);
     }
 }
 

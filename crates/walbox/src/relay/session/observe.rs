@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use pgoutput_decoder::PgTimestamp;
 use sink_core::Delivered;
 
-use crate::metrics::{KindLabels, Metrics, TopicLabel};
+use crate::metrics::{KindLabels, Metrics};
 use crate::receipts::Receipt;
 use crate::relay::core::{HistoryChange, Observation, Positions, ProgressNote, TransactionNote};
 use crate::relay::{RelayConfig, Token};
@@ -266,19 +266,18 @@ fn receipt(config: &RelayConfig, token: &Token, at: &Delivered) {
 /// Metrics of an event delivered at `wall` (at least once: acknowledged;
 /// exactly once: its transaction committed), and its span ended.
 fn count_delivered(config: &RelayConfig, metrics: &Metrics, token: &Token, wall: PgTimestamp) {
-    let topic = metrics.topic_label(&token.topic);
     match token.dead_letter() {
         Some(kind) => {
             metrics
                 .dead_lettered
                 .get_or_create(&KindLabels {
-                    topic,
+                    topic: metrics.topic_label(&token.topic),
                     kind: kind.as_str(),
                 })
                 .inc();
         }
         None => {
-            metrics.published.get_or_create(&TopicLabel { topic }).inc();
+            metrics.count_published(&token.topic);
             // A backfilled row has no commit time: no latency.
             if token.commit_time != PgTimestamp::default() {
                 let micros = wall.as_unix_micros() - token.commit_time.as_unix_micros();
