@@ -259,6 +259,22 @@ impl Relay {
     /// percentiles since it started, from the line it logs as it stops:
     /// `(events, p50, p99, p99.9, max)`, ms.
     pub(crate) fn stop_walbox(&mut self) -> Option<ExactLatency> {
+        ExactLatency::parse(&self.stop_walbox_log()?)
+    }
+
+    /// Stops walbox (SIGTERM) and returns both exact latencies it logs as
+    /// it stops: commit → read (its transaction's end read from the slot)
+    /// and commit → ack.
+    pub(crate) fn stop_walbox_split(&mut self) -> Option<(ExactLatency, ExactLatency)> {
+        let log = self.stop_walbox_log()?;
+        Some((
+            ExactLatency::parse_named(&log, "commit to read")?,
+            ExactLatency::parse(&log)?,
+        ))
+    }
+
+    /// Stops walbox (SIGTERM), checks it exited cleanly, and returns its log.
+    fn stop_walbox_log(&mut self) -> Option<String> {
         let Relay::Walbox { process, .. } = self else {
             return None;
         };
@@ -270,7 +286,7 @@ impl Relay {
             "walbox exited with {status} on SIGTERM:\n{}",
             tail(&log, 30)
         );
-        ExactLatency::parse(&log)
+        Some(log)
     }
 }
 
@@ -287,10 +303,13 @@ pub(crate) struct ExactLatency {
 
 impl ExactLatency {
     fn parse(log: &str) -> Option<ExactLatency> {
-        let line = log
-            .lines()
-            .rev()
-            .find(|l| l.contains("commit to ack since start (exact)"))?;
+        Self::parse_named(log, "commit to ack")
+    }
+
+    /// The last `<what> since start (exact)` line of `log`.
+    fn parse_named(log: &str, what: &str) -> Option<ExactLatency> {
+        let marker = format!("{what} since start (exact)");
+        let line = log.lines().rev().find(|l| l.contains(&marker))?;
         let field = |name: &str| -> Option<f64> {
             let at = line.find(&format!("{name}="))? + name.len() + 1;
             let v: String = line[at..]
@@ -333,5 +352,9 @@ mod tests {
             (100.0, 4.2, 9.0, 12.5, 30.25)
         );
         assert!(ExactLatency::parse("commit to read since start (exact) events=1").is_none());
+        let both = format!("{plain}\n2026-11-25T09:00:00Z  INFO walbox::commands::run: commit to read since start (exact) events=100 p50_ms=1.5 p99_ms=3 p999_ms=4 max_ms=7");
+        let read = ExactLatency::parse_named(&both, "commit to read").expect("parsed");
+        assert_eq!((read.p50_ms, read.p99_ms), (1.5, 3.0));
+        assert_eq!(ExactLatency::parse(&both).expect("parsed").p99_ms, 9.0);
     }
 }

@@ -36,8 +36,24 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
             5.min(seconds),
         );
         wait_on_topic(&world, &mut relay, &label, &topic, &from, warm).await;
+        // walbox's own split of the latency (commit → read from the slot,
+        // commit → ack) comes from the exact histograms it logs as it
+        // stops, since its start: a walbox process of its own per rate,
+        // ready when a probe went through (one event among thousands).
+        let split = kind == Kind::Walbox;
+        let mut running = true;
         for rate in RATES {
             let point = point_name(rate);
+            if split {
+                if running {
+                    relay.stop();
+                }
+                relay.restart();
+                running = true;
+                let from = world.ends(&topic);
+                write(&world, 1, "probe").await;
+                wait_on_topic(&world, &mut relay, &label, &topic, &from, 1).await;
+            }
             eprintln!("bench: curve: {label} at {point} events/s for {seconds} s");
             let tag = format!("{}-{point}", kind.slot());
             let from = world.ends(&topic);
@@ -59,8 +75,24 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
             ] {
                 results.record("curve", &key(m), quantile(&latencies, q));
             }
+            if split {
+                let (read, ack) = relay
+                    .stop_walbox_split()
+                    .expect("walbox's exact latency lines");
+                for (m, v) in [
+                    ("read_p50_ms", read.p50_ms),
+                    ("read_p99_ms", read.p99_ms),
+                    ("ack_p50_ms", ack.p50_ms),
+                    ("ack_p99_ms", ack.p99_ms),
+                ] {
+                    results.record("curve", &key(m), v);
+                }
+                running = false;
+            }
         }
-        relay.stop();
+        if running {
+            relay.stop();
+        }
         world.drop_slot(&kind.slot()).await;
     }
 }

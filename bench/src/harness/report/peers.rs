@@ -190,6 +190,28 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
         }
     }
     let _ = writeln!(s, "\nThe commit's time is Postgres's commit timestamp (`track_commit_timestamp = on`, µs); on the topic is the broker's append time (`message.timestamp.type = LogAppendTime`, whole ms), so each latency is exact to within 1 ms. Both include the commit's WAL flush.\n");
+    if !r.has("curve", "walbox_1000_read_p99_ms") {
+        return;
+    }
+    let _ = writeln!(s, "Where walbox's part of it goes: its own exact histograms over every event of the point (a walbox process per point, logged as it stops): from the commit to walbox reading the transaction's end from the slot (Postgres: the WAL flush, the walsender's decoding, the network), and to the broker's acknowledgement (walbox, librdkafka's batching, the broker's append and replication). The difference of the two p99s is a bound on walbox's and the broker's share of the tail, not an exact split (the percentiles of a sum are not sums of percentiles).\n");
+    let _ = writeln!(s, "| asked rate | commit → read p50 | commit → read p99 | commit → ack p50 | commit → ack p99 |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for rate in RATES {
+        let k = |m: &str| format!("walbox_{}_{m}", point_name(rate));
+        if !r.has("curve", &k("read_p99_ms")) {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            rate.map_or("as fast as pgbench writes".into(), |r| format!("{r}/s")),
+            r.stat("curve", &k("read_p50_ms"), 1, " ms"),
+            r.stat("curve", &k("read_p99_ms"), 1, " ms"),
+            r.stat("curve", &k("ack_p50_ms"), 1, " ms"),
+            r.stat("curve", &k("ack_p99_ms"), 1, " ms"),
+        );
+    }
+    let _ = writeln!(s);
 }
 
 fn kill(s: &mut String, r: &Results) {
