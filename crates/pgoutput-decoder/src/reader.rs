@@ -105,6 +105,12 @@ impl Reader {
 
     /// `n` bytes, as a slice of the message.
     pub(crate) fn bytes(&mut self, n: usize, expected: &'static str) -> Result<Bytes, DecodeError> {
+        let start = self.skip(n, expected)?;
+        Ok(self.buf.slice(start..self.pos))
+    }
+
+    /// Passes over `n` bytes; where they start. Past the end is an error.
+    fn skip(&mut self, n: usize, expected: &'static str) -> Result<usize, DecodeError> {
         if n > self.remaining() {
             return Err(self.error(DecodeErrorKind::Truncated {
                 expected,
@@ -112,14 +118,14 @@ impl Reader {
                 have: self.remaining(),
             }));
         }
-        let out = self.buf.slice(self.pos..self.pos + n);
+        let start = self.pos;
         self.pos += n;
-        Ok(out)
+        Ok(start)
     }
 
     /// A length-prefixed (`Int32`) byte string. A negative length is an error.
     pub(crate) fn len_prefixed(&mut self, expected: &'static str) -> Result<Bytes, DecodeError> {
-        let len = self.length(expected)?;
+        let len = self.count(true, expected)?;
         self.bytes(len, expected)
     }
 
@@ -129,32 +135,8 @@ impl Reader {
     /// slice made and dropped there cost two atomic reference-count
     /// updates each.
     pub(crate) fn skip_len_prefixed(&mut self, expected: &'static str) -> Result<(), DecodeError> {
-        let len = self.length(expected)?;
-        if len > self.remaining() {
-            return Err(self.error(DecodeErrorKind::Truncated {
-                expected,
-                need: len,
-                have: self.remaining(),
-            }));
-        }
-        self.pos += len;
-        Ok(())
-    }
-
-    /// An `Int32` length; a negative one is an error.
-    fn length(&mut self, expected: &'static str) -> Result<usize, DecodeError> {
-        let at = self.pos;
-        let len = self.i32(expected)?;
-        if len < 0 {
-            return Err(self.error_at(
-                at,
-                DecodeErrorKind::NegativeLength {
-                    length: len,
-                    field: expected,
-                },
-            ));
-        }
-        Ok(len as usize)
+        let len = self.count(true, expected)?;
+        self.skip(len, expected).map(|_| ())
     }
 
     /// A NUL-terminated UTF-8 string; the NUL is consumed, not returned.

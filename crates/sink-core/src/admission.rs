@@ -291,24 +291,19 @@ mod tests {
         let a = Admission::new(10, 4096);
         let held: Vec<Permit> = vec![a.reserve(1024).await, a.reserve(1024).await];
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let big = {
+        // A reserver that notes its name once it has room.
+        let reserver = |size: usize, name: &'static str| {
             let (a, order) = (a.clone(), Arc::clone(&order));
             tokio::spawn(async move {
-                let p = a.reserve(4096).await;
-                order.lock().unwrap().push("big");
+                let p = a.reserve(size).await;
+                order.lock().unwrap().push(name);
                 p
             })
         };
+        let big = reserver(4096, "big");
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Room for a small one now, but the big one came first.
-        let small = {
-            let (a, order) = (a.clone(), Arc::clone(&order));
-            tokio::spawn(async move {
-                let p = a.reserve(1).await;
-                order.lock().unwrap().push("small");
-                p
-            })
-        };
+        let small = reserver(1, "small");
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(
             order.lock().unwrap().is_empty(),
