@@ -267,14 +267,11 @@ impl Relay {
     /// and commit → ack.
     pub(crate) fn stop_walbox_split(&mut self) -> Option<(ExactLatency, ExactLatency)> {
         let log = self.stop_walbox_log()?;
-        Some((
-            ExactLatency::parse_named(&log, "commit to read")?,
-            ExactLatency::parse(&log)?,
-        ))
+        split(&log)
     }
 
     /// Stops walbox (SIGTERM), checks it exited cleanly, and returns its log.
-    fn stop_walbox_log(&mut self) -> Option<String> {
+    pub(crate) fn stop_walbox_log(&mut self) -> Option<String> {
         let Relay::Walbox { process, .. } = self else {
             return None;
         };
@@ -309,15 +306,7 @@ impl ExactLatency {
     /// The last `<what> since start (exact)` line of `log`.
     fn parse_named(log: &str, what: &str) -> Option<ExactLatency> {
         let marker = format!("{what} since start (exact)");
-        let line = log.lines().rev().find(|l| l.contains(&marker))?;
-        let field = |name: &str| -> Option<f64> {
-            let at = line.find(&format!("{name}="))? + name.len() + 1;
-            let v: String = line[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.')
-                .collect();
-            v.parse().ok()
-        };
+        let field = |name: &str| log_field(log, &marker, name);
         Some(ExactLatency {
             events: field("events")?,
             p50_ms: field("p50_ms")?,
@@ -326,6 +315,26 @@ impl ExactLatency {
             max_ms: field("max_ms")?,
         })
     }
+}
+
+/// Both exact latencies of a walbox log: commit → read and commit → ack.
+pub(crate) fn split(log: &str) -> Option<(ExactLatency, ExactLatency)> {
+    Some((
+        ExactLatency::parse_named(log, "commit to read")?,
+        ExactLatency::parse(log)?,
+    ))
+}
+
+/// The number `name=` holds on the last line of `log` that contains
+/// `marker`.
+pub(crate) fn log_field(log: &str, marker: &str, name: &str) -> Option<f64> {
+    let line = log.lines().rev().find(|l| l.contains(marker))?;
+    let at = line.find(&format!("{name}="))? + name.len() + 1;
+    let v: String = line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    v.parse().ok()
 }
 
 fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -233,6 +233,12 @@ impl World {
     }
 
     /// The server's current WAL position, as text.
+    /// CPU seconds the (single) Kafka broker spent so far.
+    pub(crate) fn broker_cpu(&self) -> f64 {
+        let pid = self.cluster.pid(0).expect("the broker runs");
+        crate::procstat::usage(pid).map_or(0.0, |u| u.cpu_s)
+    }
+
     pub(crate) async fn wal_lsn(&self) -> String {
         self.one::<String>("SELECT pg_current_wal_lsn()::text")
             .await

@@ -520,6 +520,11 @@ impl KafkaCluster {
         }
     }
 
+    /// The process id of node `i`, while it runs (for its CPU time).
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].process.as_ref().map(|p| p.pid)
+    }
+
     /// Stops node `i` with SIGSTOP (a black hole: connections stay open,
     /// nothing answers) until [`KafkaCluster::resume`].
     pub fn pause(&self, i: usize) {

@@ -112,10 +112,18 @@ async fn drain(
     results.record("eos", &m("duplicates"), duplicates as f64);
 }
 
-/// Commit → ack at 5,000 events/s (one event per transaction) for
-/// `seconds`, exact over every event from walbox's own histogram (for
-/// exactly-once, until the event's Kafka transaction committed). A first
-/// run of 5 s, not measured, warms the broker (its transaction
+/// The rates the latency is measured at, events/s: the commit cadence
+/// follows the rate (`transactions.min_interval_ms`).
+const RATES: [u32; 3] = [100, 1_000, 5_000];
+
+/// Commit → read and commit → ack at each of [`RATES`] (one event per
+/// Postgres transaction) for `seconds`, exact over every event from
+/// walbox's own histograms (for exactly-once, until the event's Kafka
+/// transaction committed), with the Kafka transactions committed and the
+/// broker's CPU. A walbox process per rate (its histograms count from its
+/// start), ready once a probe event was confirmed (exactly-once: its Kafka
+/// transaction committed, so the producer's start is not measured). A
+/// first run of 5 s, not measured, warms the broker (its transaction
 /// coordinator, the topic's leaders) up.
 async fn latency(
     results: &mut Results,
@@ -124,32 +132,53 @@ async fn latency(
     kind: Kind,
     seconds: u32,
 ) {
-    for (warm, secs) in [(true, 5.min(seconds)), (false, seconds)] {
+    let runs = std::iter::once((None, 5.min(seconds))).chain(RATES.map(|r| (Some(r), seconds)));
+    for (rate, secs) in runs {
         let mut relay = Relay::start(kind, world);
         let t0 = Instant::now();
-        // Ready once it streams: its slot is active.
         while world.walsender(&kind.slot()).await.is_none() {
             crate::peers::watch(&mut relay, t0, &kind.label());
             tokio::time::sleep(crate::peers::TICK).await;
         }
-        if !warm {
-            eprintln!("bench: eos: {} at 5000 events/s for {secs} s", kind.label());
+        world
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('order', 'probe', 'probe', '{}')",
+            )
+            .await;
+        let probe = world.wal_lsn().await;
+        wait_confirmed(world, &mut [&mut relay], &kind.slot(), &probe).await;
+        let point = rate.map_or("warm-up".to_owned(), |r| r.to_string());
+        if rate.is_some() {
+            eprintln!(
+                "bench: eos: {} at {point} events/s for {secs} s",
+                kind.label()
+            );
         }
-        let tag = format!("{}-{}", kind.slot(), if warm { "warm-up" } else { "5000" });
-        let written = pgbench(&world.writer(), dir, &tag, Some(5000), secs);
+        let tag = format!("{}-{point}", kind.slot());
+        let broker0 = world.broker_cpu();
+        let written = pgbench(&world.writer(), dir, &tag, Some(rate.unwrap_or(5000)), secs);
         let end = world.wal_lsn().await;
         wait_confirmed(world, &mut [&mut relay], &kind.slot(), &end).await;
-        let exact = relay.stop_walbox().expect("walbox's exact latency line");
-        if warm {
-            continue;
-        }
-        let m = |x: &str| format!("{}_5000_{x}", kind.slot());
+        let broker = world.broker_cpu() - broker0;
+        let log = relay.stop_walbox_log().expect("walbox's log");
+        let Some(rate) = rate else { continue };
+        let (read, ack) = crate::relay::split(&log).expect("walbox's exact latency lines");
+        let m = |x: &str| format!("{}_{rate}_{x}", kind.slot());
         results.record("eos", &m("written"), written as f64);
         results.record("eos", &m("eps"), written as f64 / f64::from(secs));
-        results.record("eos", &m("events"), exact.events);
-        results.record("eos", &m("p50_ms"), exact.p50_ms);
-        results.record("eos", &m("p99_ms"), exact.p99_ms);
-        results.record("eos", &m("p999_ms"), exact.p999_ms);
-        results.record("eos", &m("max_ms"), exact.max_ms);
+        results.record("eos", &m("events"), ack.events);
+        results.record("eos", &m("p50_ms"), ack.p50_ms);
+        results.record("eos", &m("p99_ms"), ack.p99_ms);
+        results.record("eos", &m("p999_ms"), ack.p999_ms);
+        results.record("eos", &m("max_ms"), ack.max_ms);
+        results.record("eos", &m("read_p50_ms"), read.p50_ms);
+        results.record("eos", &m("read_p99_ms"), read.p99_ms);
+        results.record("eos", &m("broker_cpu_s"), broker);
+        if let Some(n) =
+            crate::relay::log_field(&log, "Kafka transactions since start", "committed")
+        {
+            results.record("eos", &m("commits"), n);
+        }
     }
 }

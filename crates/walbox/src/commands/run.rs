@@ -288,6 +288,13 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
     log_exact(&metrics.commit_to_ack_exact, "commit to ack");
     log_exact(&metrics.commit_to_read_exact, "commit to read");
+    if settings.exactly_once.is_some() {
+        tracing::info!(
+            committed = metrics.transactions_committed.get(),
+            aborted = metrics.transactions_aborted.get(),
+            "Kafka transactions since start"
+        );
+    }
     result
 }
 

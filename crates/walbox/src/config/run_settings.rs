@@ -576,7 +576,8 @@ impl Config {
                 || t.progress_topic.is_some()
                 || t.max_events.is_some()
                 || t.max_bytes.is_some()
-                || t.max_ms.is_some();
+                || t.max_ms.is_some()
+                || t.min_interval_ms.is_some();
             if set {
                 return Err(ConfigError(
                     "transactions.* apply to delivery = \"exactly-once\": set it, or remove them"
@@ -618,6 +619,17 @@ impl Config {
         if max_ms > 600_000 {
             return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));
         }
+        let min_interval_ms = count(
+            "min_interval_ms",
+            t.min_interval_ms,
+            d.min_interval.as_millis() as usize,
+            0,
+        )?;
+        if min_interval_ms > max_ms {
+            return Err(ConfigError(format!(
+                "transactions.min_interval_ms ({min_interval_ms}) is above transactions.max_ms ({max_ms}): a transaction closes at max_ms after its first event whatever the interval; lower min_interval_ms, or raise max_ms"
+            )));
+        }
         Ok(Some(ExactlyOnce {
             progress_topic,
             transactional_id,
@@ -627,6 +639,7 @@ impl Config {
                 max_events: count("max_events", t.max_events, d.max_events, 1)?,
                 max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,
                 max_time: Duration::from_millis(max_ms as u64),
+                min_interval: Duration::from_millis(min_interval_ms as u64),
             },
         }))
     }

@@ -3,11 +3,17 @@
 //! [`crate::exactly_once`]).
 //!
 //! ```text
-//!  Idle ──first record sent──► Open ──bound reached, nothing waiting──► Closing
+//!  Idle ──first record sent──► Open ──due, nothing waiting──► Closing
 //!   ▲                                   (progress record queued)           │ record sent
 //!   └──── acks the events to Progress ◄── commit ok ◄── Committing ◄───────┘
 //!         (the slot may move)             commit failed: abort, new session, replay
 //! ```
+//!
+//! A transaction is due to close at its time bound after its first
+//! record, or its event or byte bound; sooner once walbox has read all
+//! Postgres sent and the least interval between commits has passed since
+//! the last one began (the cadence follows the rate: a lone event commits
+//! at once, a steady stream once per interval; [`Transactions::close_at`]).
 //!
 //! An event's delivery report only says the broker has it; the event counts
 //! as delivered for [`Progress`](crate::progress::Progress) when its Kafka
@@ -77,6 +83,7 @@ impl Core<'_> {
         eos.history = history.to_owned();
         eos.txn = KafkaTxn::Idle;
         eos.doomed = None;
+        eos.caught_up = false;
         if new_history {
             self.effects
                 .observe(Observation::Progress(ProgressNote::Forgotten));
@@ -253,20 +260,10 @@ impl Core<'_> {
         if eos.doomed.is_some() {
             return;
         }
-        let KafkaTxn::Open {
-            since,
-            events,
-            bytes,
-            ..
-        } = &eos.txn
-        else {
+        let KafkaTxn::Open { since, .. } = &eos.txn else {
             return;
         };
-        let b = eos.config.bounds;
-        let due = *events >= b.max_events
-            || *bytes >= b.max_bytes
-            || now >= *since + b.max_time
-            || (finishing && !in_transaction);
+        let due = eos.full() || now >= eos.close_at(*since) || (finishing && !in_transaction);
         if !due || !self.outgoing.is_empty() {
             return;
         }
@@ -317,6 +314,7 @@ impl Core<'_> {
             .observe(Observation::Transaction(TransactionNote::Committing {
                 events: tokens.len(),
             }));
+        eos.commit_started = Some(now);
         eos.txn = KafkaTxn::Committing {
             tokens,
             position,
@@ -474,9 +472,22 @@ impl Core<'_> {
         self.mode.transactions().is_some_and(Transactions::busy)
     }
 
-    /// When the open transaction reaches its time bound.
+    /// When the open transaction closes ([`Transactions::close_at`]).
     pub(in crate::relay) fn transaction_due(&self) -> Option<Instant> {
         self.mode.transactions().and_then(Transactions::due)
+    }
+
+    /// A read ended: `caught_up` when it found nothing more received (the
+    /// open transaction may then close before its time bound).
+    pub(in crate::relay) fn read_caught_up(&mut self, caught_up: bool) {
+        if let Some(eos) = self.mode.transactions_mut() {
+            eos.caught_up = caught_up;
+        }
+    }
+
+    /// True when the open transaction holds all it may: a read stops there.
+    pub(in crate::relay) fn transaction_full(&self) -> bool {
+        self.mode.transactions().is_some_and(Transactions::full)
     }
 
     /// True when no Kafka transaction is open (always, in at-least-once mode).

@@ -14,8 +14,9 @@ use crate::relay::{
 };
 
 /// At most this many received messages are handled in one turn of the
-/// select loop (at-least-once mode): bounded so that reports, timers and
-/// signals wait for no more than a few hundred microseconds.
+/// select loop: bounded so that reports, timers and signals wait for no
+/// more than a few hundred microseconds. (Exactly-once: a turn also ends
+/// when the open Kafka transaction is full.)
 pub(super) const READ_BATCH: usize = 128;
 /// How long reading pauses when the received messages ran out while
 /// walbox is behind (see [`Core::behind`]): the timer's resolution.
@@ -25,7 +26,8 @@ pub(super) const READ_PAUSE: Duration = Duration::from_millis(1);
 pub(super) enum Read {
     /// Nothing more was received yet.
     Empty,
-    /// The batch was full, or records wait for room.
+    /// The batch was full, records wait for room, or the Kafka
+    /// transaction is full.
     Full,
     /// The stream ended ([`Input::End`]).
     End,
@@ -62,7 +64,7 @@ where
             self.effects(stream).await?;
             handled?;
             self.send_while_room().await?;
-            if read == batch || self.core.waiting().is_some() {
+            if read == batch || self.core.waiting().is_some() || self.core.transaction_full() {
                 return Ok(Read::Full);
             }
             read += 1;

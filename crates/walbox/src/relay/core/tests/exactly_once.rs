@@ -165,6 +165,92 @@ fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
     );
 }
 
+/// Sends what waits, lets the open transaction close if it is due, sends
+/// its progress record, and acks everything: true when a commit was asked
+/// for (it is then carried out).
+fn turn(core: &mut Harness<'_>) -> bool {
+    let mut sent = records(core);
+    core.upkeep(false, sent.len()).unwrap();
+    sent.extend(records(core));
+    core.upkeep(false, sent.len()).unwrap();
+    for r in &sent {
+        report(core, acked(r.token.clone())).unwrap();
+    }
+    if core.commits == 0 {
+        return false;
+    }
+    core.committed(Ok(())).unwrap();
+    true
+}
+
+/// On the test's own clock (interval 10 s, bound 60 s): once walbox has
+/// read all there was, an event that comes alone commits at once; one that
+/// follows a commit by less than the interval waits for the interval,
+/// counted from that commit's start; one read while more was waiting waits
+/// for the time bound.
+#[test]
+fn the_commit_cadence_follows_the_rate() {
+    let config = quiet(config(DeadLetters::halt(), transactions(100)));
+    let mut core = started(&config, 10);
+    let t0 = core.now();
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &[("e1", Some("a"))], false)].concat(),
+    );
+    core.read_caught_up(true);
+    assert!(turn(&mut core), "alone and caught up: committed at once");
+    assert_eq!(confirmable(&mut core), 200);
+
+    // A second event a second after that commit began.
+    core.advance(Duration::from_secs(1));
+    feed(&mut core, rows(290, &[("e2", Some("b"))], false));
+    core.read_caught_up(true);
+    assert!(!turn(&mut core), "within the interval: still open");
+    assert_eq!(
+        core.poll_timeout(),
+        Some(t0 + Duration::from_secs(10)),
+        "the driver is woken when the interval has passed"
+    );
+    core.advance(Duration::from_millis(8_999));
+    assert!(!turn(&mut core), "still within the interval");
+    core.advance(Duration::from_millis(1));
+    assert!(
+        turn(&mut core),
+        "the interval passed since the last commit began"
+    );
+    assert_eq!(confirmable(&mut core), 300);
+
+    // A commit slower than the interval: what follows it commits at once.
+    core.advance(Duration::from_secs(10));
+    let t1 = core.now();
+    feed(&mut core, rows(390, &[("e3", Some("c"))], false));
+    core.read_caught_up(true);
+    let mut sent = records(&mut core);
+    core.upkeep(false, sent.len()).unwrap();
+    sent.extend(records(&mut core));
+    core.upkeep(false, sent.len()).unwrap();
+    assert_eq!(core.commits, 1, "e3's commit asked for at {t1:?}");
+    core.advance(Duration::from_secs(15));
+    core.committed(Ok(())).unwrap();
+    feed(&mut core, rows(490, &[("e4", Some("d"))], false));
+    core.read_caught_up(true);
+    assert!(turn(&mut core), "the interval passed while e3 committed");
+
+    // Read while more was waiting: the time bound (60 s), whatever the
+    // interval.
+    core.advance(Duration::from_secs(20));
+    let t2 = core.now();
+    feed(&mut core, rows(590, &[("e5", Some("e"))], false));
+    core.read_caught_up(false);
+    assert!(!turn(&mut core), "not caught up: open");
+    assert_eq!(core.poll_timeout(), Some(t2 + Duration::from_secs(60)));
+    core.advance(Duration::from_secs(59));
+    assert!(!turn(&mut core), "not caught up: open until the bound");
+    core.read_caught_up(true);
+    assert!(turn(&mut core), "caught up, the interval long passed");
+    assert_eq!(confirmable(&mut core), 600);
+}
+
 #[test]
 fn a_refused_row_of_a_copy_is_dead_lettered_alone() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));

@@ -174,6 +174,7 @@ pub(super) fn transactions(max_events: usize) -> Option<ExactlyOnce> {
             max_events,
             max_bytes: 1 << 20,
             max_time: Duration::from_secs(60),
+            min_interval: Duration::from_secs(10),
         },
     })
 }
