@@ -190,7 +190,7 @@ impl Default for Bounds {
             max_events: 10_000,
             max_bytes: 16 * 1024 * 1024,
             max_time: Duration::from_millis(20),
-            min_interval: Duration::from_millis(10),
+            min_interval: Duration::from_millis(20),
         }
     }
 }

@@ -619,12 +619,9 @@ impl Config {
         if max_ms > 600_000 {
             return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));
         }
-        let min_interval_ms = count(
-            "min_interval_ms",
-            t.min_interval_ms,
-            d.min_interval.as_millis() as usize,
-            0,
-        )?;
+        // By default commits start at most once per time bound: no more
+        // often than a transaction held open for its whole bound would.
+        let min_interval_ms = count("min_interval_ms", t.min_interval_ms, max_ms, 0)?;
         if min_interval_ms > max_ms {
             return Err(ConfigError(format!(
                 "transactions.min_interval_ms ({min_interval_ms}) is above transactions.max_ms ({max_ms}): a transaction closes at max_ms after its first event whatever the interval; lower min_interval_ms, or raise max_ms"

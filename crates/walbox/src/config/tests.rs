@@ -690,6 +690,18 @@ fn exactly_once_settings() {
         e.contains("transactions.min_interval_ms (30) is above transactions.max_ms (20)"),
         "{e}"
     );
+    // Unset, the interval is the time bound, whatever that is.
+    let interval = |vars: &[(&str, &str)]| {
+        let mut all = vec![PG, BROKERS, eos];
+        all.extend_from_slice(vars);
+        let c = load(None, &all, &[]).unwrap().run().unwrap();
+        c.exactly_once.unwrap().bounds.min_interval
+    };
+    assert_eq!(
+        interval(&[("WALBOX_TRANSACTIONS_MAX_MS", "5")]),
+        Duration::from_millis(5)
+    );
+    assert_eq!(interval(&[]), Duration::from_millis(20));
     let e = refused(&[("WALBOX_TRANSACTIONS_MIN_INTERVAL_MS", "5")]);
     assert!(e.contains("apply to delivery = \"exactly-once\""), "{e}");
     let e = refused(&[eos, ("WALBOX_TRANSACTIONS_ID", "")]);
