@@ -267,6 +267,7 @@ async fn main() -> ExitCode {
     let wants = |p: &str| only.iter().any(|o| o == p);
     for run in 1..=scale.runs {
         results.set_run(run);
+        peers::set_run(run);
         for b in scale.backlogs() {
             if wants(b.phase) {
                 peers::backlog(&mut results, &walbox, b).await;

@@ -53,7 +53,9 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     for kind in b.relays() {
         eprintln!("bench: {}: {} drains it", b.phase, kind.label());
         let before = Primary::read(&world, "outbox_events").await;
+        let broker0 = world.broker_cpu();
         let d = drain(&world, kind, b, &end).await;
+        let broker = world.broker_cpu() - broker0;
         let cost = before.cost(&world).await;
         let p = |m: &str| format!("{}_{m}", kind.slot());
         results.record(b.phase, &p("s"), d.secs);
@@ -70,6 +72,7 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
         results.record(b.phase, &p("events_per_cpu_s"), n / d.end.cpu_s);
         results.record(b.phase, &p("rss_mib"), d.end.peak_rss_mib);
         results.record(b.phase, &p("walsender_us"), d.walsender_cpu_s / n * 1e6);
+        results.record(b.phase, &p("broker_us"), broker / n * 1e6);
         results.record(b.phase, &p("duplicates"), d.duplicates as f64);
         if let Some(c) = d.confirmed_secs {
             results.record(b.phase, &p("confirmed_s"), c);

@@ -58,15 +58,18 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
             let tag = format!("{}-{point}", kind.slot());
             let from = world.ends(&topic);
             let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let broker0 = world.broker_cpu();
             let written = pgbench(&world.writer(), dir.path(), &tag, rate, seconds);
             wait_on_topic(&world, &mut relay, &label, &topic, &from, written).await;
             let cpu1 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+            let broker = world.broker_cpu() - broker0;
             let latencies = latencies(&world, &topic, &from, &tag).await;
             let n = latencies.len() as f64;
             let key = |m: &str| format!("{}_{point}_{m}", kind.slot());
             results.record("curve", &key("eps"), n / f64::from(seconds));
             results.record("curve", &key("events"), n);
             results.record("curve", &key("cpu_us"), (cpu1 - cpu0) / n * 1e6);
+            results.record("curve", &key("broker_us"), broker / n * 1e6);
             for (m, q) in [
                 ("p50_ms", 0.5),
                 ("p99_ms", 0.99),

@@ -29,19 +29,34 @@ pub(crate) use curve::{curve, pgbench};
 pub(crate) use kill::kill;
 
 static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
+/// Whether this run puts the relays in reverse order.
+static REVERSED: AtomicBool = AtomicBool::new(false);
 
 /// Leaves Debezium out of every phase.
 pub(crate) fn set_walbox_only() {
     WALBOX_ONLY.store(true, Ordering::Relaxed);
 }
 
-/// `kinds`, less Debezium when only walbox is measured.
+/// Run `run` (from 1) begins: the relays take turns in going first (the
+/// first on a fresh broker pays its coordinators' loading, and the second
+/// reads a table its predecessor's reads warmed): walbox first in odd
+/// runs, last in even ones.
+pub(crate) fn set_run(run: u32) {
+    REVERSED.store(run % 2 == 0, Ordering::Relaxed);
+}
+
+/// `kinds`, less Debezium when only walbox is measured, in this run's
+/// order ([`set_run`]).
 pub(super) fn measured<const N: usize>(kinds: [Kind; N]) -> Vec<Kind> {
     let walbox_only = WALBOX_ONLY.load(Ordering::Relaxed);
-    kinds
+    let mut kinds: Vec<Kind> = kinds
         .into_iter()
         .filter(|k| !walbox_only || *k == Kind::Walbox)
-        .collect()
+        .collect();
+    if REVERSED.load(Ordering::Relaxed) {
+        kinds.reverse();
+    }
+    kinds
 }
 
 /// The relays of the throughput and latency phases.

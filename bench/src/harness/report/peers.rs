@@ -43,11 +43,11 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
         r.stat(p, "events", 0, ""),
         r.stat(p, "row_bytes", 0, "")
     );
-    let _ = writeln!(s, "| relay | every event on the topic | of which before its first record | events/s | its CPU s | CPU µs per event (from its first record) | events per CPU-second | peak RSS MiB | walsender CPU µs per event | duplicates |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| relay | every event on the topic | of which before its first record | events/s | its CPU s | CPU µs per event (from its first record) | events per CPU-second | peak RSS MiB | walsender CPU µs per event | broker CPU µs per event | duplicates |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     let _ = writeln!(
         s,
-        "| pg_recvlogical to /dev/null (the slot's own limit) | {} | | {} | | | | | {} | |",
+        "| pg_recvlogical to /dev/null (the slot's own limit) | {} | | {} | | | | | {} | | |",
         r.stat(p, "recvlogical_s", 2, " s"),
         r.stat(p, "recvlogical_eps", 0, ""),
         r.stat(p, "recvlogical_walsender_us", 2, "")
@@ -59,7 +59,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
         }
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |",
             name(kind),
             r.stat(p, &m("s"), 2, " s"),
             r.stat(p, &m("first_s"), 2, " s"),
@@ -70,6 +70,11 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
             r.stat(p, &m("events_per_cpu_s"), 0, ""),
             r.stat(p, &m("rss_mib"), 0, ""),
             r.stat(p, &m("walsender_us"), 2, ""),
+            if r.has(p, &m("broker_us")) {
+                r.stat(p, &m("broker_us"), 2, "")
+            } else {
+                "–".into()
+            },
             r.stat(p, &m("duplicates"), 0, ""),
         );
     }
@@ -80,7 +85,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
         }
         let _ = writeln!(
             s,
-            "| polling relay, batch {batch} (a copy of the rows; its own run time) | {} | | {} | {} | {} | {} | {} | | 0 |",
+            "| polling relay, batch {batch} (a copy of the rows; its own run time) | {} | | {} | {} | {} | {} | {} | | | 0 |",
             r.stat(p, &m("s"), 2, " s"),
             r.stat(p, &m("eps"), 0, ""),
             r.stat(p, &m("cpu_s"), 2, ""),
@@ -166,8 +171,8 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
         "### Latency: commit → on the topic, exact over every event, {} s per point after a 5 s warm-up\n",
         scale.curve_seconds()
     );
-    let _ = writeln!(s, "| asked rate (pgbench, 8 clients, one event per transaction) | relay | events/s written | p50 | p99 | p99.9 | max | relay CPU µs per event |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| asked rate (pgbench, 8 clients, one event per transaction) | relay | events/s written | p50 | p99 | p99.9 | max | relay CPU µs per event | broker CPU µs per event |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for rate in RATES {
         let point = point_name(rate);
         for kind in RELAYS {
@@ -177,7 +182,7 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
             }
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 rate.map_or("as fast as pgbench writes".into(), |r| format!("{r}/s")),
                 name(kind),
                 r.stat("curve", &k("eps"), 0, ""),
@@ -186,6 +191,11 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
                 r.stat("curve", &k("p999_ms"), 0, " ms"),
                 r.stat("curve", &k("max_ms"), 0, " ms"),
                 r.stat("curve", &k("cpu_us"), 2, ""),
+                if r.has("curve", &k("broker_us")) {
+                    r.stat("curve", &k("broker_us"), 2, "")
+                } else {
+                    "–".into()
+                },
             );
         }
     }
