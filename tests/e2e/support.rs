@@ -135,8 +135,14 @@ pub(crate) fn sigterm(relay: &Relay) {
 
 pub(crate) async fn wait_exit(relay: &mut Relay) -> (std::process::ExitStatus, String) {
     let status = wait_for("walbox to exit", Duration::from_secs(40), || {
-        let s = relay.try_exit();
-        async move { s.ok_or_else(|| "running".to_owned()) }
+        // Still running: what it last said, for the timeout's message.
+        let s = relay.try_exit().ok_or_else(|| {
+            let log = relay.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            format!("running; its log ends:\n{tail}")
+        });
+        async move { s }
     })
     .await;
     (status, relay.log())

@@ -177,11 +177,6 @@ pub struct Bounds {
     /// How long a Kafka transaction stays open after its first record: the
     /// most an event waits to become visible, beyond the commit itself.
     pub max_time: Duration,
-    /// The least time between the starts of two commits: at most one
-    /// commit per `min_interval` is asked of the transaction coordinator.
-    /// Below that rate a transaction closes as soon as walbox has read all
-    /// Postgres sent (see the relay's `Transactions::close_at`).
-    pub min_interval: Duration,
 }
 
 impl Default for Bounds {
@@ -190,7 +185,6 @@ impl Default for Bounds {
             max_events: 10_000,
             max_bytes: 16 * 1024 * 1024,
             max_time: Duration::from_millis(20),
-            min_interval: Duration::from_millis(20),
         }
     }
 }

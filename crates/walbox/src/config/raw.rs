@@ -489,6 +489,4 @@ pub(super) struct RawTransactions {
     pub(super) max_bytes: Option<u64>,
     #[serde(deserialize_with = "whole::opt_u64", default)]
     pub(super) max_ms: Option<u64>,
-    #[serde(deserialize_with = "whole::opt_u64", default)]
-    pub(super) min_interval_ms: Option<u64>,
 }

@@ -576,8 +576,7 @@ impl Config {
                 || t.progress_topic.is_some()
                 || t.max_events.is_some()
                 || t.max_bytes.is_some()
-                || t.max_ms.is_some()
-                || t.min_interval_ms.is_some();
+                || t.max_ms.is_some();
             if set {
                 return Err(ConfigError(
                     "transactions.* apply to delivery = \"exactly-once\": set it, or remove them"
@@ -619,14 +618,6 @@ impl Config {
         if max_ms > 600_000 {
             return Err(ConfigError("transactions.max_ms: at most 600000 (the transaction must commit well within transaction.timeout.ms)".into()));
         }
-        // By default commits start at most once per time bound: no more
-        // often than a transaction held open for its whole bound would.
-        let min_interval_ms = count("min_interval_ms", t.min_interval_ms, max_ms, 0)?;
-        if min_interval_ms > max_ms {
-            return Err(ConfigError(format!(
-                "transactions.min_interval_ms ({min_interval_ms}) is above transactions.max_ms ({max_ms}): a transaction closes at max_ms after its first event whatever the interval; lower min_interval_ms, or raise max_ms"
-            )));
-        }
         Ok(Some(ExactlyOnce {
             progress_topic,
             transactional_id,
@@ -636,7 +627,6 @@ impl Config {
                 max_events: count("max_events", t.max_events, d.max_events, 1)?,
                 max_bytes: count("max_bytes", t.max_bytes, d.max_bytes, 1024)?,
                 max_time: Duration::from_millis(max_ms as u64),
-                min_interval: Duration::from_millis(min_interval_ms as u64),
             },
         }))
     }

@@ -306,8 +306,6 @@ pub const SETTINGS: &[Setting] = &[
     s("transactions.max_bytes", Number, Run, "16777216", "Exactly-once: the same bound in bytes."),
     s("transactions.max_ms", Number, Run, "20",
       "Exactly-once: how long a Kafka transaction stays open after its first event: what an event waits, at most, before its commit starts."),
-    s("transactions.min_interval_ms", Number, Run, "transactions.max_ms",
-      "Exactly-once: the least time between the starts of two commits (at most 1000/N commits a second). Once walbox has read all Postgres sent, the open transaction commits as soon as this interval has passed since the last commit began: an event that comes alone commits at once, a steady stream once per interval. At most transactions.max_ms; lower it for less latency at the cost of more commits (each costs the transaction coordinator work: docs/benchmarks.md); 0 commits whenever walbox has caught up."),
     s("on_slot_invalidated", Choice(&["fail", "recreate"]), Run, "fail",
       "When the slot lost WAL it needed (max_slot_wal_keep_size): stop and say what to do, or recreate it and republish from the outbox table the rows whose timestamp column is at most slot_recreate_margin_secs before the last delivered transaction's commit (saved every 10 s in walbox.positions). Duplicates possible, loss not (docs/operations.md)."),
     s("on_drift", Choice(&["stop", "heal"]), Run, "stop",

@@ -627,7 +627,7 @@ fn exactly_once_settings() {
     );
 
     let (_d, path) = file(
-        "delivery = \"exactly-once\"\n[transactions]\nid = \"billing-eu\"\nprogress_topic = \"ops.walbox\"\nmax_events = 500\nmax_bytes = 65536\nmax_ms = 50\nmin_interval_ms = 0\n",
+        "delivery = \"exactly-once\"\n[transactions]\nid = \"billing-eu\"\nprogress_topic = \"ops.walbox\"\nmax_events = 500\nmax_bytes = 65536\nmax_ms = 50\n",
     );
     let eos = load(Some(&path), &[PG, BROKERS], &[])
         .unwrap()
@@ -642,7 +642,6 @@ fn exactly_once_settings() {
     assert_eq!(eos.bounds.max_events, 500);
     assert_eq!(eos.bounds.max_bytes, 65536);
     assert_eq!(eos.bounds.max_time, Duration::from_millis(50));
-    assert_eq!(eos.bounds.min_interval, Duration::ZERO);
 
     // Each shard is its own producer: its own id, and its own slot.
     let shard = |vars: &[(&str, &str)]| {
@@ -685,25 +684,6 @@ fn exactly_once_settings() {
     );
     let e = refused(&[eos, ("WALBOX_TRANSACTIONS_MAX_MS", "3600000")]);
     assert!(e.contains("transactions.max_ms"), "{e}");
-    let e = refused(&[eos, ("WALBOX_TRANSACTIONS_MIN_INTERVAL_MS", "30")]);
-    assert!(
-        e.contains("transactions.min_interval_ms (30) is above transactions.max_ms (20)"),
-        "{e}"
-    );
-    // Unset, the interval is the time bound, whatever that is.
-    let interval = |vars: &[(&str, &str)]| {
-        let mut all = vec![PG, BROKERS, eos];
-        all.extend_from_slice(vars);
-        let c = load(None, &all, &[]).unwrap().run().unwrap();
-        c.exactly_once.unwrap().bounds.min_interval
-    };
-    assert_eq!(
-        interval(&[("WALBOX_TRANSACTIONS_MAX_MS", "5")]),
-        Duration::from_millis(5)
-    );
-    assert_eq!(interval(&[]), Duration::from_millis(20));
-    let e = refused(&[("WALBOX_TRANSACTIONS_MIN_INTERVAL_MS", "5")]);
-    assert!(e.contains("apply to delivery = \"exactly-once\""), "{e}");
     let e = refused(&[eos, ("WALBOX_TRANSACTIONS_ID", "")]);
     assert!(e.contains("transactions.id: must not be empty"), "{e}");
 }

@@ -352,6 +352,17 @@ pub enum TransactionsError {
     /// The progress topic is not (or cannot be made) a compacted topic.
     #[error("{0}")]
     ProgressTopic(String),
+    /// The brokers refused the progress record for good, transaction after
+    /// transaction.
+    #[error("the brokers refused walbox's progress record for good {times} times in a row on topic {topic} ({error}): without it no transaction commits; check that topic's max.message.bytes and walbox's Write right on it")]
+    ProgressRefused {
+        /// The progress topic.
+        topic: String,
+        /// How many transactions in a row.
+        times: u32,
+        /// The last refusal.
+        error: DeliveryError,
+    },
     /// The last progress record cannot be decoded.
     #[error("the last progress record of {id} in topic {topic} is unreadable ({detail}); see docs/guarantees.md, \"Resetting the progress\"")]
     ProgressUnreadable {

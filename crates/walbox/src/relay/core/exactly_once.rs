@@ -3,17 +3,11 @@
 //! [`crate::exactly_once`]).
 //!
 //! ```text
-//!  Idle ──first record sent──► Open ──due, nothing waiting──► Closing
+//!  Idle ──first record sent──► Open ──bound reached, nothing waiting──► Closing
 //!   ▲                                   (progress record queued)           │ record sent
 //!   └──── acks the events to Progress ◄── commit ok ◄── Committing ◄───────┘
 //!         (the slot may move)             commit failed: abort, new session, replay
 //! ```
-//!
-//! A transaction is due to close at its time bound after its first
-//! record, or its event or byte bound; sooner once walbox has read all
-//! Postgres sent and the least interval between commits has passed since
-//! the last one began (the cadence follows the rate: a lone event commits
-//! at once, a steady stream once per interval; [`Transactions::close_at`]).
 //!
 //! An event's delivery report only says the broker has it; the event counts
 //! as delivered for [`Progress`](crate::progress::Progress) when its Kafka
@@ -63,6 +57,10 @@ const DOOMED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How many times an abort that timed out is called again.
 const ABORT_ATTEMPTS: u32 = 3;
 
+/// Transactions in a row whose progress record may be refused for good
+/// (each aborted and written again) before walbox stops.
+const PROGRESS_REFUSALS: u32 = 3;
+
 impl Core<'_> {
     /// At a session's start: what exactly-once mode must do before
     /// streaming (register the producer once, read the committed progress
@@ -83,7 +81,6 @@ impl Core<'_> {
         eos.history = history.to_owned();
         eos.txn = KafkaTxn::Idle;
         eos.doomed = None;
-        eos.caught_up = false;
         if new_history {
             self.effects
                 .observe(Observation::Progress(ProgressNote::Forgotten));
@@ -263,7 +260,9 @@ impl Core<'_> {
         let KafkaTxn::Open { since, .. } = &eos.txn else {
             return;
         };
-        let due = eos.full() || now >= eos.close_at(*since) || (finishing && !in_transaction);
+        let due = eos.full()
+            || now >= *since + eos.config.bounds.max_time
+            || (finishing && !in_transaction);
         if !due || !self.outgoing.is_empty() {
             return;
         }
@@ -299,12 +298,13 @@ impl Core<'_> {
     }
 
     /// Asks for the commit ([`Effect::Commit`]) once the progress record
-    /// is sent.
+    /// is sent (never for a failed transaction: it is aborted).
     fn start_commit(&mut self, now: Instant) {
         let Some(eos) = self.mode.transactions_mut() else {
             return;
         };
-        if !matches!(eos.txn, KafkaTxn::Closing { .. }) || !self.outgoing.is_empty() {
+        let closed = matches!(eos.txn, KafkaTxn::Closing { .. });
+        if !closed || !self.outgoing.is_empty() || eos.doomed.is_some() {
             return;
         }
         let KafkaTxn::Closing { tokens, position } = std::mem::take(&mut eos.txn) else {
@@ -314,7 +314,6 @@ impl Core<'_> {
             .observe(Observation::Transaction(TransactionNote::Committing {
                 events: tokens.len(),
             }));
-        eos.commit_started = Some(now);
         eos.txn = KafkaTxn::Committing {
             tokens,
             position,
@@ -363,11 +362,17 @@ impl Core<'_> {
                 tokens: Vec::new(),
                 position,
             };
-            return Err(match e.kind {
-                TxnErrorKind::Abortable => RunError::Aborted(AbortCause::CommitFailed(e)),
-                _ => RunError::from_txn(&eos.config.transactional_id, e),
-            });
+            if e.kind != TxnErrorKind::Abortable {
+                return Err(RunError::from_txn(&eos.config.transactional_id, e));
+            }
+            // Once every record sent in it has reported: a record's refusal
+            // can reach walbox after the commit's failure, and one refused
+            // for good must be known as such for its replay (else it is
+            // sent, refused and aborted again, for ever).
+            eos.doom(AbortCause::CommitFailed(e), now);
+            return Ok(());
         }
+        eos.progress_refusals = 0;
         eos.committed = Some(position);
         if !eos.refused.is_empty() {
             for t in tokens.iter().filter(|t| t.dead_letter().is_some()) {
@@ -425,6 +430,21 @@ impl Core<'_> {
             eos.doom(AbortCause::Refused(error), now);
             return Ok(());
         }
+        if token.is_progress() && error.kind == DeliveryErrorKind::Permanent {
+            // A refusal of the progress record itself (a fault of the
+            // moment, as an injected one, or the topic's settings): the
+            // transaction is written again, a few times.
+            eos.progress_refusals += 1;
+            if eos.progress_refusals >= PROGRESS_REFUSALS {
+                return Err(RunError::Transactions(TransactionsError::ProgressRefused {
+                    topic: eos.config.progress_topic.clone(),
+                    times: eos.progress_refusals,
+                    error,
+                }));
+            }
+            eos.doom(AbortCause::RecordFailed(error), now);
+            return Ok(());
+        }
         if error.kind == DeliveryErrorKind::Fenced {
             // Another instance with this transactional id took over.
             return Err(RunError::Fenced {
@@ -472,17 +492,9 @@ impl Core<'_> {
         self.mode.transactions().is_some_and(Transactions::busy)
     }
 
-    /// When the open transaction closes ([`Transactions::close_at`]).
+    /// When the open transaction reaches its time bound.
     pub(in crate::relay) fn transaction_due(&self) -> Option<Instant> {
         self.mode.transactions().and_then(Transactions::due)
-    }
-
-    /// A read ended: `caught_up` when it found nothing more received (the
-    /// open transaction may then close before its time bound).
-    pub(in crate::relay) fn read_caught_up(&mut self, caught_up: bool) {
-        if let Some(eos) = self.mode.transactions_mut() {
-            eos.caught_up = caught_up;
-        }
     }
 
     /// True when the open transaction holds all it may: a read stops there.

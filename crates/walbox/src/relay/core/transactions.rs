@@ -67,12 +67,9 @@ pub(super) struct Transactions {
     /// The open transaction failed (why, since when): nothing more is sent
     /// or read, and the session ends once its records have reported.
     pub(super) doomed: Option<(AbortCause, Instant)>,
-    /// The last read found nothing more received: what the open
-    /// transaction holds is all Postgres sent so far, and it may close
-    /// before its time bound (see [`Transactions::close_at`]).
-    pub(super) caught_up: bool,
-    /// When the last commit began.
-    pub(super) commit_started: Option<Instant>,
+    /// Transactions in a row whose progress record the brokers refused for
+    /// good.
+    pub(super) progress_refusals: u32,
 }
 
 impl Transactions {
@@ -90,8 +87,7 @@ impl Transactions {
             last_commit: None,
             refused: HashMap::new(),
             doomed: None,
-            caught_up: false,
-            commit_started: None,
+            progress_refusals: 0,
         }
     }
 
@@ -163,30 +159,9 @@ impl Transactions {
             return None;
         }
         match &self.txn {
-            KafkaTxn::Open { since, .. } => Some(self.close_at(*since)),
+            KafkaTxn::Open { since, .. } => Some(*since + self.config.bounds.max_time),
             _ => None,
         }
-    }
-
-    /// When a transaction open since `since` closes (the commit cadence):
-    /// at its time bound at the latest; sooner once walbox has read all
-    /// Postgres sent, as soon as `min_interval` has passed since the last
-    /// commit began. So the cadence follows the rate: an event that comes
-    /// alone is committed at once; a steady stream faster than one event
-    /// per `min_interval` is committed once per `min_interval`, each
-    /// transaction carrying what came meanwhile; and a commit slower than
-    /// that is followed at once by the next, carrying what came while it
-    /// ran.
-    pub(super) fn close_at(&self, since: Instant) -> Instant {
-        let b = self.config.bounds;
-        let bound = since + b.max_time;
-        if !self.caught_up {
-            return bound;
-        }
-        let paced = self
-            .commit_started
-            .map_or(since, |t| (t + b.min_interval).max(since));
-        paced.min(bound)
     }
 
     /// True when the open transaction holds as many events or bytes as one

@@ -501,11 +501,7 @@ where
                     // Not shutting down: the messages already received
                     // follow in this turn (see `READ_BATCH`).
                     let batch = if finishing.is_none() { READ_BATCH } else { 1 };
-                    let read = self.on_messages(stream, message.map_err(RunError::from), batch).await;
-                    // Exactly-once: having read all there was lets the open
-                    // transaction close before its time bound.
-                    self.core.read_caught_up(matches!(read, Ok(Read::Empty)));
-                    match read {
+                    match self.on_messages(stream, message.map_err(RunError::from), batch).await {
                         Ok(Read::Empty) if batch > 1 && self.core.behind(PgTimestamp::now()) => {
                             pausing = true;
                             pause.as_mut().reset(Instant::now() + READ_PAUSE);

@@ -28,7 +28,6 @@ fn exactly_once(max_events: usize) -> Option<ExactlyOnce> {
             max_events,
             max_bytes: 1 << 20,
             max_time: Duration::from_millis(20),
-            min_interval: Duration::from_millis(10),
         },
     })
 }
@@ -107,21 +106,21 @@ async fn process(
 
 #[tokio::test(start_paused = true)]
 async fn events_become_visible_at_the_commit_and_only_then_is_the_slot_confirmed() {
-    let mut fx = held_open();
+    let mut fx = fixture(DeadLetters::halt(), 100);
     let server = fx.source.session(10);
     let b = fx.broker.clone();
     let result = fx
         .run(|stop| async move {
-            first_commit(&server, &b).await;
+            server.send(relation());
             server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
             until("2 in flight", || b.pending() == 2).await;
             // The broker has them; Kafka shows nothing, Postgres keeps them.
             b.ack_all();
             tokio::time::sleep(Duration::from_millis(5)).await;
-            assert_eq!(visible(&b, "events"), ["e0"]);
+            assert_eq!(visible(&b, "events"), Vec::<String>::new());
             assert!(server.confirmed() < 200, "confirmed before the commit");
-            until("committed", || b.commits_and_aborts().0 == 2).await;
-            assert_eq!(visible(&b, "events"), ["e0", "e1", "e2"]);
+            until("committed", || b.commits_and_aborts().0 == 1).await;
+            assert_eq!(visible(&b, "events"), ["e1", "e2"]);
             until("confirmed", || server.confirmed() == 200).await;
             stop.send(Stop::Graceful).unwrap();
         })
@@ -133,8 +132,7 @@ async fn events_become_visible_at_the_commit_and_only_then_is_the_slot_confirmed
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_mid_transaction_then_a_restart_writes_each_event_once() {
-    // T1 commits at once; T2 stays open for the interval between commits.
-    let fx = held_open();
+    let fx = fixture(DeadLetters::halt(), 100);
     let config = fx.config.clone();
     let broker = fx.broker.clone();
     // The first process commits T1, sends T2 into a transaction, dies.
@@ -391,8 +389,7 @@ async fn a_transaction_past_its_time_bound_while_a_record_waits_for_room_still_c
 
 #[tokio::test(start_paused = true)]
 async fn a_zombie_that_wakes_up_after_the_takeover_writes_nothing_visible() {
-    // T1 commits at once; T2 stays open for the interval between commits.
-    let fx = held_open();
+    let fx = fixture(DeadLetters::halt(), 100);
     let config = fx.config.clone();
     let broker = fx.broker.clone();
     // The old instance: T1 committed, T2 sent into a transaction, then it stalls.
@@ -487,28 +484,10 @@ async fn a_failed_commit_aborts_and_the_replay_writes_each_event_once() {
 /// first event (so a shutdown finds one open), shutting down within
 /// `shutdown`.
 fn slow_closing(shutdown: Duration) -> Fixture {
-    let mut fx = held_open();
+    let mut fx = fixture(DeadLetters::halt(), 100);
+    fx.config.exactly_once.as_mut().unwrap().bounds.max_time = Duration::from_secs(10);
     fx.config.shutdown_timeout = shutdown;
     fx
-}
-
-/// A fixture whose transactions, after a first commit, stay open 10 s
-/// (both the time bound and the interval between commits).
-fn held_open() -> Fixture {
-    let mut fx = fixture(DeadLetters::halt(), 100);
-    let bounds = &mut fx.config.exactly_once.as_mut().unwrap().bounds;
-    bounds.max_time = Duration::from_secs(10);
-    bounds.min_interval = Duration::from_secs(10);
-    fx
-}
-
-/// A lone event (e0, committing at 90) committed at once, as any is once
-/// walbox has read all there was with no commit before it: the next
-/// transaction then stays open for the interval between commits.
-async fn first_commit(server: &super::fakes::Server, b: &Broker) {
-    server.send(relation());
-    server.transaction(90, &[("e0", Some("z"))]);
-    until("e0 committed at once", || b.commits_and_aborts().0 == 1).await;
 }
 
 /// SIGTERM between Postgres transactions, with a Kafka transaction open
@@ -522,12 +501,12 @@ async fn sigterm_between_transactions_commits_the_open_kafka_transaction() {
     let b = fx.broker.clone();
     let result = fx
         .run(|stop| async move {
-            first_commit(&server, &b).await;
+            server.send(relation());
             server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
             until("2 in flight", || b.pending() == 2).await;
             b.ack_all();
             tokio::time::sleep(Duration::from_millis(5)).await;
-            assert_eq!(b.commits_and_aborts(), (1, 0), "open: its bound is 10 s");
+            assert_eq!(b.commits_and_aborts(), (0, 0), "open: its bound is 10 s");
             stop.send(Stop::Graceful).unwrap();
             until("confirmed", || server.confirmed() == 200).await;
             std::future::pending::<()>().await;
@@ -542,10 +521,10 @@ async fn sigterm_between_transactions_commits_the_open_kafka_transaction() {
         .max();
     assert_eq!(
         (fx.broker.commits_and_aborts(), confirmed),
-        ((2, 0), Some(200)),
+        ((1, 0), Some(200)),
         "(commits, aborts), and the slot's last confirmation"
     );
-    assert_eq!(visible(&fx.broker, "events"), ["e0", "e1", "e2"]);
+    assert_eq!(visible(&fx.broker, "events"), ["e1", "e2"]);
 }
 
 /// Every broker down when SIGTERM comes, a Kafka transaction open: the
@@ -565,7 +544,7 @@ async fn the_shutdown_bound_and_the_second_signal_hold_with_the_brokers_down() {
         let status = server.status_handle();
         let result = fx
             .run(|stop| async move {
-                first_commit(&server, &b).await;
+                server.send(relation());
                 server.transaction(190, &[("e1", Some("a")), ("e2", Some("b"))]);
                 until("2 in flight", || b.pending() == 2).await;
                 b.set_unresponsive(true);
@@ -596,9 +575,9 @@ async fn the_shutdown_bound_and_the_second_signal_hold_with_the_brokers_down() {
             .map(|u| u.flush.as_u64())
             .max();
         assert!(
-            confirmed.unwrap_or(0) <= 100,
+            confirmed.unwrap_or(0) <= 10,
             "confirmed past an uncommitted transaction: {confirmed:?}"
         );
-        assert_eq!(visible(&fx.broker, "events"), ["e0"]);
+        assert!(visible(&fx.broker, "events").is_empty());
     }
 }

@@ -165,90 +165,96 @@ fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
     );
 }
 
-/// Sends what waits, lets the open transaction close if it is due, sends
-/// its progress record, and acks everything: true when a commit was asked
-/// for (it is then carried out).
-fn turn(core: &mut Harness<'_>) -> bool {
-    let mut sent = records(core);
-    core.upkeep(false, sent.len()).unwrap();
-    sent.extend(records(core));
-    core.upkeep(false, sent.len()).unwrap();
-    for r in &sent {
-        report(core, acked(r.token.clone())).unwrap();
-    }
-    if core.commits == 0 {
-        return false;
-    }
-    core.committed(Ok(())).unwrap();
-    true
-}
-
-/// On the test's own clock (interval 10 s, bound 60 s): once walbox has
-/// read all there was, an event that comes alone commits at once; one that
-/// follows a commit by less than the interval waits for the interval,
-/// counted from that commit's start; one read while more was waiting waits
-/// for the time bound.
+/// The commit fails (librdkafka's flush saw the refusal) before the
+/// refusal's own report reaches walbox: the session waits for the report,
+/// and the replay dead-letters the refused event. (Ending at the commit's
+/// failure, walbox forgot the refusal, sent the event again, and was
+/// refused and aborted again, for ever.)
 #[test]
-fn the_commit_cadence_follows_the_rate() {
-    let config = quiet(config(DeadLetters::halt(), transactions(100)));
+fn a_refusal_reported_after_the_failed_commit_is_dead_lettered() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
     let mut core = started(&config, 10);
-    let t0 = core.now();
+    let events = [("e1", Some("a")), ("e2", Some("b"))];
     feed(
         &mut core,
-        [vec![relation()], rows(190, &[("e1", Some("a"))], false)].concat(),
+        [vec![relation()], rows(190, &events, false)].concat(),
     );
-    core.read_caught_up(true);
-    assert!(turn(&mut core), "alone and caught up: committed at once");
-    assert_eq!(confirmable(&mut core), 200);
-
-    // A second event a second after that commit began.
-    core.advance(Duration::from_secs(1));
-    feed(&mut core, rows(290, &[("e2", Some("b"))], false));
-    core.read_caught_up(true);
-    assert!(!turn(&mut core), "within the interval: still open");
-    assert_eq!(
-        core.poll_timeout(),
-        Some(t0 + Duration::from_secs(10)),
-        "the driver is woken when the interval has passed"
-    );
-    core.advance(Duration::from_millis(8_999));
-    assert!(!turn(&mut core), "still within the interval");
-    core.advance(Duration::from_millis(1));
+    let [e1, e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    core.upkeep(true, 2).unwrap();
+    let progress = records(&mut core).remove(0);
+    core.upkeep(true, 3).unwrap();
+    assert_eq!(core.commits, 1, "the commit is asked for");
+    report(&mut core, acked(e2.token)).unwrap();
+    report(&mut core, acked(progress.token)).unwrap();
+    let failed = sink_core::TxnError {
+        kind: sink_core::TxnErrorKind::Abortable,
+        message: "ProduceRequest failed: Broker: Message size too large".into(),
+    };
+    core.committed(Err(failed)).unwrap();
     assert!(
-        turn(&mut core),
-        "the interval passed since the last commit began"
+        core.upkeep(false, 1).is_ok(),
+        "e1 has not reported: the session waits"
     );
-    assert_eq!(confirmable(&mut core), 300);
+    assert!(core.commit_under_way(), "nothing is sent meanwhile");
+    assert!(core.transaction_busy(), "nor read");
+    report(&mut core, refused(e1)).unwrap();
+    let e = abort(&mut core);
+    assert!(
+        matches!(e, RunError::Aborted(AbortCause::CommitFailed(_))),
+        "{e}"
+    );
+    start(&mut core, 10);
+    feed(
+        &mut core,
+        [vec![relation()], rows(190, &events, false)].concat(),
+    );
+    let replay = records(&mut core);
+    assert_eq!(
+        commit_all(&mut core, replay),
+        pairs(&[("dlq", "e1"), ("events", "e2")])
+    );
+}
 
-    // A commit slower than the interval: what follows it commits at once.
-    core.advance(Duration::from_secs(10));
-    let t1 = core.now();
-    feed(&mut core, rows(390, &[("e3", Some("c"))], false));
-    core.read_caught_up(true);
-    let mut sent = records(&mut core);
-    core.upkeep(false, sent.len()).unwrap();
-    sent.extend(records(&mut core));
-    core.upkeep(false, sent.len()).unwrap();
-    assert_eq!(core.commits, 1, "e3's commit asked for at {t1:?}");
-    core.advance(Duration::from_secs(15));
-    core.committed(Ok(())).unwrap();
-    feed(&mut core, rows(490, &[("e4", Some("d"))], false));
-    core.read_caught_up(true);
-    assert!(turn(&mut core), "the interval passed while e3 committed");
-
-    // Read while more was waiting: the time bound (60 s), whatever the
-    // interval.
-    core.advance(Duration::from_secs(20));
-    let t2 = core.now();
-    feed(&mut core, rows(590, &[("e5", Some("e"))], false));
-    core.read_caught_up(false);
-    assert!(!turn(&mut core), "not caught up: open");
-    assert_eq!(core.poll_timeout(), Some(t2 + Duration::from_secs(60)));
-    core.advance(Duration::from_secs(59));
-    assert!(!turn(&mut core), "not caught up: open until the bound");
-    core.read_caught_up(true);
-    assert!(turn(&mut core), "caught up, the interval long passed");
-    assert_eq!(confirmable(&mut core), 600);
+/// The progress record refused for good: its transaction is aborted and
+/// written again; the third time in a row walbox stops, naming the topic.
+#[test]
+fn a_refused_progress_record_fails_its_transaction_and_three_in_a_row_stop_walbox() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let mut core = started(&config, 10);
+    let events = [("e1", Some("a"))];
+    for attempt in 1..=3 {
+        if attempt > 1 {
+            start(&mut core, 10);
+        }
+        feed(
+            &mut core,
+            [vec![relation()], rows(190, &events, false)].concat(),
+        );
+        let e1 = records(&mut core).remove(0);
+        core.upkeep(true, 1).unwrap();
+        let progress = records(&mut core).remove(0);
+        assert!(progress.token.is_progress());
+        report(&mut core, acked(e1.token)).unwrap();
+        let result = report(&mut core, refused(progress));
+        if attempt < 3 {
+            result.unwrap();
+            let e = abort(&mut core);
+            assert!(
+                matches!(e, RunError::Aborted(AbortCause::RecordFailed(_))),
+                "{e}"
+            );
+        } else {
+            let e = result.expect_err("the third refusal in a row");
+            let text = e.to_string();
+            assert!(
+                text.contains(
+                    "refused walbox's progress record for good 3 times in a row on topic progress"
+                ),
+                "{text}"
+            );
+        }
+    }
+    assert_eq!(confirmable(&mut core), 10, "nothing committed");
 }
 
 #[test]

@@ -174,7 +174,6 @@ pub(super) fn transactions(max_events: usize) -> Option<ExactlyOnce> {
             max_events,
             max_bytes: 1 << 20,
             max_time: Duration::from_secs(60),
-            min_interval: Duration::from_secs(10),
         },
     })
 }
@@ -494,7 +493,10 @@ fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
         kind: sink_core::TxnErrorKind::Abortable,
         message: "Broker: Coordinator not available".into(),
     };
-    let stopped = core.committed(Err(failed)).unwrap_err();
+    core.committed(Err(failed)).unwrap();
+    let stopped = core
+        .upkeep(false, 0)
+        .expect_err("every record reported: the session ends");
     assert!(matches!(stopped, RunError::Aborted(_)), "{stopped}");
     assert!(core.abort_needed(), "the transaction is aborted");
     assert_eq!(confirmable(&mut core), 0);
