@@ -112,8 +112,8 @@ async fn drain(
     results.record("eos", &m("duplicates"), duplicates as f64);
 }
 
-/// The rates the latency is measured at, events/s: the commit cadence
-/// follows the rate (`transactions.min_interval_ms`).
+/// The rates the latency is measured at, events/s (a Kafka transaction's
+/// size, and how long it waits, follow from the rate).
 const RATES: [u32; 3] = [100, 1_000, 5_000];
 
 /// Commit → read and commit → ack at each of [`RATES`] (one event per

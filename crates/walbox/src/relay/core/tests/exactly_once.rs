@@ -63,16 +63,28 @@ fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Two events, e1 and e2, of one Postgres transaction, read and sent.
+fn send_two(core: &mut Harness<'_>) -> [Record<Token>; 2] {
+    feed(core, [vec![relation()], rows(190, &TWO, false)].concat());
+    <[Record<Token>; 2]>::try_from(records(core)).expect("two records")
+}
+
+/// A new session's replay of [`send_two`]'s transaction, committed: what
+/// went where.
+fn replay_two(core: &mut Harness<'_>) -> Vec<(String, String)> {
+    start(core, 10);
+    feed(core, [vec![relation()], rows(190, &TWO, false)].concat());
+    let replay = records(core);
+    commit_all(core, replay)
+}
+
+const TWO: [(&str, Option<&str>); 2] = [("e1", Some("a")), ("e2", Some("b"))];
+
 #[test]
 fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));
     let mut core = started(&config, 10);
-    let events = [("e1", Some("a")), ("e2", Some("b"))];
-    feed(
-        &mut core,
-        [vec![relation()], rows(190, &events, false)].concat(),
-    );
-    let [e1, e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    let [e1, e2] = send_two(&mut core);
     report(&mut core, refused(e1)).unwrap();
     report(&mut core, acked(e2.token)).unwrap();
     let e = abort(&mut core);
@@ -83,14 +95,8 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
     assert_eq!(confirmable(&mut core), 10, "nothing committed");
     // The new session's replay: the refused event goes to the dead-letter
     // topic, inside the new transaction.
-    start(&mut core, 10);
-    feed(
-        &mut core,
-        [vec![relation()], rows(190, &events, false)].concat(),
-    );
-    let replay = records(&mut core);
     assert_eq!(
-        commit_all(&mut core, replay),
+        replay_two(&mut core),
         pairs(&[("dlq", "e1"), ("events", "e2")])
     );
     assert_eq!(confirmable(&mut core), 200);
@@ -103,12 +109,7 @@ fn an_event_refused_for_good_is_dead_lettered_in_the_replayed_transaction() {
 fn a_failed_transaction_waits_for_its_reports_five_seconds_at_most() {
     let config = quiet(config(DeadLetters::to_topic("dlq"), transactions(100)));
     let mut core = started(&config, 10);
-    let events = [("e1", Some("a")), ("e2", Some("b"))];
-    feed(
-        &mut core,
-        [vec![relation()], rows(190, &events, false)].concat(),
-    );
-    let [e1, _e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    let [e1, _e2] = send_two(&mut core);
     let t0 = core.now();
     report(&mut core, refused(e1)).unwrap();
     assert!(core.upkeep(false, 1).is_ok(), "e2 may still report");
@@ -174,12 +175,7 @@ fn a_transaction_closes_when_its_time_bound_passed_since_its_first_record() {
 fn a_refusal_reported_after_the_failed_commit_is_dead_lettered() {
     let config = config(DeadLetters::to_topic("dlq"), transactions(100));
     let mut core = started(&config, 10);
-    let events = [("e1", Some("a")), ("e2", Some("b"))];
-    feed(
-        &mut core,
-        [vec![relation()], rows(190, &events, false)].concat(),
-    );
-    let [e1, e2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    let [e1, e2] = send_two(&mut core);
     core.upkeep(true, 2).unwrap();
     let progress = records(&mut core).remove(0);
     core.upkeep(true, 3).unwrap();
@@ -203,14 +199,8 @@ fn a_refusal_reported_after_the_failed_commit_is_dead_lettered() {
         matches!(e, RunError::Aborted(AbortCause::CommitFailed(_))),
         "{e}"
     );
-    start(&mut core, 10);
-    feed(
-        &mut core,
-        [vec![relation()], rows(190, &events, false)].concat(),
-    );
-    let replay = records(&mut core);
     assert_eq!(
-        commit_all(&mut core, replay),
+        replay_two(&mut core),
         pairs(&[("dlq", "e1"), ("events", "e2")])
     );
 }
