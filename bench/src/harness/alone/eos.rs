@@ -140,12 +140,7 @@ async fn latency(
             crate::peers::watch(&mut relay, t0, &kind.label());
             tokio::time::sleep(crate::peers::TICK).await;
         }
-        world
-            .execute(
-                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-                 VALUES ('order', 'probe', 'probe', '{}')",
-            )
-            .await;
+        crate::peers::write(world, 1, "probe").await;
         let probe = world.wal_lsn().await;
         wait_confirmed(world, &mut [&mut relay], &kind.slot(), &probe).await;
         let point = rate.map_or("warm-up".to_owned(), |r| r.to_string());

@@ -101,7 +101,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
 }
 
 /// One event tagged `tag` (its event type), in a transaction of its own.
-async fn write(world: &World, n: i64, tag: &str) {
+pub(crate) async fn write(world: &World, n: i64, tag: &str) {
     world
         .execute(&format!(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)

@@ -25,7 +25,7 @@ use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
 use crate::world::World;
 
 pub(crate) use backlog::{backlog, recvlogical};
-pub(crate) use curve::{curve, pgbench};
+pub(crate) use curve::{curve, pgbench, write};
 pub(crate) use kill::kill;
 
 static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
