@@ -100,7 +100,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
     }
 }
 
-/// One event tagged `tag` (its event type), in a transaction of its own.
+/// `n` events tagged `tag` (their event type), in one transaction of their own.
 pub(crate) async fn write(world: &World, n: i64, tag: &str) {
     world
         .execute(&format!(
