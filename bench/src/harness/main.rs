@@ -35,7 +35,9 @@ Phases (all but retention by default):
              with messages on, walbox with source = messages
   curve      commit -> on the topic at 1k/5k/20k events/s and unthrottled, exact
              over every event, walbox and Debezium
-  kill       duplicates after one kill -9 mid-backlog, walbox and Debezium
+  kill       duplicates after kill -9s at random points of a backlog (10 per
+             relay over the runs), walbox and Debezium; Debezium with Connect's
+             60 s offset flush killed more than 60 s into a stream
   eos        exactly-once beside at-least-once on the small backlog, one
              transaction of 1,000,000 rows exactly-once, commit -> ack at 5k/s
   shards     the small backlog drained by 1, 2 and 4 shards
@@ -118,6 +120,7 @@ impl Scale {
                 rows: Rows::Small,
                 debezium: true,
                 pollers: true,
+                heaps: true,
             },
             Backlog {
                 phase: "large",
@@ -126,6 +129,7 @@ impl Scale {
                 rows: Rows::Large,
                 debezium: true,
                 pollers: true,
+                heaps: false,
             },
             // One transaction of a million rows: what a bulk import does.
             Backlog {
@@ -135,6 +139,7 @@ impl Scale {
                 rows: Rows::Small,
                 debezium: true,
                 pollers: false,
+                heaps: false,
             },
             Backlog {
                 phase: "messages",
@@ -143,6 +148,7 @@ impl Scale {
                 rows: Rows::Messages,
                 debezium: false,
                 pollers: false,
+                heaps: false,
             },
         ]
     }
@@ -277,7 +283,7 @@ async fn main() -> ExitCode {
             peers::curve(&mut results, &walbox, scale.curve_seconds()).await;
         }
         if wants("kill") {
-            peers::kill(&mut results, &walbox, scale.kill_events()).await;
+            peers::kill(&mut results, &walbox, scale.kill_events(), scale.runs).await;
         }
         if wants("eos") {
             alone::eos(&mut results, &walbox, scale).await;
@@ -317,6 +323,38 @@ fn write_report(
     doc: Option<&str>,
 ) -> ExitCode {
     let mut failed = false;
+    // The figures, beside the report and (when its section is written)
+    // beside the document.
+    if ran
+        .iter()
+        .any(|p| report::PEERS_PHASES.contains(&p.as_str()))
+    {
+        let mut dirs = vec![out.join("figures")];
+        let whole = report::PEERS_PHASES
+            .iter()
+            .all(|p| ran.iter().any(|r| r == p));
+        if let (Some(doc), true) = (doc, whole) {
+            dirs.push(
+                std::path::Path::new(doc)
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join("figures"),
+            );
+        }
+        for dir in dirs {
+            match report::figures::draw(results, scale, &dir) {
+                Ok(drawn) => eprintln!(
+                    "walbox-bench: drew {} in {}",
+                    drawn.join(", "),
+                    dir.display()
+                ),
+                Err(e) => {
+                    eprintln!("walbox-bench: {e}");
+                    failed = true;
+                }
+            }
+        }
+    }
     for (name, whole, text) in report::sections(results, scale, ran) {
         println!("{text}");
         if let Err(e) = std::fs::write(out.join(format!("{name}.md")), &text) {

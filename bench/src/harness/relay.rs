@@ -17,11 +17,32 @@ pub(crate) enum Kind {
     Walbox,
     /// walbox with `delivery = "exactly-once"`, on its own slot.
     WalboxExactlyOnce,
-    /// Debezium, its offsets flushed every `flush_ms`.
-    Debezium {
-        flush_ms: u32,
-    },
+    /// Debezium, as [`Dbz`] sets it up.
+    Debezium(Dbz),
 }
+
+/// How a Debezium run differs from the benchmark's: its offset flush
+/// interval, its JVM's heap and its poll interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Dbz {
+    pub(crate) flush_ms: u32,
+    /// `-Xmx`, MiB.
+    pub(crate) heap_mib: u32,
+    pub(crate) poll_ms: u32,
+}
+
+/// Debezium as the benchmark runs it: offsets flushed every second, the
+/// heap `connect-standalone.sh` gives it (2 GiB), a 10 ms poll interval.
+pub(crate) const DEBEZIUM: Dbz = Dbz {
+    flush_ms: DEBEZIUM_FLUSH_MS,
+    heap_mib: DEBEZIUM_HEAP_MIB,
+    poll_ms: DEBEZIUM_POLL_MS,
+};
+
+/// `-Xmx` as `connect-standalone.sh` sets it.
+pub(crate) const DEBEZIUM_HEAP_MIB: u32 = 2048;
+/// The connector's `poll.interval.ms` in the benchmark (its default is 500).
+pub(crate) const DEBEZIUM_POLL_MS: u32 = 10;
 
 /// Debezium's offset flush interval in the benchmark: walbox's
 /// `status_interval_ms` (1 s), the closest Connect comes to confirming as
@@ -31,10 +52,10 @@ pub(crate) const DEBEZIUM_FLUSH_MS: u32 = 1000;
 pub(crate) const CONNECT_DEFAULT_FLUSH_MS: u32 = 60_000;
 
 /// The JVM as Kafka's `connect-standalone.sh` starts it (its
-/// `KAFKA_HEAP_OPTS` and `KAFKA_JVM_PERFORMANCE_OPTS` defaults).
+/// `KAFKA_HEAP_OPTS` and `KAFKA_JVM_PERFORMANCE_OPTS` defaults), less
+/// `-Xmx` ([`Dbz::heap_mib`]).
 pub(crate) const JVM: &[&str] = &[
     "-Xms256M",
-    "-Xmx2G",
     "-server",
     "-XX:+UseG1GC",
     "-XX:MaxGCPauseMillis=20",
@@ -57,13 +78,13 @@ pub(crate) const WORKER: &[(&str, &str)] = &[
 
 /// The connector, on walbox's outbox table and publication. Batches and
 /// queue raised from Debezium's defaults (2,048 and 8,192) as its
-/// performance guidance advises for throughput, and the poll interval
-/// lowered from 500 ms so an idle queue costs no latency.
+/// performance guidance advises for throughput; `poll.interval.ms` is
+/// [`Dbz::poll_ms`], lowered from its 500 ms default so an idle queue
+/// costs little latency.
 pub(crate) const CONNECTOR: &[(&str, &str)] = &[
     ("publication.autocreate.mode", "disabled"),
     ("max.batch.size", "8192"),
     ("max.queue.size", "32768"),
-    ("poll.interval.ms", "10"),
     ("transforms.outbox.table.field.event.key", "aggregate_id"),
     ("transforms.outbox.route.by.field", "aggregate_type"),
     (
@@ -72,12 +93,30 @@ pub(crate) const CONNECTOR: &[(&str, &str)] = &[
     ),
 ];
 
+impl Dbz {
+    /// Its settings that say how it is run: the flush interval always,
+    /// the heap and the poll interval when not the benchmark's.
+    pub(crate) fn differences(self) -> String {
+        let mut s = format!(
+            "offsets flushed every {} s",
+            f64::from(self.flush_ms) / 1000.0
+        );
+        if self.heap_mib != DEBEZIUM_HEAP_MIB {
+            s += &format!(", `-Xmx{}M`", self.heap_mib);
+        }
+        if self.poll_ms != DEBEZIUM_POLL_MS {
+            s += &format!(", `poll.interval.ms={}`", self.poll_ms);
+        }
+        s
+    }
+}
+
 impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Walbox => "walbox",
             Kind::WalboxExactlyOnce => "walbox_eos",
-            Kind::Debezium { .. } => "debezium",
+            Kind::Debezium(_) => "debezium",
         }
     }
 
@@ -86,10 +125,7 @@ impl Kind {
         match self {
             Kind::Walbox => "walbox".into(),
             Kind::WalboxExactlyOnce => "walbox, exactly-once".into(),
-            Kind::Debezium { flush_ms } => format!(
-                "Debezium (offsets flushed every {} s)",
-                f64::from(flush_ms) / 1000.0
-            ),
+            Kind::Debezium(d) => format!("Debezium ({})", d.differences()),
         }
     }
 
@@ -97,8 +133,18 @@ impl Kind {
     /// the events it must read are written.
     pub(crate) fn slot(self) -> String {
         match self {
-            Kind::Debezium { flush_ms } if flush_ms != DEBEZIUM_FLUSH_MS => {
-                format!("debezium_{}s", flush_ms / 1000)
+            Kind::Debezium(d) => {
+                let mut slot = "debezium".to_owned();
+                if d.flush_ms != DEBEZIUM_FLUSH_MS {
+                    slot += &format!("_{}s", d.flush_ms / 1000);
+                }
+                if d.heap_mib != DEBEZIUM_HEAP_MIB {
+                    slot += &format!("_xmx{}m", d.heap_mib);
+                }
+                if d.poll_ms != DEBEZIUM_POLL_MS {
+                    slot += &format!("_poll{}ms", d.poll_ms);
+                }
+                slot
             }
             _ => self.name().to_owned(),
         }
@@ -125,7 +171,7 @@ impl Kind {
                 args.extend_from_slice(flags);
                 world.walbox(&args);
             }
-            Kind::Debezium { .. } => world.create_slot(&self.slot()).await,
+            Kind::Debezium(_) => world.create_slot(&self.slot()).await,
         }
     }
 
@@ -185,7 +231,7 @@ impl Relay {
                     process,
                 }
             }
-            Kind::Debezium { flush_ms } => {
+            Kind::Debezium(d) => {
                 let config = world.pg.config("postgres");
                 let connector = Connector {
                     bootstrap: world.bootstrap(),
@@ -198,16 +244,26 @@ impl Relay {
                     publication: "walbox_outbox".into(),
                     worker: owned(WORKER)
                         .into_iter()
-                        .chain([("offset.flush.interval.ms".to_owned(), flush_ms.to_string())])
+                        .chain([(
+                            "offset.flush.interval.ms".to_owned(),
+                            d.flush_ms.to_string(),
+                        )])
                         .collect(),
                     connector: owned(CONNECTOR)
                         .into_iter()
-                        .chain([(
-                            "transforms.outbox.route.topic.replacement".to_owned(),
-                            format!("{}.${{routedByValue}}", kind.slot()),
-                        )])
+                        .chain([
+                            (
+                                "transforms.outbox.route.topic.replacement".to_owned(),
+                                format!("{}.${{routedByValue}}", kind.slot()),
+                            ),
+                            ("poll.interval.ms".to_owned(), d.poll_ms.to_string()),
+                        ])
                         .collect(),
-                    jvm: JVM.iter().map(|s| (*s).to_owned()).collect(),
+                    jvm: JVM
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .chain([format!("-Xmx{}M", d.heap_mib)])
+                        .collect(),
                 };
                 Relay::Debezium(Box::new(Debezium::start(connector)))
             }
@@ -227,6 +283,17 @@ impl Relay {
             Relay::Walbox { process, .. } => (!process.running()).then(|| tail(&process.log(), 30)),
             Relay::Debezium(d) => d.exited().then(|| d.log_tail(30)),
         }
+    }
+
+    /// SIGSTOP: it holds its connections and does nothing (its walsender
+    /// stops sending once the socket is full) until [`Relay::resume`].
+    pub(crate) fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after [`Relay::pause`].
+    pub(crate) fn resume(&self) {
+        signal(self.pid(), "CONT");
     }
 
     pub(crate) fn kill9(&mut self) {
@@ -335,6 +402,15 @@ pub(crate) fn log_field(log: &str, marker: &str, name: &str) -> Option<f64> {
         .take_while(|c| c.is_ascii_digit() || *c == '.')
         .collect();
     v.parse().ok()
+}
+
+fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{name} {pid}");
 }
 
 fn owned(p: &[(&str, &str)]) -> Vec<(String, String)> {

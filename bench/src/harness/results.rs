@@ -105,6 +105,11 @@ impl Results {
         v
     }
 
+    /// Every figure of `metric` over the runs, sorted.
+    pub(crate) fn all(&self, phase: &str, metric: &str) -> Vec<f64> {
+        self.values(phase, metric)
+    }
+
     pub(crate) fn has(&self, phase: &str, metric: &str) -> bool {
         self.figures
             .iter()

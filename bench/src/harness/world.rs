@@ -144,6 +144,9 @@ impl World {
             .setting("max_wal_size", "4GB")
             .setting("max_connections", "50")
             .setting("track_commit_timestamp", "on")
+            // A relay paused (SIGSTOP) while another drains a backlog
+            // answers no keepalive; its walsender must wait for it.
+            .setting("wal_sender_timeout", "0")
             .start()
             .unwrap_or_else(|e| panic!("start Postgres: {e}"));
         let config = pg.config("postgres");
@@ -338,6 +341,24 @@ impl World {
             .expect("read the slot")
             .and_then(|r| r.get::<_, Option<i32>>(0))
             .map(|p| p as u32)
+    }
+
+    /// How far `slot`'s walsender had decoded between `from` and `to`, as
+    /// a fraction of that WAL (`pg_stat_replication.sent_lsn`: a logical
+    /// walsender's decoding position); 0 when it is not streaming.
+    pub(crate) async fn decoded_ahead(&self, slot: &str, from: &str, to: &str) -> f64 {
+        self.client
+            .query_opt(
+                "SELECT greatest(0, least(1, pg_wal_lsn_diff(r.sent_lsn, $2::text::pg_lsn)
+                                         / nullif(pg_wal_lsn_diff($3::text::pg_lsn, $2::text::pg_lsn), 0)))::float8
+                   FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+                  WHERE s.slot_name = $1",
+                &[&slot, &from, &to],
+            )
+            .await
+            .expect("read the walsender's position")
+            .and_then(|r| r.get::<_, Option<f64>>(0))
+            .unwrap_or(0.0)
     }
 
     /// Creates `topic` with [`PARTITIONS`] partitions whose records carry

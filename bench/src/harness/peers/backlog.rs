@@ -5,19 +5,28 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use super::{preload, watch, Backlog, Rows, TICK, TIMEOUT};
+use super::{launch_warm, preload, watch, Backlog, Rows, Warm, TICK, TIMEOUT};
 use crate::procstat;
-use crate::relay::{Kind, Relay};
 use crate::results::Results;
 use crate::world::{TableStats, World};
 
 pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     let world = World::start(walbox).await;
-    for kind in b.relays() {
+    let kinds = b.relays();
+    for &kind in &kinds {
         kind.init_with(&world, &["--source", b.source()]).await;
         world.create_topic(&kind.topic()).await;
     }
+    let warm = launch_warm(&world, &kinds, b).await;
+    for w in &warm {
+        let p = |m: &str| format!("{}_{m}", w.kind.slot());
+        results.record(b.phase, &p("startup_s"), w.startup_s);
+        results.record(b.phase, &p("startup_cpu_s"), w.startup_cpu_s);
+    }
+    // Made after the warm-up: it reads the backlog alone.
     world.create_slot("bench_recvlogical").await;
+    let recvlogical = Recvlogical::start(&world, b.rows == Rows::Messages).await;
+    let start = world.wal_lsn().await;
     eprintln!(
         "bench: {}: writing {} events in transactions of {}",
         b.phase, b.events, b.tx
@@ -42,35 +51,40 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
     results.record(b.phase, "row_bytes", f64::from(row));
 
     let n = b.events as f64;
+    results.record(
+        b.phase,
+        "recvlogical_ahead",
+        world.decoded_ahead("bench_recvlogical", &start, &end).await,
+    );
     let c0 = world.server_cpu().await;
-    let (secs, walsender) = recvlogical(&world, &end, b.rows == Rows::Messages).await;
+    let (secs, walsender) = recvlogical.drain(b.events).await;
     let c1 = world.server_cpu().await;
     results.record(b.phase, "recvlogical_s", secs);
     results.record(b.phase, "recvlogical_eps", n / secs);
     results.record(b.phase, "recvlogical_walsender_us", walsender / n * 1e6);
     results.record(b.phase, "recvlogical_pg_us", (c1 - c0) / n * 1e6);
 
-    for kind in b.relays() {
+    for w in warm {
+        let kind = w.kind;
         eprintln!("bench: {}: {} drains it", b.phase, kind.label());
         let before = Primary::read(&world, "outbox_events").await;
+        results.record(
+            b.phase,
+            &format!("{}_ahead", kind.slot()),
+            world.decoded_ahead(&kind.slot(), &start, &end).await,
+        );
         let broker0 = world.broker_cpu();
-        let d = drain(&world, kind, b, &end).await;
+        let d = drain(&world, w, b, &end).await;
         let broker = world.broker_cpu() - broker0;
         let cost = before.cost(&world).await;
         let p = |m: &str| format!("{}_{m}", kind.slot());
         results.record(b.phase, &p("s"), d.secs);
         results.record(b.phase, &p("first_s"), d.first_secs);
         results.record(b.phase, &p("eps"), n / d.secs);
-        results.record(b.phase, &p("stream_eps"), n / (d.secs - d.first_secs));
-        results.record(b.phase, &p("cpu_s"), d.end.cpu_s);
-        results.record(b.phase, &p("cpu_us"), d.end.cpu_s / n * 1e6);
-        results.record(
-            b.phase,
-            &p("stream_cpu_us"),
-            (d.end.cpu_s - d.first_cpu_s) / n * 1e6,
-        );
-        results.record(b.phase, &p("events_per_cpu_s"), n / d.end.cpu_s);
-        results.record(b.phase, &p("rss_mib"), d.end.peak_rss_mib);
+        results.record(b.phase, &p("cpu_s"), d.cpu_s);
+        results.record(b.phase, &p("cpu_us"), d.cpu_s / n * 1e6);
+        results.record(b.phase, &p("events_per_cpu_s"), n / d.cpu_s);
+        results.record(b.phase, &p("rss_mib"), d.peak_rss_mib);
         results.record(b.phase, &p("walsender_us"), d.walsender_cpu_s / n * 1e6);
         results.record(b.phase, &p("broker_us"), broker / n * 1e6);
         results.record(b.phase, &p("duplicates"), d.duplicates as f64);
@@ -144,7 +158,7 @@ impl Cost {
 }
 
 /// The polling relay (bench/src/bin/outbox-poller.rs) drains a copy of the
-/// backlog, batch 50 and batch 500, to its own topic.
+/// backlog (the last rows written, not the relays' warm-up), batch 50 and batch 500, to its own topic.
 async fn pollers(results: &mut Results, world: &World, b: Backlog) {
     let bin = std::env::current_exe()
         .expect("this binary's path")
@@ -158,15 +172,16 @@ async fn pollers(results: &mut Results, world: &World, b: Backlog) {
             b.phase
         );
         world
-            .execute(
+            .execute(&format!(
                 "DROP TABLE IF EXISTS outbox_poll;
                  CREATE TABLE outbox_poll (LIKE outbox_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY,
                                            published_at timestamptz, PRIMARY KEY (id));
                  INSERT INTO outbox_poll (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at)
                  SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at
-                   FROM outbox_events ORDER BY seq;
+                   FROM (SELECT * FROM outbox_events ORDER BY seq DESC LIMIT {}) backlog ORDER BY seq;
                  CREATE INDEX outbox_poll_unpublished ON outbox_poll (seq) WHERE published_at IS NULL;",
-            )
+                b.events
+            ))
             .await;
         world.execute("VACUUM ANALYZE outbox_poll").await;
         world.execute("CHECKPOINT").await;
@@ -234,6 +249,135 @@ async fn pollers(results: &mut Results, world: &World, b: Backlog) {
     }
 }
 
+/// pg_recvlogical on the slot `bench_recvlogical`, started and paused
+/// before the backlog is written, as the relays are: its walsender
+/// decodes ahead of it as theirs do. Its output goes to a pipe the
+/// harness reads, looking for the backlog's last event.
+struct Recvlogical {
+    child: std::process::Child,
+    walsender: u32,
+    /// Its walsender's CPU when it was paused.
+    walsender_cpu0: f64,
+    found: std::sync::mpsc::Receiver<Instant>,
+    /// The last event's payload text: `"total": <events - 1>, `.
+    marker: std::sync::Arc<std::sync::OnceLock<Vec<u8>>>,
+}
+
+impl Recvlogical {
+    async fn start(world: &World, messages: bool) -> Recvlogical {
+        let mut child = world
+            .pg_tool("pg_recvlogical")
+            .args(["-d", &world.url, "--slot", "bench_recvlogical", "--start"])
+            .args([
+                "-o",
+                "proto_version=1",
+                "-o",
+                "publication_names=walbox_outbox",
+            ])
+            .args([
+                "-o",
+                if messages {
+                    "messages=true"
+                } else {
+                    "messages=false"
+                },
+                "-f",
+                "-",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pg_recvlogical");
+        let mut out = child.stdout.take().expect("pg_recvlogical's output");
+        let marker: std::sync::Arc<std::sync::OnceLock<Vec<u8>>> = Default::default();
+        let (tx, found) = std::sync::mpsc::channel();
+        let wanted = marker.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 1 << 16];
+            let mut carry: Vec<u8> = Vec::new();
+            let mut sent = false;
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let Some(m) = wanted.get().filter(|_| !sent) else {
+                    continue;
+                };
+                carry.extend_from_slice(&buf[..n]);
+                if carry.windows(m.len()).any(|w| w == m.as_slice()) {
+                    let _ = tx.send(Instant::now());
+                    sent = true;
+                }
+                let keep = carry.len().min(m.len());
+                carry.drain(..carry.len() - keep);
+            }
+        });
+        let t0 = Instant::now();
+        let walsender = loop {
+            if let Some(pid) = world.walsender("bench_recvlogical").await {
+                break pid;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "pg_recvlogical did not start streaming"
+            );
+            tokio::time::sleep(TICK).await;
+        };
+        let mut r = Recvlogical {
+            child,
+            walsender,
+            walsender_cpu0: 0.0,
+            found,
+            marker,
+        };
+        r.signal("STOP");
+        r.walsender_cpu0 = procstat::usage(walsender).map_or(0.0, |u| u.cpu_s);
+        r
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} pg_recvlogical");
+    }
+
+    /// Resumes it with the backlog of `events` waiting: seconds until
+    /// its last event came through, and its walsender's CPU since the
+    /// pause (what it decoded ahead included).
+    async fn drain(mut self, events: i64) -> (f64, f64) {
+        let _ = self
+            .marker
+            .set(format!("\"total\": {}, ", events - 1).into_bytes());
+        let cpu = || procstat::usage(self.walsender).map_or(0.0, |u| u.cpu_s);
+        let (cpu0, mut cpu1) = (self.walsender_cpu0, 0.0);
+        let t0 = Instant::now();
+        self.signal("CONT");
+        let at = loop {
+            if let Ok(at) = self.found.try_recv() {
+                break at;
+            }
+            cpu1 = cpu();
+            assert!(
+                self.child.try_wait().expect("pg_recvlogical").is_none(),
+                "pg_recvlogical exited"
+            );
+            assert!(
+                t0.elapsed() < TIMEOUT,
+                "pg_recvlogical took over {TIMEOUT:?}"
+            );
+            tokio::time::sleep(TICK).await;
+        };
+        cpu1 = cpu().max(cpu1);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        ((at - t0).as_secs_f64(), cpu1 - cpu0)
+    }
+}
+
 /// pg_recvlogical drains the slot `bench_recvlogical` to `/dev/null` up to
 /// `end` (with logical decoding messages when `messages`): seconds, and
 /// its walsender's CPU seconds (sampled every 20 ms).
@@ -289,35 +433,45 @@ pub(crate) async fn recvlogical(world: &World, end: &str, messages: bool) -> (f6
 }
 
 struct Drain {
-    /// From the relay's start until every event was on its topic.
+    /// From its resumption until every event was on its topic.
     secs: f64,
     /// Until its first record was.
     first_secs: f64,
-    first_cpu_s: f64,
-    end: procstat::Usage,
+    /// Its CPU meanwhile.
+    cpu_s: f64,
+    /// Over its whole life, the warm-up included.
+    peak_rss_mib: f64,
     walsender_cpu_s: f64,
     /// walbox: until its slot confirmed the backlog's end.
     confirmed_secs: Option<f64>,
     duplicates: usize,
 }
 
-async fn drain(world: &World, kind: Kind, b: Backlog, end_lsn: &str) -> Drain {
+/// Resumes a warm relay ([`launch_warm`]) with the backlog waiting, and
+/// times it until every event is on its topic.
+async fn drain(world: &World, w: Warm, b: Backlog, end_lsn: &str) -> Drain {
+    let Warm {
+        kind,
+        mut relay,
+        walsender,
+        ..
+    } = w;
     let events = b.events;
     let topic = kind.topic();
     let slot = kind.slot();
     let from = world.ends(&topic);
-    let t0 = Instant::now();
-    let mut relay = Relay::start_with(kind, world, &["--source", b.source()]);
     let pid = relay.pid();
-    let (mut first, mut walsender, mut walsender_cpu_s) = (None, None, 0.0);
+    let cpu0 = procstat::usage(pid).map_or(0.0, |u| u.cpu_s);
+    // From the pause: what its walsender decoded ahead counts too.
+    let (walsender, walsender0) = walsender.map_or((None, 0.0), |(p, c)| (Some(p), c));
+    let mut walsender_cpu_s = walsender0;
+    let t0 = Instant::now();
+    relay.resume();
+    let mut first = None;
     loop {
         let n = world.count_since(&topic, &from);
         if first.is_none() && n > 0 {
-            let cpu = procstat::usage(pid).map_or(0.0, |u| u.cpu_s);
-            first = Some((t0.elapsed().as_secs_f64(), cpu));
-        }
-        if walsender.is_none() {
-            walsender = world.walsender(&slot).await;
+            first = Some(t0.elapsed().as_secs_f64());
         }
         if let Some(u) = walsender.and_then(procstat::usage) {
             walsender_cpu_s = u.cpu_s;
@@ -347,13 +501,12 @@ async fn drain(world: &World, kind: Kind, b: Backlog, end_lsn: &str) -> Drain {
         "{}: distinct events on {topic}",
         kind.label()
     );
-    let (first_secs, first_cpu_s) = first.unwrap_or((secs, 0.0));
     Drain {
         secs,
-        first_secs,
-        first_cpu_s,
-        end,
-        walsender_cpu_s,
+        first_secs: first.unwrap_or(secs),
+        cpu_s: end.cpu_s - cpu0,
+        peak_rss_mib: end.peak_rss_mib,
+        walsender_cpu_s: walsender_cpu_s - walsender0,
         confirmed_secs,
         duplicates: records.len() - ids.len(),
     }

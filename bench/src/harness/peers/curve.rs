@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{measured, point_name, wait_on_topic, RATES, RELAYS};
+use super::{measured, point_name, wait_on_topic, CURVE_RELAYS, RATES};
 use crate::procstat;
 use crate::relay::{Kind, Relay};
 use crate::results::{quantile, Results};
@@ -13,7 +13,7 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
     // walbox's init-slot makes the publication both read.
     Kind::Walbox.init(&world).await;
     let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
-    for kind in measured(RELAYS) {
+    for kind in measured(CURVE_RELAYS) {
         if kind != Kind::Walbox {
             // Made now, its slot skips what the relays before it were given.
             kind.init(&world).await;

@@ -12,7 +12,13 @@
 //!   and as fast as pgbench writes, exact percentiles over every event:
 //!   the commit's timestamp (`track_commit_timestamp`) against the
 //!   broker's append time (`LogAppendTime`, ms).
-//! * `kill`: duplicates after one `kill -9` mid-backlog and a restart.
+//! * `kill`: duplicates after `kill -9`s at random points of backlogs,
+//!   each followed by a restart; and Debezium as most deploy it (offsets
+//!   flushed every 60 s) killed after more than 60 s of a steady stream.
+//!
+//! The backlogs and the kills are drained by warm relays: each is
+//! launched (its start-up timed on its own), warmed up, and stopped
+//! (SIGSTOP) while the backlog is written; the clock starts at SIGCONT.
 
 mod backlog;
 mod curve;
@@ -21,7 +27,7 @@ mod kill;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::relay::{Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM_FLUSH_MS};
+use crate::relay::{Dbz, Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM};
 use crate::world::World;
 
 pub(crate) use backlog::{backlog, recvlogical};
@@ -47,7 +53,7 @@ pub(crate) fn set_run(run: u32) {
 
 /// `kinds`, less Debezium when only walbox is measured, in this run's
 /// order ([`set_run`]).
-pub(super) fn measured<const N: usize>(kinds: [Kind; N]) -> Vec<Kind> {
+pub(super) fn measured(kinds: impl IntoIterator<Item = Kind>) -> Vec<Kind> {
     let walbox_only = WALBOX_ONLY.load(Ordering::Relaxed);
     let mut kinds: Vec<Kind> = kinds
         .into_iter()
@@ -59,24 +65,45 @@ pub(super) fn measured<const N: usize>(kinds: [Kind; N]) -> Vec<Kind> {
     kinds
 }
 
-/// The relays of the throughput and latency phases.
-pub(crate) const RELAYS: [Kind; 2] = [
-    Kind::Walbox,
-    Kind::Debezium {
-        flush_ms: DEBEZIUM_FLUSH_MS,
-    },
+/// The relays of the throughput phases, and of the kills at random
+/// points of a backlog.
+pub(crate) const RELAYS: [Kind; 2] = [Kind::Walbox, Kind::Debezium(DEBEZIUM)];
+
+/// Debezium with smaller heaps than `connect-standalone.sh` gives it, in
+/// the small backlog: what its peak RSS is when the heap is sized to the
+/// job, and what that costs its throughput.
+pub(crate) const SMALL_HEAPS: [Kind; 2] = [
+    Kind::Debezium(Dbz {
+        heap_mib: 512,
+        ..DEBEZIUM
+    }),
+    Kind::Debezium(Dbz {
+        heap_mib: 256,
+        ..DEBEZIUM
+    }),
 ];
 
-/// The relays of the kill phase: Debezium also as most deploy it.
-pub(crate) const KILLED: [Kind; 3] = [
+/// The relays of the latency curve: Debezium also polling its queue every
+/// millisecond (records wait up to `poll.interval.ms` at these rates).
+pub(crate) const CURVE_RELAYS: [Kind; 3] = [
     Kind::Walbox,
-    Kind::Debezium {
-        flush_ms: DEBEZIUM_FLUSH_MS,
-    },
-    Kind::Debezium {
-        flush_ms: CONNECT_DEFAULT_FLUSH_MS,
-    },
+    Kind::Debezium(DEBEZIUM),
+    Kind::Debezium(Dbz {
+        poll_ms: 1,
+        ..DEBEZIUM
+    }),
 ];
+
+/// Debezium as most deploy it (Connect's default offset flush interval),
+/// killed once per run after more than that interval of streaming.
+pub(crate) const KILLED_STREAMING: Kind = Kind::Debezium(Dbz {
+    flush_ms: CONNECT_DEFAULT_FLUSH_MS,
+    ..DEBEZIUM
+});
+
+/// `kill -9`s per relay over all the runs of the kill phase, at random
+/// points.
+pub(crate) const KILLS: u32 = 10;
 
 /// The curve's points: events/s, `None` as fast as pgbench writes.
 pub(crate) const RATES: [Option<u32>; 4] = [Some(1000), Some(5000), Some(20000), None];
@@ -103,6 +130,8 @@ pub(crate) struct Backlog {
     pub(crate) debezium: bool,
     /// The polling relay drains a copy of it.
     pub(crate) pollers: bool,
+    /// Debezium also with smaller heaps ([`SMALL_HEAPS`]).
+    pub(crate) heaps: bool,
 }
 
 /// What a backlog's events are.
@@ -129,15 +158,16 @@ impl Backlog {
             rows: Rows::Small,
             debezium: false,
             pollers: false,
+            heaps: false,
         }
     }
 
-    /// The relays that read it.
+    /// The relays that read it, in this run's order.
     pub(crate) fn relays(self) -> Vec<Kind> {
-        if self.debezium {
-            measured(RELAYS)
-        } else {
-            vec![Kind::Walbox]
+        match (self.debezium, self.heaps) {
+            (false, _) => vec![Kind::Walbox],
+            (true, false) => measured(RELAYS),
+            (true, true) => measured(RELAYS.into_iter().chain(SMALL_HEAPS)),
         }
     }
 
@@ -192,6 +222,93 @@ pub(crate) async fn preload(world: &World, b: Backlog) -> String {
     world.execute("VACUUM ANALYZE outbox_events").await;
     world.execute("CHECKPOINT").await;
     end
+}
+
+/// A relay launched (its start-up timed), warmed up and paused: see
+/// [`launch_warm`].
+pub(super) struct Warm {
+    pub(super) kind: Kind,
+    pub(super) relay: Relay,
+    /// From its launch until the events waiting for it (one per relay
+    /// launched so far) were on its topic.
+    pub(super) startup_s: f64,
+    /// Its CPU until then.
+    pub(super) startup_cpu_s: f64,
+    /// Its walsender, and that walsender's CPU when the relay was paused:
+    /// what it decodes ahead while the relay is paused counts too.
+    pub(super) walsender: Option<(u32, f64)>,
+}
+
+/// Events each relay reads before the clock starts: enough for a JVM's
+/// JIT to compile the hot paths, and for every connection and buffer to
+/// exist.
+fn warm_events(b: Backlog) -> i64 {
+    (b.events / 10).min(50_000)
+}
+
+/// Launches `kinds` one after another and pauses them, warm, before a
+/// backlog is written. Before each launch one event of `b`'s kind is
+/// written; the relay's start-up is the time from its launch until it has
+/// put every event written so far on its topic. Then `warm_events(b)`
+/// events, in transactions of 100, go through every relay, and each is
+/// paused (SIGSTOP) with nothing left to read.
+pub(super) async fn launch_warm(world: &World, kinds: &[Kind], b: Backlog) -> Vec<Warm> {
+    let probe = Backlog {
+        events: 1,
+        tx: 1,
+        ..b
+    };
+    let froms: Vec<Vec<i64>> = kinds.iter().map(|k| world.ends(&k.topic())).collect();
+    let mut warm: Vec<Warm> = Vec::new();
+    for (i, &kind) in kinds.iter().enumerate() {
+        preload(world, probe).await;
+        let t0 = Instant::now();
+        let mut relay = Relay::start_with(kind, world, &["--source", b.source()]);
+        let label = kind.label();
+        wait_on_topic(
+            world,
+            &mut relay,
+            &label,
+            &kind.topic(),
+            &froms[i],
+            i as i64 + 1,
+        )
+        .await;
+        let startup_s = t0.elapsed().as_secs_f64();
+        let startup_cpu_s = crate::procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+        eprintln!("bench: {}: {label} started in {startup_s:.2} s", b.phase);
+        warm.push(Warm {
+            kind,
+            relay,
+            startup_s,
+            startup_cpu_s,
+            walsender: None,
+        });
+    }
+    let n = warm_events(b);
+    eprintln!("bench: {}: warming the relays up with {n} events", b.phase);
+    preload(
+        world,
+        Backlog {
+            events: n,
+            tx: 100,
+            ..b
+        },
+    )
+    .await;
+    let all = kinds.len() as i64 + n;
+    for (w, from) in warm.iter_mut().zip(&froms) {
+        let label = w.kind.label();
+        wait_on_topic(world, &mut w.relay, &label, &w.kind.topic(), from, all).await;
+    }
+    for w in &mut warm {
+        w.relay.pause();
+        w.walsender = world.walsender(&w.kind.slot()).await.map(|pid| {
+            let cpu = crate::procstat::usage(pid).map_or(0.0, |u| u.cpu_s);
+            (pid, cpu)
+        });
+    }
+    warm
 }
 
 /// Fails the phase when the relay exited or took too long.

@@ -5,6 +5,7 @@
 //! every phase it reports ran.
 
 mod alone;
+pub(crate) mod figures;
 mod peers;
 
 pub(crate) use peers::PHASES as PEERS_PHASES;
@@ -156,11 +157,17 @@ pub(super) fn name(kind: Kind) -> String {
     match kind {
         Kind::Walbox => "**walbox**".into(),
         Kind::WalboxExactlyOnce => "**walbox**, exactly-once".into(),
-        Kind::Debezium { .. } => format!(
-            "Debezium {} + EventRouter (Connect {})",
-            jar_version("WALBOX_DEBEZIUM_LIBS", "debezium-connector-postgres-"),
-            jar_version("WALBOX_DEBEZIUM_LIBS", "connect-runtime-")
-        ),
+        Kind::Debezium(d) => {
+            let mut s = format!(
+                "Debezium {} + EventRouter (Connect {})",
+                jar_version("WALBOX_DEBEZIUM_LIBS", "debezium-connector-postgres-"),
+                jar_version("WALBOX_DEBEZIUM_LIBS", "connect-runtime-")
+            );
+            if d != crate::relay::DEBEZIUM {
+                s += &format!(", {}", d.differences());
+            }
+            s
+        }
     }
 }
 

@@ -5,8 +5,10 @@
 use std::fmt::Write;
 
 use super::{events_per, heading, name};
-use crate::peers::{point_name, Backlog, Rows, KILLED, RATES, RELAYS};
-use crate::relay::{CONNECTOR, JVM, WORKER};
+use crate::peers::{
+    point_name, Backlog, Rows, CURVE_RELAYS, KILLED_STREAMING, KILLS, RATES, RELAYS, SMALL_HEAPS,
+};
+use crate::relay::{CONNECTOR, DEBEZIUM_HEAP_MIB, DEBEZIUM_POLL_MS, JVM, WORKER};
 use crate::results::Results;
 use crate::Scale;
 
@@ -15,15 +17,43 @@ pub(crate) const PHASES: [&str; 6] = ["small", "large", "huge", "messages", "cur
 
 pub(crate) fn section(r: &Results, scale: Scale) -> String {
     let mut s = heading(scale);
+    let mut any = false;
     for b in scale.backlogs() {
         if r.has(b.phase, "events") {
             backlog(&mut s, r, b);
+            any = true;
         }
     }
+    if any {
+        figures(
+            &mut s,
+            &[
+                "peers-events-per-second.svg",
+                "peers-cpu-per-event.svg",
+                "peers-peak-rss.svg",
+            ],
+        );
+    }
     curve(&mut s, r, scale);
+    if r.has("curve", "walbox_1000_events") {
+        figures(&mut s, &["peers-latency.svg"]);
+    }
     kill(&mut s, r);
+    if r.has("kill", "events") {
+        figures(&mut s, &["peers-kill-duplicates.svg"]);
+    }
     settings(&mut s);
     s
+}
+
+/// Links to the figures drawn beside the section ([`super::figures`]):
+/// medians, with the range as whiskers.
+fn figures(s: &mut String, files: &[&str]) {
+    for f in files {
+        if let Some(fig) = super::figures::ALL.iter().find(|x| x.file == *f) {
+            let _ = writeln!(s, "![{}](figures/{})\n", fig.alt, fig.file);
+        }
+    }
 }
 
 fn backlog(s: &mut String, r: &Results, b: Backlog) {
@@ -43,30 +73,29 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
         r.stat(p, "events", 0, ""),
         r.stat(p, "row_bytes", 0, "")
     );
-    let _ = writeln!(s, "| relay | every event on the topic | of which before its first record | events/s | its CPU s | CPU µs per event (from its first record) | events per CPU-second | peak RSS MiB | walsender CPU µs per event | broker CPU µs per event | duplicates |");
+    let _ = writeln!(s, "| relay | every event on the topic | of which before its first record | events/s | its CPU s | CPU µs per event | events per CPU-second | peak RSS MiB | walsender CPU µs per event | broker CPU µs per event | duplicates |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     let _ = writeln!(
         s,
-        "| pg_recvlogical to /dev/null (the slot's own limit) | {} | | {} | | | | | {} | | |",
+        "| pg_recvlogical to a pipe (the slot's own limit) | {} | | {} | | | | | {} | | |",
         r.stat(p, "recvlogical_s", 2, " s"),
         r.stat(p, "recvlogical_eps", 0, ""),
         r.stat(p, "recvlogical_walsender_us", 2, "")
     );
-    for kind in RELAYS {
+    for kind in RELAYS.into_iter().chain(SMALL_HEAPS) {
         let m = |x: &str| format!("{}_{x}", kind.slot());
         if !r.has(p, &m("s")) {
             continue;
         }
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             name(kind),
             r.stat(p, &m("s"), 2, " s"),
             r.stat(p, &m("first_s"), 2, " s"),
             r.stat(p, &m("eps"), 0, ""),
             r.stat(p, &m("cpu_s"), 2, ""),
             r.stat(p, &m("cpu_us"), 2, ""),
-            r.stat(p, &m("stream_cpu_us"), 2, ""),
             r.stat(p, &m("events_per_cpu_s"), 0, ""),
             r.stat(p, &m("rss_mib"), 0, ""),
             r.stat(p, &m("walsender_us"), 2, ""),
@@ -93,6 +122,29 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
             events_per(r, p, &m("cpu_us")),
             r.stat(p, &m("rss_mib"), 0, ""),
         );
+    }
+    let started: Vec<_> = RELAYS
+        .into_iter()
+        .chain(SMALL_HEAPS)
+        .filter(|k| r.has(p, &format!("{}_startup_s", k.slot())))
+        .collect();
+    if !started.is_empty() {
+        let _ = writeln!(s, "\nStart-up, not in the figures above: each relay launched cold, from its launch until the events waiting for it (one per relay launched before it, and its own) were on its topic.\n");
+        let _ = writeln!(
+            s,
+            "| relay | launch → its first events on the topic | its CPU s until then |"
+        );
+        let _ = writeln!(s, "|---|---|---|");
+        for kind in started {
+            let m = |x: &str| format!("{}_{x}", kind.slot());
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} |",
+                name(kind),
+                r.stat(p, &m("startup_s"), 2, " s"),
+                r.stat(p, &m("startup_cpu_s"), 2, ""),
+            );
+        }
     }
     let _ = writeln!(s, "\nWhat reading the backlog cost the primary, per event: the CPU of the server process serving the reader (its walsender; the poller's backend) and of all the server's processes meanwhile (less the harness's own session); statements that scanned the outbox table, rows written to it and the dead tuples left; WAL written meanwhile, by anyone.\n");
     let _ = writeln!(s, "| reader | serving process, CPU µs per event | all server processes, CPU µs per event | scans of the outbox table | rows written to it (dead tuples left) | WAL bytes per event |");
@@ -157,9 +209,33 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
     }
     let _ = writeln!(
         s,
-        "walbox's slot confirmed the backlog's end after {}.\n",
+        "walbox's slot confirmed the backlog's end after {}.",
         r.stat(p, "walbox_confirmed_s", 2, " s"),
     );
+    let ahead: Vec<String> = [("pg_recvlogical".to_owned(), "recvlogical".to_owned())]
+        .into_iter()
+        .chain(
+            RELAYS
+                .into_iter()
+                .chain(SMALL_HEAPS)
+                .map(|k| (name(k), k.slot())),
+        )
+        .filter(|(_, key)| r.has(p, &format!("{key}_ahead")))
+        .map(|(label, key)| {
+            format!(
+                "{label} {}",
+                r.stat_scaled(p, &format!("{key}_ahead"), 100.0, 1, "%")
+            )
+        })
+        .collect();
+    if !ahead.is_empty() {
+        let _ = write!(
+            s,
+            " Share of the backlog's WAL each walsender had decoded, into its paused reader's socket, before the clock started: {}.",
+            ahead.join("; ")
+        );
+    }
+    let _ = writeln!(s, "\n");
 }
 
 fn curve(s: &mut String, r: &Results, scale: Scale) {
@@ -175,7 +251,7 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for rate in RATES {
         let point = point_name(rate);
-        for kind in RELAYS {
+        for kind in CURVE_RELAYS {
             let k = |m: &str| format!("{}_{point}_{m}", kind.slot());
             if !r.has("curve", &k("events")) {
                 continue;
@@ -230,25 +306,42 @@ fn kill(s: &mut String, r: &Results) {
     }
     let _ = writeln!(
         s,
-        "### One kill -9 in a backlog of {} events of ~200 bytes, then a restart\n",
+        "### kill -9 at a random point of a backlog of {} events of ~200 bytes, then a restart ({KILLS} or more kills per relay over the runs)\n",
         r.stat("kill", "events", 0, "")
     );
     let _ = writeln!(
         s,
-        "| relay | records on the topic when killed | duplicates after the restart | missing |"
+        "| relay | kills | records on the topic when killed | duplicates per kill | each kill's duplicates, sorted | missing |"
     );
-    let _ = writeln!(s, "|---|---|---|---|");
-    for kind in KILLED {
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for kind in RELAYS.into_iter().chain([KILLED_STREAMING]) {
         let k = |m: &str| format!("{}_{m}", kind.slot());
+        let each = r.all("kill", &k("duplicates"));
+        if each.is_empty() {
+            continue;
+        }
+        let label = if kind == KILLED_STREAMING {
+            format!(
+                "{}, killed {} s into a stream of 2,000 events/s",
+                kind.label(),
+                r.stat("kill", "streaming_kill_after_s", 0, "")
+            )
+        } else {
+            kind.label()
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | 0 (every event id read back) |",
-            kind.label(),
+            "| {label} | {} | {} | {} | {} | 0 (every event id read back) |",
+            each.len(),
             r.stat("kill", &k("at"), 0, ""),
             r.stat("kill", &k("duplicates"), 0, ""),
+            each.iter()
+                .map(|d| format!("{d:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
         );
     }
-    let _ = writeln!(s, "\nwalbox confirms the slot's position as the broker acknowledges; Debezium's position is its Connect offset, flushed every `offset.flush.interval.ms`: a restart resends what came after the last flush.\n");
+    let _ = writeln!(s, "\nEach relay is warm when killed: launched, warmed up, and paused while the backlog is written; the kill point is drawn uniformly between a tenth and nine tenths of the backlog. walbox confirms the slot's position as the broker acknowledges, and a restart reads its topics back and skips what is there (`skip_delivered`); Debezium's position is its Connect offset, flushed every `offset.flush.interval.ms`: a restart resends what came after the last flush. Debezium with Connect's default 60 s flush is killed only after more than 60 s of streaming (killed earlier it would resend everything, an artifact of the kill's timing).\n");
 }
 
 fn settings(s: &mut String) {
@@ -262,7 +355,8 @@ fn settings(s: &mut String) {
     let _ = writeln!(s, "- Postgres: a private server, `fsync = on`, `full_page_writes = on`, `synchronous_commit = on`, `shared_buffers = 256MB`, `max_wal_size = 4GB`, `track_commit_timestamp = on`; one publication, `walbox_outbox` (made by `walbox init-slot`), read by every relay, each from its own pgoutput slot.");
     let _ = writeln!(s, "- Apache Kafka: one KRaft node (broker and controller), in-process defaults; topics of 3 partitions, `message.timestamp.type = LogAppendTime`.");
     let _ = writeln!(s, "- walbox: its defaults (`acks=all`, `enable.idempotence=true`, `compression.type=lz4`, `linger.ms=1`, `partitioner=murmur2_random`, librdkafka's `batch.size` of 1,000,000 bytes), `WALBOX_LOG=warn`, topic template `walbox.{{aggregate_type}}`.");
-    let _ = writeln!(s, "- Debezium: the Postgres connector and its outbox EventRouter in a Kafka Connect standalone worker (plain `java`, offsets in a file): Connect standalone is how the EventRouter is documented and most often deployed; Debezium Server runs the same connector, router and Kafka producer. JVM as `connect-standalone.sh` starts it: {}. Worker: `key.converter` and `value.converter` StringConverter (the record walbox writes), {}, `offset.flush.interval.ms` 1000 (walbox's `status_interval_ms`; 60000, Connect's default, in the kill phase too). Connector: `plugin.name=pgoutput`, `snapshot.mode=no_data`, {}, route `{{slot}}.${{routedByValue}}`.", JVM.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(" "), kv(WORKER), kv(CONNECTOR));
+    let _ = writeln!(s, "- Debezium: the Postgres connector and its outbox EventRouter in a Kafka Connect standalone worker (plain `java`, offsets in a file): Connect standalone is how the EventRouter is documented and most often deployed; Debezium Server runs the same connector, router and Kafka producer. JVM as `connect-standalone.sh` starts it: {} `-Xmx{}M` (beside it in the small backlog with `-Xmx512M` and `-Xmx256M`). Worker: `key.converter` and `value.converter` StringConverter (the record walbox writes), {}, `offset.flush.interval.ms` 1000 (walbox's `status_interval_ms`; 60000, Connect's default, in the kill phase too). Connector: `plugin.name=pgoutput`, `snapshot.mode=no_data`, {}, `poll.interval.ms={}` (in the latency curve also 1), route `{{slot}}.${{routedByValue}}`.", JVM.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(" "), DEBEZIUM_HEAP_MIB, kv(WORKER), kv(CONNECTOR), DEBEZIUM_POLL_MS);
     let _ = writeln!(s, "- The polling relay ([bench/src/bin/outbox-poller.rs](../bench/src/bin/outbox-poller.rs)): in one transaction `SELECT … WHERE published_at IS NULL ORDER BY seq LIMIT n FOR UPDATE SKIP LOCKED`, produce the rows with walbox's producer settings and wait for every ack, `UPDATE … SET published_at = now()`, `COMMIT`; prepared statements, a partial index on the unpublished rows, batch 50 and 500, on a copy of the backlog's rows (vacuumed and checkpointed first). Its time is its own run's, from its first poll.");
-    let _ = writeln!(s, "- Measured from `/proc`: each relay's CPU (all threads, user + system, from its launch: a JVM's start and JIT included; in parentheses from its first record on the topic) and peak RSS (`VmHWM`); the walsender's CPU likewise. \"Every event on the topic\" is when the topic's end offsets reached the backlog (checked every 20 ms); the records are then read back and every event id counted.");
+    let _ = writeln!(s, "- Warm relays: in the backlogs and the kills each relay is launched (its start-up timed on its own), warmed up with a tenth of the backlog (at most 50,000 events), and paused (SIGSTOP) while the backlog is written; the clock starts at SIGCONT. pg_recvlogical is started and paused the same way, writing to a pipe the harness reads until the backlog's last event. The walsender of a paused reader decodes ahead until its socket is full, as it would for a reader that is busy; `wal_sender_timeout = 0` keeps the paused readers' connections.");
+    let _ = writeln!(s, "- Measured from `/proc`: each relay's CPU (all threads, user + system, from SIGCONT until every event was on the topic) and peak RSS (`VmHWM`, over its life, the warm-up included); the walsender's CPU likewise. \"Every event on the topic\" is when the topic's end offsets reached the backlog (checked every 20 ms); the records are then read back and every event id counted.");
 }
