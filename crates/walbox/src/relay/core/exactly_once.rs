@@ -230,8 +230,8 @@ impl Core<'_> {
     /// A turn of the driver at `now` (exactly-once; `in_flight` records sent
     /// and not reported, `finishing`: shutting down): a failed transaction
     /// whose records were heard ends the session; an open one past a bound
-    /// closes; a closed one whose progress record is sent commits
-    /// ([`Effect::Commit`]).
+    /// closes; a closed one commits ([`Effect::Commit`]) once every record
+    /// sent in it, its progress record included, has reported.
     pub(in crate::relay) fn upkeep(
         &mut self,
         now: Instant,
@@ -242,7 +242,7 @@ impl Core<'_> {
             return Err(e);
         }
         self.close_if_due(now, finishing);
-        self.start_commit(now);
+        self.start_commit(now, finishing, in_flight);
         Ok(())
     }
 
@@ -298,13 +298,25 @@ impl Core<'_> {
     }
 
     /// Asks for the commit ([`Effect::Commit`]) once the progress record
-    /// is sent (never for a failed transaction: it is aborted).
-    fn start_commit(&mut self, now: Instant) {
+    /// is sent and every record of the transaction has reported
+    /// (`in_flight` is 0); never for a failed transaction: it is aborted.
+    ///
+    /// Waiting for the reports is what makes a refusal always heard before
+    /// the commit: librdkafka's commit flushes first, and a record refused
+    /// for good while that flush runs leaves the records queued behind it
+    /// unreported until the flush times out (30 s), then fails the commit.
+    /// The commit would wait for the same acknowledgements anyway.
+    ///
+    /// While `finishing` (shutting down) the commit is asked as soon as the
+    /// progress record is sent: the shutdown is bounded either way, and a
+    /// commit under way when the bound passes is left to the next start.
+    fn start_commit(&mut self, now: Instant, finishing: bool, in_flight: usize) {
         let Some(eos) = self.mode.transactions_mut() else {
             return;
         };
         let closed = matches!(eos.txn, KafkaTxn::Closing { .. });
-        if !closed || !self.outgoing.is_empty() || eos.doomed.is_some() {
+        let unheard = in_flight > 0 && !finishing;
+        if !closed || !self.outgoing.is_empty() || eos.doomed.is_some() || unheard {
             return;
         }
         let KafkaTxn::Closing { tokens, position } = std::mem::take(&mut eos.txn) else {

@@ -470,9 +470,11 @@ fn exactly_once_events_are_delivered_only_when_their_transaction_commits() {
     assert!(!progress.begin_transaction);
     assert_eq!(&*progress.record.topic, "progress");
     core.upkeep(false, 2).unwrap();
-    assert_eq!(core.commits, 1, "the progress record is sent: commit");
+    assert_eq!(core.commits, 0, "sent, not yet acknowledged");
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
+    core.upkeep(false, 0).unwrap();
+    assert_eq!(core.commits, 1, "every record acknowledged: commit");
     assert_eq!(confirmable(&mut core), 0, "acked but not committed");
     core.committed(Ok(())).unwrap();
     assert_eq!(confirmable(&mut core), 1_008);
@@ -489,6 +491,7 @@ fn exactly_once_a_failed_commit_confirms_nothing_and_aborts() {
     core.upkeep(false, 2).unwrap();
     report(&mut core, acked(event.record.token)).unwrap();
     report(&mut core, acked(progress.record.token)).unwrap();
+    core.upkeep(false, 0).unwrap();
     let failed = TxnError {
         kind: sink_core::TxnErrorKind::Abortable,
         message: "Broker: Coordinator not available".into(),
