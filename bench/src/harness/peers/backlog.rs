@@ -249,6 +249,24 @@ async fn pollers(results: &mut Results, world: &World, b: Backlog) {
     }
 }
 
+/// pg_recvlogical's pgoutput options: protocol 1 on walbox's publication,
+/// with logical decoding messages when `messages`.
+fn recvlogical_options(messages: bool) -> [&'static str; 6] {
+    let messages = if messages {
+        "messages=true"
+    } else {
+        "messages=false"
+    };
+    [
+        "-o",
+        "proto_version=1",
+        "-o",
+        "publication_names=walbox_outbox",
+        "-o",
+        messages,
+    ]
+}
+
 /// pg_recvlogical on the slot `bench_recvlogical`, started and paused
 /// before the backlog is written, as the relays are: its walsender
 /// decodes ahead of it as theirs do. Its output goes to a pipe the
@@ -268,22 +286,8 @@ impl Recvlogical {
         let mut child = world
             .pg_tool("pg_recvlogical")
             .args(["-d", &world.url, "--slot", "bench_recvlogical", "--start"])
-            .args([
-                "-o",
-                "proto_version=1",
-                "-o",
-                "publication_names=walbox_outbox",
-            ])
-            .args([
-                "-o",
-                if messages {
-                    "messages=true"
-                } else {
-                    "messages=false"
-                },
-                "-f",
-                "-",
-            ])
+            .args(recvlogical_options(messages))
+            .args(["-f", "-"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -394,20 +398,8 @@ pub(crate) async fn recvlogical(world: &World, end: &str, messages: bool) -> (f6
             "--endpos",
             end,
         ])
-        .args([
-            "-o",
-            "proto_version=1",
-            "-o",
-            "publication_names=walbox_outbox",
-            "-o",
-            if messages {
-                "messages=true"
-            } else {
-                "messages=false"
-            },
-            "-f",
-            "/dev/null",
-        ])
+        .args(recvlogical_options(messages))
+        .args(["-f", "/dev/null"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start pg_recvlogical");

@@ -174,6 +174,17 @@ fn whole(v: f64) -> String {
     }
 }
 
+/// A category axis's label: `names[x]` where `x` is a whole number, none
+/// between.
+fn at_whole(names: &[String], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-6 && i >= 0.0 {
+        names.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
 fn fail(file: &Path) -> impl Fn(String) -> String + '_ {
     move |e| format!("draw {}: {e}", file.display())
 }
@@ -295,14 +306,7 @@ fn latency(file: &Path, title: &str, r: &Results) -> Result<(), String> {
     chart
         .configure_mesh()
         .x_labels(points.len())
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                points.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| at_whole(&points, *x))
         .x_desc("asked rate (events/s, one per transaction)")
         .y_desc("ms, commit → on the topic")
         .draw()
@@ -359,14 +363,7 @@ fn kills(file: &Path, title: &str, r: &Results) -> Result<(), String> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(relays.len())
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                names.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| at_whole(&names, *x))
         .y_label_formatter(&|v| whole(*v))
         .y_desc("duplicates after the restart")
         .draw()
