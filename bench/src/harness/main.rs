@@ -26,15 +26,17 @@ Usage: walbox-bench [--runs N] [--only PHASE[,PHASE...]] [--quick] [--out DIR]
 
 Phases (all but retention by default):
   small      500,000 events of ~200 B, transactions of 100: pg_recvlogical (the
-             slot's own limit), walbox, Debezium and the polling relay (batch 50
-             and 500) drain them; time until every event is on the topic (read
+             slot's own limit), walbox, Debezium (also with 512 and 256 MiB
+             heaps) and the polling relay (batch 50 and 500) drain them, each
+             reader warm (paused while the backlog is written; its start-up
+             timed on its own); time until every event is on the topic (read
              back: every event id once), CPU, peak RSS, what each cost the primary
   large      the same with 100,000 events of ~2 KB
   huge       one transaction of 1,000,000 rows (pg_recvlogical, walbox, Debezium)
   messages   the small backlog through walbox.emit() (no table): pg_recvlogical
              with messages on, walbox with source = messages
   curve      commit -> on the topic at 1k/5k/20k events/s and unthrottled, exact
-             over every event, walbox and Debezium
+             over every event, walbox and Debezium (also polling every 1 ms)
   kill       duplicates after kill -9s at random points of a backlog (10 per
              relay over the runs), walbox and Debezium; Debezium with Connect's
              60 s offset flush killed more than 60 s into a stream
@@ -61,7 +63,9 @@ Phases (all but retention by default):
   --runs N        runs of each phase (default 3)
   --quick         one run at a tenth of the size: checks the harness
   --out DIR       where results.tsv and the sections' markdown go (target/bench)
-  --write-doc F   replace the generated sections of F whose phases all ran
+  --write-doc F   replace the generated sections of F whose phases all ran (and
+                  draw the figures of the section beside Debezium into the
+                  figures/ directory beside F; always into DIR/figures)
   --walbox-only   leave Debezium out (to compare one walbox build with another,
                   run with each as WALBOX_BIN)
   --report FILE   write the report of an earlier run from its results.tsv (and
