@@ -404,7 +404,8 @@ pub(crate) fn log_field(log: &str, marker: &str, name: &str) -> Option<f64> {
     v.parse().ok()
 }
 
-fn signal(pid: u32, name: &str) {
+/// `kill -<name> <pid>`; the phase fails if it cannot be sent.
+pub(crate) fn signal(pid: u32, name: &str) {
     let ok = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())

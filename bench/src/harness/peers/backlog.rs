@@ -341,12 +341,7 @@ impl Recvlogical {
     }
 
     fn signal(&self, name: &str) {
-        let ok = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{name} pg_recvlogical");
+        crate::relay::signal(self.child.id(), name);
     }
 
     /// Resumes it with the backlog of `events` waiting: seconds until

@@ -83,6 +83,12 @@ pub(crate) const SMALL_HEAPS: [Kind; 2] = [
     }),
 ];
 
+/// Every relay a backlog may be drained by: [`RELAYS`], then
+/// [`SMALL_HEAPS`] (the small backlog's).
+pub(crate) fn backlog_relays() -> impl Iterator<Item = Kind> {
+    RELAYS.into_iter().chain(SMALL_HEAPS)
+}
+
 /// The relays of the latency curve: Debezium also polling its queue every
 /// millisecond (records wait up to `poll.interval.ms` at these rates).
 pub(crate) const CURVE_RELAYS: [Kind; 3] = [
@@ -167,7 +173,7 @@ impl Backlog {
         match (self.debezium, self.heaps) {
             (false, _) => vec![Kind::Walbox],
             (true, false) => measured(RELAYS),
-            (true, true) => measured(RELAYS.into_iter().chain(SMALL_HEAPS)),
+            (true, true) => measured(backlog_relays()),
         }
     }
 

@@ -6,9 +6,11 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::peers::{point_name, CURVE_RELAYS, KILLED_STREAMING, RATES, RELAYS, SMALL_HEAPS};
+use crate::peers::{backlog_relays, point_name, CURVE_RELAYS, KILLED_STREAMING, RATES, RELAYS};
 use crate::relay::Kind;
 use crate::results::Results;
 use crate::Scale;
@@ -116,7 +118,7 @@ pub(crate) fn draw(r: &Results, scale: Scale, dir: &Path) -> Result<Vec<&'static
             if with_recvlogical {
                 v.push(("pg_recvlogical".into(), "recvlogical".into()));
             }
-            for k in RELAYS.into_iter().chain(SMALL_HEAPS) {
+            for k in backlog_relays() {
                 v.push((short(k), k.slot()));
             }
             v
@@ -165,6 +167,39 @@ pub(crate) fn draw(r: &Results, scale: Scale, dir: &Path) -> Result<Vec<&'static
     Ok(drawn)
 }
 
+/// A chart over `x` × `y` on a white `root`, titled, its y labels
+/// `y_area` pixels wide.
+fn canvas<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    y_area: u32,
+) -> Result<Chart<'a, 'b>, String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(y_area)
+        .build_cartesian_2d(x, y)
+        .map_err(|e| e.to_string())
+}
+
+/// The series' legend, boxed, at `at`.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, at: SeriesLabelPosition) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
+/// A chart of this module: two axes of `f64`, drawn as SVG.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
 /// An axis label: a whole number, or one decimal below 10.
 fn whole(v: f64) -> String {
     if v.abs() < 10.0 && v.fract() != 0.0 {
@@ -205,14 +240,14 @@ fn bars(
         .fold(0.0, f64::max)
         * 1.4;
     let root = SVGBackend::new(file, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 15))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..groups.len() as f64, 0.0..top.max(1.0))
-        .map_err(|e| err(e.to_string()))?;
+    let mut chart = canvas(
+        &root,
+        title,
+        0.0..groups.len() as f64,
+        0.0..top.max(1.0),
+        60,
+    )
+    .map_err(&err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -252,13 +287,7 @@ fn bars(
             }))
             .map_err(|e| err(e.to_string()))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&err)?;
     root.present().map_err(|e| err(e.to_string()))
 }
 
@@ -295,14 +324,8 @@ fn latency(file: &Path, title: &str, r: &Results) -> Result<(), String> {
         .fold(0.0, f64::max)
         * 1.15;
     let root = SVGBackend::new(file, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 15))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(-0.3..points.len() as f64 - 0.7, 0.0..top.max(1.0))
-        .map_err(|e| err(e.to_string()))?;
+    let x = -0.3..points.len() as f64 - 0.7;
+    let mut chart = canvas(&root, title, x, 0.0..top.max(1.0), 50).map_err(&err)?;
     chart
         .configure_mesh()
         .x_labels(points.len())
@@ -324,13 +347,7 @@ fn latency(file: &Path, title: &str, r: &Results) -> Result<(), String> {
             .label(format!("{name} p50"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(1)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(&err)?;
     root.present().map_err(|e| err(e.to_string()))
 }
 
@@ -350,15 +367,9 @@ fn kills(file: &Path, title: &str, r: &Results) -> Result<(), String> {
         .fold(0.0, f64::max)
         * 1.1;
     let root = SVGBackend::new(file, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let names: Vec<String> = relays.iter().map(|(n, _)| n.clone()).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 15))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5..relays.len() as f64 - 0.5, 0.0..top.max(10.0))
-        .map_err(|e| err(e.to_string()))?;
+    let x = -0.5..relays.len() as f64 - 0.5;
+    let mut chart = canvas(&root, title, x, 0.0..top.max(10.0), 60).map_err(&err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use super::{events_per, heading, name};
 use crate::peers::{
-    point_name, Backlog, Rows, CURVE_RELAYS, KILLED_STREAMING, KILLS, RATES, RELAYS, SMALL_HEAPS,
+    backlog_relays, point_name, Backlog, Rows, CURVE_RELAYS, KILLED_STREAMING, KILLS, RATES, RELAYS,
 };
 use crate::relay::{CONNECTOR, DEBEZIUM_HEAP_MIB, DEBEZIUM_POLL_MS, JVM, WORKER};
 use crate::results::Results;
@@ -82,7 +82,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
         r.stat(p, "recvlogical_eps", 0, ""),
         r.stat(p, "recvlogical_walsender_us", 2, "")
     );
-    for kind in RELAYS.into_iter().chain(SMALL_HEAPS) {
+    for kind in backlog_relays() {
         let m = |x: &str| format!("{}_{x}", kind.slot());
         if !r.has(p, &m("s")) {
             continue;
@@ -123,9 +123,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
             r.stat(p, &m("rss_mib"), 0, ""),
         );
     }
-    let started: Vec<_> = RELAYS
-        .into_iter()
-        .chain(SMALL_HEAPS)
+    let started: Vec<_> = backlog_relays()
         .filter(|k| r.has(p, &format!("{}_startup_s", k.slot())))
         .collect();
     if !started.is_empty() {
@@ -214,12 +212,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
     );
     let ahead: Vec<String> = [("pg_recvlogical".to_owned(), "recvlogical".to_owned())]
         .into_iter()
-        .chain(
-            RELAYS
-                .into_iter()
-                .chain(SMALL_HEAPS)
-                .map(|k| (name(k), k.slot())),
-        )
+        .chain(backlog_relays().map(|k| (name(k), k.slot())))
         .filter(|(_, key)| r.has(p, &format!("{key}_ahead")))
         .map(|(label, key)| {
             format!(
