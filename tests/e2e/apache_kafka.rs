@@ -602,12 +602,11 @@ async fn a_record_the_broker_refuses_for_good_leaves_nothing_after_it_on_the_top
 /// Exactly-once on the real broker: an event Apache Kafka refuses for good
 /// (the topic's `max.message.bytes`) fails its Kafka transaction, and the
 /// replay sends it to the dead-letter topic inside the next one; every
-/// other event is on the topic once for a `read_committed` consumer. The
-/// commit can fail (librdkafka's flush saw the refusal) before the
-/// refusal's own report reaches walbox: walbox waits for that report, or it
-/// would send the event again, be refused again and abort for ever. (A
-/// commit begun before the refusal waits, until its 30 s timeout, for the
-/// records librdkafka holds behind the refused one: hence the long wait.)
+/// other event is on the topic once for a `read_committed` consumer.
+/// walbox asks for a commit only once every record of the transaction
+/// reported, so the refusal is heard first (a commit begun before it
+/// waited, until librdkafka's 30 s flush timeout, for the records held
+/// behind the refused one: the test took 76 s then, 23 s now).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_dead_letters_what_the_broker_refuses_for_good() {
     let kafka_cluster = kafka_cluster(1);

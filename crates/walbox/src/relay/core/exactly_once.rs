@@ -377,7 +377,8 @@ impl Core<'_> {
             if e.kind != TxnErrorKind::Abortable {
                 return Err(RunError::from_txn(&eos.config.transactional_id, e));
             }
-            // Once every record sent in it has reported: a record's refusal
+            // Once every record sent in it has reported: shutting down, a
+            // commit may begin before they all did, so a record's refusal
             // can reach walbox after the commit's failure, and one refused
             // for good must be known as such for its replay (else it is
             // sent, refused and aborted again, for ever).

@@ -218,6 +218,46 @@ fn while_shutting_down_the_commit_is_asked_once_the_progress_record_is_sent() {
     assert_eq!(core.commits, 1, "finishing: no wait for the reports");
 }
 
+/// Shutting down, a commit may begin before every record reported; it
+/// fails (librdkafka's flush saw the refusal) before the refusal's own
+/// report reaches walbox: the session waits for that report, and the
+/// replay dead-letters the refused event. (Ending at the commit's failure,
+/// walbox forgot the refusal, sent the event again, and was refused and
+/// aborted again, for ever.)
+#[test]
+fn a_refusal_reported_after_a_failed_commit_is_dead_lettered() {
+    let config = config(DeadLetters::to_topic("dlq"), transactions(100));
+    let mut core = started(&config, 10);
+    let [e1, e2] = send_two(&mut core);
+    core.upkeep(true, 2).unwrap();
+    let progress = records(&mut core).remove(0);
+    core.upkeep(true, 3).unwrap();
+    assert_eq!(core.commits, 1, "finishing: the commit is asked for");
+    report(&mut core, acked(e2.token)).unwrap();
+    report(&mut core, acked(progress.token)).unwrap();
+    let failed = sink_core::TxnError {
+        kind: sink_core::TxnErrorKind::Abortable,
+        message: "ProduceRequest failed: Broker: Message size too large".into(),
+    };
+    core.committed(Err(failed)).unwrap();
+    assert!(
+        core.upkeep(false, 1).is_ok(),
+        "e1 has not reported: the session waits"
+    );
+    assert!(core.commit_under_way(), "nothing is sent meanwhile");
+    assert!(core.transaction_busy(), "nor read");
+    report(&mut core, refused(e1)).unwrap();
+    let e = abort(&mut core);
+    assert!(
+        matches!(e, RunError::Aborted(AbortCause::CommitFailed(_))),
+        "{e}"
+    );
+    assert_eq!(
+        replay_two(&mut core),
+        pairs(&[("dlq", "e1"), ("events", "e2")])
+    );
+}
+
 /// The progress record refused for good: its transaction is aborted and
 /// written again; the third time in a row walbox stops, naming the topic.
 #[test]
