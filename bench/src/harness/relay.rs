@@ -329,10 +329,9 @@ impl Relay {
         ExactLatency::parse(&self.stop_walbox_log()?)
     }
 
-    /// Stops walbox (SIGTERM) and returns both exact latencies it logs as
-    /// it stops: commit → read (its transaction's end read from the slot)
-    /// and commit → ack.
-    pub(crate) fn stop_walbox_split(&mut self) -> Option<(ExactLatency, ExactLatency)> {
+    /// Stops walbox (SIGTERM) and returns the exact latencies it logs as
+    /// it stops.
+    pub(crate) fn stop_walbox_split(&mut self) -> Option<Split> {
         let log = self.stop_walbox_log()?;
         split(&log)
     }
@@ -384,12 +383,28 @@ impl ExactLatency {
     }
 }
 
-/// Both exact latencies of a walbox log: commit → read and commit → ack.
-pub(crate) fn split(log: &str) -> Option<(ExactLatency, ExactLatency)> {
-    Some((
-        ExactLatency::parse_named(log, "commit to read")?,
-        ExactLatency::parse(log)?,
-    ))
+/// The exact latencies of a walbox log.
+pub(crate) struct Split {
+    /// Commit → walbox read the transaction's end from the slot.
+    pub(crate) read: ExactLatency,
+    /// Commit → the broker's acknowledgement (exactly once: the commit).
+    pub(crate) ack: ExactLatency,
+    /// At least once: of the time from reading an event to handling its
+    /// acknowledgement, walbox's own part, and librdkafka's (produce() to
+    /// the delivery report: its queue, the linger, the broker).
+    pub(crate) own: Option<ExactLatency>,
+    pub(crate) client: Option<ExactLatency>,
+}
+
+/// The exact latencies of a walbox log: commit → read and commit → ack
+/// always, walbox's own part and the client's when logged.
+pub(crate) fn split(log: &str) -> Option<Split> {
+    Some(Split {
+        read: ExactLatency::parse_named(log, "commit to read")?,
+        ack: ExactLatency::parse(log)?,
+        own: ExactLatency::parse_named(log, "walbox's own part"),
+        client: ExactLatency::parse_named(log, "the broker client's part"),
+    })
 }
 
 /// The number `name=` holds on the last line of `log` that contains
@@ -442,5 +457,12 @@ mod tests {
         let read = ExactLatency::parse_named(&both, "commit to read").expect("parsed");
         assert_eq!((read.p50_ms, read.p99_ms), (1.5, 3.0));
         assert_eq!(ExactLatency::parse(&both).expect("parsed").p99_ms, 9.0);
+        // walbox's own part and the client's, when it logs them.
+        assert!(super::split(&both).expect("parsed").own.is_none());
+        let all = format!("{both}\n2026-11-25T09:00:00Z  INFO walbox::commands::run: the broker client's part since start (exact) events=100 p50_ms=1.2 p99_ms=2.5 p999_ms=3 max_ms=4\n2026-11-25T09:00:00Z  INFO walbox::commands::run: walbox's own part since start (exact) events=100 p50_ms=0.3 p99_ms=1.1 p999_ms=2 max_ms=3");
+        let split = super::split(&all).expect("parsed");
+        assert_eq!(split.own.expect("own").p99_ms, 1.1);
+        assert_eq!(split.client.expect("client").p50_ms, 1.2);
+        assert_eq!(split.read.p50_ms, 1.5);
     }
 }

@@ -126,6 +126,13 @@ pub struct Report<T> {
     /// ([`DeliveryErrorKind::Permanent`]), for a dead-letter copy or the
     /// quarantine.
     pub returned: Option<Record<()>>,
+    /// How long the broker's client held the record, from the send until it
+    /// reported, by the client's own clock, in µs (Kafka: librdkafka's
+    /// latency from `produce()` to the delivery report: its queue, the
+    /// linger, the broker's round trip). `None` when the client does not
+    /// say. With walbox's own time of the send and of this report's
+    /// arrival, it tells walbox's part of the latency from the broker's.
+    pub client_micros: Option<u64>,
 }
 
 impl<T> Report<T> {
@@ -135,6 +142,7 @@ impl<T> Report<T> {
             token,
             result: Ok(at),
             returned: None,
+            client_micros: None,
         }
     }
 
@@ -150,6 +158,7 @@ impl<T> Report<T> {
             token,
             result: Err(DeliveryError::new(kind, message)),
             returned: (kind == DeliveryErrorKind::Permanent).then_some(record),
+            client_micros: None,
         }
     }
 }

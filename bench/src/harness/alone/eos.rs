@@ -158,7 +158,8 @@ async fn latency(
         let broker = world.broker_cpu() - broker0;
         let log = relay.stop_walbox_log().expect("walbox's log");
         let Some(rate) = rate else { continue };
-        let (read, ack) = crate::relay::split(&log).expect("walbox's exact latency lines");
+        let crate::relay::Split { read, ack, .. } =
+            crate::relay::split(&log).expect("walbox's exact latency lines");
         let m = |x: &str| format!("{}_{rate}_{x}", kind.slot());
         results.record("eos", &m("written"), written as f64);
         results.record("eos", &m("eps"), written as f64 / f64::from(secs));

@@ -85,16 +85,22 @@ pub(crate) async fn curve(results: &mut Results, walbox: &str, seconds: u32) {
                 results.record("curve", &key(m), quantile(&latencies, q));
             }
             if split {
-                let (read, ack) = relay
+                let split = relay
                     .stop_walbox_split()
                     .expect("walbox's exact latency lines");
                 for (m, v) in [
-                    ("read_p50_ms", read.p50_ms),
-                    ("read_p99_ms", read.p99_ms),
-                    ("ack_p50_ms", ack.p50_ms),
-                    ("ack_p99_ms", ack.p99_ms),
+                    ("read_p50_ms", split.read.p50_ms),
+                    ("read_p99_ms", split.read.p99_ms),
+                    ("ack_p50_ms", split.ack.p50_ms),
+                    ("ack_p99_ms", split.ack.p99_ms),
                 ] {
                     results.record("curve", &key(m), v);
+                }
+                for (m, l) in [("own", split.own), ("client", split.client)] {
+                    if let Some(l) = l {
+                        results.record("curve", &key(&format!("{m}_p50_ms")), l.p50_ms);
+                        results.record("curve", &key(&format!("{m}_p99_ms")), l.p99_ms);
+                    }
                 }
                 running = false;
             }

@@ -273,21 +273,33 @@ fn curve(s: &mut String, r: &Results, scale: Scale) {
         return;
     }
     let _ = writeln!(s, "Where walbox's part of it goes: its own exact histograms over every event of the point (a walbox process per point, logged as it stops): from the commit to walbox reading the transaction's end from the slot (Postgres: the WAL flush, the walsender's decoding, the network), and to the broker's acknowledgement (walbox, librdkafka's batching, the broker's append and replication). The difference of the two p99s is a bound on walbox's and the broker's share of the tail, not an exact split (the percentiles of a sum are not sums of percentiles).\n");
-    let _ = writeln!(s, "| asked rate | commit → read p50 | commit → read p99 | commit → ack p50 | commit → ack p99 |");
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "From reading an event to handling its acknowledgement, walbox splits each event's time exactly: librdkafka's part (its latency from `produce()` to the delivery report, by its own clock: its queue, the `linger.ms`, the broker's append and answer) and the rest, walbox's own (mapping, waiting for room in flight, the hand-over, the report's way back to the relay). Per event, so these percentiles are of the parts themselves.\n");
+    let _ = writeln!(s, "| asked rate | commit → read p50 | commit → read p99 | commit → ack p50 | commit → ack p99 | walbox's own p50 | walbox's own p99 | librdkafka's p50 | librdkafka's p99 |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for rate in RATES {
         let k = |m: &str| format!("walbox_{}_{m}", point_name(rate));
         if !r.has("curve", &k("read_p99_ms")) {
             continue;
         }
+        let part = |m: &str| {
+            if r.has("curve", &k(m)) {
+                r.stat("curve", &k(m), 2, " ms")
+            } else {
+                "–".into()
+            }
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             rate.map_or("as fast as pgbench writes".into(), |r| format!("{r}/s")),
             r.stat("curve", &k("read_p50_ms"), 1, " ms"),
             r.stat("curve", &k("read_p99_ms"), 1, " ms"),
             r.stat("curve", &k("ack_p50_ms"), 1, " ms"),
             r.stat("curve", &k("ack_p99_ms"), 1, " ms"),
+            part("own_p50_ms"),
+            part("own_p99_ms"),
+            part("client_p50_ms"),
+            part("client_p99_ms"),
         );
     }
     let _ = writeln!(s);

@@ -31,6 +31,9 @@ pub(super) struct Raw<T> {
     pub(super) pending: Pending<T>,
     pub(super) report: Result<Delivered, Failure>,
     pub(super) returned: Option<Record<()>>,
+    /// librdkafka's latency of a delivered record (see
+    /// [`sink_core::Report::client_micros`]).
+    pub(super) client_micros: Option<u64>,
 }
 
 pub(super) struct SinkContext<T> {
@@ -154,6 +157,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                     offset: m.offset(),
                 }),
                 returned: None,
+                client_micros: latency_micros(m),
             },
             Err((e, m)) => {
                 let error = Failure::from_kafka(e).with_authorization_hint(m.topic());
@@ -182,6 +186,7 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
                     pending: *pending,
                     report: Err(error),
                     returned,
+                    client_micros: None,
                 }
             }
         };
@@ -191,4 +196,14 @@ impl<T: Send + Sync + 'static> ProducerContext for SinkContext<T> {
         let _ = self.tx.send(raw);
         self.room.notify_waiters();
     }
+}
+
+/// librdkafka's latency of the record `m` reports, from its `produce()`
+/// call until now (the delivery report), in µs; `None` when it keeps none.
+#[allow(unsafe_code)]
+fn latency_micros(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<u64> {
+    // SAFETY: `m` is the message of the delivery report being handled, valid
+    // for the callback; the call only reads its enqueue time.
+    let micros = unsafe { rdkafka::bindings::rd_kafka_message_latency(m.ptr()) };
+    u64::try_from(micros).ok()
 }

@@ -543,6 +543,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             pending: Pending { token, permits },
             returned: (error.kind == DeliveryErrorKind::Permanent).then_some(returned),
             report: Err(error),
+            client_micros: None,
         };
         let _ = self.tx.send(raw);
     }
@@ -556,12 +557,14 @@ impl<T: Send + Sync + 'static> Reports<T> {
             pending,
             report,
             returned,
+            client_micros,
         } = self.rx.recv().await?;
         drop(pending.permits);
         Some(Report {
             token: pending.token,
             result: report.map_err(|e| self.with_fatal_cause(e).into_error()),
             returned,
+            client_micros,
         })
     }
 

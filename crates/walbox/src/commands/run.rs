@@ -288,6 +288,18 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
     }
     log_exact(&metrics.commit_to_ack_exact, "commit to ack");
     log_exact(&metrics.commit_to_read_exact, "commit to read");
+    if let Some(split) = metrics.read_to_ack_split.summary() {
+        for (what, s) in [
+            ("read to send", split.read_to_send),
+            ("read to ack", split.read_to_ack),
+            ("the broker client's part", split.client),
+            ("walbox's own part", split.walbox),
+        ] {
+            if let Some(s) = s {
+                log_summary(&s, what);
+            }
+        }
+    }
     if settings.exactly_once.is_some() {
         tracing::info!(
             committed = metrics.transactions_committed.get(),
@@ -301,15 +313,19 @@ pub async fn run(args: RunArgs) -> Result<(), CliError> {
 /// Logs an exact latency's percentiles since start, if any event had one.
 fn log_exact(latency: &crate::metrics::latency::ExactLatency, what: &str) {
     if let Some(s) = latency.summary() {
-        tracing::info!(
-            events = s.events,
-            p50_ms = s.p50_ms,
-            p99_ms = s.p99_ms,
-            p999_ms = s.p999_ms,
-            max_ms = s.max_ms,
-            "{what} since start (exact)"
-        );
+        log_summary(&s, what);
     }
+}
+
+fn log_summary(s: &crate::metrics::latency::LatencySummary, what: &str) {
+    tracing::info!(
+        events = s.events,
+        p50_ms = s.p50_ms,
+        p99_ms = s.p99_ms,
+        p999_ms = s.p999_ms,
+        max_ms = s.max_ms,
+        "{what} since start (exact)"
+    );
 }
 
 /// What watches each event besides the relay: spans, the continuous

@@ -4,7 +4,8 @@
 //! only); commit to read, the part of it spent before walbox had the event
 //! (the commit's WAL flush, decoding, the walsender's send, walbox waiting
 //! for a core to read), tells the rest (walbox, the producer, the broker)
-//! from it.
+//! from it; [`SplitLatency`] splits the rest into walbox's own part and the
+//! broker client's.
 
 use std::sync::Mutex;
 
@@ -13,43 +14,26 @@ use hdrhistogram::Histogram;
 /// Latencies above this (µs, ten minutes) are recorded as this.
 const HIGHEST_MICROS: u64 = 600_000_000;
 
-/// Every event's latency (of one kind) since walbox started.
+/// One kind of latency, every event's (µs, three significant digits).
 #[derive(Debug)]
-pub struct ExactLatency {
-    micros: Mutex<Histogram<u32>>,
-}
+struct Exact(Histogram<u32>);
 
-impl Default for ExactLatency {
+impl Default for Exact {
     fn default() -> Self {
-        ExactLatency {
-            micros: Mutex::new(
-                Histogram::new_with_bounds(1, HIGHEST_MICROS, 3).expect("valid bounds"),
-            ),
-        }
+        Exact(Histogram::new_with_bounds(1, HIGHEST_MICROS, 3).expect("valid bounds"))
     }
 }
 
-impl ExactLatency {
-    /// Records one event's latency (negative ones, a clock step, as 0).
-    pub fn record(&self, micros: i64) {
-        self.record_n(micros, 1);
-    }
-
-    /// Records the same latency for `events` events.
-    pub fn record_n(&self, micros: i64, events: u64) {
-        if events == 0 {
-            return;
-        }
-        let micros = u64::try_from(micros).unwrap_or(0).max(1);
-        if let Ok(mut h) = self.micros.lock() {
-            h.saturating_record_n(micros, u32::try_from(events).unwrap_or(u32::MAX));
+impl Exact {
+    fn record_n(&mut self, micros: u64, events: u64) {
+        if events > 0 {
+            let events = u32::try_from(events).unwrap_or(u32::MAX);
+            self.0.saturating_record_n(micros.max(1), events);
         }
     }
 
-    /// `events`, p50, p99, p99.9 and max in milliseconds; `None` before the
-    /// first event.
-    pub fn summary(&self) -> Option<LatencySummary> {
-        let h = self.micros.lock().ok()?;
+    fn summary(&self) -> Option<LatencySummary> {
+        let h = &self.0;
         if h.is_empty() {
             return None;
         }
@@ -60,6 +44,100 @@ impl ExactLatency {
             p99_ms: ms(h.value_at_quantile(0.99)),
             p999_ms: ms(h.value_at_quantile(0.999)),
             max_ms: ms(h.max()),
+        })
+    }
+}
+
+/// Every event's latency (of one kind) since walbox started.
+#[derive(Debug, Default)]
+pub struct ExactLatency {
+    micros: Mutex<Exact>,
+}
+
+impl ExactLatency {
+    /// Records one event's latency (negative ones, a clock step, as 0).
+    pub fn record(&self, micros: i64) {
+        self.record_n(micros, 1);
+    }
+
+    /// Records the same latency for `events` events.
+    pub fn record_n(&self, micros: i64, events: u64) {
+        if let Ok(mut h) = self.micros.lock() {
+            h.record_n(u64::try_from(micros).unwrap_or(0), events);
+        }
+    }
+
+    /// `events`, p50, p99, p99.9 and max in milliseconds; `None` before the
+    /// first event.
+    pub fn summary(&self) -> Option<LatencySummary> {
+        self.micros.lock().ok()?.summary()
+    }
+}
+
+/// An acknowledged event's time from walbox reading it to walbox handling
+/// its delivery report, split: walbox's own part and the broker client's
+/// (its queue, the linger, the broker's round trip), as the client reports
+/// it. Every event's, since walbox started, under one lock (one taking per
+/// event).
+#[derive(Debug, Default)]
+pub struct SplitLatency(Mutex<SplitHistograms>);
+
+#[derive(Debug, Default)]
+struct SplitHistograms {
+    read_to_send: Exact,
+    read_to_ack: Exact,
+    client: Exact,
+    walbox: Exact,
+}
+
+/// One event's latency split, in µs (see [`SplitLatency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitMicros {
+    /// From reading the event to handing its record to the client.
+    pub read_to_send: u64,
+    /// From reading the event to handling its report.
+    pub read_to_ack: u64,
+    /// What of it the client held the record for, by its own clock (when
+    /// it says).
+    pub client: Option<u64>,
+    /// The rest: walbox's own part (when the client says).
+    pub walbox: Option<u64>,
+}
+
+/// The percentiles of a [`SplitLatency`], each `None` before its first event.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitSummary {
+    /// Read to sent.
+    pub read_to_send: Option<LatencySummary>,
+    /// Read to acknowledged.
+    pub read_to_ack: Option<LatencySummary>,
+    /// The client's part.
+    pub client: Option<LatencySummary>,
+    /// walbox's own part.
+    pub walbox: Option<LatencySummary>,
+}
+
+impl SplitLatency {
+    /// Records one event's split.
+    pub fn record(&self, split: SplitMicros) {
+        if let Ok(mut h) = self.0.lock() {
+            h.read_to_send.record_n(split.read_to_send, 1);
+            h.read_to_ack.record_n(split.read_to_ack, 1);
+            if let (Some(client), Some(walbox)) = (split.client, split.walbox) {
+                h.client.record_n(client, 1);
+                h.walbox.record_n(walbox, 1);
+            }
+        }
+    }
+
+    /// The percentiles so far.
+    pub fn summary(&self) -> Option<SplitSummary> {
+        let h = self.0.lock().ok()?;
+        Some(SplitSummary {
+            read_to_send: h.read_to_send.summary(),
+            read_to_ack: h.read_to_ack.summary(),
+            client: h.client.summary(),
+            walbox: h.walbox.summary(),
         })
     }
 }
@@ -119,5 +197,38 @@ mod tests {
         assert!((s.p99_ms - 50.0).abs() <= 0.05, "{s:?}");
         l.record_n(i64::MAX, 3);
         assert_eq!(l.summary().unwrap().events, 112);
+    }
+
+    #[test]
+    fn the_split_keeps_walbox_part_apart_from_the_clients() {
+        let l = SplitLatency::default();
+        let s = l.summary().unwrap();
+        assert_eq!((s.read_to_ack, s.walbox), (None, None));
+        for i in 0..100 {
+            l.record(SplitMicros {
+                read_to_send: 100,
+                read_to_ack: 3_000 + i,
+                client: Some(2_500),
+                walbox: Some(500 + i),
+            });
+        }
+        // A client that does not say: counted in the whole, not in the parts.
+        l.record(SplitMicros {
+            read_to_send: 100,
+            read_to_ack: 9_000,
+            client: None,
+            walbox: None,
+        });
+        let s = l.summary().unwrap();
+        assert_eq!(s.read_to_ack.unwrap().events, 101);
+        assert_eq!(s.walbox.unwrap().events, 100);
+        assert_eq!(s.client.unwrap().events, 100);
+        assert!((s.walbox.unwrap().max_ms - 0.599).abs() < 0.001, "{s:?}");
+        assert!((s.client.unwrap().p99_ms - 2.5).abs() < 0.01, "{s:?}");
+        assert!((s.read_to_ack.unwrap().max_ms - 9.0).abs() < 0.01, "{s:?}");
+        assert!(
+            (s.read_to_send.unwrap().p50_ms - 0.1).abs() < 0.001,
+            "{s:?}"
+        );
     }
 }

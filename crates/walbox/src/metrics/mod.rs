@@ -195,6 +195,9 @@ pub struct Metrics {
     /// Commit to the transaction's end read by walbox, per event, exactly
     /// (logged at exit beside commit to ack).
     pub commit_to_read_exact: latency::ExactLatency,
+    /// Read to ack, per event at least once, split into walbox's own part
+    /// and the broker client's (logged at exit beside commit to ack).
+    pub read_to_ack_split: latency::SplitLatency,
     /// Seconds without a delivery report while events wait.
     pub delivery_stalled_seconds: Gauge,
     /// 1 while over the backlog budget (`walbox.backlog()`), else 0.
@@ -546,6 +549,7 @@ impl Metrics {
             commit_to_ack,
             commit_to_ack_exact: latency::ExactLatency::default(),
             commit_to_read_exact: latency::ExactLatency::default(),
+            read_to_ack_split: latency::SplitLatency::default(),
             delivery_stalled_seconds,
             backlog_over_budget,
             standby,

@@ -69,6 +69,7 @@ use std::time::Duration;
 use pgoutput_decoder::{Lsn, PgTimestamp};
 use slot_manager::OutboxTables;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::EventSource;
 use crate::dead_letter::{DeadLetterKind, DeadLetters};
@@ -106,6 +107,12 @@ pub struct Token {
     /// a receipt, or the continuous audit.
     event_id: Option<Box<str>>,
     carries: Carries,
+    /// When walbox read the frame that carried the event (`None` when no
+    /// frame did: a backfilled row, a released one, a progress record), and
+    /// when it handed the record to the broker's client: walbox's part of
+    /// the latency (see [`core::Split`]).
+    read: Option<Instant>,
+    sent: Option<Instant>,
 }
 
 /// What a record carries.

@@ -13,6 +13,7 @@ use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
 use sink_core::{Delivered, DeliveryErrorKind};
 
 use crate::relay::Token;
+use tokio::time::Instant;
 
 /// One thing the core asks for.
 #[derive(Debug)]
@@ -38,6 +39,9 @@ pub(in crate::relay) enum Observation {
         token: Token,
         at: Option<Delivered>,
         wall: PgTimestamp,
+        /// At least once, for an event read from the stream: its latency
+        /// from being read to its report being handled, split.
+        split: Option<Split>,
     },
     /// An event of an earlier session was acknowledged `at` (its receipt;
     /// the new session re-sends it).
@@ -240,4 +244,42 @@ pub(in crate::relay) enum TransactionNote {
     Aborted,
     /// The abort did not finish in time; it is called again.
     AbortRetried { error: String },
+}
+
+/// An acknowledged event's latency from walbox reading its frame to walbox
+/// handling its delivery report, and what of it the broker's client held
+/// the record for, by the client's own clock. The rest is walbox's own part:
+/// mapping, waiting for room in flight, the hand-over to the client, and the
+/// report's way back from the client's thread to the relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::relay) struct Split {
+    /// From reading the frame to handing the record to the client, µs.
+    pub(in crate::relay) read_to_send: u64,
+    /// From reading the frame to handling the report, µs.
+    pub(in crate::relay) read_to_report: u64,
+    /// The client's part, µs (`None` when it does not say).
+    pub(in crate::relay) client: Option<u64>,
+}
+
+impl Split {
+    /// The split of `token`'s latency, its report handled at `now` (the
+    /// client said it held the record `client` µs); `None` for what was not
+    /// read from the stream, or not sent.
+    pub(in crate::relay) fn of(token: &Token, now: Instant, client: Option<u64>) -> Option<Split> {
+        let (read, sent) = (token.read?, token.sent?);
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        Some(Split {
+            read_to_send: micros(sent.saturating_duration_since(read)),
+            read_to_report: micros(now.saturating_duration_since(read)),
+            client,
+        })
+    }
+
+    /// walbox's own part, µs: all but the client's (`None` when the client
+    /// did not say how long it held the record). A client that counts from
+    /// before walbox's send (clocks read at different points) never makes
+    /// it negative.
+    pub(in crate::relay) fn walbox(&self) -> Option<u64> {
+        self.client.map(|c| self.read_to_report.saturating_sub(c))
+    }
 }

@@ -285,6 +285,8 @@ impl Core<'_> {
                 commit_time: PgTimestamp::default(),
                 topic: Arc::from(""),
                 event_id: None,
+                read: None,
+                sent: None,
                 carries: Carries::Progress,
             },
         };
@@ -397,7 +399,7 @@ impl Core<'_> {
             if let Ack::Current(Some(u)) = self.progress.ack(token.event, now)? {
                 update = Some(u);
             }
-            self.delivered(token, None, wall);
+            self.delivered(token, None, wall, None);
         }
         self.effects.status(update);
         Ok(())

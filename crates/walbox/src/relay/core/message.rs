@@ -54,6 +54,7 @@ impl Core<'_> {
             _ => return Ok(()),
         };
         self.progress.received(xlog.wal_end());
+        self.frame_at = Some(now);
         let lsn = xlog.wal_start();
         match self.decoder.decode(xlog.into_data())? {
             LogicalMessage::Begin(b) => {
@@ -158,6 +159,7 @@ impl Core<'_> {
             .map(Arc::clone)
             .expect("a backfill's stream describes its relation before its rows");
         self.progress.received(at);
+        self.frame_at = None;
         self.progress.begin_at(at, PgTimestamp::default())?;
         self.commit_time = PgTimestamp::default();
         if let Mode::AtLeastOnce { next_index } = &mut self.mode {
@@ -388,6 +390,8 @@ impl Core<'_> {
             commit_time: self.commit_time,
             topic,
             event_id: None,
+            read: self.frame_at,
+            sent: None,
             carries: match dead_letter {
                 Some(kind) => Carries::DeadLetter(kind),
                 None => Carries::Event {

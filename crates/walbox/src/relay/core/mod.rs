@@ -58,7 +58,7 @@ use super::{Input, RelayConfig, RunError, Token};
 use crate::mapping::{ColumnIndexes, MapError, Topics};
 use crate::progress::{History, Progress, EAGER_GAP};
 
-pub(super) use effect::{Effect, HistoryChange, Observation, ProgressNote, TransactionNote};
+pub(super) use effect::{Effect, HistoryChange, Observation, ProgressNote, Split, TransactionNote};
 pub(super) use exactly_once::EosStartup;
 
 /// How old the transaction being read must be for walbox to count as
@@ -132,6 +132,9 @@ pub(super) struct Core<'a> {
     commit_time: PgTimestamp,
     /// Events the open transaction queued so far (for commit to read).
     queued_in_transaction: u64,
+    /// When the frame being handled was read (`None` for a backfilled
+    /// row): its events' [`Token`]s carry it.
+    frame_at: Option<Instant>,
     /// Topic names by aggregate type, shared by the records and tokens of
     /// their events.
     topics: Topics,
@@ -206,6 +209,7 @@ impl<'a> Core<'a> {
             outbox: HashMap::new(),
             commit_time: PgTimestamp::default(),
             queued_in_transaction: 0,
+            frame_at: None,
             topics: Topics::default(),
             coverage: None,
             change_pending_since: None,
@@ -382,7 +386,8 @@ impl<'a> Core<'a> {
     /// The first waiting record, now that there is room for it (exactly-once:
     /// inside the open Kafka transaction, which it may have to begin).
     pub(super) fn take_send(&mut self, now: Instant) -> Option<ToSend> {
-        let record = self.outgoing.pop_front()?;
+        let mut record = self.outgoing.pop_front()?;
+        record.token.sent = Some(now);
         let begin_transaction = self.before_send(&record, now);
         Some(ToSend {
             begin_transaction,

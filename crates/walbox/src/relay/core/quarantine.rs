@@ -267,6 +267,8 @@ impl Core<'_> {
                 commit_time: pgoutput_decoder::PgTimestamp::default(),
                 topic: Arc::clone(&held.record.topic),
                 event_id,
+                read: None,
+                sent: None,
                 carries: Carries::Released {
                     release,
                     // The broker refused it as it was sent (serialized, or

@@ -7,7 +7,7 @@ use pgoutput_decoder::PgTimestamp;
 use sink_core::{Delivered, DeliveryError, Report};
 use tokio::time::Instant;
 
-use super::{Core, Observation};
+use super::{Core, Observation, Split};
 use crate::dead_letter::DeadLetterKind;
 use crate::progress::Ack;
 use crate::relay::{RunError, Token};
@@ -28,6 +28,7 @@ impl Core<'_> {
             token,
             result,
             returned,
+            client_micros,
         } = report;
         if let Some(release) = token.released() {
             if self.progress.is_current(token.event) {
@@ -54,7 +55,8 @@ impl Core<'_> {
                         return Ok(());
                     }
                 };
-                self.delivered(token, Some(at), wall);
+                let split = Split::of(&token, now, client_micros);
+                self.delivered(token, Some(at), wall, split);
                 self.effects.status(update);
                 Ok(())
             }
@@ -108,12 +110,22 @@ impl Core<'_> {
 
     /// An event delivered at `wall` (at least once: acknowledged `at`;
     /// exactly once: its transaction committed).
-    pub(super) fn delivered(&mut self, token: Token, at: Option<Delivered>, wall: PgTimestamp) {
+    pub(super) fn delivered(
+        &mut self,
+        token: Token,
+        at: Option<Delivered>,
+        wall: PgTimestamp,
+        split: Option<Split>,
+    ) {
         if token.dead_letter().is_some() {
             self.dead_lettered += 1;
         }
-        self.effects
-            .observe(Observation::Delivered { token, at, wall });
+        self.effects.observe(Observation::Delivered {
+            token,
+            at,
+            wall,
+            split,
+        });
     }
 
     /// A dead-letter copy that failed: walbox stops.

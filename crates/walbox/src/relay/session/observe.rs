@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use pgoutput_decoder::PgTimestamp;
 use sink_core::Delivered;
 
+use crate::metrics::latency::SplitMicros;
 use crate::metrics::{KindLabels, Metrics};
 use crate::receipts::Receipt;
 use crate::relay::core::{HistoryChange, Observation, Positions, ProgressNote, TransactionNote};
@@ -16,9 +17,22 @@ use crate::relay::{RelayConfig, Token};
 /// Writes `observation` out.
 pub(in crate::relay) fn observe(config: &RelayConfig, metrics: &Metrics, observation: Observation) {
     match observation {
-        Observation::Delivered { token, at, wall } => {
+        Observation::Delivered {
+            token,
+            at,
+            wall,
+            split,
+        } => {
             if let Some(at) = &at {
                 receipt(config, &token, at);
+            }
+            if let (Some(split), None) = (split, token.dead_letter()) {
+                metrics.read_to_ack_split.record(SplitMicros {
+                    read_to_send: split.read_to_send,
+                    read_to_ack: split.read_to_report,
+                    client: split.client,
+                    walbox: split.walbox(),
+                });
             }
             count_delivered(config, metrics, &token, wall);
         }

@@ -738,6 +738,7 @@ impl Broker {
                     "no ack in time",
                 )),
                 returned: Some(returned),
+                client_micros: None,
             }
         })
     }
@@ -789,6 +790,7 @@ impl Broker {
             token,
             result,
             returned: None,
+            client_micros: None,
         };
         let _ = reports.send((report, permits));
     }
@@ -883,6 +885,7 @@ pub(in crate::relay) fn refused(record: Record<Token>) -> Report<Token> {
             "Broker: Message size too large",
         )),
         returned: Some(returned),
+        client_micros: None,
     }
 }
 
@@ -1012,6 +1015,7 @@ impl Transactional<Token> for Broker {
                 token,
                 result: Err(DeliveryError::new(DeliveryErrorKind::Purged, "purged")),
                 returned: None,
+                client_micros: None,
             };
             let _ = f.reports.send((report, f.permits));
         }

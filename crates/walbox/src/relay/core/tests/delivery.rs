@@ -2,10 +2,13 @@
 //! order, an unmappable or refused event goes to the dead-letter topic (and
 //! counts only once its copy is acked) or stops the relay before it.
 
+use std::time::Duration;
+
 use sink_core::{DeliveryError, DeliveryErrorKind, Record, Report};
 
 use super::{acked, config, confirmable, feed, records, report, rows, started};
 use crate::dead_letter::{headers, DeadLetters};
+use crate::metrics::latency::LatencySummary;
 use crate::relay::tests::fakes::{begin, commit, header, insert, key_of, relation};
 use crate::relay::{RunError, Token};
 
@@ -44,6 +47,37 @@ fn a_zero_event_transaction_between_two_with_events_waits_its_turn() {
     // Commit to read counts events: the empty transaction adds none.
     let read = core.metrics().commit_to_read_exact.summary().unwrap();
     assert_eq!(read.events, 2);
+}
+
+#[test]
+fn an_acked_events_latency_is_split_into_walbox_part_and_the_clients() {
+    let config = config(DeadLetters::halt(), None);
+    let mut core = started(&config, 10);
+    feed(&mut core, vec![relation()]);
+    feed(
+        &mut core,
+        rows(190, &[("e1", Some("a")), ("e2", Some("b"))], false),
+    );
+    // Read, then sent 2 ms later (as if waiting for room in flight).
+    core.advance(Duration::from_millis(2));
+    let [r1, r2] = <[Record<Token>; 2]>::try_from(records(&mut core)).expect("two records");
+    core.advance(Duration::from_millis(5));
+    // The client held the first for 4 of those 5 ms; of the second it
+    // says nothing.
+    let mut first = acked(r1.token);
+    first.client_micros = Some(4_000);
+    report(&mut core, first).unwrap();
+    report(&mut core, acked(r2.token)).unwrap();
+    let s = core.metrics().read_to_ack_split.summary().unwrap();
+    // Events and max, to the histograms' three digits.
+    let seen = |l: Option<LatencySummary>| {
+        let l = l.expect("recorded");
+        (l.events, (l.max_ms * 100.0).round() / 100.0)
+    };
+    assert_eq!(seen(s.read_to_send), (2, 2.0));
+    assert_eq!(seen(s.read_to_ack), (2, 7.0));
+    assert_eq!(seen(s.client), (1, 4.0));
+    assert_eq!(seen(s.walbox), (1, 3.0), "7 ms less the client's 4");
 }
 
 #[test]

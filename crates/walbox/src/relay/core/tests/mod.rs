@@ -317,6 +317,7 @@ pub(super) fn acked(token: Token) -> Report<Token> {
             offset: 0,
         }),
         returned: None,
+        client_micros: None,
     }
 }
 
