@@ -7,6 +7,7 @@ mod procstat;
 mod relay;
 mod report;
 mod results;
+mod shapes;
 mod world;
 
 use std::path::PathBuf;
@@ -54,6 +55,16 @@ Phases (all but retention by default):
              and a webhook endpoint, beside pg_recvlogical; and each broker alone:
              as many messages from walbox's client for it (needs
              WALBOX_ELASTICMQ_LIBS, WALBOX_NATS_SERVER, rabbitmq-server)
+  conduit    shaped like Conduit's published Postgres -> Kafka CDC run: 2,000,000
+             events of ~200 B in transactions of 200 written while the relay is
+             stopped, then walbox and Debezium (each from its own slot) started:
+             events/s, CPU %, mean and peak RSS over the drain, start included;
+             RSS sampled every 0.5 s (the RSS over time figure)
+  sequin     shaped like Sequin's published workload: transactions of 100
+             INSERTs, 100 UPDATEs and 100 DELETEs on the outbox table, 20/s and
+             as fast as pgbench writes, 60 s each: operations/s, events/s,
+             mean, p50 and p99 from the row's timestamp to the broker's
+             append time, walbox's CPU % (walbox only)
   retention  5,000 events/s for 10 minutes with retention off, on, and on a
              partitioned outbox (30 minutes a run)
 
@@ -79,7 +90,7 @@ WALBOX_BENCH_ARGS adds flags to every walbox run (e.g. \"--kafka-property linger
 ";
 
 /// Every phase, in the order a run takes them.
-pub(crate) const PHASES: [&str; 13] = [
+pub(crate) const PHASES: [&str; 15] = [
     "small",
     "large",
     "huge",
@@ -92,6 +103,8 @@ pub(crate) const PHASES: [&str; 13] = [
     "cleanup",
     "audit",
     "brokers",
+    "conduit",
+    "sequin",
     "retention",
 ];
 
@@ -161,6 +174,14 @@ impl Scale {
     }
     pub(crate) fn curve_seconds(self) -> u32 {
         (20 / self.divisor).max(2) as u32
+    }
+    /// The `conduit` phase's backlog.
+    pub(crate) fn conduit_events(self) -> i64 {
+        2_000_000 / self.divisor
+    }
+    /// Each point of the `sequin` phase (its generator's default duration).
+    pub(crate) fn sequin_seconds(self) -> u32 {
+        (60 / self.divisor).max(2) as u32
     }
     pub(crate) fn retention_seconds(self) -> u32 {
         (600 / self.divisor) as u32
@@ -307,6 +328,12 @@ async fn main() -> ExitCode {
         if wants("brokers") {
             alone::brokers(&mut results, &walbox, scale.large_events()).await;
         }
+        if wants("conduit") {
+            shapes::conduit(&mut results, &walbox, scale.conduit_events()).await;
+        }
+        if wants("sequin") {
+            shapes::sequin(&mut results, &walbox, scale.sequin_seconds()).await;
+        }
         if wants("retention") {
             alone::retention(&mut results, &walbox, scale.retention_seconds()).await;
         }
@@ -329,14 +356,11 @@ fn write_report(
     let mut failed = false;
     // The figures, beside the report and (when its section is written)
     // beside the document.
-    if ran
-        .iter()
-        .any(|p| report::PEERS_PHASES.contains(&p.as_str()))
-    {
+    let drawn_from = |phases: &[&str]| ran.iter().any(|p| phases.contains(&p.as_str()));
+    if drawn_from(&report::PEERS_PHASES) || drawn_from(&report::SHAPES_PHASES) {
         let mut dirs = vec![out.join("figures")];
-        let whole = report::PEERS_PHASES
-            .iter()
-            .all(|p| ran.iter().any(|r| r == p));
+        let all_of = |phases: &[&str]| phases.iter().all(|p| ran.iter().any(|r| r == p));
+        let whole = all_of(&report::PEERS_PHASES) || all_of(&report::SHAPES_PHASES);
         if let (Some(doc), true) = (doc, whole) {
             dirs.push(
                 std::path::Path::new(doc)

@@ -18,6 +18,20 @@ pub(crate) fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
+/// Resident set (`VmRSS`) of a live process now, MiB.
+pub(crate) fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
 /// CPU seconds of a Postgres server so far, from its postmaster's pid: the
 /// postmaster's own, its reaped children's (`cutime` + `cstime`) and its
 /// live children's. The difference of two readings is exactly what the

@@ -53,7 +53,7 @@ pub(crate) fn set_run(run: u32) {
 
 /// `kinds`, less Debezium when only walbox is measured, in this run's
 /// order ([`set_run`]).
-pub(super) fn measured(kinds: impl IntoIterator<Item = Kind>) -> Vec<Kind> {
+pub(crate) fn measured(kinds: impl IntoIterator<Item = Kind>) -> Vec<Kind> {
     let walbox_only = WALBOX_ONLY.load(Ordering::Relaxed);
     let mut kinds: Vec<Kind> = kinds
         .into_iter()
@@ -329,7 +329,7 @@ pub(crate) fn watch(relay: &mut Relay, t0: Instant, label: &str) {
 }
 
 /// Waits until `topic` has `n` records past `from`.
-pub(super) async fn wait_on_topic(
+pub(crate) async fn wait_on_topic(
     world: &World,
     relay: &mut Relay,
     label: &str,

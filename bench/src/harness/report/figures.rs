@@ -21,8 +21,11 @@ pub(crate) struct Figure {
     pub(crate) alt: &'static str,
 }
 
-/// Every figure this module draws, as the section links them.
-pub(crate) const ALL: [Figure; 5] = [
+/// The RSS over time figure, from the `conduit` phase.
+pub(crate) const RSS_OVER_TIME: &str = "shapes-rss-over-time.svg";
+
+/// Every figure this module draws, as the sections link them.
+pub(crate) const ALL: [Figure; 6] = [
     Figure {
         file: "peers-events-per-second.svg",
         alt: "Events per second draining each backlog, warm relays (higher is better)",
@@ -42,6 +45,10 @@ pub(crate) const ALL: [Figure; 5] = [
     Figure {
         file: "peers-kill-duplicates.svg",
         alt: "Duplicates after each kill -9, one dot per kill",
+    },
+    Figure {
+        file: RSS_OVER_TIME,
+        alt: "RSS over time of each relay draining the Conduit-shaped backlog, from its launch (median over the runs at each half second)",
     },
 ];
 
@@ -163,6 +170,10 @@ pub(crate) fn draw(r: &Results, scale: Scale, dir: &Path) -> Result<Vec<&'static
         let file = "peers-kill-duplicates.svg";
         kills(&dir.join(file), figure(file).alt, r)?;
         drawn.push(file);
+    }
+    if r.has("conduit", "events") {
+        rss_over_time(&dir.join(RSS_OVER_TIME), figure(RSS_OVER_TIME).alt, r)?;
+        drawn.push(RSS_OVER_TIME);
     }
     Ok(drawn)
 }
@@ -390,5 +401,56 @@ fn kills(file: &Path, title: &str, r: &Results) -> Result<(), String> {
             }))
             .map_err(|e| err(e.to_string()))?;
     }
+    root.present().map_err(|e| err(e.to_string()))
+}
+
+/// Each relay's RSS from its launch until it drained the `conduit`
+/// backlog: at each half second, the median over the runs that were still
+/// draining then.
+fn rss_over_time(file: &Path, title: &str, r: &Results) -> Result<(), String> {
+    let err = fail(file);
+    let step = crate::shapes::SAMPLE.as_secs_f64();
+    let lines: Vec<(String, Vec<(f64, f64)>)> = RELAYS
+        .into_iter()
+        .map(|k| {
+            let points = (0..)
+                .map_while(|i| {
+                    r.median("conduit", &crate::shapes::rss_sample(&k.slot(), i))
+                        .map(|mib| (i as f64 * step, mib))
+                })
+                .collect::<Vec<_>>();
+            (short(k), points)
+        })
+        .filter(|(_, p)| !p.is_empty())
+        .collect();
+    let right = lines
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.0))
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let top = lines
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.1))
+        .fold(0.0, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(file, SIZE).into_drawing_area();
+    let mut chart = canvas(&root, title, 0.0..right, 0.0..top.max(10.0), 60).map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| whole(*x))
+        .y_label_formatter(&|v| whole(*v))
+        .x_desc("seconds since the relay was launched")
+        .y_desc("RSS, MiB")
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    for (name, points) in &lines {
+        let c = colour(name);
+        chart
+            .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&err)?;
     root.present().map_err(|e| err(e.to_string()))
 }

@@ -7,8 +7,10 @@
 mod alone;
 pub(crate) mod figures;
 mod peers;
+mod shapes;
 
 pub(crate) use peers::PHASES as PEERS_PHASES;
+pub(crate) use shapes::PHASES as SHAPES_PHASES;
 
 use std::process::Command;
 
@@ -26,7 +28,7 @@ struct Section {
     write: fn(&Results, Scale) -> String,
 }
 
-const SECTIONS: [Section; 5] = [
+const SECTIONS: [Section; 6] = [
     Section {
         name: "alone",
         start: "<!-- bench:begin -->",
@@ -54,6 +56,13 @@ const SECTIONS: [Section; 5] = [
         end: "<!-- brokers:end -->",
         phases: &alone::BROKERS_PHASES,
         write: alone::brokers_section,
+    },
+    Section {
+        name: "shapes",
+        start: "<!-- shapes:begin -->",
+        end: "<!-- shapes:end -->",
+        phases: &shapes::PHASES,
+        write: shapes::section,
     },
     Section {
         name: "retention",

@@ -1,0 +1,263 @@
+//! Runs shaped like two published benchmarks of other Postgres → Kafka
+//! relays, so their figures can be read beside walbox's
+//! (docs/benchmarks.md, "Shaped like published benchmarks"). Only the
+//! shape is theirs: the machine, the rows and the relay are this
+//! harness's, and the report states the differences.
+//!
+//! * `conduit`: Conduit's Postgres → Kafka CDC run
+//!   (ConduitIO/streaming-benchmarks, `benchmarks/postgres-kafka-cdc`):
+//!   rows written in transactions of 200 while the relay is stopped, then
+//!   the relay started, and its message rate, CPU % and memory taken over
+//!   the drain, its start included. walbox and Debezium, each from its own
+//!   slot; each one's RSS is sampled every half second, for the RSS over
+//!   time figure.
+//! * `sequin`: Sequin's sustained mixed workload
+//!   (sequinstream/sequin-vs-debezium-benchmark, `workload_generator.py`):
+//!   transactions of 100 INSERTs, 100 UPDATEs and 100 DELETEs on the one
+//!   table, at a steady rate and as fast as the writer goes; latency from
+//!   the row's timestamp (`now()` in its transaction) to the record's
+//!   timestamp on Kafka. walbox publishes the INSERTs (an outbox relay's
+//!   events); the walsender decodes and streams all three.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::peers::{measured, preload, watch, Backlog, Rows, RELAYS, TICK};
+use crate::procstat;
+use crate::relay::{Kind, Relay};
+use crate::results::{quantile, Results};
+use crate::world::World;
+
+/// Rows per transaction in Conduit's run (`insert_test_employees.sh`, 200
+/// per batch).
+pub(crate) const CONDUIT_TX: i64 = 200;
+
+/// How often the relays' memory is sampled in the `conduit` phase.
+pub(crate) const SAMPLE: Duration = Duration::from_millis(500);
+
+/// Rows of each kind in a transaction of Sequin's workload (its
+/// generator's default batch size).
+pub(crate) const SEQUIN_BATCH: i64 = 100;
+
+/// Sequin-shaped points: transactions/s (`None`: as fast as pgbench
+/// writes). 20 transactions/s are 6,000 operations/s: the rate Sequin
+/// reports Debezium on MSK Connect sustaining.
+pub(crate) const SEQUIN_RATES: [Option<u32>; 2] = [Some(20), None];
+
+/// The metric of a relay's RSS sample `i` (taken `i * SAMPLE` after its
+/// start).
+pub(crate) fn rss_sample(slot: &str, i: usize) -> String {
+    format!("{slot}_rss_mib_at_{i}")
+}
+
+pub(crate) async fn conduit(results: &mut Results, walbox: &str, events: i64) {
+    let world = World::start(walbox).await;
+    let kinds = measured(RELAYS);
+    for &kind in &kinds {
+        kind.init(&world).await;
+        world.create_topic(&kind.topic()).await;
+    }
+    eprintln!("bench: conduit: writing {events} events in transactions of {CONDUIT_TX}");
+    let b = Backlog {
+        phase: "conduit",
+        events,
+        tx: CONDUIT_TX,
+        rows: Rows::Small,
+        debezium: true,
+        pollers: false,
+        heaps: false,
+    };
+    preload(&world, b).await;
+    results.record("conduit", "events", events as f64);
+    let row: i32 = world
+        .one("SELECT avg(pg_column_size(t.*))::int FROM outbox_events t")
+        .await;
+    results.record("conduit", "row_bytes", f64::from(row));
+    for kind in kinds {
+        let label = kind.label();
+        eprintln!("bench: conduit: {label} starts and drains them");
+        let topic = kind.topic();
+        let from = world.ends(&topic);
+        let t0 = Instant::now();
+        let mut relay = Relay::start(kind, &world);
+        let pid = relay.pid();
+        let mut rss = Vec::new();
+        let mut next = t0;
+        let mut cpu_s = 0.0;
+        loop {
+            let on = world.count_since(&topic, &from);
+            if let Some(u) = procstat::usage(pid) {
+                cpu_s = u.cpu_s;
+            }
+            if Instant::now() >= next {
+                if let Some(mib) = procstat::rss_mib(pid) {
+                    rss.push(mib);
+                }
+                next += SAMPLE;
+            }
+            if on >= events {
+                break;
+            }
+            watch(&mut relay, t0, &label);
+            tokio::time::sleep(TICK).await;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let peak = procstat::usage(pid).map_or(0.0, |u| u.peak_rss_mib);
+        relay.stop();
+        let records = world.read_back(&topic, &from);
+        let unique: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(
+            unique.len() as i64,
+            events,
+            "{label}: every event on the topic"
+        );
+        let p = |m: &str| format!("{}_{m}", kind.slot());
+        let n = events as f64;
+        results.record("conduit", &p("s"), secs);
+        results.record("conduit", &p("eps"), n / secs);
+        results.record("conduit", &p("cpu_pct"), cpu_s / secs * 100.0);
+        results.record("conduit", &p("cpu_us"), cpu_s / n * 1e6);
+        results.record(
+            "conduit",
+            &p("rss_mean_mib"),
+            rss.iter().sum::<f64>() / rss.len().max(1) as f64,
+        );
+        results.record("conduit", &p("rss_mib"), peak);
+        results.record(
+            "conduit",
+            &p("duplicates"),
+            (records.len() - unique.len()) as f64,
+        );
+        for (i, mib) in rss.iter().enumerate() {
+            results.record("conduit", &rss_sample(&kind.slot(), i), *mib);
+        }
+    }
+}
+
+pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
+    let world = World::start(walbox).await;
+    // The rows the UPDATEs and DELETEs touch, written before walbox's slot
+    // exists (they are no events of the run): DELETEs take 100-row ranges
+    // of the older half, UPDATEs of the newer.
+    let pool = 400_000i64;
+    preload(
+        &world,
+        Backlog {
+            tx: 1_000,
+            ..Backlog::small("sequin", pool)
+        },
+    )
+    .await;
+    world
+        .execute("CREATE INDEX outbox_events_seq ON outbox_events (seq)")
+        .await;
+    let kind = Kind::Walbox;
+    kind.init(&world).await;
+    let topic = kind.topic();
+    world.create_topic(&topic).await;
+    let mut relay = Relay::start(kind, &world);
+    let from = world.ends(&topic);
+    crate::peers::write(&world, 1, "probe").await;
+    crate::peers::wait_on_topic(&world, &mut relay, &kind.label(), &topic, &from, 1).await;
+    let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
+    results.record("sequin", "seconds", f64::from(seconds));
+    let (half, top) = (pool / 2, pool - SEQUIN_BATCH);
+    let n = SEQUIN_BATCH;
+    for rate in SEQUIN_RATES {
+        let point = crate::peers::point_name(rate);
+        eprintln!("bench: sequin: walbox at {point} transactions/s for {seconds} s");
+        let tag = format!("sequin-{point}");
+        let script = dir.path().join(format!("{tag}.sql"));
+        std::fs::write(
+            &script,
+            format!(
+                "\\set d random(1, {half})\n\
+                 \\set u random({half}, {top})\n\
+                 BEGIN;\n\
+                 INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', 'order-' || (g % 1000), '{tag}', \
+                 jsonb_build_object('order_id', 'order-' || (g % 1000), 'total', g, 'pad', repeat('x', 60)) \
+                 FROM generate_series(1, {n}) g;\n\
+                 UPDATE outbox_events SET headers = jsonb_build_object('touched', :u) \
+                 WHERE seq BETWEEN :u AND :u + {n} - 1;\n\
+                 DELETE FROM outbox_events WHERE seq BETWEEN :d AND :d + {n} - 1;\n\
+                 COMMIT;\n"
+            ),
+        )
+        .expect("write pgbench's script");
+        let from = world.ends(&topic);
+        let ops0 = operations(&world).await;
+        let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
+        let rate_arg = rate.map(|r| r.to_string());
+        let extra: Vec<&str> = rate_arg.iter().flat_map(|r| ["-R", r.as_str()]).collect();
+        let run = world.writer().run(&script, seconds, dir.path(), &extra);
+        let written = (run.transactions() as i64) * n;
+        crate::peers::wait_on_topic(&world, &mut relay, "walbox", &topic, &from, written).await;
+        let cpu = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s) - cpu0;
+        let ops = operations(&world).await;
+        let latencies = latencies(&world, &topic, &from, &tag).await;
+        let secs = f64::from(seconds);
+        let k = |m: &str| format!("walbox_{point}_{m}");
+        results.record("sequin", &k("inserts_per_s"), (ops[0] - ops0[0]) / secs);
+        results.record("sequin", &k("updates_per_s"), (ops[1] - ops0[1]) / secs);
+        results.record("sequin", &k("deletes_per_s"), (ops[2] - ops0[2]) / secs);
+        let all: f64 = (0..3).map(|i| ops[i] - ops0[i]).sum();
+        results.record("sequin", &k("ops_per_s"), all / secs);
+        results.record("sequin", &k("eps"), latencies.len() as f64 / secs);
+        results.record("sequin", &k("cpu_pct"), cpu / secs * 100.0);
+        let mean = latencies.iter().sum::<f64>() / latencies.len().max(1) as f64;
+        results.record("sequin", &k("mean_ms"), mean);
+        for (m, q) in [("p50_ms", 0.5), ("p99_ms", 0.99), ("max_ms", 1.0)] {
+            results.record("sequin", &k(m), quantile(&latencies, q));
+        }
+    }
+    let rss = procstat::usage(relay.pid()).map_or(0.0, |u| u.peak_rss_mib);
+    results.record("sequin", "walbox_rss_mib", rss);
+    relay.stop();
+}
+
+/// Rows inserted, updated and deleted in the outbox table so far.
+async fn operations(world: &World) -> [f64; 3] {
+    // Statistics reach the shared counters within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let row = world
+        .client
+        .query_one(
+            "SELECT n_tup_ins::float8, n_tup_upd::float8, n_tup_del::float8
+               FROM pg_stat_user_tables WHERE relname = 'outbox_events'",
+            &[],
+        )
+        .await
+        .expect("the outbox table's statistics");
+    [row.get(0), row.get(1), row.get(2)]
+}
+
+/// The row's timestamp (`created_at`, `now()` of its transaction) → the
+/// record's on `topic` (the broker's append time), ms, of every event
+/// tagged `tag`, sorted.
+async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f64> {
+    let rows = world
+        .client
+        .query(
+            "SELECT id::text, (extract(epoch FROM created_at) * 1000)::float8
+               FROM outbox_events WHERE event_type = $1",
+            &[&tag],
+        )
+        .await
+        .expect("the events' timestamps");
+    let mut written: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let n = written.len();
+    let mut out = Vec::with_capacity(n);
+    for r in world.read_back(topic, from) {
+        if let Some(at) = written.remove(&r.id) {
+            out.push(r.appended_ms as f64 - at);
+        }
+    }
+    assert!(
+        written.is_empty(),
+        "{topic}: {} of {n} events tagged {tag} never arrived",
+        written.len()
+    );
+    out.sort_by(f64::total_cmp);
+    out
+}
