@@ -14,7 +14,8 @@
 //! * `sequin`: Sequin's sustained mixed workload
 //!   (sequinstream/sequin-vs-debezium-benchmark, `workload_generator.py`):
 //!   transactions of 100 INSERTs, 100 UPDATEs and 100 DELETEs on the one
-//!   table, at a steady rate and as fast as the writer goes; latency from
+//!   table, at the two rates Sequin published (Debezium's 6,000 and its own
+//!   50,000 operations/s); latency from
 //!   the row's timestamp (`now()` in its transaction) to the record's
 //!   timestamp on Kafka. walbox publishes the INSERTs (an outbox relay's
 //!   events); the walsender decodes and streams all three.
@@ -39,10 +40,14 @@ pub(crate) const SAMPLE: Duration = Duration::from_millis(500);
 /// generator's default batch size).
 pub(crate) const SEQUIN_BATCH: i64 = 100;
 
-/// Sequin-shaped points: transactions/s (`None`: as fast as pgbench
-/// writes). 20 transactions/s are 6,000 operations/s: the rate Sequin
-/// reports Debezium on MSK Connect sustaining.
-pub(crate) const SEQUIN_RATES: [Option<u32>; 2] = [Some(20), None];
+/// Sequin-shaped points, transactions/s of 300 operations: 20 are 6,000
+/// operations/s, the rate Sequin reports Debezium on MSK Connect
+/// sustaining; 167 are 50,000, Sequin's own.
+pub(crate) const SEQUIN_RATES: [u32; 2] = [20, 167];
+
+/// Rows the UPDATEs of the `sequin` phase touch (100-row ranges drawn at
+/// random, updated again and again).
+const UPDATED: i64 = 200_000;
 
 /// The metric of a relay's RSS sample `i` (taken `i * SAMPLE` after its
 /// start).
@@ -137,9 +142,18 @@ pub(crate) async fn conduit(results: &mut Results, walbox: &str, events: i64) {
 pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
     let world = World::start(walbox).await;
     // The rows the UPDATEs and DELETEs touch, written before walbox's slot
-    // exists (they are no events of the run): DELETEs take 100-row ranges
-    // of the older half, UPDATEs of the newer.
-    let pool = 400_000i64;
+    // exists (they are no events of the run). Each DELETE takes the next
+    // 100 of the older ones (a sequence hands out the blocks: every
+    // DELETE removes 100 rows), each UPDATE a random 100 of the newest
+    // `UPDATED`. A fifth more than the points' DELETEs need, for
+    // pgbench catching up behind its schedule.
+    let n = SEQUIN_BATCH;
+    let deleted: i64 = SEQUIN_RATES
+        .iter()
+        .map(|r| i64::from(*r) * i64::from(seconds) * n * 6 / 5)
+        .sum();
+    let pool = deleted + UPDATED;
+    eprintln!("bench: sequin: writing {pool} rows for the UPDATEs and DELETEs");
     preload(
         &world,
         Backlog {
@@ -149,7 +163,10 @@ pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
     )
     .await;
     world
-        .execute("CREATE INDEX outbox_events_seq ON outbox_events (seq)")
+        .execute(
+            "CREATE INDEX outbox_events_seq ON outbox_events (seq);
+             CREATE SEQUENCE sequin_deletes",
+        )
         .await;
     let kind = Kind::Walbox;
     kind.init(&world).await;
@@ -161,18 +178,16 @@ pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
     crate::peers::wait_on_topic(&world, &mut relay, &kind.label(), &topic, &from, 1).await;
     let dir = tempfile::tempdir().expect("a directory for pgbench's scripts");
     results.record("sequin", "seconds", f64::from(seconds));
-    let (half, top) = (pool / 2, pool - SEQUIN_BATCH);
-    let n = SEQUIN_BATCH;
+    let first: i64 = world.one("SELECT min(seq) FROM outbox_events").await;
+    let (low, high) = (first + deleted, first + pool - n);
     for rate in SEQUIN_RATES {
-        let point = crate::peers::point_name(rate);
-        eprintln!("bench: sequin: walbox at {point} transactions/s for {seconds} s");
-        let tag = format!("sequin-{point}");
+        eprintln!("bench: sequin: walbox at {rate} transactions/s for {seconds} s");
+        let tag = format!("sequin-{rate}");
         let script = dir.path().join(format!("{tag}.sql"));
         std::fs::write(
             &script,
             format!(
-                "\\set d random(1, {half})\n\
-                 \\set u random({half}, {top})\n\
+                "\\set u random({low}, {high})\n\
                  BEGIN;\n\
                  INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
                  SELECT 'order', 'order-' || (g % 1000), '{tag}', \
@@ -180,7 +195,8 @@ pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
                  FROM generate_series(1, {n}) g;\n\
                  UPDATE outbox_events SET headers = jsonb_build_object('touched', :u) \
                  WHERE seq BETWEEN :u AND :u + {n} - 1;\n\
-                 DELETE FROM outbox_events WHERE seq BETWEEN :d AND :d + {n} - 1;\n\
+                 SELECT nextval('sequin_deletes') AS block \\gset\n\
+                 DELETE FROM outbox_events WHERE seq BETWEEN {first} + (:block - 1) * {n} AND {first} + :block * {n} - 1;\n\
                  COMMIT;\n"
             ),
         )
@@ -188,16 +204,17 @@ pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
         let from = world.ends(&topic);
         let ops0 = operations(&world).await;
         let cpu0 = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s);
-        let rate_arg = rate.map(|r| r.to_string());
-        let extra: Vec<&str> = rate_arg.iter().flat_map(|r| ["-R", r.as_str()]).collect();
-        let run = world.writer().run(&script, seconds, dir.path(), &extra);
+        let rate_arg = rate.to_string();
+        let run = world
+            .writer()
+            .run(&script, seconds, dir.path(), &["-R", &rate_arg]);
         let written = (run.transactions() as i64) * n;
         crate::peers::wait_on_topic(&world, &mut relay, "walbox", &topic, &from, written).await;
         let cpu = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s) - cpu0;
         let ops = operations(&world).await;
         let latencies = latencies(&world, &topic, &from, &tag).await;
         let secs = f64::from(seconds);
-        let k = |m: &str| format!("walbox_{point}_{m}");
+        let k = |m: &str| format!("walbox_{rate}_{m}");
         results.record("sequin", &k("inserts_per_s"), (ops[0] - ops0[0]) / secs);
         results.record("sequin", &k("updates_per_s"), (ops[1] - ops0[1]) / secs);
         results.record("sequin", &k("deletes_per_s"), (ops[2] - ops0[2]) / secs);

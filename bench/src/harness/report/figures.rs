@@ -48,7 +48,7 @@ pub(crate) const ALL: [Figure; 6] = [
     },
     Figure {
         file: RSS_OVER_TIME,
-        alt: "RSS over time of each relay draining the Conduit-shaped backlog, from its launch (median over the runs at each half second)",
+        alt: "RSS from launch until the Conduit-shaped backlog is drained (median of the runs)",
     },
 ];
 
