@@ -451,6 +451,6 @@ fn rss_over_time(file: &Path, title: &str, r: &Results) -> Result<(), String> {
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
     }
-    legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(&err)?;
     root.present().map_err(|e| err(e.to_string()))
 }
