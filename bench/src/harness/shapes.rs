@@ -20,7 +20,7 @@
 //!   timestamp on Kafka. walbox publishes the INSERTs (an outbox relay's
 //!   events); the walsender decodes and streams all three.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::peers::{measured, preload, watch, Backlog, Rows, RELAYS, TICK};
@@ -212,7 +212,10 @@ pub(crate) async fn sequin(results: &mut Results, walbox: &str, seconds: u32) {
         crate::peers::wait_on_topic(&world, &mut relay, "walbox", &topic, &from, written).await;
         let cpu = procstat::usage(relay.pid()).map_or(0.0, |u| u.cpu_s) - cpu0;
         let ops = operations(&world).await;
-        let latencies = latencies(&world, &topic, &from, &tag).await;
+        // The row's timestamp (`now()` of its transaction) → the broker's
+        // append time.
+        let latencies =
+            crate::peers::latencies_since(&world, "created_at", &topic, &from, &tag).await;
         let secs = f64::from(seconds);
         let k = |m: &str| format!("walbox_{rate}_{m}");
         results.record("sequin", &k("inserts_per_s"), (ops[0] - ops0[0]) / secs);
@@ -247,34 +250,4 @@ async fn operations(world: &World) -> [f64; 3] {
         .await
         .expect("the outbox table's statistics");
     [row.get(0), row.get(1), row.get(2)]
-}
-
-/// The row's timestamp (`created_at`, `now()` of its transaction) → the
-/// record's on `topic` (the broker's append time), ms, of every event
-/// tagged `tag`, sorted.
-async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f64> {
-    let rows = world
-        .client
-        .query(
-            "SELECT id::text, (extract(epoch FROM created_at) * 1000)::float8
-               FROM outbox_events WHERE event_type = $1",
-            &[&tag],
-        )
-        .await
-        .expect("the events' timestamps");
-    let mut written: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let n = written.len();
-    let mut out = Vec::with_capacity(n);
-    for r in world.read_back(topic, from) {
-        if let Some(at) = written.remove(&r.id) {
-            out.push(r.appended_ms as f64 - at);
-        }
-    }
-    assert!(
-        written.is_empty(),
-        "{topic}: {} of {n} events tagged {tag} never arrived",
-        written.len()
-    );
-    out.sort_by(f64::total_cmp);
-    out
 }

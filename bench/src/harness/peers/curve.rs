@@ -150,28 +150,43 @@ pub(crate) fn pgbench(
 
 /// Commit → appended on `topic` of every event tagged `tag`, in ms, sorted.
 async fn latencies(world: &World, topic: &str, from: &[i64], tag: &str) -> Vec<f64> {
+    latencies_since(world, "pg_xact_commit_timestamp(xmin)", topic, from, tag).await
+}
+
+/// `since` (an SQL timestamp of the event's row: its commit's, or a
+/// column) → appended on `topic`, of every event tagged `tag`, in ms,
+/// sorted. Every one must have arrived.
+pub(crate) async fn latencies_since(
+    world: &World,
+    since: &str,
+    topic: &str,
+    from: &[i64],
+    tag: &str,
+) -> Vec<f64> {
     let rows = world
         .client
         .query(
-            "SELECT id::text, (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::float8
-               FROM outbox_events WHERE event_type = $1",
+            &format!(
+                "SELECT id::text, (extract(epoch FROM {since}) * 1000)::float8
+                   FROM outbox_events WHERE event_type = $1"
+            ),
             &[&tag],
         )
         .await
-        .expect("the events' commit times");
-    let mut committed: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let mut out = Vec::with_capacity(committed.len());
-    let n = committed.len();
+        .expect("the events' times");
+    let mut at: HashMap<String, f64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut out = Vec::with_capacity(at.len());
+    let n = at.len();
     for r in world.read_back(topic, from) {
         // The first copy of each event counts.
-        if let Some(c) = committed.remove(&r.id) {
-            out.push(r.appended_ms as f64 - c);
+        if let Some(t) = at.remove(&r.id) {
+            out.push(r.appended_ms as f64 - t);
         }
     }
     assert!(
-        committed.is_empty(),
+        at.is_empty(),
         "{topic}: {} of {n} events tagged {tag} never arrived",
-        committed.len()
+        at.len()
     );
     out.sort_by(f64::total_cmp);
     out

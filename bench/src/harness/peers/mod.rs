@@ -31,7 +31,7 @@ use crate::relay::{Dbz, Kind, Relay, CONNECT_DEFAULT_FLUSH_MS, DEBEZIUM};
 use crate::world::World;
 
 pub(crate) use backlog::{backlog, recvlogical};
-pub(crate) use curve::{curve, pgbench, write};
+pub(crate) use curve::{curve, latencies_since, pgbench, write};
 pub(crate) use kill::kill;
 
 static WALBOX_ONLY: AtomicBool = AtomicBool::new(false);
