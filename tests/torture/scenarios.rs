@@ -120,7 +120,7 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("drift-columns", "a column added and one before the payload dropped, while streaming", true, false, DriftColumns),
         s("drift-rename", "table renamed; after walbox stops, renamed back and walbox restarted", false, false, DriftRename),
         s("big-tx-kill-9", "one huge transaction, walbox killed with SIGKILL half-way through it", true, false, BigTxKilled),
-        s("big-payloads", "100 KB payloads against the 64 MiB in-flight byte bound", false, false, BigPayloads),
+        s("big-payloads", "100 KB payloads against the 8 MiB in-flight byte bound", false, false, BigPayloads),
         s("pg-restore", "Postgres stopped, its data directory restored to a copy taken seconds earlier (same system id and timeline, WAL behind what walbox delivered), started", true, false, PgRestoreSameTimeline),
         s("shards-kill-9", "two shards (two slots, two processes), a tenth of the events with a NULL or empty aggregate id, both processes killed with SIGKILL and restarted, repeatedly", true, false, ShardsNullIds),
         three("kafka3-leader-kill-9", "three Apache Kafka brokers (replication 3, min.insync.replicas 2): the leader of partition 0 killed with SIGKILL, restarted later", true, false, LeaderKill9),

@@ -103,13 +103,14 @@ pub struct TopicSpec {
 }
 
 impl SinkConfig {
-    /// Defaults for `bootstrap_servers`: 10,000 records / 64 MiB in flight.
+    /// Defaults for `bootstrap_servers`: 10,000 records / 8 MiB in flight
+    /// (walbox's defaults).
     pub fn new(bootstrap_servers: impl Into<String>) -> Self {
         SinkConfig {
             bootstrap_servers: bootstrap_servers.into(),
             properties: BTreeMap::new(),
             max_in_flight: 10_000,
-            max_in_flight_bytes: 64 * 1024 * 1024,
+            max_in_flight_bytes: 8 * 1024 * 1024,
             gapless: true,
             create_topics: None,
             transactional_id: None,

@@ -47,7 +47,7 @@ const WEBHOOK_SECRET: &str = "bench-signing-key";
 
 /// walbox's in-flight bounds (its defaults), for the clients alone too.
 const IN_FLIGHT: usize = 10_000;
-const IN_FLIGHT_BYTES: usize = 64 << 20;
+const IN_FLIGHT_BYTES: usize = 8 << 20;
 
 /// A broker of the phase's own, with the queue walbox's events land in.
 enum Broker {

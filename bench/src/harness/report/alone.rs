@@ -322,6 +322,6 @@ pub(crate) fn brokers_section(r: &Results, scale: Scale) -> String {
             r.stat("brokers", &p("alone_eps"), 0, ""),
         );
     }
-    let _ = writeln!(s, "\nThe broker alone: the same number of messages of ~200 bytes with the same headers and in-flight bounds (10,000 messages, 64 MiB), sent by the client walbox uses for it (sink-kafka, sink-amqp, sink-sqs, sink-nats, sink-webhook) with no Postgres and no decoding: what this broker takes on this machine through that client. Each broker's queue or topic held at least as many messages as events written when walbox was done.\n");
+    let _ = writeln!(s, "\nThe broker alone: the same number of messages of ~200 bytes with the same headers and in-flight bounds (10,000 messages, 8 MiB), sent by the client walbox uses for it (sink-kafka, sink-amqp, sink-sqs, sink-nats, sink-webhook) with no Postgres and no decoding: what this broker takes on this machine through that client. Each broker's queue or topic held at least as many messages as events written when walbox was done.\n");
     s
 }

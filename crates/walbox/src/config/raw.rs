@@ -117,7 +117,10 @@ impl Default for Raw {
             skip_delivered_look_back: 100_000,
             otlp_endpoint: None,
             max_in_flight_events: 10_000,
-            max_in_flight_bytes: 64 * 1024 * 1024,
+            // 8 MiB: ~200-byte events stay bound by the event count; ~2 KB
+            // ones drained as fast with it as with 64 MiB, in 43 MiB of
+            // peak RSS against 58 (docs/benchmarks.md, "What bounds walbox").
+            max_in_flight_bytes: 8 * 1024 * 1024,
             status_interval_ms: 1000,
             shutdown_timeout_secs: 20,
             metrics_addr: None,
