@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use pgoutput_decoder::{Lsn, PgTimestamp, StandbyStatusUpdate};
 use sink_core::{Delivered, DeliveryErrorKind};
+use tokio::time::Instant;
 
 use crate::relay::Token;
-use tokio::time::Instant;
 
 /// One thing the core asks for.
 #[derive(Debug)]
