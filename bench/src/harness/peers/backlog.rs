@@ -56,13 +56,17 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
         "recvlogical_ahead",
         world.decoded_ahead("bench_recvlogical", &start, &end).await,
     );
+    // What its walsender decoded while the backlog was written counts in
+    // the server's CPU for it, as it counts in the walsender's own.
+    let ahead = procstat::usage(recvlogical.walsender).map_or(0.0, |u| u.cpu_s)
+        - recvlogical.walsender_cpu0;
     let c0 = world.server_cpu().await;
     let (secs, walsender) = recvlogical.drain(b.events).await;
     let c1 = world.server_cpu().await;
     results.record(b.phase, "recvlogical_s", secs);
     results.record(b.phase, "recvlogical_eps", n / secs);
     results.record(b.phase, "recvlogical_walsender_us", walsender / n * 1e6);
-    results.record(b.phase, "recvlogical_pg_us", (c1 - c0) / n * 1e6);
+    results.record(b.phase, "recvlogical_pg_us", (c1 - c0 + ahead) / n * 1e6);
 
     for w in warm {
         let kind = w.kind;
@@ -73,10 +77,16 @@ pub(crate) async fn backlog(results: &mut Results, walbox: &str, b: Backlog) {
             &format!("{}_ahead", kind.slot()),
             world.decoded_ahead(&kind.slot(), &start, &end).await,
         );
+        // Its walsender's decoding during the write, counted in the server's
+        // CPU as in the walsender's (from the pause, see `drain`).
+        let ahead = w.walsender.map_or(0.0, |(pid, at_pause)| {
+            procstat::usage(pid).map_or(0.0, |u| u.cpu_s - at_pause)
+        });
         let broker0 = world.broker_cpu();
         let d = drain(&world, w, b, &end).await;
         let broker = world.broker_cpu() - broker0;
-        let cost = before.cost(&world).await;
+        let mut cost = before.cost(&world).await;
+        cost.cpu_s += ahead;
         let p = |m: &str| format!("{}_{m}", kind.slot());
         results.record(b.phase, &p("s"), d.secs);
         results.record(b.phase, &p("first_s"), d.first_secs);

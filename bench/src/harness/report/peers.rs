@@ -144,7 +144,7 @@ fn backlog(s: &mut String, r: &Results, b: Backlog) {
             );
         }
     }
-    let _ = writeln!(s, "\nWhat reading the backlog cost the primary, per event: the CPU of the server process serving the reader (its walsender; the poller's backend) and of all the server's processes meanwhile (less the harness's own session); statements that scanned the outbox table, rows written to it and the dead tuples left; WAL written meanwhile, by anyone.\n");
+    let _ = writeln!(s, "\nWhat reading the backlog cost the primary, per event: the CPU of the server process serving the reader (its walsender, from its pause, so what it decoded ahead while the backlog was written counts; the poller's backend) and of all the server's processes during the drain plus that walsender's decoding ahead (less the harness's own session); statements that scanned the outbox table, rows written to it and the dead tuples left; WAL written meanwhile, by anyone.\n");
     let _ = writeln!(s, "| reader | serving process, CPU µs per event | all server processes, CPU µs per event | scans of the outbox table | rows written to it (dead tuples left) | WAL bytes per event |");
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     let _ = writeln!(
