@@ -90,20 +90,6 @@ struct SplitHistograms {
     walbox: Exact,
 }
 
-/// One event's latency split, in µs (see [`SplitLatency`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SplitMicros {
-    /// From reading the event to handing its record to the client.
-    pub read_to_send: u64,
-    /// From reading the event to handling its report.
-    pub read_to_ack: u64,
-    /// What of it the client held the record for, by its own clock (when
-    /// it says).
-    pub client: Option<u64>,
-    /// The rest: walbox's own part (when the client says).
-    pub walbox: Option<u64>,
-}
-
 /// The percentiles of a [`SplitLatency`], each `None` before its first event.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SplitSummary {
@@ -118,14 +104,18 @@ pub struct SplitSummary {
 }
 
 impl SplitLatency {
-    /// Records one event's split.
-    pub fn record(&self, split: SplitMicros) {
+    /// Records one event, µs: from reading it to handing its record to the
+    /// client, and to handling its report; of the latter, what the client
+    /// held the record for by its own clock (`None` when it does not say:
+    /// counted in the whole only). walbox's own part is the rest, never
+    /// below 0 (the client's clock may start before walbox's send).
+    pub fn record(&self, read_to_send: u64, read_to_ack: u64, client: Option<u64>) {
         if let Ok(mut h) = self.0.lock() {
-            h.read_to_send.record_n(split.read_to_send, 1);
-            h.read_to_ack.record_n(split.read_to_ack, 1);
-            if let (Some(client), Some(walbox)) = (split.client, split.walbox) {
+            h.read_to_send.record_n(read_to_send, 1);
+            h.read_to_ack.record_n(read_to_ack, 1);
+            if let Some(client) = client {
                 h.client.record_n(client, 1);
-                h.walbox.record_n(walbox, 1);
+                h.walbox.record_n(read_to_ack.saturating_sub(client), 1);
             }
         }
     }
@@ -205,24 +195,17 @@ mod tests {
         let s = l.summary().unwrap();
         assert_eq!((s.read_to_ack, s.walbox), (None, None));
         for i in 0..100 {
-            l.record(SplitMicros {
-                read_to_send: 100,
-                read_to_ack: 3_000 + i,
-                client: Some(2_500),
-                walbox: Some(500 + i),
-            });
+            l.record(100, 3_000 + i, Some(2_500));
         }
         // A client that does not say: counted in the whole, not in the parts.
-        l.record(SplitMicros {
-            read_to_send: 100,
-            read_to_ack: 9_000,
-            client: None,
-            walbox: None,
-        });
+        l.record(100, 9_000, None);
+        // A client whose clock started before walbox's send: walbox's part
+        // is 0, not negative (recorded as HDR's least value, 1 µs).
+        l.record(100, 2_000, Some(2_400));
         let s = l.summary().unwrap();
-        assert_eq!(s.read_to_ack.unwrap().events, 101);
-        assert_eq!(s.walbox.unwrap().events, 100);
-        assert_eq!(s.client.unwrap().events, 100);
+        assert_eq!(s.read_to_ack.unwrap().events, 102);
+        assert_eq!(s.walbox.unwrap().events, 101);
+        assert_eq!(s.client.unwrap().events, 101);
         assert!((s.walbox.unwrap().max_ms - 0.599).abs() < 0.001, "{s:?}");
         assert!((s.client.unwrap().p99_ms - 2.5).abs() < 0.01, "{s:?}");
         assert!((s.read_to_ack.unwrap().max_ms - 9.0).abs() < 0.01, "{s:?}");

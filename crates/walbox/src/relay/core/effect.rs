@@ -264,8 +264,12 @@ pub(in crate::relay) struct Split {
 impl Split {
     /// The split of `token`'s latency, its report handled at `now` (the
     /// client said it held the record `client` µs); `None` for what was not
-    /// read from the stream, or not sent.
+    /// read from the stream, not sent, or is a dead-letter copy (not the
+    /// event's own delivery).
     pub(in crate::relay) fn of(token: &Token, now: Instant, client: Option<u64>) -> Option<Split> {
+        if token.dead_letter().is_some() {
+            return None;
+        }
         let (read, sent) = (token.read?, token.sent?);
         let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         Some(Split {
@@ -273,13 +277,5 @@ impl Split {
             read_to_report: micros(now.saturating_duration_since(read)),
             client,
         })
-    }
-
-    /// walbox's own part, µs: all but the client's (`None` when the client
-    /// did not say how long it held the record). A client that counts from
-    /// before walbox's send (clocks read at different points) never makes
-    /// it negative.
-    pub(in crate::relay) fn walbox(&self) -> Option<u64> {
-        self.client.map(|c| self.read_to_report.saturating_sub(c))
     }
 }

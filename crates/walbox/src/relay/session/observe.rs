@@ -8,7 +8,6 @@ use std::time::SystemTime;
 use pgoutput_decoder::PgTimestamp;
 use sink_core::Delivered;
 
-use crate::metrics::latency::SplitMicros;
 use crate::metrics::{KindLabels, Metrics};
 use crate::receipts::Receipt;
 use crate::relay::core::{HistoryChange, Observation, Positions, ProgressNote, TransactionNote};
@@ -26,13 +25,10 @@ pub(in crate::relay) fn observe(config: &RelayConfig, metrics: &Metrics, observa
             if let Some(at) = &at {
                 receipt(config, &token, at);
             }
-            if let (Some(split), None) = (split, token.dead_letter()) {
-                metrics.read_to_ack_split.record(SplitMicros {
-                    read_to_send: split.read_to_send,
-                    read_to_ack: split.read_to_report,
-                    client: split.client,
-                    walbox: split.walbox(),
-                });
+            if let Some(s) = split {
+                metrics
+                    .read_to_ack_split
+                    .record(s.read_to_send, s.read_to_report, s.client);
             }
             count_delivered(config, metrics, &token, wall);
         }
