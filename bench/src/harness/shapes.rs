@@ -20,7 +20,6 @@
 //!   timestamp on Kafka. walbox publishes the INSERTs (an outbox relay's
 //!   events); the walsender decodes and streams all three.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::peers::{measured, preload, watch, Backlog, Rows, RELAYS, TICK};
@@ -109,11 +108,9 @@ pub(crate) async fn conduit(results: &mut Results, walbox: &str, events: i64) {
         let secs = t0.elapsed().as_secs_f64();
         let peak = procstat::usage(pid).map_or(0.0, |u| u.peak_rss_mib);
         relay.stop();
-        let records = world.read_back(&topic, &from);
-        let unique: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+        let read = world.tally(&topic, &from);
         assert_eq!(
-            unique.len() as i64,
-            events,
+            read.distinct as i64, events,
             "{label}: every event on the topic"
         );
         let p = |m: &str| format!("{}_{m}", kind.slot());
@@ -128,11 +125,7 @@ pub(crate) async fn conduit(results: &mut Results, walbox: &str, events: i64) {
             rss.iter().sum::<f64>() / rss.len().max(1) as f64,
         );
         results.record("conduit", &p("rss_mib"), peak);
-        results.record(
-            "conduit",
-            &p("duplicates"),
-            (records.len() - unique.len()) as f64,
-        );
+        results.record("conduit", &p("duplicates"), read.duplicates() as f64);
         for (i, mib) in rss.iter().enumerate() {
             results.record("conduit", &rss_sample(&kind.slot(), i), *mib);
         }

@@ -107,6 +107,20 @@ pub(crate) struct TableStats {
     pub(crate) dead_tuples: f64,
 }
 
+/// What [`World::tally`] counted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tally {
+    pub(crate) records: usize,
+    pub(crate) distinct: usize,
+}
+
+impl Tally {
+    /// Records beyond the first of each event.
+    pub(crate) fn duplicates(self) -> usize {
+        self.records - self.distinct
+    }
+}
+
 /// One record read back: its event id (header `id`) and when the broker
 /// appended it (ms since the epoch: topics use `LogAppendTime`).
 pub(crate) struct ReadBack {
@@ -422,6 +436,21 @@ impl World {
             .zip(from)
             .map(|(end, from)| end - from)
             .sum()
+    }
+
+    /// `topic` from `from` to the current ends, read back: how many records,
+    /// and how many distinct event ids among them.
+    pub(crate) fn tally(&self, topic: &str, from: &[i64]) -> Tally {
+        let records = self.read_back(topic, from);
+        let distinct = records
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        Tally {
+            records: records.len(),
+            distinct,
+        }
     }
 
     /// Every record of `topic` from `from` to the current ends.

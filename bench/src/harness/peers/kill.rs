@@ -4,7 +4,6 @@
 //! it (Connect's 60 s offset flush) killed once per run, at a random time
 //! more than 60 s into a steady stream.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
@@ -123,14 +122,9 @@ async fn every_event(
     let t0 = Instant::now();
     loop {
         wait_on_topic(world, relay, label, topic, from, events).await;
-        let records = world.read_back(topic, from);
-        let distinct = records
-            .iter()
-            .map(|r| r.id.as_str())
-            .collect::<HashSet<_>>()
-            .len();
-        if distinct as i64 == events {
-            return (records.len(), distinct);
+        let read = world.tally(topic, from);
+        if read.distinct as i64 == events {
+            return (read.records, read.distinct);
         }
         watch(relay, t0, label);
         tokio::time::sleep(Duration::from_secs(1)).await;
