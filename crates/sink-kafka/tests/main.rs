@@ -311,6 +311,17 @@ async fn a_permanently_refused_record_comes_back_whole_and_nothing_else_is_produ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_producer_queue_blocks_and_resumes_without_loss() {
+    tiny_queue_blocks_and_resumes().await;
+}
+
+/// walbox's runtime: one thread, which also serves the producer's delivery
+/// reports. A sender waiting for queue room must let them be served.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tiny_producer_queue_blocks_and_resumes_on_one_thread() {
+    tiny_queue_blocks_and_resumes().await;
+}
+
+async fn tiny_queue_blocks_and_resumes() {
     let kafka = TestKafka::mock(1);
     let topic = kafka.create_topic(2).await;
     let c = config(&kafka)

@@ -6,6 +6,10 @@
 //!    └──── Reports::next() ◄── report channel ◄─── delivery callback ◄───────┘
 //! ```
 //!
+//! The delivery callbacks run where the producer's queue is served: a task
+//! on the runtime that made the sink (`serve.rs` says why, and when a
+//! thread of its own serves it instead).
+//!
 //! Reports only report: a record the broker refused for good
 //! ([`DeliveryErrorKind::Permanent`]) comes back in [`Report::returned`], and
 //! what to do with it (halt, or a dead-letter topic) is the caller's policy.
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{Producer, PurgeConfig, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, Producer, PurgeConfig};
 use rdkafka::util::IntoOpaque;
 use sink_core::tail::{MARK_ROOM, ORIGIN_HEADER};
 use sink_core::{Admission, DeliveryErrorKind, Permit, Record, Report};
@@ -46,6 +50,7 @@ use crate::problem::{BrokerProblem, ProblemLog};
 mod committed;
 mod context;
 mod produce;
+mod serve;
 mod tail;
 mod topics;
 pub use topics::CompactedTopicError;
@@ -62,7 +67,9 @@ pub(crate) enum TxnCall {
 }
 
 struct Inner<T: Send + Sync + 'static> {
-    producer: ThreadedProducer<SinkContext<T>>,
+    /// Dropped before the producer (fields drop in order).
+    _serving: serve::Serving,
+    producer: Arc<serve::Producer<SinkContext<T>>>,
     /// For failures found before producing (size, unknown topic).
     tx: mpsc::UnboundedSender<Raw<T>>,
     admission: Admission,
@@ -181,13 +188,16 @@ impl<T: Send + Sync + 'static> Sink<T> {
             movement: Arc::clone(&movement),
             stats: Arc::clone(&stats),
         };
-        let producer: ThreadedProducer<SinkContext<T>> = client_config
+        let producer: BaseProducer<SinkContext<T>> = client_config
             .create_with_context(context)
             .map_err(|e| SinkError::Create(config.refusal(&e)))?;
         if let Some(tokens) = &tokens {
             tokens.prime(producer.client());
         }
+        // A token refresh may wait for AWS: not on the caller's runtime.
+        let (producer, serving) = serve::start(producer, tokens.is_some());
         let inner = Arc::new(Inner {
+            _serving: serving,
             producer,
             tx,
             admission: Admission::new(config.max_in_flight, config.max_in_flight_bytes),
@@ -483,9 +493,9 @@ impl<T: Send + Sync + 'static> Sink<T> {
             TxnCall::Init => inner.producer.init_transactions(timeout),
             TxnCall::Commit => {
                 // rust-rdkafka's commit flushes first, polling in slices of
-                // 100 ms that the producer's own polling thread leaves empty:
-                // every commit took 100 ms. Waiting here for the deliveries
-                // (the polling thread serves them) makes that flush a no-op.
+                // 100 ms that the task serving the producer's queue leaves
+                // empty: every commit took 100 ms. Waiting here for the
+                // deliveries (that task serves them) makes that flush a no-op.
                 let deadline = Instant::now() + timeout;
                 while inner.producer.in_flight_count() > 0 && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_micros(200));
