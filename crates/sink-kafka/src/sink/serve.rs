@@ -3,9 +3,9 @@
 //!
 //! rust-rdkafka's `ThreadedProducer` serves it from a thread of its own.
 //! Every record librdkafka copies (and its headers) is allocated on the
-//! thread that produces it and was freed there, after its delivery
-//! callback: glibc's allocator then takes its arena's lock for each free
-//! and merges the chunks back, and a profile of a backlog drain put ~70%
+//! thread that produces it, and was freed on that polling thread after its
+//! delivery callback: glibc's allocator then took the producing thread's
+//! arena lock for each free and merged the chunks back, and a profile of a backlog drain put ~70%
 //! of that thread's CPU in `_int_free` and `malloc_consolidate`.
 //!
 //! Here the queue is served by a task on the runtime that produces (on
